@@ -1,0 +1,72 @@
+/* Element types of tensors, and exact F16/BF16 <-> F32 conversion. */
+#ifndef SELDP_DTYPE_H
+#define SELDP_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Element type of a tensor. Values are stable (they travel in manifests). */
+typedef enum seldp_dtype {
+    SELDP_F32 = 0,
+    SELDP_F64 = 1,
+    SELDP_F16 = 2,
+    SELDP_BF16 = 3,
+    SELDP_I8 = 4,
+    SELDP_U8 = 5,
+    SELDP_I16 = 6,
+    SELDP_U16 = 7,
+    SELDP_I32 = 8,
+    SELDP_U32 = 9,
+    SELDP_I64 = 10,
+    SELDP_U64 = 11,
+    SELDP_BOOL = 12,
+    SELDP_DTYPE_COUNT = 13
+} seldp_dtype;
+
+/** Size of one element in bytes; 0 for a value outside the enum. */
+size_t seldp_dtype_size(seldp_dtype dtype);
+
+/** Lower-case name ("f32", "bf16", "u8", "bool"...); "invalid" outside the enum. */
+const char *seldp_dtype_name(seldp_dtype dtype);
+
+/** Parse a name as printed by seldp_dtype_name (case-insensitive).
+ * Returns false, leaving *out untouched, for an unknown name. */
+bool seldp_dtype_parse(const char *name, seldp_dtype *out);
+
+/** True for F32, F64, F16 and BF16. */
+bool seldp_dtype_is_float(seldp_dtype dtype);
+
+/** True for the integer types and BOOL. */
+bool seldp_dtype_is_int(seldp_dtype dtype);
+
+/** True for F16 and BF16. */
+bool seldp_dtype_is_half(seldp_dtype dtype);
+
+/** True when dtype is one of the enum's values. */
+bool seldp_dtype_valid(seldp_dtype dtype);
+
+/** IEEE binary16 bits -> F32 (exact; NaN payload kept, subnormals exact). */
+float seldp_f16_to_f32(uint16_t bits);
+
+/** F32 -> IEEE binary16 bits, round to nearest even; overflow gives Inf, NaN stays NaN. */
+uint16_t seldp_f32_to_f16(float value);
+
+/** bfloat16 bits -> F32 (exact). */
+float seldp_bf16_to_f32(uint16_t bits);
+
+/** F32 -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN. */
+uint16_t seldp_f32_to_bf16(float value);
+
+/** Convert n elements between F32 and a half type (F16 or BF16) on the host. */
+void seldp_half_to_f32(seldp_dtype half, const uint16_t *src, float *dst, size_t n);
+void seldp_f32_to_half(seldp_dtype half, const float *src, uint16_t *dst, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
