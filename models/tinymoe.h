@@ -1,0 +1,391 @@
+/* tiny-moe: the toy mixture-of-experts model of SPEC §4, its quantized variants
+ * (NF4 and AWQ-style frozen bases with LoRA adapters), a CPU forward/backward in FP32
+ * with OpenBLAS split so that experts can run on another rank, and an independent FP64
+ * reference of the global loss and its gradient.
+ *
+ * Conventions: torch Linear, a weight is [out, in] and y = x W^T. Shapes in comments
+ * are row-major, llm.c style: `x (n,D)` is n rows of D floats. T is the number of tokens
+ * of this rank's step, K the top-k, E the expert count.
+ *
+ * One step on one rank (the harness moves the expert rows between ranks):
+ *
+ *   tm_begin_step(m)                          upcast/dequantize weights, zero gradients
+ *   tm_embed_forward(m, tokens, T, h)         h (T,D)
+ *   for l in 0..L-1:
+ *     tm_route_forward(m, l, h, &route)       route.x (T,D), route.expert/gate (T,K)
+ *     -- dispatch: row route.x[t] goes to the owner of route.expert[t*K+k] --
+ *     tm_expert_forward(m, l, e, x, n, y)     on the owner, for its packed rows
+ *     -- return: the owner's y rows come back to slot (t,k) of y (T,K,D) --
+ *     tm_combine_forward(m, l, y, h)          h += sum_k gate * y
+ *   tm_head_forward_backward(m, h, targets, &loss, dh)
+ *   for l in L-1..0:
+ *     tm_combine_backward(m, l, dh, dy)       dy (T,K,D) = gate * dh
+ *     -- dispatch dy rows like the forward rows --
+ *     tm_expert_backward(m, l, e, x, dy, n, dx)   on the owner (same x as its forward)
+ *     -- return dx rows into dx (T,K,D) --
+ *     tm_route_backward(m, l, dx, dh)         dh: grad of layer output -> of layer input
+ *   tm_embed_backward(m, dh)
+ *   tm_export_grads(m, ...)
+ *
+ * Every parameter gradient is the derivative of the rank's LOSS SUM (not the mean).
+ * All functions are for one thread at a time per model; distinct models may be used from
+ * distinct threads. Errors are reported as seldp_status with seldp_last_error(). */
+#ifndef TINYMOE_H
+#define TINYMOE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/dtype.h"
+#include "seldp/grads.h"
+#include "seldp/model.h"
+#include "seldp/status.h"
+#include "seldp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------
+ * Configuration
+ * ------------------------------------------------------------------------------------- */
+
+/** How expert weights are stored. */
+typedef enum tm_quant {
+    TM_QUANT_NONE = 0, /**< dense trainable w1/w2 */
+    TM_QUANT_NF4 = 1,  /**< frozen NF4 base + trainable LoRA adapters */
+    TM_QUANT_AWQ = 2   /**< frozen AWQ-style 4-bit base + trainable LoRA adapters */
+} tm_quant;
+
+/** Model configuration. Grows at the end; start from TM_CONFIG_INIT. */
+typedef struct tm_config {
+    int vocab;         /**< V */
+    int d_model;       /**< D */
+    int d_ff;          /**< F */
+    int experts;       /**< E */
+    int top_k;         /**< K, 1 <= K <= E */
+    int layers;        /**< L */
+    double eps;        /**< RMSNorm epsilon */
+    seldp_dtype dtype; /**< storage of trainable parameters: SELDP_F32, SELDP_BF16, SELDP_F16 */
+    tm_quant quant;    /**< expert weight format */
+    int lora_rank;     /**< r (quantized variants only) */
+    double lora_alpha; /**< alpha; the adapter scale is alpha / r */
+    uint64_t seed;     /**< initialization seed (mixed with the rank) */
+} tm_config;
+
+#define TM_CONFIG_INIT                                                                             \
+    {                                                                                              \
+        64, 32, 64, 4, 2, 2, 1e-6, SELDP_F32, TM_QUANT_NONE, 4, 8.0, 1234                          \
+    }
+
+/** Quantization group size of the AWQ-style format (along `in`). */
+#define TM_AWQ_GROUP 32
+/** NF4 block size (consecutive elements sharing one absmax). */
+#define TM_NF4_BLOCK 64
+
+/** Validate a config: positive sizes, K <= E, a storage dtype among F32/BF16/F16, eps > 0;
+ * for nf4: D*F a multiple of 64; for awq: D and F multiples of 32; for both: r >= 1.
+ * Returns SELDP_ERR_INVALID_ARGUMENT naming the offending field. */
+seldp_status tm_config_check(const tm_config *cfg);
+
+/** "none", "nf4", "awq"; "invalid" outside the enum. */
+const char *tm_quant_name(tm_quant quant);
+/** Parse a quant name (case-insensitive). false, *out untouched, when unknown. */
+bool tm_quant_parse(const char *name, tm_quant *out);
+/** "f32", "bf16", "f16" for the storage dtypes; "invalid" for any other dtype. */
+const char *tm_dtype_name(seldp_dtype dtype);
+/** Parse a storage dtype name (f32, bf16, f16; case-insensitive). false when unknown or not a
+ * storage dtype, *out untouched. */
+bool tm_dtype_parse(const char *name, seldp_dtype *out);
+
+/** Write the config as one JSON object with the keys, in this order, `vocab, d_model, d_ff,
+ * experts, top_k, layers, eps, dtype, quant, lora_rank, lora_alpha, seed` (SPEC §5) into
+ * buf (always NUL-terminated). Floats are written so that they parse back to the same value.
+ * Returns the length it needed (excluding the NUL), like snprintf: a result >= size means
+ * the text was truncated. */
+size_t tm_config_json(const tm_config *cfg, char *buf, size_t size);
+
+/* ---------------------------------------------------------------------------------------
+ * Portable random numbers (the same bytes on every machine)
+ * ------------------------------------------------------------------------------------- */
+
+/** splitmix64: advances *state and returns the next 64-bit value. */
+uint64_t tm_splitmix64(uint64_t *state);
+
+/** FNV-1a 64-bit hash of a NUL-terminated string. */
+uint64_t tm_hash_path(const char *path);
+
+/* ---------------------------------------------------------------------------------------
+ * The rank-local model
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct tm_model tm_model;
+
+/** What a parameter occurrence is, for building replica-group selections. Bit flags, so a
+ * mask of roles can filter tm_export_grads and tm_model_copy_params. */
+typedef enum tm_role {
+    TM_ROLE_SHARED = 1u << 0,        /**< trainable, replicated over the shared group: embed
+                                          (and its tied lm_head alias), norms, routers */
+    TM_ROLE_SHARED_BUFFER = 1u << 1, /**< frozen, shared group: nf4.codebook */
+    TM_ROLE_EXPERT = 1u << 2,        /**< trainable dense expert weight (quant none) */
+    TM_ROLE_EXPERT_BASE = 1u << 3,   /**< frozen quantized base of an expert (qweight, absmax,
+                                          scales, qzeros): the expert's data group */
+    TM_ROLE_ADAPTER = 1u << 4        /**< trainable LoRA A or B of an expert */
+} tm_role;
+
+#define TM_ROLES_ALL 0x1fu
+/** Roles that receive gradients. */
+#define TM_ROLES_TRAINABLE (TM_ROLE_SHARED | TM_ROLE_EXPERT | TM_ROLE_ADAPTER)
+/** Roles replicated over an expert's data group. */
+#define TM_ROLES_EXPERT_GROUP (TM_ROLE_EXPERT | TM_ROLE_EXPERT_BASE | TM_ROLE_ADAPTER)
+/** Roles replicated over the shared group. */
+#define TM_ROLES_SHARED_GROUP (TM_ROLE_SHARED | TM_ROLE_SHARED_BUFFER)
+
+/** One parameter occurrence of a model (the same fields it was registered with in the seldp
+ * view, plus its role). The tied pair embed.weight / lm_head.weight are two occurrences with
+ * the same id and storage; lm_head.weight has alias = true. Owned by the model. */
+typedef struct tm_param_info {
+    const char *path;
+    seldp_param_id id;
+    seldp_tensor tensor; /**< the storage (host), in the parameter's dtype */
+    bool frozen;
+    tm_role role;
+    int layer;  /**< -1 for embed, lm_head, final_norm, nf4.codebook */
+    int expert; /**< -1 unless role is EXPERT, EXPERT_BASE or ADAPTER */
+    bool alias; /**< a second path of an id registered earlier (lm_head.weight) */
+} tm_param_info;
+
+/** Chooses the ParamId of `path` on `rank`. Called once per distinct parameter (not for the
+ * lm_head.weight alias, which reuses embed.weight's id). Must return distinct ids for
+ * distinct paths of one rank. */
+typedef seldp_param_id (*tm_param_id_fn)(const char *path, int rank, void *user);
+
+/** The default ParamId scheme: splitmix64 of (FNV-1a(path) XOR splitmix64(rank + 1)). Ids
+ * of one path differ between ranks, as seldp allows. */
+seldp_param_id tm_default_param_id(const char *path, int rank, void *user);
+
+/** Create the model of one rank: the shared parameters and, in every layer, the experts
+ * listed in `experts` (n_experts distinct ids in [0, E), any order; may be empty). All
+ * parameters of one dtype live in one contiguous host allocation. Values are drawn from
+ * streams keyed by (cfg->seed, rank, path), so the same seed and rank give the same bytes
+ * on any machine and a different rank gives different bytes; quantized bases are made by
+ * quantizing a dense random weight drawn the same way. Every occurrence is registered in a
+ * seldp_model view (tm_model_view) with its SPEC §4 path, the ids from `id_fn` (NULL: the
+ * default scheme), frozen = true for quantized bases and the codebook, and tag = the
+ * occurrence's tm_param_info. On success *out owns everything; on failure nothing is
+ * allocated and seldp_last_error names the problem (INVALID_ARGUMENT for a bad config or
+ * expert list, ALIAS/DUPLICATE for ids that collide, NOMEM). */
+seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts, int n_experts,
+                             tm_param_id_fn id_fn, void *id_user, tm_model **out);
+
+/** Free the model, its view and its buffers. NULL is a no-op. */
+void tm_model_destroy(tm_model *m);
+
+/** The config the model was created with. */
+const tm_config *tm_model_config(const tm_model *m);
+/** The rank the model was created for. */
+int tm_model_rank(const tm_model *m);
+/** True when the model holds expert e (in every layer). */
+bool tm_model_owns(const tm_model *m, int e);
+
+/** The seldp view of every occurrence. Owned by the model; valid until it is destroyed. */
+seldp_model *tm_model_view(tm_model *m);
+
+/** Number of occurrences (paths), including the lm_head.weight alias. */
+size_t tm_param_count(const tm_model *m);
+/** The i-th occurrence in creation order (embed, lm_head, layers..., final_norm, codebook);
+ * NULL when out of range. */
+const tm_param_info *tm_param_at(const tm_model *m, size_t i);
+/** The occurrence at `path`, or NULL. */
+const tm_param_info *tm_param_find(const tm_model *m, const char *path);
+
+/** Copy the stored bytes of every occurrence of `src` whose role is in `roles` and whose
+ * expert is `expert` (-1: any), into the occurrence of `dst` at the same path. Used to build
+ * a "global" model (all experts) from the ranks' replicas for the reference. Paths of src
+ * absent from dst are skipped. Both models must have equal configs. Returns
+ * SELDP_ERR_SCHEMA when a path has another dtype or shape, INVALID_ARGUMENT for other
+ * configs; on failure some tensors may already be copied. */
+seldp_status tm_model_copy_params(tm_model *dst, const tm_model *src, unsigned roles, int expert);
+
+/* ---------------------------------------------------------------------------------------
+ * Forward and backward on the CPU, FP32
+ * ------------------------------------------------------------------------------------- */
+
+/** Make OpenBLAS single-threaded (openblas_set_num_threads(1)): call once before rank
+ * threads compute, so that each rank's GEMMs stay on its own thread. */
+void tm_blas_single_thread(void);
+
+/** Start a step: upcast the stored weights to FP32 working copies (quantized bases are
+ * dequantized and W + (alpha/r) B A formed), zero every gradient accumulator and forget
+ * which experts saw tokens. Call after any change to the stored parameters (initialize's
+ * broadcast, an optimizer update) and before every step. */
+void tm_begin_step(tm_model *m);
+
+/** Embedding lookup for this rank's T tokens. tokens (T) ids in [0, V); h (T,D) out.
+ * Sizes the step's activation caches for T (T may be 0). Returns INVALID_ARGUMENT for a
+ * token out of range, NOMEM. */
+seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, float *h);
+
+/** The routing of one layer, as produced by tm_route_forward. Pointers are owned by the
+ * model and valid until the next tm_begin_step or tm_embed_forward. */
+typedef struct tm_route {
+    size_t T;
+    int K;
+    const int *expert; /**< (T,K) expert of slot k of token t; slots in decreasing p */
+    const float *gate; /**< (T,K) renormalized gates */
+    const float *x;    /**< (T,D) u = rmsnorm(h) * g: the row each slot sends to its expert */
+} tm_route;
+
+/** Layer l's router: u = rmsnorm(h) * g, p = softmax(u W_r^T), the K largest p (ties: lower
+ * index), gates = p / sum. h (T,D) is the layer input and is cached. Returns
+ * INVALID_ARGUMENT for l out of range or a call before tm_embed_forward. */
+seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *route);
+
+/** Expert e of layer l on n packed rows: y = silu(x W1^T) W2^T with the effective weights
+ * (dense, or dequantized base + (alpha/r) B A). x (n,D) in, y (n,D) out. Keeps no cache
+ * (tm_expert_backward recomputes), so it may be called any number of times per step.
+ * Returns NOT_FOUND when the model does not hold e, INVALID_ARGUMENT for l out of range. */
+seldp_status tm_expert_forward(tm_model *m, int l, int e, const float *x, size_t n, float *y);
+
+/** Backward of tm_expert_forward: given the same x (n,D) and dy (n,D), writes dx (n,D) and
+ * accumulates the expert's gradients (w1/w2, or LoRA A/B of both; never the frozen base).
+ * With n > 0 the expert is marked as having seen tokens, so its gradients get exported.
+ * dx may be NULL when not needed. Errors as tm_expert_forward; NOMEM. */
+seldp_status tm_expert_backward(tm_model *m, int l, int e, const float *x, const float *dy,
+                                size_t n, float *dx);
+
+/** h += sum_k gate[t,k] * y[t,k,:]. y (T,K,D): the expert output of slot k of token t
+ * (as returned by its owner); cached for the backward. h (T,D) in/out. */
+seldp_status tm_combine_forward(tm_model *m, int l, const float *y, float *h);
+
+/** dy[t,k,:] = gate[t,k] * dh[t,:] for every slot, and dgate[t,k] = dh[t]·y[t,k] kept for
+ * tm_route_backward. dh (T,D) is the gradient of the layer output; dy (T,K,D) out. */
+seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy);
+
+/** The rest of layer l's backward. dx (T,K,D): the gradient with respect to the expert input
+ * of slot k of token t (from its owner's tm_expert_backward). Backpropagates the gate
+ * gradients through the top-K renormalization and the softmax into W_r, adds the slots' dx,
+ * and goes through the RMSNorm into g and h. dh (T,D): in, the gradient of the layer output;
+ * out, the gradient of the layer input (the residual path included). */
+seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh);
+
+/** The head: z = rmsnorm(h) * g_f, logits = z embed^T (tied), *loss_sum = sum over the T
+ * tokens of logsumexp(logits) - logits[target] (in double). Accumulates the gradients of
+ * the loss sum into g_f and embed (as lm_head) and writes dh (T,D). h (T,D) the last
+ * layer's output; targets (T). Returns INVALID_ARGUMENT for a target out of range. */
+seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t *targets,
+                                      double *loss_sum, float *dh);
+
+/** Backward of the lookup: adds dh (T,D) into the rows of embed's gradient. */
+seldp_status tm_embed_backward(tm_model *m, const float *dh);
+
+/** A whole step on one rank that holds every expert: tm_begin_step, forward, backward,
+ * with the experts run locally. *loss_sum (may be NULL) receives the loss sum. Returns
+ * INVALID_ARGUMENT when an expert is not held. */
+seldp_status tm_step_local(tm_model *m, const int32_t *tokens, const int32_t *targets, size_t T,
+                           double *loss_sum);
+
+/** True when expert e of layer l received at least one row in this step's backward. */
+bool tm_expert_seen(const tm_model *m, int l, int e);
+
+/** The FP32 gradient accumulator of the occurrence at `path` (numel = the parameter's);
+ * NULL for frozen parameters and unknown paths. Valid until the model is destroyed. */
+const float *tm_param_grad(const tm_model *m, const char *path);
+
+/** Put this step's gradients into `out`: one owned entry per trainable parameter whose role is
+ * in `roles`, keyed by its id, with the parameter's shape, holding scale * accumulator
+ * rounded to the parameter dtype (fp32 = false) or kept in F32 (fp32 = true). Experts (and
+ * their adapters) that saw no row in this step produce no entry; frozen parameters never
+ * do; a tied parameter gives one entry. Returns DUPLICATE when an id is already in `out`
+ * (entries put before the failure are removed again), NOMEM. */
+seldp_status tm_export_grads(const tm_model *m, unsigned roles, double scale, bool fp32,
+                             seldp_grads *out);
+
+/* ---------------------------------------------------------------------------------------
+ * Quantization (exactly SPEC §4's bit layouts)
+ * ------------------------------------------------------------------------------------- */
+
+/** The standard 16-value NF4 table, ascending, codebook[7] == 0. */
+extern const float tm_nf4_codebook[16];
+
+/** NF4-quantize n floats (n a multiple of 64): absmax (n/64) of each block of 64
+ * consecutive elements, each element mapped to the nearest codebook entry of w/absmax
+ * (ties: lower code; an all-zero block gets absmax 0 and code 7); element 2j in the high
+ * nibble of qweight[j], 2j+1 in its low nibble. qweight (n/2) and absmax (n/64) out.
+ * Returns INVALID_ARGUMENT when n is not a multiple of 64. */
+seldp_status tm_nf4_quantize(const float *w, size_t n, uint8_t *qweight, float *absmax);
+
+/** w[i] = codebook[q_i] * absmax[i/64] for n elements (n a multiple of 64). */
+void tm_nf4_dequantize(const uint8_t *qweight, const float *absmax, const float *codebook, size_t n,
+                       float *w);
+
+/** AWQ-style quantization of W (out,in), in a multiple of 32: per row and group of 32
+ * inputs, scale s = (max - min) / 15 rounded to F16, zero z = round(-min / s) clamped to
+ * [0,15], q = clamp(round(w / s) + z, 0, 15). qweight (out, in/8) I32 with element 8j+k of
+ * a row in bits 4k..4k+3 of word j; scales (out, in/32) F16 bits; qzeros
+ * (out, ceil(in/32/8)) I32 with group g's zero in word g/8, bits 4(g%8).., unused nibbles 0.
+ * Returns INVALID_ARGUMENT when in is not a multiple of 32. */
+seldp_status tm_awq_quantize(const float *w, int out, int in, int32_t *qweight, uint16_t *scales,
+                             int32_t *qzeros);
+
+/** W[o,i] = (q[o,i] - z[o,i/32]) * s[o,i/32], computed in F32. */
+void tm_awq_dequantize(const int32_t *qweight, const uint16_t *scales, const int32_t *qzeros,
+                       int out, int in, float *w);
+
+/* ---------------------------------------------------------------------------------------
+ * The FP64 reference
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct tm_reference tm_reference;
+
+/** Finite-difference hook: add `delta` to element `index` of the parameter at `path` after
+ * it is upcast to FP64 (for a tied parameter, either path perturbs the one storage). */
+typedef struct tm_ref_perturb {
+    const char *path;
+    size_t index;
+    double delta;
+} tm_ref_perturb;
+
+/** The global objective on one thread in FP64 (cblas_dgemm), by code independent of the
+ * FP32 path: the mean over all tokens of all ranks of the token loss, and its gradient for
+ * every trainable parameter. `weights` must hold every SPEC §4 path of `cfg` with all
+ * experts (e.g. tm_model_view of a model created with all experts and filled with
+ * tm_model_copy_params); values are read as stored and upcast exactly, quantized bases
+ * dequantized in FP64. tokens[r], targets[r] (counts[r]) are rank r's, for n_ranks ranks.
+ * perturb may be NULL. On success *out owns the result. Errors: INVALID_ARGUMENT (config,
+ * token or target out of range, no token at all), NOT_FOUND (a path missing), SHAPE/DTYPE
+ * (a tensor not as SPEC §4 says), NOMEM. */
+seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weights,
+                                  const int32_t *const *tokens, const int32_t *const *targets,
+                                  const size_t *counts, int n_ranks, const tm_ref_perturb *perturb,
+                                  tm_reference **out);
+
+/** Free a result. NULL is a no-op. */
+void tm_reference_destroy(tm_reference *ref);
+
+/** The global mean loss. */
+double tm_reference_loss(const tm_reference *ref);
+
+/** Total token count over all ranks. */
+size_t tm_reference_tokens(const tm_reference *ref);
+
+/** The gradient of the mean loss with respect to the parameter at `path` (numel elements,
+ * row-major in its shape; the tied embed.weight and lm_head.weight give the same array).
+ * NULL for frozen parameters, unknown paths, and experts that no token reached (whose
+ * gradients must stay absent). */
+const double *tm_reference_grad(const tm_reference *ref, const char *path, size_t *numel);
+
+/** Number of tokens (over all ranks, counting each of the K slots) that layer l routed to
+ * expert e. */
+size_t tm_reference_routed(const tm_reference *ref, int l, int e);
+
+/** ||scale * g - ref|| / ||ref|| over n elements, g read in its own dtype (F32, F64, F16,
+ * BF16); when ||ref|| == 0 the absolute norm ||scale * g|| is returned. A negative value
+ * when g's dtype is not a float type or its numel is not n. */
+double tm_rel_error(const seldp_tensor *g, double scale, const double *ref, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
