@@ -1,0 +1,300 @@
+/* The public communicator calls: argument checks, stats, and dispatch to the
+ * transport's table of function pointers (src/comm/comm_impl.h).
+ *
+ * Checks here are local: they catch a caller's mistake before the transport sees
+ * it. Transports may assume valid pointers, counts that fit in size_t and roots
+ * inside the group. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "comm/comm_impl.h"
+#include "internal.h"
+
+seldp_comm *seldp__comm_new(const seldp_comm_ops *ops, int rank, int size, int world_rank,
+                            seldp_device device, void *impl)
+{
+    seldp_comm *comm = calloc(1, sizeof *comm);
+    if (!comm)
+        return NULL;
+    comm->ops = ops;
+    comm->rank = rank;
+    comm->size = size;
+    comm->world_rank = world_rank;
+    comm->device = device;
+    comm->impl = impl;
+    return comm;
+}
+
+void seldp__comm_free(seldp_comm *comm)
+{
+    free(comm);
+}
+
+int seldp_comm_rank(const seldp_comm *comm)
+{
+    return comm ? comm->rank : -1;
+}
+
+int seldp_comm_size(const seldp_comm *comm)
+{
+    return comm ? comm->size : 0;
+}
+
+int seldp_comm_world_rank(const seldp_comm *comm)
+{
+    return comm ? comm->world_rank : -1;
+}
+
+seldp_device seldp_comm_device(const seldp_comm *comm)
+{
+    return comm ? comm->device : SELDP_HOST_DEVICE;
+}
+
+const char *seldp_comm_transport(const seldp_comm *comm)
+{
+    return comm && comm->ops ? comm->ops->name : "none";
+}
+
+seldp_comm_stats seldp_comm_get_stats(const seldp_comm *comm)
+{
+    seldp_comm_stats none = {0};
+    return comm ? comm->stats : none;
+}
+
+/* The communicator itself is usable; names the call when it is not. */
+static seldp_status check_comm(const seldp_comm *comm, const char *call)
+{
+    if (!comm || !comm->ops)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: communicator is NULL", call);
+    return SELDP_OK;
+}
+
+static seldp_status check_mem(const seldp_comm *comm, const char *call, seldp_device mem)
+{
+    if (mem.kind == SELDP_DEVICE_HOST)
+        return SELDP_OK;
+    if (mem.kind == SELDP_DEVICE_CUDA && mem.ordinal >= 0)
+        return SELDP_OK;
+    return seldp__fail(
+        SELDP_ERR_INVALID_ARGUMENT,
+        "rank %d: %s: invalid buffer device (kind %d, ordinal %d), expected the host "
+        "or a CUDA device",
+        comm->rank, call, (int)mem.kind, mem.ordinal);
+}
+
+/* count * size of dtype into *bytes, failing on an invalid dtype or a size_t overflow. */
+static seldp_status count_bytes(const seldp_comm *comm, const char *call, size_t count,
+                                seldp_dtype dtype, size_t *bytes)
+{
+    size_t esize = seldp_dtype_size(dtype);
+    if (esize == 0)
+        return seldp__fail(SELDP_ERR_DTYPE, "rank %d: %s: invalid dtype %d", comm->rank, call,
+                           (int)dtype);
+    if (count > SIZE_MAX / esize)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: %s: %zu elements of %s overflow size_t", comm->rank, call,
+                           count, seldp_dtype_name(dtype));
+    *bytes = count * esize;
+    return SELDP_OK;
+}
+
+seldp_status seldp_comm_barrier(seldp_comm *comm)
+{
+    seldp_status st = check_comm(comm, "barrier");
+    if (st != SELDP_OK)
+        return st;
+    comm->stats.barriers++;
+    return comm->ops->barrier(comm);
+}
+
+seldp_status seldp_comm_broadcast(seldp_comm *comm, void *buf, size_t count, seldp_dtype dtype,
+                                  int root, seldp_device mem)
+{
+    size_t bytes = 0;
+    seldp_status st = check_comm(comm, "broadcast");
+    if (st != SELDP_OK)
+        return st;
+    if ((st = count_bytes(comm, "broadcast", count, dtype, &bytes)) != SELDP_OK ||
+        (st = check_mem(comm, "broadcast", mem)) != SELDP_OK)
+        return st;
+    if (root < 0 || root >= comm->size)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: broadcast root %d is outside the group of %d ranks",
+                           comm->rank, root, comm->size);
+    if (bytes && !buf)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: broadcast buffer is NULL for %zu bytes", comm->rank, bytes);
+    comm->stats.broadcasts++;
+    comm->stats.bytes += bytes;
+    return comm->ops->broadcast(comm, buf, bytes, root, mem);
+}
+
+seldp_status seldp_comm_allreduce(seldp_comm *comm, const void *send, void *recv, size_t count,
+                                  seldp_dtype dtype, seldp_device mem)
+{
+    size_t bytes = 0;
+    seldp_status st = check_comm(comm, "allreduce");
+    if (st != SELDP_OK)
+        return st;
+    if ((st = count_bytes(comm, "allreduce", count, dtype, &bytes)) != SELDP_OK ||
+        (st = check_mem(comm, "allreduce", mem)) != SELDP_OK)
+        return st;
+    if (dtype != SELDP_F32 && dtype != SELDP_F64 && dtype != SELDP_I64 && dtype != SELDP_U64)
+        return seldp__fail(SELDP_ERR_DTYPE,
+                           "rank %d: allreduce of %s is not supported, expected f32, f64, i64 or "
+                           "u64",
+                           comm->rank, seldp_dtype_name(dtype));
+    if (bytes && (!send || !recv))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: allreduce %s buffer is NULL for %zu bytes", comm->rank,
+                           send ? "receive" : "send", bytes);
+    comm->stats.allreduces++;
+    comm->stats.bytes += bytes;
+    return comm->ops->allreduce(comm, send, recv, count, dtype, mem);
+}
+
+seldp_status seldp_comm_allgather(seldp_comm *comm, const void *send, void *recv, size_t bytes,
+                                  seldp_device mem)
+{
+    seldp_status st = check_comm(comm, "allgather");
+    if (st != SELDP_OK)
+        return st;
+    if ((st = check_mem(comm, "allgather", mem)) != SELDP_OK)
+        return st;
+    if (bytes > SIZE_MAX / (size_t)comm->size)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: allgather of %zu bytes from %d ranks overflows size_t",
+                           comm->rank, bytes, comm->size);
+    if (bytes && (!send || !recv))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: allgather %s buffer is NULL for %zu bytes per rank",
+                           comm->rank, send ? "receive" : "send", bytes);
+    comm->stats.allgathers++;
+    comm->stats.bytes += bytes;
+    return comm->ops->allgather(comm, send, recv, bytes, mem);
+}
+
+seldp_status seldp_comm_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
+                                   void **recv, size_t *recv_bytes)
+{
+    seldp_status st = check_comm(comm, "allgatherv");
+    if (st != SELDP_OK)
+        return st;
+    if (!recv || !recv_bytes)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: allgatherv: recv and recv_bytes must not be NULL", comm->rank);
+    if (send_bytes && !send)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: allgatherv send blob is NULL for %zu bytes", comm->rank,
+                           send_bytes);
+    *recv = NULL;
+    comm->stats.allgathers++;
+    comm->stats.bytes += send_bytes;
+    return comm->ops->allgatherv(comm, send, send_bytes, recv, recv_bytes);
+}
+
+/* Convert per-rank element counts or displacements to bytes; `what` names the array. */
+static seldp_status to_bytes(const seldp_comm *comm, const char *what, const size_t *elems,
+                             size_t esize, size_t *bytes)
+{
+    for (int p = 0; p < comm->size; p++) {
+        if (elems[p] > SIZE_MAX / esize)
+            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                               "rank %d: alltoallv %s[%d] = %zu elements overflows size_t",
+                               comm->rank, what, p, elems[p]);
+        bytes[p] = elems[p] * esize;
+    }
+    return SELDP_OK;
+}
+
+/* Largest end (displacement + count) of the per-rank pieces, with overflow checks. */
+static seldp_status extent_bytes(const seldp_comm *comm, const char *what, const size_t *counts,
+                                 const size_t *displs, size_t *extent)
+{
+    size_t end = 0;
+    for (int p = 0; p < comm->size; p++) {
+        if (counts[p] == 0)
+            continue;
+        if (displs[p] > SIZE_MAX - counts[p])
+            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                               "rank %d: alltoallv %s piece for rank %d overflows size_t",
+                               comm->rank, what, p);
+        if (displs[p] + counts[p] > end)
+            end = displs[p] + counts[p];
+    }
+    *extent = end;
+    return SELDP_OK;
+}
+
+seldp_status seldp_comm_alltoallv(seldp_comm *comm, const void *send, const size_t *send_counts,
+                                  const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                  const size_t *recv_displs, seldp_dtype dtype, seldp_device mem)
+{
+    seldp_status st = check_comm(comm, "alltoallv");
+    size_t *arrays = NULL;
+    if (st != SELDP_OK)
+        return st;
+    size_t esize = seldp_dtype_size(dtype);
+    if (esize == 0)
+        SELDP_FAIL(SELDP_ERR_DTYPE, "rank %d: alltoallv: invalid dtype %d", comm->rank, (int)dtype);
+    SELDP_CHECK(check_mem(comm, "alltoallv", mem));
+    if (!send_counts || !send_displs || !recv_counts || !recv_displs)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                   "rank %d: alltoallv: counts and displacements must not be NULL", comm->rank);
+
+    size_t n = (size_t)comm->size;
+    arrays = malloc(4 * n * sizeof *arrays);
+    if (!arrays)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: alltoallv: out of memory", comm->rank);
+    size_t *sb = arrays, *sd = arrays + n, *rb = arrays + 2 * n, *rd = arrays + 3 * n;
+    SELDP_CHECK(to_bytes(comm, "send_counts", send_counts, esize, sb));
+    SELDP_CHECK(to_bytes(comm, "send_displs", send_displs, esize, sd));
+    SELDP_CHECK(to_bytes(comm, "recv_counts", recv_counts, esize, rb));
+    SELDP_CHECK(to_bytes(comm, "recv_displs", recv_displs, esize, rd));
+    size_t send_extent = 0, recv_extent = 0;
+    SELDP_CHECK(extent_bytes(comm, "send", sb, sd, &send_extent));
+    SELDP_CHECK(extent_bytes(comm, "receive", rb, rd, &recv_extent));
+    if (send_extent && !send)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                   "rank %d: alltoallv send buffer is NULL for %zu bytes", comm->rank, send_extent);
+    if (recv_extent && !recv)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                   "rank %d: alltoallv receive buffer is NULL for %zu bytes", comm->rank,
+                   recv_extent);
+
+    comm->stats.alltoallvs++;
+    for (size_t p = 0; p < n; p++)
+        comm->stats.bytes += sb[p];
+    st = comm->ops->alltoallv(comm, send, sb, sd, recv, rb, rd, mem);
+fail:
+    free(arrays);
+    return st;
+}
+
+seldp_status seldp_comm_split(seldp_comm *comm, int color, int key, seldp_comm **out)
+{
+    seldp_status st = check_comm(comm, "split");
+    if (st != SELDP_OK)
+        return st;
+    if (!out)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: split: out is NULL", comm->rank);
+    *out = NULL;
+    if (color < SELDP_COMM_NO_GROUP)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: split color %d, expected >= 0 or SELDP_COMM_NO_GROUP (-1)",
+                           comm->rank, color);
+    comm->stats.splits++;
+    return comm->ops->split(comm, color, key, out);
+}
+
+void seldp_comm_abort(seldp_comm *comm)
+{
+    if (comm && comm->ops)
+        comm->ops->abort(comm);
+}
+
+void seldp_comm_destroy(seldp_comm *comm)
+{
+    if (comm && comm->ops)
+        comm->ops->destroy(comm);
+}

@@ -1,0 +1,956 @@
+/* The host-staged transport: N in-process ranks that share memory.
+ *
+ * Every collective is a shared-memory rendezvous over the group's slot array:
+ *   1. publish: each rank writes its arguments (buffer pointers, sizes) into its
+ *      slot and waits until every rank of the group has arrived (phase "arrive");
+ *   2. execute: each rank reads the others' buffers directly, since ranks share
+ *      memory (an allreduce owner sums its slice of every input and writes it into
+ *      every output);
+ *   3. leave: wait once more (phase "leave") so that no rank returns, and reuses or
+ *      frees a buffer, while another is still reading or writing it.
+ * Phases are generation-counted: the last rank to arrive bumps the generation and
+ * wakes the others. Every wait has a deadline on CLOCK_MONOTONIC; a rank that times
+ * out marks the whole world aborted so that every rank of every group returns.
+ *
+ * One mutex per world guards all rendezvous state (slots, generations, abort state,
+ * reference counts); each group has its own condition variable. Data moves outside
+ * the lock. Device buffers are staged through pinned host memory before "arrive"
+ * and copied back after "leave", so the execute step only ever touches host memory. */
+#define _POSIX_C_SOURCE 200809L /* pthread_condattr_setclock, clock_gettime */
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm_impl.h"
+#include "device.h"
+#include "internal.h"
+#include "seldp/host.h"
+
+typedef enum host_op {
+    OP_INIT,
+    OP_BARRIER,
+    OP_BROADCAST,
+    OP_ALLREDUCE,
+    OP_ALLGATHER,
+    OP_ALLGATHERV,
+    OP_ALLTOALLV,
+    OP_SPLIT
+} host_op;
+
+static const char *const op_names[] = {
+    [OP_INIT] = "init",           [OP_BARRIER] = "barrier",     [OP_BROADCAST] = "broadcast",
+    [OP_ALLREDUCE] = "allreduce", [OP_ALLGATHER] = "allgather", [OP_ALLGATHERV] = "allgatherv",
+    [OP_ALLTOALLV] = "alltoallv", [OP_SPLIT] = "split",
+};
+
+typedef struct host_group host_group;
+
+/* What one rank publishes for one collective. Pointers are host memory (staged). */
+typedef struct host_slot {
+    host_op op;
+    seldp_status staged; /* SELDP_OK, or why this rank could not prepare its buffers */
+    const void *send;
+    void *recv;
+    size_t bytes; /* broadcast and allgather: per rank; allgatherv: this rank's blob */
+    size_t count; /* allreduce */
+    seldp_dtype dtype;
+    int root;
+    const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs; /* alltoallv */
+    int color, key;                                                    /* split */
+    host_group *new_group; /* split: published by the new group's rank 0 */
+} host_slot;
+
+struct host_group {
+    seldp_host_world *world;
+    int size;
+    int *world_ranks; /* group rank -> world rank */
+    host_slot *slots;
+    uint64_t *entered;   /* phases each rank has entered, to name those missing */
+    uint64_t generation; /* phases completed */
+    int arrived;         /* ranks waiting in the current phase */
+    int refs;            /* communicators holding the group */
+    pthread_cond_t cond;
+    host_group *next; /* the world's list of groups */
+};
+
+struct seldp_host_world {
+    int nranks;
+    double timeout_s;
+    pthread_mutex_t lock;
+    pthread_condattr_t condattr;
+    host_group *groups; /* the world group first, then every split group alive */
+    bool *joined;
+    bool aborted;
+    seldp_status abort_status; /* SELDP_ERR_ABORTED or SELDP_ERR_TIMEOUT */
+    char abort_reason[512];
+};
+
+typedef struct host_comm {
+    seldp_host_world *world;
+    host_group *group;
+} host_comm;
+
+static const seldp_comm_ops host_ops;
+
+static host_comm *impl_of(const seldp_comm *comm)
+{
+    return comm->impl;
+}
+
+/* ---- groups ------------------------------------------------------------------ */
+
+/* A group of `size` ranks with `refs` holders, linked into the world. Caller holds no lock. */
+static host_group *group_new(seldp_host_world *w, int size, const int *world_ranks, int refs)
+{
+    host_group *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->world = w;
+    g->size = size;
+    g->refs = refs;
+    g->world_ranks = malloc((size_t)size * sizeof *g->world_ranks);
+    g->slots = calloc((size_t)size, sizeof *g->slots);
+    g->entered = calloc((size_t)size, sizeof *g->entered);
+    if (!g->world_ranks || !g->slots || !g->entered ||
+        pthread_cond_init(&g->cond, &w->condattr) != 0) {
+        free(g->world_ranks);
+        free(g->slots);
+        free(g->entered);
+        free(g);
+        return NULL;
+    }
+    memcpy(g->world_ranks, world_ranks, (size_t)size * sizeof *g->world_ranks);
+    pthread_mutex_lock(&w->lock);
+    /* Keep the world group at the head. */
+    host_group **at = w->groups ? &w->groups->next : &w->groups;
+    g->next = *at;
+    *at = g;
+    pthread_mutex_unlock(&w->lock);
+    return g;
+}
+
+static void group_free(host_group *g)
+{
+    pthread_cond_destroy(&g->cond);
+    free(g->world_ranks);
+    free(g->slots);
+    free(g->entered);
+    free(g);
+}
+
+/* Drop one holder; the last one unlinks and frees a split group. Caller holds w->lock. */
+static void group_release_locked(host_group *g)
+{
+    seldp_host_world *w = g->world;
+    if (--g->refs > 0 || g == w->groups)
+        return;
+    for (host_group **p = &w->groups; *p; p = &(*p)->next) {
+        if (*p == g) {
+            *p = g->next;
+            break;
+        }
+    }
+    group_free(g);
+}
+
+/* ---- abort and waiting ----------------------------------------------------------- */
+
+/* Mark the world aborted (first reason wins) and wake every waiter. Caller holds w->lock. */
+static void world_abort_locked(seldp_host_world *w, seldp_status status, const char *reason)
+{
+    if (!w->aborted) {
+        w->aborted = true;
+        w->abort_status = status;
+        snprintf(w->abort_reason, sizeof w->abort_reason, "%s", reason);
+    }
+    for (host_group *g = w->groups; g; g = g->next)
+        pthread_cond_broadcast(&g->cond);
+}
+
+static seldp_status aborted_error_locked(const seldp_comm *comm, host_op op)
+{
+    seldp_host_world *w = impl_of(comm)->world;
+    return seldp__fail(w->abort_status, "rank %d: %s aborted: %s", comm->rank, op_names[op],
+                       w->abort_reason);
+}
+
+static struct timespec deadline_after(double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    /* Clamp so that a huge timeout cannot overflow time_t. */
+    if (!(seconds < 1e9))
+        seconds = 1e9;
+    double whole = floor(seconds);
+    ts.tv_sec += (time_t)whole;
+    ts.tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* Append "a, b and c" of the ranks of `g` that have not entered phase `gen`. Returns the count. */
+static int missing_ranks(const host_group *g, uint64_t gen, bool world_numbering, char *buf,
+                         size_t size)
+{
+    int n = 0;
+    size_t used = strlen(buf);
+    for (int r = 0; r < g->size; r++) {
+        if (g->entered[r] > gen)
+            continue;
+        int shown = world_numbering ? g->world_ranks[r] : r;
+        if (used < size)
+            used += (size_t)snprintf(buf + used, size - used, "%s%d", n ? ", " : "", shown);
+        n++;
+    }
+    return n;
+}
+
+typedef enum wait_mode {
+    WAIT_UNLESS_ABORTED, /* stop waiting when the world aborts */
+    WAIT_FOR_ALL         /* every rank has passed the previous phase and will arrive */
+} wait_mode;
+
+/* Enter one phase of the group's rendezvous and wait for every rank of the group.
+ * Under WAIT_FOR_ALL an abort does not stop the wait: a rank leaving early could
+ * free a buffer that another rank is still reading. */
+static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
+{
+    host_comm *hc = impl_of(comm);
+    seldp_host_world *w = hc->world;
+    host_group *g = hc->group;
+    seldp_status st = SELDP_OK;
+
+    pthread_mutex_lock(&w->lock);
+    if (mode == WAIT_UNLESS_ABORTED && w->aborted) {
+        st = aborted_error_locked(comm, op);
+        goto out;
+    }
+    uint64_t gen = g->generation;
+    g->entered[comm->rank] = gen + 1;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        g->generation++;
+        pthread_cond_broadcast(&g->cond);
+        goto out;
+    }
+    struct timespec deadline = deadline_after(w->timeout_s);
+    while (g->generation == gen && (mode == WAIT_FOR_ALL || !w->aborted)) {
+        int rc = pthread_cond_timedwait(&g->cond, &w->lock, &deadline);
+        if (rc == ETIMEDOUT && g->generation == gen) {
+            char who[256] = "", reason[512];
+            int missing = missing_ranks(g, gen, false, who, sizeof who);
+            char world_who[200] = "";
+            missing_ranks(g, gen, true, world_who, sizeof world_who);
+            snprintf(reason, sizeof reason, "rank %d timed out after %g s in %s waiting for %s %s",
+                     comm->world_rank, w->timeout_s, op_names[op], missing > 1 ? "ranks" : "rank",
+                     world_who);
+            /* The phase will never complete: take this rank back out of it. */
+            g->arrived--;
+            world_abort_locked(w, SELDP_ERR_TIMEOUT, reason);
+            st = seldp__fail(SELDP_ERR_TIMEOUT,
+                             "rank %d: %s timed out after %g s: %s %s had not arrived (%d of %d "
+                             "ranks missing)",
+                             comm->rank, op_names[op], w->timeout_s, missing > 1 ? "ranks" : "rank",
+                             who, missing, g->size);
+            goto out;
+        }
+    }
+    if (g->generation == gen) {
+        g->arrived--;
+        st = aborted_error_locked(comm, op);
+    }
+out:
+    pthread_mutex_unlock(&w->lock);
+    return st;
+}
+
+/* ---- the collective rendezvous --------------------------------------------------- */
+
+/* Why the published slots of a collective do not agree, or SELDP_OK. Every rank reads
+ * the same slots after "arrive", so every rank reaches the same verdict. */
+static seldp_status slots_agree(const seldp_comm *comm)
+{
+    const host_group *g = impl_of(comm)->group;
+    const host_slot *s = g->slots;
+    const host_slot *mine = &s[comm->rank];
+    for (int r = 0; r < g->size; r++) {
+        if (s[r].op != mine->op)
+            return seldp__fail(SELDP_ERR_DISAGREE,
+                               "rank %d: %s: rank %d called %s at the same point, expected every "
+                               "rank to call %s",
+                               comm->rank, op_names[mine->op], r, op_names[s[r].op],
+                               op_names[mine->op]);
+    }
+    for (int r = 0; r < g->size; r++) {
+        if (s[r].staged != SELDP_OK)
+            return seldp__fail(s[r].staged, "rank %d: %s: rank %d could not stage its buffers (%s)",
+                               comm->rank, op_names[mine->op], r, seldp_status_name(s[r].staged));
+    }
+    for (int r = 0; r < g->size; r++) {
+        const host_slot *o = &s[r];
+        switch (mine->op) {
+        case OP_BROADCAST:
+            if (o->root != s[0].root || o->bytes != s[0].bytes)
+                return seldp__fail(SELDP_ERR_DISAGREE,
+                                   "rank %d: broadcast: rank 0 passed root %d and %zu bytes but "
+                                   "rank %d root %d and %zu bytes",
+                                   comm->rank, s[0].root, s[0].bytes, r, o->root, o->bytes);
+            break;
+        case OP_ALLREDUCE:
+            if (o->count != s[0].count || o->dtype != s[0].dtype)
+                return seldp__fail(SELDP_ERR_DISAGREE,
+                                   "rank %d: allreduce: rank 0 passed %zu elements of %s but rank "
+                                   "%d %zu of %s",
+                                   comm->rank, s[0].count, seldp_dtype_name(s[0].dtype), r,
+                                   o->count, seldp_dtype_name(o->dtype));
+            break;
+        case OP_ALLGATHER:
+            if (o->bytes != s[0].bytes)
+                return seldp__fail(SELDP_ERR_DISAGREE,
+                                   "rank %d: allgather: rank 0 passed %zu bytes but rank %d %zu",
+                                   comm->rank, s[0].bytes, r, o->bytes);
+            break;
+        case OP_ALLTOALLV:
+            for (int p = 0; p < g->size; p++) {
+                if (o->send_bytes[p] != s[p].recv_bytes[r])
+                    return seldp__fail(SELDP_ERR_DISAGREE,
+                                       "rank %d: alltoallv: rank %d sends %zu bytes to rank %d, "
+                                       "which expects %zu",
+                                       comm->rank, r, o->send_bytes[p], p, s[p].recv_bytes[r]);
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    return SELDP_OK;
+}
+
+/* The one place every collective of this transport enters: publish this rank's slot
+ * and wait for the group. A fault-injection point for a collective belongs here. */
+static seldp_status collective_enter(seldp_comm *comm, const host_slot *slot)
+{
+    host_comm *hc = impl_of(comm);
+    pthread_mutex_lock(&hc->world->lock);
+    hc->group->slots[comm->rank] = *slot;
+    pthread_mutex_unlock(&hc->world->lock);
+    return phase_wait(comm, slot->op, WAIT_UNLESS_ABORTED);
+}
+
+/* Every rank has finished touching the others' buffers once this returns. */
+static seldp_status collective_leave(seldp_comm *comm, host_op op)
+{
+    return phase_wait(comm, op, WAIT_FOR_ALL);
+}
+
+typedef void (*execute_fn)(const seldp_comm *comm, void *arg);
+
+/* Enter, check agreement, execute, leave. Returns the first failure. */
+static seldp_status collective_run(seldp_comm *comm, const host_slot *slot, execute_fn execute,
+                                   void *arg)
+{
+    seldp_status st = collective_enter(comm, slot);
+    if (st != SELDP_OK)
+        return st;
+    char why[1024] = "";
+    seldp_status agreed = slots_agree(comm);
+    if (agreed == SELDP_OK && execute)
+        execute(comm, arg);
+    else if (agreed != SELDP_OK)
+        snprintf(why, sizeof why, "%s", seldp_last_error());
+    st = collective_leave(comm, slot->op);
+    if (agreed != SELDP_OK) {
+        seldp__set_error(why);
+        return agreed;
+    }
+    return st;
+}
+
+/* ---- staging of device buffers ----------------------------------------------------- */
+
+/* A host view of `bytes` at `ptr` on `mem`: the pointer itself for the host, else a
+ * pinned buffer, filled from the device when `fill`. Release with stage_release. */
+static seldp_status stage_in(const void *ptr, size_t bytes, seldp_device mem, bool fill,
+                             void **host)
+{
+    if (mem.kind == SELDP_DEVICE_HOST) {
+        *host = (void *)ptr;
+        return SELDP_OK;
+    }
+    seldp_status st = seldp__pinned_alloc(bytes, host);
+    if (st == SELDP_OK && fill && bytes)
+        st = seldp__device_copy(*host, SELDP_HOST_DEVICE, ptr, mem, bytes);
+    if (st != SELDP_OK) {
+        seldp__pinned_free(*host);
+        *host = NULL;
+    }
+    return st;
+}
+
+static void stage_release(void *host, seldp_device mem)
+{
+    if (mem.kind != SELDP_DEVICE_HOST)
+        seldp__pinned_free(host);
+}
+
+/* ---- barrier, broadcast ------------------------------------------------------------- */
+
+static seldp_status host_barrier(seldp_comm *comm)
+{
+    host_slot slot = {.op = OP_BARRIER};
+    return collective_run(comm, &slot, NULL, NULL);
+}
+
+static void broadcast_execute(const seldp_comm *comm, void *arg)
+{
+    (void)arg;
+    const host_slot *s = impl_of(comm)->group->slots;
+    const host_slot *mine = &s[comm->rank];
+    if (comm->rank != mine->root && mine->bytes)
+        memcpy(mine->recv, s[mine->root].send, mine->bytes);
+}
+
+static seldp_status host_broadcast(seldp_comm *comm, void *buf, size_t bytes, int root,
+                                   seldp_device mem)
+{
+    bool is_root = comm->rank == root;
+    void *host = NULL;
+    host_slot slot = {.op = OP_BROADCAST, .bytes = bytes, .root = root};
+    slot.staged = stage_in(buf, bytes, mem, is_root, &host);
+    slot.send = host;
+    slot.recv = host;
+    seldp_status st = collective_run(comm, &slot, broadcast_execute, NULL);
+    if (st == SELDP_OK && !is_root && mem.kind != SELDP_DEVICE_HOST)
+        st = seldp__device_copy(buf, mem, host, SELDP_HOST_DEVICE, bytes);
+    stage_release(host, mem);
+    return st;
+}
+
+/* ---- allreduce ------------------------------------------------------------------------ */
+
+/* Elements per slice: an even share rounded up to whole cache lines, so that no two
+ * owners write the same line of an output. */
+static size_t slice_elems(size_t count, int size, size_t esize)
+{
+    size_t line = 64 / esize;
+    size_t share = (count + (size_t)size - 1) / (size_t)size;
+    return (share + line - 1) / line * line;
+}
+
+#define REDUCE_CHUNK 512
+
+/* Sum elements [begin, end) of every rank's input in rank order 0..P-1 and write the
+ * sum into every rank's output. A chunk is fully read before any output is written,
+ * so in-place buffers (send == recv) are safe. */
+#define DEFINE_REDUCE_SLICE(name, type)                                                            \
+    static void name(const host_slot *s, int size, size_t begin, size_t end)                       \
+    {                                                                                              \
+        type acc[REDUCE_CHUNK];                                                                    \
+        for (size_t at = begin; at < end; at += REDUCE_CHUNK) {                                    \
+            size_t n = end - at < REDUCE_CHUNK ? end - at : REDUCE_CHUNK;                          \
+            const type *in0 = (const type *)s[0].send + at;                                        \
+            for (size_t i = 0; i < n; i++)                                                         \
+                acc[i] = in0[i];                                                                   \
+            for (int r = 1; r < size; r++) {                                                       \
+                const type *in = (const type *)s[r].send + at;                                     \
+                for (size_t i = 0; i < n; i++)                                                     \
+                    acc[i] += in[i];                                                               \
+            }                                                                                      \
+            for (int r = 0; r < size; r++)                                                         \
+                memcpy((type *)s[r].recv + at, acc, n * sizeof(type));                             \
+        }                                                                                          \
+    }
+
+DEFINE_REDUCE_SLICE(reduce_slice_f32, float)
+DEFINE_REDUCE_SLICE(reduce_slice_f64, double)
+/* Signed sums wrap like unsigned ones (two's complement) instead of overflowing. */
+DEFINE_REDUCE_SLICE(reduce_slice_u64, uint64_t)
+
+static void allreduce_execute(const seldp_comm *comm, void *arg)
+{
+    (void)arg;
+    const host_group *g = impl_of(comm)->group;
+    const host_slot *s = g->slots;
+    size_t count = s[comm->rank].count;
+    seldp_dtype dtype = s[comm->rank].dtype;
+    size_t slice = slice_elems(count, g->size, seldp_dtype_size(dtype));
+    size_t begin = slice * (size_t)comm->rank;
+    if (begin >= count)
+        return;
+    size_t end = count - begin < slice ? count : begin + slice;
+    switch (dtype) {
+    case SELDP_F32:
+        reduce_slice_f32(s, g->size, begin, end);
+        break;
+    case SELDP_F64:
+        reduce_slice_f64(s, g->size, begin, end);
+        break;
+    case SELDP_I64:
+    case SELDP_U64:
+        reduce_slice_u64(s, g->size, begin, end);
+        break;
+    default:
+        break; /* rejected by seldp_comm_allreduce */
+    }
+}
+
+static seldp_status host_allreduce(seldp_comm *comm, const void *send, void *recv, size_t count,
+                                   seldp_dtype dtype, seldp_device mem)
+{
+    size_t bytes = count * seldp_dtype_size(dtype);
+    void *host = NULL;
+    host_slot slot = {.op = OP_ALLREDUCE, .count = count, .dtype = dtype};
+    if (mem.kind == SELDP_DEVICE_HOST) {
+        slot.send = send;
+        slot.recv = recv;
+    } else {
+        /* One staging buffer reduced in place. */
+        slot.staged = stage_in(send, bytes, mem, true, &host);
+        slot.send = host;
+        slot.recv = host;
+    }
+    seldp_status st = collective_run(comm, &slot, allreduce_execute, NULL);
+    if (st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST)
+        st = seldp__device_copy(recv, mem, host, SELDP_HOST_DEVICE, bytes);
+    if (mem.kind != SELDP_DEVICE_HOST)
+        stage_release(host, mem);
+    return st;
+}
+
+/* ---- allgather, allgatherv ------------------------------------------------------------ */
+
+static void allgather_execute(const seldp_comm *comm, void *arg)
+{
+    (void)arg;
+    const host_group *g = impl_of(comm)->group;
+    const host_slot *s = g->slots;
+    size_t bytes = s[comm->rank].bytes;
+    char *recv = s[comm->rank].recv;
+    for (int r = 0; r < g->size; r++) {
+        char *dst = recv + (size_t)r * bytes;
+        /* A rank may gather in place, its send block already at its own offset. */
+        if (bytes && dst != (const char *)s[r].send)
+            memcpy(dst, s[r].send, bytes);
+    }
+}
+
+static seldp_status host_allgather(seldp_comm *comm, const void *send, void *recv, size_t bytes,
+                                   seldp_device mem)
+{
+    size_t total = bytes * (size_t)comm->size;
+    void *hsend = NULL, *hrecv = NULL;
+    host_slot slot = {.op = OP_ALLGATHER, .bytes = bytes};
+    slot.staged = stage_in(send, bytes, mem, true, &hsend);
+    if (slot.staged == SELDP_OK) {
+        slot.staged = stage_in(recv, total, mem, false, &hrecv);
+        if (slot.staged != SELDP_OK) {
+            stage_release(hsend, mem);
+            hsend = NULL;
+        }
+    }
+    slot.send = hsend;
+    slot.recv = hrecv;
+    seldp_status st = collective_run(comm, &slot, allgather_execute, NULL);
+    if (st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST)
+        st = seldp__device_copy(recv, mem, hrecv, SELDP_HOST_DEVICE, total);
+    stage_release(hsend, mem);
+    stage_release(hrecv, mem);
+    return st;
+}
+
+typedef struct allgatherv_result {
+    void *blob;
+    size_t *recv_bytes;
+    seldp_status status;
+} allgatherv_result;
+
+static void allgatherv_execute(const seldp_comm *comm, void *arg)
+{
+    allgatherv_result *res = arg;
+    const host_group *g = impl_of(comm)->group;
+    const host_slot *s = g->slots;
+    size_t total = 0;
+    for (int r = 0; r < g->size; r++) {
+        if (s[r].bytes > SIZE_MAX - total) {
+            res->status = seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                                      "rank %d: allgatherv: the blobs' total size overflows size_t",
+                                      comm->rank);
+            return;
+        }
+        total += s[r].bytes;
+    }
+    char *blob = malloc(total ? total : 1);
+    if (!blob) {
+        res->status = seldp__fail(
+            SELDP_ERR_NOMEM, "rank %d: allgatherv: out of memory for %zu bytes", comm->rank, total);
+        return;
+    }
+    size_t at = 0;
+    for (int r = 0; r < g->size; r++) {
+        if (s[r].bytes)
+            memcpy(blob + at, s[r].send, s[r].bytes);
+        res->recv_bytes[r] = s[r].bytes;
+        at += s[r].bytes;
+    }
+    res->blob = blob;
+}
+
+static seldp_status host_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
+                                    void **recv, size_t *recv_bytes)
+{
+    host_slot slot = {.op = OP_ALLGATHERV, .send = send, .bytes = send_bytes};
+    allgatherv_result res = {NULL, recv_bytes, SELDP_OK};
+    seldp_status st = collective_run(comm, &slot, allgatherv_execute, &res);
+    if (st == SELDP_OK)
+        st = res.status;
+    if (st != SELDP_OK) {
+        free(res.blob);
+        return st;
+    }
+    *recv = res.blob;
+    return SELDP_OK;
+}
+
+/* ---- alltoallv ------------------------------------------------------------------------ */
+
+static void alltoallv_execute(const seldp_comm *comm, void *arg)
+{
+    (void)arg;
+    const host_group *g = impl_of(comm)->group;
+    const host_slot *s = g->slots;
+    const host_slot *mine = &s[comm->rank];
+    int me = comm->rank;
+    for (int p = 0; p < g->size; p++) {
+        size_t n = mine->recv_bytes[p];
+        if (n)
+            memcpy((char *)mine->recv + mine->recv_displs[p],
+                   (const char *)s[p].send + s[p].send_displs[me], n);
+    }
+}
+
+/* Bytes up to the end of the furthest piece. */
+static size_t pieces_extent(const size_t *bytes, const size_t *displs, int n)
+{
+    size_t end = 0;
+    for (int p = 0; p < n; p++)
+        if (bytes[p] && displs[p] + bytes[p] > end)
+            end = displs[p] + bytes[p];
+    return end;
+}
+
+static seldp_status host_alltoallv(seldp_comm *comm, const void *send, const size_t *send_bytes,
+                                   const size_t *send_displs, void *recv, const size_t *recv_bytes,
+                                   const size_t *recv_displs, seldp_device mem)
+{
+    size_t send_extent = pieces_extent(send_bytes, send_displs, comm->size);
+    size_t recv_extent = pieces_extent(recv_bytes, recv_displs, comm->size);
+    void *hsend = NULL, *hrecv = NULL;
+    host_slot slot = {.op = OP_ALLTOALLV,
+                      .send_bytes = send_bytes,
+                      .send_displs = send_displs,
+                      .recv_bytes = recv_bytes,
+                      .recv_displs = recv_displs};
+    slot.staged = stage_in(send, send_extent, mem, true, &hsend);
+    if (slot.staged == SELDP_OK) {
+        slot.staged = stage_in(recv, recv_extent, mem, false, &hrecv);
+        if (slot.staged != SELDP_OK) {
+            stage_release(hsend, mem);
+            hsend = NULL;
+        }
+    }
+    slot.send = hsend;
+    slot.recv = hrecv;
+    seldp_status st = collective_run(comm, &slot, alltoallv_execute, NULL);
+    /* Copy back only the pieces received, leaving the rest of recv as it was. */
+    for (int p = 0; st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST && p < comm->size; p++)
+        if (recv_bytes[p])
+            st = seldp__device_copy((char *)recv + recv_displs[p], mem,
+                                    (char *)hrecv + recv_displs[p], SELDP_HOST_DEVICE,
+                                    recv_bytes[p]);
+    stage_release(hsend, mem);
+    stage_release(hrecv, mem);
+    return st;
+}
+
+/* ---- split ------------------------------------------------------------------------------ */
+
+typedef struct split_member {
+    int key;
+    int parent_rank;
+} split_member;
+
+static int split_member_cmp(const void *a, const void *b)
+{
+    const split_member *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return (x->parent_rank > y->parent_rank) - (x->parent_rank < y->parent_rank);
+}
+
+static seldp_status comm_wrap(seldp_host_world *w, host_group *g, int rank, seldp_device device,
+                              seldp_comm **out);
+
+static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm **out)
+{
+    host_comm *hc = impl_of(comm);
+    seldp_host_world *w = hc->world;
+    host_group *parent = hc->group;
+    split_member *members = NULL;
+    int *world_ranks = NULL;
+    seldp_status st = SELDP_OK, leave_st;
+    host_slot slot = {.op = OP_SPLIT, .color = color, .key = key};
+
+    st = collective_enter(comm, &slot);
+    if (st != SELDP_OK)
+        return st;
+    if ((st = slots_agree(comm)) != SELDP_OK) {
+        /* Leave as the other collectives do, so that mismatched ranks stay in step. */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", seldp_last_error());
+        collective_leave(comm, OP_SPLIT);
+        seldp__set_error(why);
+        return st;
+    }
+    /* Every rank has published its color and key: compute this rank's new group. */
+    const host_slot *s = parent->slots;
+    int n = 0, new_rank = -1;
+    if (color != SELDP_COMM_NO_GROUP) {
+        members = malloc((size_t)parent->size * sizeof *members);
+        world_ranks = malloc((size_t)parent->size * sizeof *world_ranks);
+        if (members && world_ranks) {
+            for (int r = 0; r < parent->size; r++)
+                if (s[r].color == color)
+                    members[n++] = (split_member){s[r].key, r};
+            qsort(members, (size_t)n, sizeof *members, split_member_cmp);
+            for (int i = 0; i < n; i++) {
+                world_ranks[i] = parent->world_ranks[members[i].parent_rank];
+                if (members[i].parent_rank == comm->rank)
+                    new_rank = i;
+            }
+        }
+    }
+    /* The new group's rank 0 creates it for everyone; the others pick it up after
+     * "publish" (the slot is ours until "leave"). */
+    host_group *created = NULL;
+    if (new_rank == 0)
+        created = group_new(w, n, world_ranks, n);
+    pthread_mutex_lock(&w->lock);
+    parent->slots[comm->rank].new_group = created;
+    pthread_mutex_unlock(&w->lock);
+    st = phase_wait(comm, OP_SPLIT, WAIT_FOR_ALL);
+
+    host_group *group = NULL;
+    if (st == SELDP_OK && color != SELDP_COMM_NO_GROUP) {
+        if (new_rank < 0) {
+            st = seldp__fail(SELDP_ERR_NOMEM, "rank %d: split: out of memory", comm->rank);
+        } else {
+            pthread_mutex_lock(&w->lock);
+            group = parent->slots[members[0].parent_rank].new_group;
+            pthread_mutex_unlock(&w->lock);
+            if (!group)
+                st = seldp__fail(SELDP_ERR_NOMEM,
+                                 "rank %d: split: rank %d ran out of memory creating the group "
+                                 "of color %d",
+                                 comm->rank, members[0].parent_rank, color);
+        }
+    }
+    if (st == SELDP_OK && group)
+        st = comm_wrap(w, group, new_rank, comm->device, out);
+    if (st != SELDP_OK && group) {
+        pthread_mutex_lock(&w->lock);
+        group_release_locked(group);
+        pthread_mutex_unlock(&w->lock);
+    }
+    leave_st = collective_leave(comm, OP_SPLIT);
+    if (st == SELDP_OK && leave_st != SELDP_OK) {
+        seldp_comm_destroy(*out);
+        *out = NULL;
+        st = leave_st;
+    }
+    free(members);
+    free(world_ranks);
+    return st;
+}
+
+/* ---- abort, destroy, world ---------------------------------------------------------------- */
+
+static void host_abort(seldp_comm *comm)
+{
+    seldp_host_world *w = impl_of(comm)->world;
+    char reason[64];
+    snprintf(reason, sizeof reason, "rank %d aborted the world", comm->world_rank);
+    pthread_mutex_lock(&w->lock);
+    world_abort_locked(w, SELDP_ERR_ABORTED, reason);
+    pthread_mutex_unlock(&w->lock);
+}
+
+static void host_destroy(seldp_comm *comm)
+{
+    host_comm *hc = impl_of(comm);
+    pthread_mutex_lock(&hc->world->lock);
+    group_release_locked(hc->group);
+    pthread_mutex_unlock(&hc->world->lock);
+    free(hc);
+    seldp__comm_free(comm);
+}
+
+static const seldp_comm_ops host_ops = {
+    .name = "host",
+    .barrier = host_barrier,
+    .broadcast = host_broadcast,
+    .allreduce = host_allreduce,
+    .allgather = host_allgather,
+    .allgatherv = host_allgatherv,
+    .alltoallv = host_alltoallv,
+    .split = host_split,
+    .abort = host_abort,
+    .destroy = host_destroy,
+};
+
+/* A communicator for `rank` of `g`, which already counts this holder in its refs. */
+static seldp_status comm_wrap(seldp_host_world *w, host_group *g, int rank, seldp_device device,
+                              seldp_comm **out)
+{
+    host_comm *hc = malloc(sizeof *hc);
+    seldp_comm *comm = NULL;
+    if (hc) {
+        hc->world = w;
+        hc->group = g;
+        comm = seldp__comm_new(&host_ops, rank, g->size, g->world_ranks[rank], device, hc);
+    }
+    if (!comm) {
+        free(hc);
+        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory creating a communicator", rank);
+    }
+    *out = comm;
+    return SELDP_OK;
+}
+
+seldp_status seldp_host_world_create(int nranks, const seldp_comm_config *cfg,
+                                     seldp_host_world **out)
+{
+    seldp_comm_config defaults = SELDP_COMM_CONFIG_INIT;
+    seldp_status st = SELDP_OK;
+    seldp_host_world *w = NULL;
+    int *identity = NULL;
+    bool lock_ready = false, attr_ready = false;
+    if (!cfg)
+        cfg = &defaults;
+    if (!out)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "host_world_create: out is NULL");
+    if (nranks < 1)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "host world of %d ranks, expected at least 1",
+                   nranks);
+    if (!(cfg->timeout_s > 0))
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "host world timeout %g s, expected > 0",
+                   cfg->timeout_s);
+    w = calloc(1, sizeof *w);
+    identity = malloc((size_t)nranks * sizeof *identity);
+    if (!w || !identity)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory creating a host world of %d ranks", nranks);
+    w->nranks = nranks;
+    w->timeout_s = cfg->timeout_s;
+    w->joined = calloc((size_t)nranks, sizeof *w->joined);
+    if (!w->joined)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory creating a host world of %d ranks", nranks);
+    if (pthread_mutex_init(&w->lock, NULL) != 0)
+        SELDP_FAIL(SELDP_ERR_INTERNAL, "host world: pthread_mutex_init failed");
+    lock_ready = true;
+    if (pthread_condattr_init(&w->condattr) != 0)
+        SELDP_FAIL(SELDP_ERR_INTERNAL, "host world: pthread_condattr_init failed");
+    attr_ready = true;
+    if (pthread_condattr_setclock(&w->condattr, CLOCK_MONOTONIC) != 0)
+        SELDP_FAIL(SELDP_ERR_INTERNAL, "host world: CLOCK_MONOTONIC condition variables "
+                                       "are not supported");
+    for (int r = 0; r < nranks; r++)
+        identity[r] = r;
+    /* The world group lives as long as the world; it is not reference-counted. */
+    if (!group_new(w, nranks, identity, 0))
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory creating a host world of %d ranks", nranks);
+    free(identity);
+    *out = w;
+    return SELDP_OK;
+
+fail:
+    free(identity);
+    if (w) {
+        if (attr_ready)
+            pthread_condattr_destroy(&w->condattr);
+        if (lock_ready)
+            pthread_mutex_destroy(&w->lock);
+        free(w->joined);
+        free(w);
+    }
+    return st;
+}
+
+seldp_status seldp_host_comm_init(seldp_host_world *world, int rank, seldp_device device,
+                                  seldp_comm **out)
+{
+    seldp_status st = SELDP_OK;
+    seldp_comm *comm = NULL;
+    if (!world || !out)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: host_comm_init: NULL argument", rank);
+    *out = NULL;
+    if (rank < 0 || rank >= world->nranks)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                   "rank %d: host_comm_init: rank outside the world of %d ranks", rank,
+                   world->nranks);
+    if (device.kind != SELDP_DEVICE_HOST &&
+        (device.kind != SELDP_DEVICE_CUDA || device.ordinal < 0))
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                   "rank %d: host_comm_init: invalid device (kind %d, ordinal %d)", rank,
+                   (int)device.kind, device.ordinal);
+
+    pthread_mutex_lock(&world->lock);
+    host_group *g = world->groups;
+    bool again = world->joined[rank];
+    world->joined[rank] = true;
+    if (!again)
+        g->refs++;
+    pthread_mutex_unlock(&world->lock);
+    if (again)
+        SELDP_FAIL(SELDP_ERR_DUPLICATE, "rank %d: host_comm_init: rank already joined this world",
+                   rank);
+    st = comm_wrap(world, g, rank, device, &comm);
+    if (st != SELDP_OK) {
+        pthread_mutex_lock(&world->lock);
+        g->refs--;
+        pthread_mutex_unlock(&world->lock);
+        goto fail;
+    }
+    host_slot slot = {.op = OP_INIT};
+    SELDP_CHECK(collective_run(comm, &slot, NULL, NULL));
+    *out = comm;
+    return SELDP_OK;
+
+fail:
+    seldp_comm_destroy(comm);
+    return st;
+}
+
+void seldp_host_world_destroy(seldp_host_world *world)
+{
+    if (!world)
+        return;
+    host_group *g = world->groups;
+    while (g) {
+        host_group *next = g->next;
+        group_free(g);
+        g = next;
+    }
+    pthread_condattr_destroy(&world->condattr);
+    pthread_mutex_destroy(&world->lock);
+    free(world->joined);
+    free(world);
+}

@@ -1,0 +1,111 @@
+/* Element-wise operations on host memory, and the dispatch of device pointers to
+ * the CUDA versions in src/cuda/ (builds with CUDA only). */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kernels.h"
+
+#ifdef SELDP_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
+
+/* Host code handles the host; a CUDA device goes to the CUDA kernels when built with them. */
+#ifdef SELDP_HAVE_CUDA
+#define DISPATCH_CUDA(device, call)                                                                \
+    do {                                                                                           \
+        if ((device).kind == SELDP_DEVICE_CUDA)                                                    \
+            return (call);                                                                         \
+    } while (0)
+#else
+#define DISPATCH_CUDA(device, call)                                                                \
+    do {                                                                                           \
+        if ((device).kind == SELDP_DEVICE_CUDA)                                                    \
+            return seldp__fail(SELDP_ERR_UNSUPPORTED,                                              \
+                               "cuda:%d kernel requested but seldp was built without CUDA",        \
+                               (device).ordinal);                                                  \
+    } while (0)
+#endif
+
+seldp_status seldp__convert(seldp_device device, void *dst, seldp_dtype dst_dtype, const void *src,
+                            seldp_dtype src_dtype, size_t n)
+{
+    if (!seldp_dtype_valid(dst_dtype) || !seldp_dtype_valid(src_dtype))
+        return seldp__fail(SELDP_ERR_DTYPE, "convert: invalid dtype (%d -> %d)", (int)src_dtype,
+                           (int)dst_dtype);
+    bool same = dst_dtype == src_dtype;
+    bool to_f32 = dst_dtype == SELDP_F32 && seldp_dtype_is_half(src_dtype);
+    bool from_f32 = src_dtype == SELDP_F32 && seldp_dtype_is_half(dst_dtype);
+    if (!same && !to_f32 && !from_f32)
+        return seldp__fail(SELDP_ERR_DTYPE,
+                           "convert: %s -> %s is not supported, expected a copy or F32 <-> "
+                           "F16/BF16",
+                           seldp_dtype_name(src_dtype), seldp_dtype_name(dst_dtype));
+    if (n == 0)
+        return SELDP_OK;
+    DISPATCH_CUDA(device, seldp__cuda_convert(device.ordinal, dst, dst_dtype, src, src_dtype, n));
+    if (same)
+        memmove(dst, src, n * seldp_dtype_size(src_dtype));
+    else if (to_f32)
+        seldp_half_to_f32(src_dtype, src, dst, n);
+    else
+        seldp_f32_to_half(dst_dtype, src, dst, n);
+    return SELDP_OK;
+}
+
+seldp_status seldp__scale_f32(seldp_device device, float *x, size_t n, double factor)
+{
+    if (n == 0)
+        return SELDP_OK;
+    DISPATCH_CUDA(device, seldp__cuda_scale_f32(device.ordinal, x, n, factor));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((double)x[i] * factor);
+    return SELDP_OK;
+}
+
+/* A half is finite unless its exponent field is all ones. */
+static size_t first_nonfinite_half(const uint16_t *x, size_t n, uint16_t exp_mask)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((x[i] & exp_mask) == exp_mask)
+            return i;
+    return n;
+}
+
+seldp_status seldp__find_nonfinite(seldp_device device, const void *x, seldp_dtype dtype, size_t n,
+                                   size_t *first)
+{
+    if (!seldp_dtype_is_float(dtype))
+        return seldp__fail(SELDP_ERR_DTYPE, "find_nonfinite: dtype %s is not a float type",
+                           seldp_dtype_name(dtype));
+    if (n == 0) {
+        *first = 0;
+        return SELDP_OK;
+    }
+    DISPATCH_CUDA(device, seldp__cuda_find_nonfinite(device.ordinal, x, dtype, n, first));
+    size_t i = n;
+    switch (dtype) {
+    case SELDP_F32: {
+        const float *f = x;
+        for (i = 0; i < n && isfinite(f[i]); i++)
+            ;
+        break;
+    }
+    case SELDP_F64: {
+        const double *d = x;
+        for (i = 0; i < n && isfinite(d[i]); i++)
+            ;
+        break;
+    }
+    case SELDP_F16:
+        i = first_nonfinite_half(x, n, 0x7c00u);
+        break;
+    case SELDP_BF16:
+        i = first_nonfinite_half(x, n, 0x7f80u);
+        break;
+    default:
+        break;
+    }
+    *first = i;
+    return SELDP_OK;
+}
