@@ -1,0 +1,452 @@
+/* Selected data-parallel sessions: initialize (validate, agree, broadcast), the
+ * session queries, and the collective error reporting the reductions share. The
+ * reductions themselves are in session_reduce.c.
+ *
+ * Errors are collective. Each rank first validates what it can see alone; one
+ * fixed-size all-gather then tells every rank every other rank's result, and when some
+ * rank failed, an all-gatherv of messages gives every rank the status and message of
+ * the lowest failing rank. Decisions that need every rank's data (schemas, weights,
+ * gradient presence) are computed by every rank from the same gathered bytes, so they
+ * agree without further communication. Nothing is written before all ranks have passed.
+ *
+ * Transport calls made by each public function (every rank of the group makes the same):
+ *   seldp_session_initialize, seldp_session_initialize_with_buffers:
+ *     1 allgather of a fixed record (status, world rank, call, root, bucket size);
+ *     on a local failure somewhere: 1 allgatherv of the error messages, then return;
+ *     1 allgatherv of the schema manifests;
+ *     per dtype d of the selection, ceil(bytes_d / bucket) broadcasts from the root.
+ *   seldp_session_reduce, _reduce_fp32, _sum, _sum_fp32 (session_reduce.c):
+ *     1 allgather of a fixed record (status, world rank, method, FP32 flag, policy,
+ *       weight, one presence bit per reducible parameter);
+ *     on a local failure somewhere: 1 allgatherv of the error messages, then return;
+ *     ceil(4 * elements / bucket) F32 allreduces over the parameters that have a gradient
+ *       on some active rank (none when no rank is active).
+ *   seldp_session_rank, _size, _selected, _destroy: none (local). */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucket.h"
+#include "device.h"
+#include "internal.h"
+#include "manifest.h"
+#include "session_impl.h"
+
+/* --- collective errors ---------------------------------------------------- */
+
+void seldp__session_save_message(const seldp_comm *comm, seldp_status local, char *message)
+{
+    message[0] = '\0';
+    if (local != SELDP_OK)
+        snprintf(message, SESSION_MESSAGE_MAX, "group rank %d (world rank %d): %s",
+                 seldp_comm_rank(comm), seldp_comm_world_rank(comm), seldp_last_error());
+}
+
+seldp_status seldp__session_share_error(seldp_comm *comm, int failing, seldp_status status,
+                                        const char *message)
+{
+    seldp_status st = SELDP_OK;
+    int n = seldp_comm_size(comm);
+    size_t *lengths = calloc((size_t)n, sizeof *lengths);
+    char *all = NULL;
+    size_t offset = 0;
+
+    if (!lengths)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory exchanging error messages");
+    SELDP_CHECK(seldp_comm_allgatherv(comm, message, strlen(message) + 1, (void **)&all, lengths));
+    for (int r = 0; r < failing; r++)
+        offset += lengths[r];
+    if (lengths[failing] == 0 || all[offset + lengths[failing] - 1] != '\0')
+        SELDP_FAIL(SELDP_ERR_INTERNAL, "group rank %d sent a malformed error message", failing);
+    seldp__set_error(all + offset);
+    st = status;
+fail:
+    free(all);
+    free(lengths);
+    return st;
+}
+
+void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks, char *buf,
+                              size_t size)
+{
+    size_t used = 0;
+    used += (size_t)snprintf(buf, size, "group rank%s ", n > 1 ? "s" : "");
+    for (size_t i = 0; i < n && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%d", i ? "," : "", ranks[i]);
+    if (used < size)
+        used += (size_t)snprintf(buf + used, size - used, " (world rank%s ", n > 1 ? "s" : "");
+    for (size_t i = 0; i < n && used < size; i++)
+        used +=
+            (size_t)snprintf(buf + used, size - used, "%s%d", i ? "," : "", world_ranks[ranks[i]]);
+    if (used < size)
+        snprintf(buf + used, size - used, ")");
+}
+
+/* --- initialize: local validation ------------------------------------------ */
+
+static int compare_ids(const void *a, const void *b)
+{
+    seldp_param_id x = *(const seldp_param_id *)a, y = *(const seldp_param_id *)b;
+    return (x > y) - (x < y);
+}
+
+static const char *device_name(seldp_device d, char *buf, size_t size)
+{
+    if (d.kind == SELDP_DEVICE_HOST)
+        snprintf(buf, size, "host");
+    else
+        snprintf(buf, size, "cuda:%d", d.ordinal);
+    return buf;
+}
+
+/* Whether a parameter of `dtype` may be selected by this call; else the error. */
+static seldp_status check_selectable(const seldp_param *p, bool with_buffers)
+{
+    seldp_dtype dt = p->tensor.dtype;
+    if (dt == SELDP_F32 || dt == SELDP_F16 || dt == SELDP_BF16)
+        return SELDP_OK;
+    if (dt == SELDP_F64)
+        return seldp__fail(SELDP_ERR_DTYPE,
+                           "'%s' is f64; sessions select F32, F16 and BF16 parameters and, with "
+                           "seldp_session_initialize_with_buffers, integer or bool buffers",
+                           p->path);
+    if (!with_buffers)
+        return seldp__fail(SELDP_ERR_DTYPE,
+                           "'%s' is a %s buffer; seldp_session_initialize selects F32, F16 and "
+                           "BF16 parameters only (use seldp_session_initialize_with_buffers for "
+                           "integer or bool buffers)",
+                           p->path, seldp_dtype_name(dt));
+    return SELDP_OK;
+}
+
+/* The selected groups in path order, each checked for dtype and device. */
+static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorted,
+                                   bool with_buffers)
+{
+    seldp_status st = SELDP_OK;
+    size_t n_params = seldp_model_count(s->model);
+    bool *seen = calloc(s->n_ids ? s->n_ids : 1, sizeof *seen);
+    char have[32], want[32];
+
+    s->groups = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->groups);
+    s->slot_group = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->slot_group);
+    if (!seen || !s->groups || !s->slot_group)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory recording a selection of %zu ids", s->n_ids);
+    for (size_t i = 0; i < n_params; i++) {
+        const seldp_param *p = seldp_model_at(s->model, i);
+        const seldp_param_id *hit = bsearch(&p->id, sorted, s->n_ids, sizeof *sorted, compare_ids);
+        size_t k;
+        session_group *g;
+        if (!hit || seen[k = (size_t)(hit - sorted)])
+            continue;
+        seen[k] = true;
+        SELDP_CHECK(check_selectable(p, with_buffers));
+        if (!seldp__device_equal(p->tensor.device, s->device))
+            SELDP_FAIL(SELDP_ERR_DEVICE,
+                       "'%s' is on %s but the session's communicator computes on %s", p->path,
+                       device_name(p->tensor.device, have, sizeof have),
+                       device_name(s->device, want, sizeof want));
+        g = &s->groups[s->n_groups++];
+        g->id = p->id;
+        g->path = p->path;
+        g->tensor = p->tensor;
+        g->frozen = p->frozen;
+        g->slot = SESSION_NO_SLOT;
+        if (!p->frozen && seldp_dtype_is_float(p->tensor.dtype)) {
+            g->slot = s->n_slots;
+            s->slot_group[s->n_slots++] = s->n_groups - 1;
+            s->slot_elems += seldp_tensor_numel(&p->tensor);
+        }
+    }
+fail:
+    free(seen);
+    return st;
+}
+
+/* Bytes of the largest bucket any dtype of the selection needs. */
+static size_t largest_bucket(const seldp_session *s)
+{
+    size_t largest = 0;
+    for (int d = 0; d < SELDP_DTYPE_COUNT; d++) {
+        size_t total = 0, cap, need;
+        for (size_t i = 0; i < s->n_groups; i++)
+            if (s->groups[i].tensor.dtype == (seldp_dtype)d)
+                total += seldp_tensor_nbytes(&s->groups[i].tensor);
+        cap = seldp__bucket_capacity(s->cfg.bucket_bytes, seldp_dtype_size((seldp_dtype)d));
+        need = total < cap ? total : cap;
+        if (need > largest)
+            largest = need;
+    }
+    return largest;
+}
+
+/* Everything initialize can check and prepare on its own: the arguments, the selection,
+ * this rank's manifest blob and the bucket buffer. */
+static seldp_status init_prepare(seldp_session *s, int root, const seldp_param_id *ids,
+                                 bool with_buffers, void **blob, size_t *blob_bytes, void **bucket)
+{
+    seldp_status st = SELDP_OK;
+    seldp_param_id *sorted = NULL;
+    seldp__manifest manifest = {0, NULL, NULL};
+    int size = seldp_comm_size(s->comm);
+
+    if (!s->model || (s->n_ids && !ids))
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model and ids must not be NULL");
+    if (root < 0 || root >= size)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "root %d is outside the group of %d ranks", root,
+                   size);
+    if (s->cfg.bucket_bytes == 0)
+        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "cfg.bucket_bytes must be positive");
+
+    s->ids = malloc((s->n_ids ? s->n_ids : 1) * sizeof *s->ids);
+    sorted = malloc((s->n_ids ? s->n_ids : 1) * sizeof *sorted);
+    if (!s->ids || !sorted)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory copying a selection of %zu ids", s->n_ids);
+    if (s->n_ids) {
+        memcpy(s->ids, ids, s->n_ids * sizeof *ids);
+        memcpy(sorted, ids, s->n_ids * sizeof *ids);
+    }
+    qsort(sorted, s->n_ids, sizeof *sorted, compare_ids);
+    for (size_t k = 1; k < s->n_ids; k++)
+        if (sorted[k] == sorted[k - 1])
+            SELDP_FAIL(SELDP_ERR_DUPLICATE, "ParamId %" PRIu64 " is selected twice", sorted[k]);
+    for (size_t k = 0; k < s->n_ids; k++)
+        if (!seldp_model_find_id(s->model, ids[k]))
+            SELDP_FAIL(SELDP_ERR_NOT_FOUND,
+                       "selected ParamId %" PRIu64 " is not registered in the local model", ids[k]);
+
+    SELDP_CHECK(collect_groups(s, sorted, with_buffers));
+    SELDP_CHECK(seldp__manifest_build(s->model, sorted, s->n_ids, &manifest));
+    SELDP_CHECK(seldp__manifest_encode(&manifest, blob, blob_bytes));
+    SELDP_CHECK(seldp__device_alloc(s->device, largest_bucket(s), bucket));
+fail:
+    seldp__manifest_free(&manifest);
+    free(sorted);
+    return st;
+}
+
+/* --- initialize: agreement ------------------------------------------------- */
+
+/* What each rank tells the others before anything else; int64 fields, so no padding. */
+typedef struct init_record {
+    int64_t status;
+    int64_t world_rank;
+    int64_t with_buffers;
+    int64_t root;
+    int64_t bucket_bytes;
+} init_record;
+
+static const char *init_name(int64_t with_buffers)
+{
+    return with_buffers ? "seldp_session_initialize_with_buffers" : "seldp_session_initialize";
+}
+
+/* Collective: exchange the records; fail, the same on every rank, when the ranks called
+ * different functions, with different roots or bucket sizes, or when any rank failed
+ * locally. world_ranks[r] receives group rank r's world rank. */
+static seldp_status init_agree(seldp_comm *comm, const init_record *mine, const char *message,
+                               init_record *all, int *world_ranks)
+{
+    seldp_status st = SELDP_OK;
+    int n = seldp_comm_size(comm);
+
+    SELDP_CHECK(seldp_comm_allgather(comm, mine, all, sizeof *mine, SELDP_HOST_DEVICE));
+    for (int r = 0; r < n; r++)
+        world_ranks[r] = (int)all[r].world_rank;
+    for (int r = 1; r < n; r++) {
+        if (all[r].with_buffers != all[0].with_buffers)
+            SELDP_FAIL(SELDP_ERR_DISAGREE,
+                       "ranks called different functions: group rank 0 (world rank %d) called "
+                       "%s, group rank %d (world rank %d) called %s",
+                       world_ranks[0], init_name(all[0].with_buffers), r, world_ranks[r],
+                       init_name(all[r].with_buffers));
+        if (all[r].root != all[0].root)
+            SELDP_FAIL(SELDP_ERR_DISAGREE,
+                       "ranks disagree on the root: group rank 0 (world rank %d) passed %" PRId64
+                       ", group rank %d (world rank %d) passed %" PRId64,
+                       world_ranks[0], all[0].root, r, world_ranks[r], all[r].root);
+        if (all[r].bucket_bytes != all[0].bucket_bytes)
+            SELDP_FAIL(SELDP_ERR_DISAGREE,
+                       "ranks disagree on cfg.bucket_bytes: group rank 0 (world rank %d) passed "
+                       "%" PRId64 ", group rank %d (world rank %d) passed %" PRId64,
+                       world_ranks[0], all[0].bucket_bytes, r, world_ranks[r], all[r].bucket_bytes);
+    }
+    for (int r = 0; r < n; r++)
+        if (all[r].status != SELDP_OK)
+            return seldp__session_share_error(comm, r, (seldp_status)all[r].status, message);
+fail:
+    return st;
+}
+
+/* Collective: all-gather the manifests and compare every rank's with the root's. Every rank
+ * decodes the same bytes, so every rank reaches the same verdict. */
+static seldp_status schema_agree(seldp_comm *comm, const void *blob, size_t blob_bytes, int root,
+                                 const int *world_ranks)
+{
+    seldp_status st = SELDP_OK;
+    int n = seldp_comm_size(comm), decoded = 0;
+    size_t *lengths = calloc((size_t)n, sizeof *lengths);
+    seldp__manifest *manifests = calloc((size_t)n, sizeof *manifests);
+    char *all = NULL;
+    size_t offset = 0;
+
+    if (!lengths || !manifests)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory gathering %d schema manifests", n);
+    SELDP_CHECK(seldp_comm_allgatherv(comm, blob, blob_bytes, (void **)&all, lengths));
+    for (; decoded < n; decoded++) {
+        st = seldp__manifest_decode(all + offset, lengths[decoded], &manifests[decoded]);
+        if (st != SELDP_OK) {
+            char why[SESSION_MESSAGE_MAX];
+            snprintf(why, sizeof why, "%s", seldp_last_error());
+            SELDP_FAIL(st, "the schema manifest of group rank %d (world rank %d) is malformed: %s",
+                       decoded, world_ranks[decoded], why);
+        }
+        offset += lengths[decoded];
+    }
+    SELDP_CHECK(seldp__manifest_compare(manifests, n, root, world_ranks));
+fail:
+    for (int r = 0; r < decoded; r++)
+        seldp__manifest_free(&manifests[r]);
+    free(manifests);
+    free(all);
+    free(lengths);
+    return st;
+}
+
+/* --- initialize: broadcast ------------------------------------------------- */
+
+/* Collective: broadcast every group from the root, one dtype at a time, in path order,
+ * through buckets of cfg.bucket_bytes. Only non-root ranks write their parameters. */
+static seldp_status broadcast_selection(seldp_session *s, int root, void *bucket)
+{
+    seldp_status st = SELDP_OK;
+    seldp__bucket_stream stream = {0};
+    bool is_root = seldp_comm_rank(s->comm) == root;
+
+    for (int d = 0; d < SELDP_DTYPE_COUNT; d++) {
+        seldp_dtype dtype = (seldp_dtype)d;
+        size_t esize = seldp_dtype_size(dtype), total, n_buckets;
+        SELDP_CHECK(seldp__bucket_stream_init(
+            &stream, s->device, seldp__bucket_capacity(s->cfg.bucket_bytes, esize), s->n_groups));
+        for (size_t i = 0; i < s->n_groups; i++)
+            if (s->groups[i].tensor.dtype == dtype)
+                seldp__bucket_stream_add(&stream, s->groups[i].tensor.data,
+                                         seldp_tensor_nbytes(&s->groups[i].tensor));
+        total = seldp__bucket_stream_bytes(&stream);
+        n_buckets = seldp__bucket_count(total, stream.capacity);
+        for (size_t b = 0; b < n_buckets; b++) {
+            size_t offset, bytes;
+            seldp__bucket_span(total, stream.capacity, b, &offset, &bytes);
+            if (is_root)
+                SELDP_CHECK(seldp__bucket_pack(&stream, b, bucket, &bytes));
+            SELDP_CHECK(
+                seldp_comm_broadcast(s->comm, bucket, bytes / esize, dtype, root, s->device));
+            if (!is_root)
+                SELDP_CHECK(seldp__bucket_unpack(&stream, b, bucket));
+        }
+        seldp__bucket_stream_free(&stream);
+    }
+fail:
+    seldp__bucket_stream_free(&stream);
+    return st;
+}
+
+/* --- initialize ------------------------------------------------------------ */
+
+static seldp_status session_initialize(seldp_comm *comm, seldp_model *model, int root,
+                                       const seldp_param_id *ids, size_t n_ids,
+                                       const seldp_session_config *cfg, bool with_buffers,
+                                       seldp_session **out)
+{
+    seldp_status st = SELDP_OK, local = SELDP_OK;
+    const seldp_session_config defaults = SELDP_SESSION_CONFIG_INIT;
+    int n;
+    seldp_session *s = NULL;
+    init_record mine, *all = NULL;
+    int *world_ranks = NULL;
+    void *blob = NULL, *bucket = NULL;
+    size_t blob_bytes = 0;
+    char message[SESSION_MESSAGE_MAX];
+
+    if (!comm || !out)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: comm and out must not be NULL",
+                           init_name(with_buffers));
+    *out = NULL;
+    n = seldp_comm_size(comm);
+    /* Without these few bytes this rank cannot take part; the others' collectives then end
+     * with the transport's timeout rather than hanging. */
+    s = calloc(1, sizeof *s);
+    all = calloc((size_t)n, sizeof *all);
+    world_ranks = calloc((size_t)n, sizeof *world_ranks);
+    if (!s || !all || !world_ranks)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory starting a session over %d ranks", n);
+    s->comm = comm;
+    s->model = model;
+    s->device = seldp_comm_device(comm);
+    s->cfg = cfg ? *cfg : defaults;
+    s->n_ids = n_ids;
+
+    local = init_prepare(s, root, ids, with_buffers, &blob, &blob_bytes, &bucket);
+    seldp__session_save_message(comm, local, message);
+    mine = (init_record){local, seldp_comm_world_rank(comm), with_buffers, root,
+                         (int64_t)s->cfg.bucket_bytes};
+    SELDP_CHECK(init_agree(comm, &mine, message, all, world_ranks));
+    SELDP_CHECK(schema_agree(comm, blob, blob_bytes, root, world_ranks));
+    SELDP_CHECK(broadcast_selection(s, root, bucket));
+    *out = s;
+    s = NULL;
+fail:
+    seldp__device_free(s ? s->device : seldp_comm_device(comm), bucket);
+    seldp_session_destroy(s);
+    free(blob);
+    free(world_ranks);
+    free(all);
+    return st;
+}
+
+seldp_status seldp_session_initialize(seldp_comm *comm, seldp_model *model, int root,
+                                      const seldp_param_id *ids, size_t n_ids,
+                                      const seldp_session_config *cfg, seldp_session **out)
+{
+    return session_initialize(comm, model, root, ids, n_ids, cfg, false, out);
+}
+
+seldp_status seldp_session_initialize_with_buffers(seldp_comm *comm, seldp_model *model, int root,
+                                                   const seldp_param_id *ids, size_t n_ids,
+                                                   const seldp_session_config *cfg,
+                                                   seldp_session **out)
+{
+    return session_initialize(comm, model, root, ids, n_ids, cfg, true, out);
+}
+
+/* --- queries --------------------------------------------------------------- */
+
+int seldp_session_rank(const seldp_session *session)
+{
+    return session ? seldp_comm_rank(session->comm) : -1;
+}
+
+int seldp_session_size(const seldp_session *session)
+{
+    return session ? seldp_comm_size(session->comm) : 0;
+}
+
+const seldp_param_id *seldp_session_selected(const seldp_session *session, size_t *n)
+{
+    if (n)
+        *n = session ? session->n_ids : 0;
+    return session ? session->ids : NULL;
+}
+
+void seldp_session_destroy(seldp_session *session)
+{
+    if (!session)
+        return;
+    seldp__device_free(session->device, session->staging);
+    free(session->slot_group);
+    free(session->groups);
+    free(session->ids);
+    free(session);
+}

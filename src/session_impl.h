@@ -1,0 +1,57 @@
+/* The session's state and the helpers shared by initialize (session.c) and the
+ * reductions (session_reduce.c). Internal: nothing here is public. */
+#ifndef SELDP_SESSION_IMPL_H
+#define SELDP_SESSION_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "seldp/session.h"
+
+/* Size of the buffers that carry one rank's error message between ranks. */
+#define SESSION_MESSAGE_MAX 1024
+
+/* slot of a group that is never reduced (frozen, or an integer/bool buffer) */
+#define SESSION_NO_SLOT ((size_t)-1)
+
+/* One selected ParamId: all the paths it is tied at, communicated once. */
+typedef struct session_group {
+    seldp_param_id id;
+    const char *path;    /* its smallest path (the model's string) */
+    seldp_tensor tensor; /* the parameter's storage */
+    bool frozen;
+    size_t slot; /* index among the reducible groups, or SESSION_NO_SLOT */
+} session_group;
+
+struct seldp_session {
+    seldp_comm *comm;
+    seldp_model *model;
+    seldp_device device; /* the communicator's: buckets and staging live there */
+    seldp_session_config cfg;
+    seldp_param_id *ids; /* as given, for seldp_session_selected */
+    size_t n_ids;
+    session_group *groups; /* in path order of their smallest paths */
+    size_t n_groups;
+    size_t *slot_group; /* reducible (trainable F32/F16/BF16) groups: slot -> group index */
+    size_t n_slots;
+    size_t slot_elems; /* elements of all reducible groups: the staging buffer's capacity */
+    float *staging;    /* F32 on `device`, allocated by the first reduction */
+};
+
+/* Prefix the calling thread's last error with the caller's group and world rank and copy
+ * it into message[SESSION_MESSAGE_MAX] (empty when local is SELDP_OK), so that it survives
+ * the collectives that follow. */
+void seldp__session_save_message(const seldp_comm *comm, seldp_status local, char *message);
+
+/* Collective, on the error path only: every rank receives group rank `failing`'s message
+ * (each rank passes its own, "" when it did not fail), makes it its last error and
+ * returns `status`. A transport error of the exchange is returned instead. */
+seldp_status seldp__session_share_error(seldp_comm *comm, int failing, seldp_status status,
+                                        const char *message);
+
+/* Name n group ranks and their world ranks into buf: "group rank 1 (world rank 5)" or
+ * "group ranks 1,3 (world ranks 5,7)". */
+void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks, char *buf,
+                              size_t size);
+
+#endif
