@@ -1,0 +1,662 @@
+/* The rank-local tiny-moe model: its parameters (one contiguous block per dtype, llm.c
+ * style), their deterministic rank-dependent initialization, their registration in a seldp
+ * model view, the FP32 working copies and gradient accumulators, and gradient export. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "tm_internal.h"
+
+#define TM_ALIGN 64
+
+/* ---- layout ------------------------------------------------------------------------- */
+
+typedef struct layout {
+    tm_model *m;
+    size_t offset[SELDP_DTYPE_COUNT]; /* bytes used so far per dtype */
+    size_t *param_offset;             /* per param: byte offset in its dtype's block */
+    size_t work_floats;
+} layout;
+
+static seldp_status add_param(layout *lay, const char *path, seldp_dtype dtype, int ndim,
+                              const int64_t *shape, tm_role role, int l, int e)
+{
+    tm_model *m = lay->m;
+    size_t i = m->n_params;
+    tm_param_info *p = &m->params[i];
+    char *copy = malloc(strlen(path) + 1);
+    if (!copy)
+        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory for path %s", m->rank, path);
+    strcpy(copy, path);
+    p->path = copy;
+    p->tensor = seldp_tensor_view(dtype, SELDP_HOST_DEVICE, NULL, ndim, shape);
+    p->frozen = (role == TM_ROLE_EXPERT_BASE || role == TM_ROLE_SHARED_BUFFER);
+    p->role = role;
+    p->layer = l;
+    p->expert = e;
+    p->alias = false;
+    size_t bytes = seldp_tensor_nbytes(&p->tensor);
+    lay->param_offset[i] = lay->offset[dtype];
+    lay->offset[dtype] += (bytes + TM_ALIGN - 1) / TM_ALIGN * TM_ALIGN;
+    m->n_params++;
+    return SELDP_OK;
+}
+
+static size_t numel_of(const tm_model *m, int i)
+{
+    return seldp_tensor_numel(&m->params[i].tensor);
+}
+
+/* One expert linear [out, in] named `prefix` (layers.{l}.experts.{e}.w1 or .w2). */
+static seldp_status add_linear(layout *lay, tm_linear *lin, const char *prefix, int out, int in,
+                               int l, int e)
+{
+    seldp_status st = SELDP_OK;
+    tm_model *m = lay->m;
+    const tm_config *cfg = &m->cfg;
+    char path[128];
+    lin->out = out;
+    lin->in = in;
+    lin->dense = lin->qweight = lin->absmax = lin->scales = lin->qzeros = -1;
+    lin->lora_a = lin->lora_b = -1;
+    if (cfg->quant == TM_QUANT_NONE) {
+        snprintf(path, sizeof path, "%s.weight", prefix);
+        lin->dense = (int)m->n_params;
+        SELDP_CHECK(
+            add_param(lay, path, cfg->dtype, 2, (int64_t[]){out, in}, TM_ROLE_EXPERT, l, e));
+        return SELDP_OK;
+    }
+    int64_t n = (int64_t)out * in;
+    if (cfg->quant == TM_QUANT_NF4) {
+        snprintf(path, sizeof path, "%s.qweight", prefix);
+        lin->qweight = (int)m->n_params;
+        SELDP_CHECK(
+            add_param(lay, path, SELDP_U8, 1, (int64_t[]){n / 2}, TM_ROLE_EXPERT_BASE, l, e));
+        snprintf(path, sizeof path, "%s.absmax", prefix);
+        lin->absmax = (int)m->n_params;
+        SELDP_CHECK(add_param(lay, path, SELDP_F32, 1, (int64_t[]){n / TM_NF4_BLOCK},
+                              TM_ROLE_EXPERT_BASE, l, e));
+    } else {
+        int groups = in / TM_AWQ_GROUP;
+        snprintf(path, sizeof path, "%s.qweight", prefix);
+        lin->qweight = (int)m->n_params;
+        SELDP_CHECK(add_param(lay, path, SELDP_I32, 2, (int64_t[]){out, in / 8},
+                              TM_ROLE_EXPERT_BASE, l, e));
+        snprintf(path, sizeof path, "%s.scales", prefix);
+        lin->scales = (int)m->n_params;
+        SELDP_CHECK(add_param(lay, path, SELDP_F16, 2, (int64_t[]){out, groups},
+                              TM_ROLE_EXPERT_BASE, l, e));
+        snprintf(path, sizeof path, "%s.qzeros", prefix);
+        lin->qzeros = (int)m->n_params;
+        SELDP_CHECK(add_param(lay, path, SELDP_I32, 2, (int64_t[]){out, (groups + 7) / 8},
+                              TM_ROLE_EXPERT_BASE, l, e));
+    }
+    int r = cfg->lora_rank;
+    snprintf(path, sizeof path, "%s.lora_a.weight", prefix);
+    lin->lora_a = (int)m->n_params;
+    SELDP_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){r, in}, TM_ROLE_ADAPTER, l, e));
+    snprintf(path, sizeof path, "%s.lora_b.weight", prefix);
+    lin->lora_b = (int)m->n_params;
+    SELDP_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){out, r}, TM_ROLE_ADAPTER, l, e));
+    /* The effective weight of a quantized expert lives in the work block. */
+    lay->work_floats += (size_t)n;
+    return SELDP_OK;
+fail:
+    return st;
+}
+
+static seldp_status build_layout(layout *lay)
+{
+    seldp_status st = SELDP_OK;
+    tm_model *m = lay->m;
+    const tm_config *cfg = &m->cfg;
+    const int V = cfg->vocab, D = cfg->d_model, F = cfg->d_ff, E = cfg->experts;
+    char path[128];
+
+    m->embed = (int)m->n_params;
+    SELDP_CHECK(
+        add_param(lay, "embed.weight", cfg->dtype, 2, (int64_t[]){V, D}, TM_ROLE_SHARED, -1, -1));
+    /* The tied head: a second occurrence of embed's storage, allocated nothing. */
+    tm_param_info *head = &m->params[m->n_params];
+    char *head_path = malloc(sizeof "lm_head.weight");
+    if (!head_path)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", m->rank);
+    strcpy(head_path, "lm_head.weight");
+    *head = m->params[m->embed];
+    head->path = head_path;
+    head->alias = true;
+    lay->param_offset[m->n_params] = lay->param_offset[m->embed];
+    m->n_params++;
+
+    for (int l = 0; l < cfg->layers; l++) {
+        snprintf(path, sizeof path, "layers.%d.norm.weight", l);
+        m->norm[l] = (int)m->n_params;
+        SELDP_CHECK(add_param(lay, path, cfg->dtype, 1, (int64_t[]){D}, TM_ROLE_SHARED, l, -1));
+        snprintf(path, sizeof path, "layers.%d.router.weight", l);
+        m->router[l] = (int)m->n_params;
+        SELDP_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){E, D}, TM_ROLE_SHARED, l, -1));
+        for (int e = 0; e < E; e++) {
+            tm_expert_slot *slot = &m->experts[(size_t)l * (size_t)E + (size_t)e];
+            slot->held = m->owns[e];
+            if (!slot->held)
+                continue;
+            snprintf(path, sizeof path, "layers.%d.experts.%d.w1", l, e);
+            SELDP_CHECK(add_linear(lay, &slot->w1, path, F, D, l, e));
+            snprintf(path, sizeof path, "layers.%d.experts.%d.w2", l, e);
+            SELDP_CHECK(add_linear(lay, &slot->w2, path, D, F, l, e));
+        }
+    }
+    m->final_norm = (int)m->n_params;
+    SELDP_CHECK(
+        add_param(lay, "final_norm.weight", cfg->dtype, 1, (int64_t[]){D}, TM_ROLE_SHARED, -1, -1));
+    m->codebook = -1;
+    if (cfg->quant == TM_QUANT_NF4) {
+        m->codebook = (int)m->n_params;
+        SELDP_CHECK(add_param(lay, "nf4.codebook", SELDP_F32, 1, (int64_t[]){16},
+                              TM_ROLE_SHARED_BUFFER, -1, -1));
+    }
+    return SELDP_OK;
+fail:
+    return st;
+}
+
+/* ---- initialization ------------------------------------------------------------------ */
+
+/* A stream keyed by (seed, rank, path): the values of a parameter do not depend on which
+ * other parameters (experts) the rank holds. */
+static uint64_t stream_for(const tm_config *cfg, int rank, const char *path)
+{
+    uint64_t s = cfg->seed;
+    uint64_t r = (uint64_t)(int64_t)rank ^ 0x5851f42d4c957f2dull;
+    uint64_t key = tm_splitmix64(&s) ^ (tm_splitmix64(&r) * 3u) ^ tm_hash_path(path);
+    return tm_splitmix64(&key);
+}
+
+/* Uniform in [-a, a) as a double, from the top 53 bits. */
+static double uniform(uint64_t *state, double a)
+{
+    double u = (double)(tm_splitmix64(state) >> 11) * 0x1.0p-53;
+    return (2.0 * u - 1.0) * a;
+}
+
+static void store_value(void *data, seldp_dtype dtype, size_t i, float v)
+{
+    if (dtype == SELDP_F32)
+        ((float *)data)[i] = v;
+    else if (dtype == SELDP_F16)
+        ((uint16_t *)data)[i] = seldp_f32_to_f16(v);
+    else
+        ((uint16_t *)data)[i] = seldp_f32_to_bf16(v);
+}
+
+static void fill_uniform(const tm_model *m, int i, double center, double a)
+{
+    const tm_param_info *p = &m->params[i];
+    uint64_t state = stream_for(&m->cfg, m->rank, p->path);
+    size_t n = seldp_tensor_numel(&p->tensor);
+    for (size_t k = 0; k < n; k++)
+        store_value(p->tensor.data, p->tensor.dtype, k, (float)(center + uniform(&state, a)));
+}
+
+static seldp_status init_linear(tm_model *m, const tm_linear *lin, const char *prefix)
+{
+    seldp_status st = SELDP_OK;
+    float *dense = NULL;
+    double a = sqrt(3.0 / lin->in);
+    if (lin->dense >= 0) {
+        fill_uniform(m, lin->dense, 0.0, a);
+        return SELDP_OK;
+    }
+    /* Quantize a dense random weight drawn as the dense variant's would be, so that the
+     * bases of two ranks differ before initialize broadcasts them. */
+    char path[128];
+    snprintf(path, sizeof path, "%s.weight", prefix);
+    size_t n = (size_t)lin->out * (size_t)lin->in;
+    dense = malloc(n * sizeof *dense);
+    if (!dense)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory quantizing %s", m->rank, path);
+    uint64_t state = stream_for(&m->cfg, m->rank, path);
+    for (size_t k = 0; k < n; k++)
+        dense[k] = (float)uniform(&state, a);
+    if (m->cfg.quant == TM_QUANT_NF4) {
+        SELDP_CHECK(tm_nf4_quantize(dense, n, m->params[lin->qweight].tensor.data,
+                                    m->params[lin->absmax].tensor.data));
+    } else {
+        SELDP_CHECK(tm_awq_quantize(dense, lin->out, lin->in, m->params[lin->qweight].tensor.data,
+                                    m->params[lin->scales].tensor.data,
+                                    m->params[lin->qzeros].tensor.data));
+    }
+    fill_uniform(m, lin->lora_a, 0.0, a);
+    /* B is non-zero (unlike LoRA's usual zero init) so that A's gradient is not trivially 0. */
+    fill_uniform(m, lin->lora_b, 0.0, 0.5 / sqrt((double)m->cfg.lora_rank));
+fail:
+    free(dense);
+    return st;
+}
+
+static seldp_status init_values(tm_model *m)
+{
+    seldp_status st = SELDP_OK;
+    const tm_config *cfg = &m->cfg;
+    const int E = cfg->experts;
+    char prefix[96];
+    fill_uniform(m, m->embed, 0.0, 0.5);
+    for (int l = 0; l < cfg->layers; l++) {
+        fill_uniform(m, m->norm[l], 1.0, 0.2);
+        fill_uniform(m, m->router[l], 0.0, sqrt(3.0 / cfg->d_model));
+        for (int e = 0; e < E; e++) {
+            const tm_expert_slot *slot = &m->experts[(size_t)l * (size_t)E + (size_t)e];
+            if (!slot->held)
+                continue;
+            snprintf(prefix, sizeof prefix, "layers.%d.experts.%d.w1", l, e);
+            SELDP_CHECK(init_linear(m, &slot->w1, prefix));
+            snprintf(prefix, sizeof prefix, "layers.%d.experts.%d.w2", l, e);
+            SELDP_CHECK(init_linear(m, &slot->w2, prefix));
+        }
+    }
+    fill_uniform(m, m->final_norm, 1.0, 0.2);
+    if (m->codebook >= 0)
+        memcpy(m->params[m->codebook].tensor.data, tm_nf4_codebook, sizeof tm_nf4_codebook);
+    return SELDP_OK;
+fail:
+    return st;
+}
+
+/* ---- creation ------------------------------------------------------------------------ */
+
+static bool trainable(const tm_param_info *p)
+{
+    return !p->frozen;
+}
+
+static seldp_status register_view(tm_model *m, tm_param_id_fn id_fn, void *id_user)
+{
+    seldp_status st = SELDP_OK;
+    SELDP_CHECK(seldp_model_create(m->rank, &m->view));
+    for (size_t i = 0; i < m->n_params; i++) {
+        tm_param_info *p = &m->params[i];
+        p->id = p->alias ? m->params[m->embed].id : id_fn(p->path, m->rank, id_user);
+        SELDP_CHECK(seldp_model_add(m->view, p->path, p->id, &p->tensor, p->frozen, p));
+    }
+    return SELDP_OK;
+fail:
+    return st;
+}
+
+seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts, int n_experts,
+                             tm_param_id_fn id_fn, void *id_user, tm_model **out)
+{
+    seldp_status st = SELDP_OK;
+    tm_model *m = NULL;
+    layout lay = {0};
+    if (!out)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tm_model_create: out is NULL",
+                           rank);
+    *out = NULL;
+    SELDP_CHECK(tm_config_check(cfg));
+    if (n_experts < 0 || (n_experts > 0 && !experts))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: tm_model_create: %d experts with a NULL list", rank,
+                           n_experts);
+    const int L = cfg->layers, E = cfg->experts;
+    m = calloc(1, sizeof *m);
+    if (!m)
+        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
+    m->cfg = *cfg;
+    m->rank = rank;
+    m->owns = calloc((size_t)E, sizeof *m->owns);
+    m->norm = calloc((size_t)L, sizeof *m->norm);
+    m->router = calloc((size_t)L, sizeof *m->router);
+    m->experts = calloc((size_t)L * (size_t)E, sizeof *m->experts);
+    m->seen = calloc((size_t)L * (size_t)E, sizeof *m->seen);
+    m->cache = calloc((size_t)L, sizeof *m->cache);
+    size_t max_params = 4 + (size_t)L * (2 + (size_t)E * 10);
+    m->params = calloc(max_params, sizeof *m->params);
+    lay.param_offset = calloc(max_params, sizeof *lay.param_offset);
+    lay.m = m;
+    if (!m->owns || !m->norm || !m->router || !m->experts || !m->seen || !m->cache || !m->params ||
+        !lay.param_offset)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
+    for (int i = 0; i < n_experts; i++) {
+        int e = experts[i];
+        if (e < 0 || e >= E || m->owns[e])
+            SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                       "rank %d: tm_model_create: expert list entry %d is %d, expected distinct "
+                       "ids in [0, %d)",
+                       rank, i, e, E);
+        m->owns[e] = true;
+    }
+    SELDP_CHECK(build_layout(&lay));
+
+    for (int d = 0; d < SELDP_DTYPE_COUNT; d++) {
+        if (lay.offset[d] == 0)
+            continue;
+        m->storage[d] = aligned_alloc(TM_ALIGN, lay.offset[d]);
+        if (!m->storage[d])
+            SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu bytes of %s parameters",
+                       rank, lay.offset[d], seldp_dtype_name((seldp_dtype)d));
+        memset(m->storage[d], 0, lay.offset[d]);
+    }
+    /* FP32 working copies and gradients of trainable parameters; alias shares embed's. */
+    m->work = calloc(m->n_params, sizeof *m->work);
+    m->grad = calloc(m->n_params, sizeof *m->grad);
+    if (!m->work || !m->grad)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
+    for (size_t i = 0; i < m->n_params; i++) {
+        tm_param_info *p = &m->params[i];
+        p->tensor.data = (char *)m->storage[p->tensor.dtype] + lay.param_offset[i];
+        if (trainable(p) && !p->alias) {
+            lay.work_floats += numel_of(m, (int)i);
+            m->grad_floats += numel_of(m, (int)i);
+        }
+    }
+    m->work_block = calloc(lay.work_floats ? lay.work_floats : 1, sizeof(float));
+    m->grad_block = calloc(m->grad_floats ? m->grad_floats : 1, sizeof(float));
+    if (!m->work_block || !m->grad_block)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
+    size_t work_at = 0, grad_at = 0;
+    for (size_t i = 0; i < m->n_params; i++) {
+        tm_param_info *p = &m->params[i];
+        if (!trainable(p))
+            continue;
+        if (p->alias) {
+            m->work[i] = m->work[m->embed];
+            m->grad[i] = m->grad[m->embed];
+            continue;
+        }
+        m->work[i] = m->work_block + work_at;
+        m->grad[i] = m->grad_block + grad_at;
+        work_at += numel_of(m, (int)i);
+        grad_at += numel_of(m, (int)i);
+    }
+    for (size_t le = 0; le < (size_t)L * (size_t)E; le++) {
+        tm_expert_slot *slot = &m->experts[le];
+        if (!slot->held)
+            continue;
+        tm_linear *lins[2] = {&slot->w1, &slot->w2};
+        for (int k = 0; k < 2; k++) {
+            if (lins[k]->dense >= 0) {
+                lins[k]->eff = m->work[lins[k]->dense];
+            } else {
+                lins[k]->eff = m->work_block + work_at;
+                work_at += (size_t)lins[k]->out * (size_t)lins[k]->in;
+            }
+        }
+    }
+    SELDP_CHECK(init_values(m));
+    SELDP_CHECK(register_view(m, id_fn ? id_fn : tm_default_param_id, id_user));
+    free(lay.param_offset);
+    tm_begin_step(m);
+    *out = m;
+    return SELDP_OK;
+fail:
+    free(lay.param_offset);
+    tm_model_destroy(m);
+    return st;
+}
+
+static void free_caches(tm_model *m)
+{
+    for (int l = 0; l < m->cfg.layers; l++) {
+        tm_layer_cache *c = &m->cache[l];
+        free(c->h_in);
+        free(c->rstd);
+        free(c->u);
+        free(c->probs);
+        free(c->expert);
+        free(c->gate);
+        free(c->y);
+        free(c->dgate);
+        memset(c, 0, sizeof *c);
+    }
+    free(m->tokens);
+    m->tokens = NULL;
+    m->T_capacity = 0;
+}
+
+void tm_model_destroy(tm_model *m)
+{
+    if (!m)
+        return;
+    seldp_model_destroy(m->view);
+    if (m->cache)
+        free_caches(m);
+    if (m->params) {
+        for (size_t i = 0; i < m->n_params; i++)
+            free((char *)m->params[i].path);
+    }
+    for (int d = 0; d < SELDP_DTYPE_COUNT; d++)
+        free(m->storage[d]);
+    free(m->params);
+    free(m->work);
+    free(m->grad);
+    free(m->work_block);
+    free(m->grad_block);
+    free(m->owns);
+    free(m->norm);
+    free(m->router);
+    free(m->experts);
+    free(m->seen);
+    free(m->cache);
+    free(m);
+}
+
+/* ---- accessors ----------------------------------------------------------------------- */
+
+const tm_config *tm_model_config(const tm_model *m)
+{
+    return &m->cfg;
+}
+
+int tm_model_rank(const tm_model *m)
+{
+    return m->rank;
+}
+
+bool tm_model_owns(const tm_model *m, int e)
+{
+    return e >= 0 && e < m->cfg.experts && m->owns[e];
+}
+
+seldp_model *tm_model_view(tm_model *m)
+{
+    return m->view;
+}
+
+size_t tm_param_count(const tm_model *m)
+{
+    return m->n_params;
+}
+
+const tm_param_info *tm_param_at(const tm_model *m, size_t i)
+{
+    return i < m->n_params ? &m->params[i] : NULL;
+}
+
+const tm_param_info *tm_param_find(const tm_model *m, const char *path)
+{
+    const seldp_param *p = path ? seldp_model_find_path(m->view, path) : NULL;
+    return p ? (const tm_param_info *)p->tag : NULL;
+}
+
+static int param_index(const tm_model *m, const char *path)
+{
+    const tm_param_info *p = tm_param_find(m, path);
+    return p ? (int)(p - m->params) : -1;
+}
+
+const float *tm_param_grad(const tm_model *m, const char *path)
+{
+    int i = param_index(m, path);
+    return i >= 0 ? m->grad[i] : NULL;
+}
+
+bool tm_expert_seen(const tm_model *m, int l, int e)
+{
+    if (l < 0 || l >= m->cfg.layers || e < 0 || e >= m->cfg.experts)
+        return false;
+    return m->seen[(size_t)l * (size_t)m->cfg.experts + (size_t)e];
+}
+
+static bool same_config(const tm_config *a, const tm_config *b)
+{
+    return a->vocab == b->vocab && a->d_model == b->d_model && a->d_ff == b->d_ff &&
+           a->experts == b->experts && a->top_k == b->top_k && a->layers == b->layers &&
+           a->eps == b->eps && a->dtype == b->dtype && a->quant == b->quant &&
+           a->lora_rank == b->lora_rank && a->lora_alpha == b->lora_alpha;
+}
+
+seldp_status tm_model_copy_params(tm_model *dst, const tm_model *src, unsigned roles, int expert)
+{
+    if (!dst || !src || !same_config(&dst->cfg, &src->cfg))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "tm_model_copy_params: models of different configs (rank %d -> %d)",
+                           src ? src->rank : -1, dst ? dst->rank : -1);
+    for (size_t i = 0; i < src->n_params; i++) {
+        const tm_param_info *p = &src->params[i];
+        if (p->alias || !(p->role & roles) || (expert >= 0 && p->expert != expert))
+            continue;
+        const tm_param_info *q = tm_param_find(dst, p->path);
+        if (!q)
+            continue;
+        if (!seldp_tensor_same_layout(&p->tensor, &q->tensor))
+            return seldp__fail(SELDP_ERR_SCHEMA,
+                               "tm_model_copy_params: %s differs in dtype or shape between rank "
+                               "%d and rank %d",
+                               p->path, src->rank, dst->rank);
+        memcpy(q->tensor.data, p->tensor.data, seldp_tensor_nbytes(&p->tensor));
+    }
+    return SELDP_OK;
+}
+
+/* ---- per-step state ------------------------------------------------------------------ */
+
+void tm__to_f32(seldp_dtype dtype, const void *src, float *dst, size_t n)
+{
+    if (dtype == SELDP_F32)
+        memcpy(dst, src, n * sizeof(float));
+    else
+        seldp_half_to_f32(dtype, src, dst, n);
+}
+
+static void effective_weight(const tm_model *m, const tm_linear *lin)
+{
+    if (lin->dense >= 0)
+        return; /* eff is the dense work copy */
+    const size_t n = (size_t)lin->out * (size_t)lin->in;
+    const tm_param_info *qw = &m->params[lin->qweight];
+    if (m->cfg.quant == TM_QUANT_NF4) {
+        tm_nf4_dequantize(qw->tensor.data, m->params[lin->absmax].tensor.data,
+                          m->params[m->codebook].tensor.data, n, lin->eff);
+    } else {
+        tm_awq_dequantize(qw->tensor.data, m->params[lin->scales].tensor.data,
+                          m->params[lin->qzeros].tensor.data, lin->out, lin->in, lin->eff);
+    }
+    /* eff (out,in) += (alpha/r) * B (out,r) A (r,in) */
+    const int r = m->cfg.lora_rank;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, lin->out, lin->in, r,
+                (float)(m->cfg.lora_alpha / r), m->work[lin->lora_b], r, m->work[lin->lora_a],
+                lin->in, 1.0f, lin->eff, lin->in);
+}
+
+void tm_begin_step(tm_model *m)
+{
+    for (size_t i = 0; i < m->n_params; i++) {
+        const tm_param_info *p = &m->params[i];
+        if (m->work[i] && !p->alias)
+            tm__to_f32(p->tensor.dtype, p->tensor.data, m->work[i], numel_of(m, (int)i));
+    }
+    const size_t LE = (size_t)m->cfg.layers * (size_t)m->cfg.experts;
+    for (size_t le = 0; le < LE; le++) {
+        if (!m->experts[le].held)
+            continue;
+        effective_weight(m, &m->experts[le].w1);
+        effective_weight(m, &m->experts[le].w2);
+    }
+    memset(m->grad_block, 0, (m->grad_floats ? m->grad_floats : 1) * sizeof(float));
+    memset(m->seen, 0, LE * sizeof *m->seen);
+    m->embedded = false;
+    m->T = 0;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        m->cache[l].routed = m->cache[l].combined = m->cache[l].combined_back = false;
+    }
+}
+
+seldp_status tm__ensure_caches(tm_model *m, size_t T)
+{
+    if (T <= m->T_capacity && m->tokens)
+        return SELDP_OK;
+    free_caches(m);
+    const size_t cap = T ? T : 1;
+    const size_t D = (size_t)m->cfg.d_model, E = (size_t)m->cfg.experts;
+    const size_t K = (size_t)m->cfg.top_k;
+    m->tokens = malloc(cap * sizeof *m->tokens);
+    bool ok = m->tokens != NULL;
+    for (int l = 0; l < m->cfg.layers && ok; l++) {
+        tm_layer_cache *c = &m->cache[l];
+        c->h_in = malloc(cap * D * sizeof(float));
+        c->rstd = malloc(cap * sizeof(float));
+        c->u = malloc(cap * D * sizeof(float));
+        c->probs = malloc(cap * E * sizeof(float));
+        c->expert = malloc(cap * K * sizeof(int));
+        c->gate = malloc(cap * K * sizeof(float));
+        c->y = malloc(cap * K * D * sizeof(float));
+        c->dgate = malloc(cap * K * sizeof(float));
+        ok = c->h_in && c->rstd && c->u && c->probs && c->expert && c->gate && c->y && c->dgate;
+    }
+    if (!ok) {
+        free_caches(m);
+        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory for activations of %zu tokens",
+                           m->rank, T);
+    }
+    m->T_capacity = cap;
+    return SELDP_OK;
+}
+
+/* ---- gradient export ----------------------------------------------------------------- */
+
+seldp_status tm_export_grads(const tm_model *m, unsigned roles, double scale, bool fp32,
+                             seldp_grads *out)
+{
+    seldp_status st = SELDP_OK;
+    seldp_param_id *put = NULL;
+    size_t n_put = 0;
+    if (!m || !out)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "tm_export_grads: NULL argument");
+    put = malloc(m->n_params * sizeof *put);
+    if (!put)
+        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory exporting gradients", m->rank);
+    for (size_t i = 0; i < m->n_params; i++) {
+        const tm_param_info *p = &m->params[i];
+        if (!m->grad[i] || p->alias || !(p->role & roles))
+            continue;
+        if (p->expert >= 0 && !tm_expert_seen(m, p->layer, p->expert))
+            continue;
+        seldp_tensor t = p->tensor;
+        t.dtype = fp32 ? SELDP_F32 : p->tensor.dtype;
+        t.data = NULL;
+        t.device = SELDP_HOST_DEVICE;
+        SELDP_CHECK(seldp_tensor_alloc(&t));
+        const size_t n = numel_of(m, (int)i);
+        for (size_t k = 0; k < n; k++)
+            store_value(t.data, t.dtype, k, (float)(scale * (double)m->grad[i][k]));
+        st = seldp_grads_put(out, p->id, &t, SELDP_OWNED);
+        if (st != SELDP_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", seldp_last_error());
+            seldp_tensor_free(&t);
+            SELDP_FAIL(st, "rank %d: exporting the gradient of %s (id %llu): %s", m->rank, p->path,
+                       (unsigned long long)p->id, why);
+        }
+        put[n_put++] = p->id;
+    }
+    free(put);
+    return SELDP_OK;
+fail:
+    for (size_t k = 0; k < n_put; k++)
+        seldp_grads_remove(out, put[k]);
+    free(put);
+    return st;
+}
