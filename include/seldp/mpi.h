@@ -1,0 +1,54 @@
+/* The MPI transport: one process per rank, launched by mpirun.
+ *
+ * Each process initializes MPI itself (MPI_Init or MPI_Init_thread), then joins with
+ * seldp_mpi_comm_init over a communicator such as MPI_COMM_WORLD. The result is a seldp
+ * communicator like any other: the seldp_comm_* calls of comm.h, with the same semantics,
+ * errors and timeouts as the host-staged transport.
+ *
+ * How it behaves:
+ * - Every operation is built from non-blocking MPI calls polled with MPI_Test against a
+ *   deadline of cfg->timeout_s per call; the communicators use MPI_ERRORS_RETURN, so an
+ *   MPI failure returns SELDP_ERR_TRANSPORT instead of killing the job.
+ * - A rank that fails a collective (timeout, MPI error, no memory) aborts the world:
+ *   an out-of-band message on a private duplicate of the parent communicator reaches
+ *   every other process, whose pending and later collectives on any communicator of this
+ *   world return SELDP_ERR_ABORTED. seldp_comm_abort does the same without MPI_Abort:
+ *   the processes keep running and report the error.
+ * - Allreduce is deterministic: a reduce-scatter (each rank owns one slice), a sum in
+ *   rank order 0, 1, ..., n-1 in the dtype's own arithmetic, then an allgather of the
+ *   slices. Every rank receives bit-identical results, equal from run to run and to the
+ *   host transport's, whatever algorithm MPI picks.
+ * - Messages are cut into pieces of at most 1 GiB, so buffers beyond MPI's int counts
+ *   work. The environment variable SELDP_MPI_MAX_MESSAGE (bytes) lowers that bound; the
+ *   smallest value over the ranks is used.
+ * - CUDA buffers are staged through pinned host memory.
+ * - After a timeout or abort, MPI may still hold the failed operation's buffers: do not
+ *   reuse or free them while this world's communicators exist.
+ *
+ * Threads: call a world's communicators from one thread at a time (MPI_THREAD_FUNNELED
+ * or MPI_THREAD_SERIALIZED is enough). */
+#ifndef SELDP_MPI_H
+#define SELDP_MPI_H
+
+#include <mpi.h>
+
+#include "seldp/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Collective over `parent` (for example MPI_COMM_WORLD): join a new seldp world whose ranks
+ * are parent's, this process computing on `device`. parent is duplicated, never used or
+ * changed afterwards, and may be freed by the caller. cfg may be NULL for the defaults.
+ * On success *out is the caller's to release with seldp_comm_destroy (after every
+ * communicator split from it), before MPI_Finalize. Returns SELDP_ERR_INVALID_ARGUMENT
+ * when MPI is not initialized or an argument is invalid, SELDP_ERR_TIMEOUT when a rank of
+ * parent does not join in time, SELDP_ERR_TRANSPORT when MPI fails; *out is then NULL. */
+seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const seldp_comm_config *cfg,
+                                 seldp_comm **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
