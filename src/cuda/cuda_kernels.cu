@@ -1,0 +1,241 @@
+/* CUDA versions of the element-wise operations of src/kernels.h: dtype conversion,
+ * F32 scaling and the search for a non-finite value.
+ *
+ * Every call runs on the calling thread's per-thread default stream of device `ordinal`
+ * and waits for it, so that rank threads sharing one GPU (the host-staged transport
+ * simulating more ranks than GPUs) never serialize on the legacy default stream. The
+ * conversions share their bit-level code with a host-side test (half_bits.cuh). */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/cuda_kernels.h"
+#include "cuda/half_bits.cuh"
+
+extern "C" {
+#include "internal.h"
+}
+
+namespace
+{
+
+const int kThreads = 256;
+
+/* Enough blocks to fill the GPU several times over; the kernels stride over the rest. */
+unsigned blocks_for(size_t n)
+{
+    size_t blocks = (n + kThreads - 1) / kThreads;
+    const size_t max_blocks = 8192;
+    return (unsigned)(blocks < max_blocks ? (blocks ? blocks : 1) : max_blocks);
+}
+
+seldp_status cuda_fail(cudaError_t err, const char *what, int ordinal)
+{
+    return seldp__fail(SELDP_ERR_TRANSPORT, "%s on cuda:%d failed: %s", what, ordinal,
+                       cudaGetErrorString(err));
+}
+
+/* Makes `ordinal` the current device for the lifetime of the object and restores the
+ * caller's device afterwards, as src/device.c does for copies. */
+class DeviceScope
+{
+  public:
+    explicit DeviceScope(int ordinal) : prev_(-1), err_(cudaSuccess)
+    {
+        err_ = cudaGetDevice(&prev_);
+        if (err_ == cudaSuccess && prev_ != ordinal)
+            err_ = cudaSetDevice(ordinal);
+        else if (prev_ == ordinal)
+            prev_ = -1;
+    }
+    ~DeviceScope()
+    {
+        if (prev_ >= 0)
+            cudaSetDevice(prev_);
+    }
+    cudaError_t error() const
+    {
+        return err_;
+    }
+
+  private:
+    int prev_;
+    cudaError_t err_;
+};
+
+/* Launch status and completion of the work just queued on the per-thread stream. */
+seldp_status finish(const char *what, int ordinal)
+{
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(cudaStreamPerThread);
+    if (err != cudaSuccess)
+        return cuda_fail(err, what, ordinal);
+    return SELDP_OK;
+}
+
+__global__ void half_to_f32_kernel(float *dst, const uint16_t *src, size_t n, bool bf16)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        uint16_t h = src[i];
+        uint32_t bits = bf16 ? seldp__bf16_to_f32_bits(h) : seldp__f16_to_f32_bits(h);
+        dst[i] = __uint_as_float(bits);
+    }
+}
+
+__global__ void f32_to_half_kernel(uint16_t *dst, const float *src, size_t n, bool bf16)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        uint32_t x = __float_as_uint(src[i]);
+        dst[i] = bf16 ? seldp__f32_bits_to_bf16(x) : seldp__f32_bits_to_f16(x);
+    }
+}
+
+/* In double, then rounded once to F32, exactly like the host loop. */
+__global__ void scale_f32_kernel(float *x, size_t n, double factor)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        x[i] = (float)((double)x[i] * factor);
+}
+
+/* The smallest index whose exponent field is all ones, by atomicMin on *first (which starts
+ * at n). Threads skip work past the best index found so far. */
+template <typename T>
+__global__ void nonfinite_kernel(const T *x, size_t n, T exp_mask, unsigned long long *first)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if ((unsigned long long)i >= *(volatile unsigned long long *)first)
+            return;
+        if ((x[i] & exp_mask) == exp_mask)
+            atomicMin(first, (unsigned long long)i);
+    }
+}
+
+bool ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+} // namespace
+
+extern "C" seldp_status seldp__cuda_convert(int ordinal, void *dst, seldp_dtype dst_dtype,
+                                            const void *src, seldp_dtype src_dtype, size_t n)
+{
+    bool same = dst_dtype == src_dtype;
+    bool to_f32 = dst_dtype == SELDP_F32 && (src_dtype == SELDP_F16 || src_dtype == SELDP_BF16);
+    bool from_f32 = src_dtype == SELDP_F32 && (dst_dtype == SELDP_F16 || dst_dtype == SELDP_BF16);
+    if (!same && !to_f32 && !from_f32)
+        return seldp__fail(SELDP_ERR_DTYPE,
+                           "cuda:%d convert: %s -> %s is not supported, expected a copy or F32 "
+                           "<-> F16/BF16",
+                           ordinal, seldp_dtype_name(src_dtype), seldp_dtype_name(dst_dtype));
+    if (n == 0 || (same && dst == src))
+        return SELDP_OK;
+
+    DeviceScope scope(ordinal);
+    if (scope.error() != cudaSuccess)
+        return cuda_fail(scope.error(), "cudaSetDevice", ordinal);
+    cudaStream_t stream = cudaStreamPerThread;
+    size_t src_bytes = n * seldp_dtype_size(src_dtype);
+    size_t dst_bytes = n * seldp_dtype_size(dst_dtype);
+
+    /* Overlapping buffers (a conversion in place, or a shifted copy) go through a temporary:
+     * neither cudaMemcpy nor a parallel kernel may read what another thread already wrote. */
+    void *out = dst;
+    cudaError_t err = cudaSuccess;
+    if (ranges_overlap(dst, dst_bytes, src, src_bytes)) {
+        err = cudaMallocAsync(&out, dst_bytes, stream);
+        if (err != cudaSuccess)
+            return cuda_fail(err, "cudaMallocAsync (conversion temporary)", ordinal);
+    }
+    if (same)
+        err = cudaMemcpyAsync(out, src, src_bytes, cudaMemcpyDeviceToDevice, stream);
+    else if (to_f32)
+        half_to_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+            (float *)out, (const uint16_t *)src, n, src_dtype == SELDP_BF16);
+    else
+        f32_to_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+            (uint16_t *)out, (const float *)src, n, dst_dtype == SELDP_BF16);
+    if (err == cudaSuccess)
+        err = cudaGetLastError();
+    if (out != dst) {
+        if (err == cudaSuccess)
+            err = cudaMemcpyAsync(dst, out, dst_bytes, cudaMemcpyDeviceToDevice, stream);
+        cudaError_t free_err = cudaFreeAsync(out, stream);
+        if (err == cudaSuccess)
+            err = free_err;
+    }
+    if (err != cudaSuccess)
+        return cuda_fail(err, "convert", ordinal);
+    return finish("convert", ordinal);
+}
+
+extern "C" seldp_status seldp__cuda_scale_f32(int ordinal, float *x, size_t n, double factor)
+{
+    if (n == 0)
+        return SELDP_OK;
+    DeviceScope scope(ordinal);
+    if (scope.error() != cudaSuccess)
+        return cuda_fail(scope.error(), "cudaSetDevice", ordinal);
+    scale_f32_kernel<<<blocks_for(n), kThreads, 0, cudaStreamPerThread>>>(x, n, factor);
+    return finish("scale_f32", ordinal);
+}
+
+extern "C" seldp_status seldp__cuda_find_nonfinite(int ordinal, const void *x, seldp_dtype dtype,
+                                                   size_t n, size_t *first)
+{
+    if (dtype != SELDP_F32 && dtype != SELDP_F64 && dtype != SELDP_F16 && dtype != SELDP_BF16)
+        return seldp__fail(SELDP_ERR_DTYPE, "cuda:%d find_nonfinite: dtype %s is not a float type",
+                           ordinal, seldp_dtype_name(dtype));
+    if (n == 0) {
+        *first = 0;
+        return SELDP_OK;
+    }
+    DeviceScope scope(ordinal);
+    if (scope.error() != cudaSuccess)
+        return cuda_fail(scope.error(), "cudaSetDevice", ordinal);
+    cudaStream_t stream = cudaStreamPerThread;
+    unsigned long long *d_first = NULL;
+    unsigned long long h_first = (unsigned long long)n;
+    cudaError_t err = cudaMallocAsync((void **)&d_first, sizeof *d_first, stream);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaMallocAsync (find_nonfinite result)", ordinal);
+    err = cudaMemcpyAsync(d_first, &h_first, sizeof h_first, cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) {
+        unsigned blocks = blocks_for(n);
+        switch (dtype) {
+        case SELDP_F32:
+            nonfinite_kernel<uint32_t>
+                <<<blocks, kThreads, 0, stream>>>((const uint32_t *)x, n, 0x7f800000u, d_first);
+            break;
+        case SELDP_F64:
+            nonfinite_kernel<unsigned long long><<<blocks, kThreads, 0, stream>>>(
+                (const unsigned long long *)x, n, 0x7ff0000000000000ull, d_first);
+            break;
+        case SELDP_F16:
+            nonfinite_kernel<uint16_t><<<blocks, kThreads, 0, stream>>>((const uint16_t *)x, n,
+                                                                        (uint16_t)0x7c00u, d_first);
+            break;
+        default:
+            nonfinite_kernel<uint16_t><<<blocks, kThreads, 0, stream>>>((const uint16_t *)x, n,
+                                                                        (uint16_t)0x7f80u, d_first);
+            break;
+        }
+        err = cudaGetLastError();
+    }
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(&h_first, d_first, sizeof h_first, cudaMemcpyDeviceToHost, stream);
+    cudaError_t free_err = cudaFreeAsync(d_first, stream);
+    if (err == cudaSuccess)
+        err = free_err;
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "find_nonfinite", ordinal);
+    *first = (size_t)h_first;
+    return SELDP_OK;
+}
