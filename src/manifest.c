@@ -379,7 +379,7 @@ static void describe(const seldp__manifest *m, const seldp__manifest_entry *e, e
         break;
     case DIFF_ALIAS:
         if (m->entries[e->alias].path == e->path)
-            snprintf(buf, size, "it not tied to a smaller path");
+            snprintf(buf, size, "it untied (its own ParamId)");
         else
             snprintf(buf, size, "it tied to '%s'", m->entries[e->alias].path);
         break;

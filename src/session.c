@@ -209,9 +209,13 @@ static seldp_status init_prepare(seldp_session *s, int root, const seldp_param_i
         memcpy(sorted, ids, s->n_ids * sizeof *ids);
     }
     qsort(sorted, s->n_ids, sizeof *sorted, compare_ids);
-    for (size_t k = 1; k < s->n_ids; k++)
-        if (sorted[k] == sorted[k - 1])
-            SELDP_FAIL(SELDP_ERR_DUPLICATE, "ParamId %" PRIu64 " is selected twice", sorted[k]);
+    for (size_t k = 1; k < s->n_ids; k++) {
+        if (sorted[k] == sorted[k - 1]) {
+            const seldp_param *p = seldp_model_find_id(s->model, sorted[k]);
+            SELDP_FAIL(SELDP_ERR_DUPLICATE, "ParamId %" PRIu64 " ('%s') is selected twice",
+                       sorted[k], p ? p->path : "not in the model");
+        }
+    }
     for (size_t k = 0; k < s->n_ids; k++)
         if (!seldp_model_find_id(s->model, ids[k]))
             SELDP_FAIL(SELDP_ERR_NOT_FOUND,

@@ -72,6 +72,13 @@ seldp_status tm_init(test_model *m, int rank)
 seldp_status tm_add(test_model *m, const char *path, seldp_param_id id, seldp_dtype dtype,
                     bool frozen, uint64_t seed, int ndim, const int64_t *shape)
 {
+    return tm_add_on(m, SELDP_HOST_DEVICE, path, id, dtype, frozen, seed, ndim, shape);
+}
+
+seldp_status tm_add_on(test_model *m, seldp_device device, const char *path, seldp_param_id id,
+                       seldp_dtype dtype, bool frozen, uint64_t seed, int ndim,
+                       const int64_t *shape)
+{
     tm_param *p = &m->p[m->n];
     seldp_status st;
     if (m->n == TM_MAX)
@@ -86,6 +93,7 @@ seldp_status tm_add(test_model *m, const char *path, seldp_param_id id, seldp_dt
         return SELDP_ERR_NOMEM;
     p->owns = true;
     tm_fill(dtype, p->tensor.data, seldp_tensor_numel(&p->tensor), seed);
+    p->tensor.device = device;
     st = seldp_model_add(m->model, path, id, &p->tensor, frozen, NULL);
     if (st != SELDP_OK) {
         free(p->tensor.data);
@@ -232,6 +240,8 @@ void outcome_record(outcome *o, int rank, seldp_status st)
 void expect_same_failure(const outcome *o, int n, seldp_status expected, const char *needle1,
                          const char *needle2)
 {
+    if (getenv("SELDP_TEST_VERBOSE"))
+        printf("    %d ranks, %s: %s\n", n, seldp_status_name(o->st[0]), o->msg[0]);
     for (int r = 0; r < n; r++) {
         if (o->st[r] != expected)
             fail_msg("rank %d of %d returned %s, expected %s (message: %s)", r, n,

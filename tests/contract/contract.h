@@ -46,9 +46,15 @@ void tm_set(seldp_dtype dtype, void *data, size_t i, double value);
 
 seldp_status tm_init(test_model *m, int rank);
 
-/* Register `path` with new storage filled from `seed`. */
+/* Register `path` with new host storage filled from `seed`. */
 seldp_status tm_add(test_model *m, const char *path, seldp_param_id id, seldp_dtype dtype,
                     bool frozen, uint64_t seed, int ndim, const int64_t *shape);
+
+/* tm_add, but the descriptor names `device` (the bytes stay in host memory: for testing
+ * the rejection of parameters on a device other than the session's). */
+seldp_status tm_add_on(test_model *m, seldp_device device, const char *path, seldp_param_id id,
+                       seldp_dtype dtype, bool frozen, uint64_t seed, int ndim,
+                       const int64_t *shape);
 
 /* Register `path` as a tied alias of the earlier `existing` (same id and storage). */
 seldp_status tm_tie(test_model *m, const char *path, const char *existing);
