@@ -179,6 +179,21 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
     return SELDP_OK;
 }
 
+seldp_status tm_route_get(const tm_model *m, int l, tm_route *route)
+{
+    if (l < 0 || l >= m->cfg.layers || !m->embedded || !m->cache[l].routed)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: tm_route_get: layer %d was not routed in this step", m->rank,
+                           l);
+    const tm_layer_cache *c = &m->cache[l];
+    route->T = m->T;
+    route->K = m->cfg.top_k;
+    route->expert = c->expert;
+    route->gate = c->gate;
+    route->x = c->u;
+    return SELDP_OK;
+}
+
 seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
 {
     seldp_status st = check_layer(m, l, "tm_route_backward");
@@ -521,8 +536,8 @@ seldp_status tm_step_local(tm_model *m, const int32_t *tokens, const int32_t *ta
     }
     SELDP_CHECK(tm_head_forward_backward(m, h, targets, loss_sum, dh));
     for (int l = L - 1; l >= 0; l--) {
-        const tm_layer_cache *c = &m->cache[l];
-        const tm_route route = {T, K, c->expert, c->gate, c->u};
+        tm_route route;
+        SELDP_CHECK(tm_route_get(m, l, &route));
         SELDP_CHECK(tm_combine_backward(m, l, dh, dy));
         for (int e = 0; e < E; e++) {
             size_t n = gather(&route, e, route.x, false, D, xe);

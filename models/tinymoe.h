@@ -242,6 +242,10 @@ typedef struct tm_route {
  * INVALID_ARGUMENT for l out of range or a call before tm_embed_forward. */
 seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *route);
 
+/** The routing layer l's tm_route_forward produced in this step (pointers as above), for the
+ * backward's dispatch. Returns INVALID_ARGUMENT when layer l was not routed in this step. */
+seldp_status tm_route_get(const tm_model *m, int l, tm_route *route);
+
 /** Expert e of layer l on n packed rows: y = silu(x W1^T) W2^T with the effective weights
  * (dense, or dequantized base + (alpha/r) B A). x (n,D) in, y (n,D) out. Keeps no cache
  * (tm_expert_backward recomputes), so it may be called any number of times per step.

@@ -30,8 +30,8 @@ static double loss_at(fd_case *c, const char *path, size_t index, double delta)
     const int32_t *tgt[N_RANKS] = {c->targets[0], c->targets[1]};
     tm_ref_perturb p = {path, index, delta};
     tm_reference *ref = NULL;
-    seldp_status st = tm_reference_compute(&c->cfg, tm_model_view(c->global), tok, tgt,
-                                           c->counts, N_RANKS, &p, &ref);
+    seldp_status st = tm_reference_compute(&c->cfg, tm_model_view(c->global), tok, tgt, c->counts,
+                                           N_RANKS, &p, &ref);
     if (st != SELDP_OK)
         fail_msg("reference (%s[%zu] %+g): %s", path, index, delta, seldp_last_error());
     double loss = tm_reference_loss(ref);

@@ -36,8 +36,8 @@ static void check_step(tm_quant quant, seldp_dtype dtype)
     const int32_t *tgt[2] = {targets, targets + 15};
     const size_t counts[2] = {15, T_TOKENS - 15};
     tm_reference *ref = NULL;
-    assert_int_equal(
-        tm_reference_compute(&cfg, tm_model_view(m), tok, tgt, counts, 2, NULL, &ref), SELDP_OK);
+    assert_int_equal(tm_reference_compute(&cfg, tm_model_view(m), tok, tgt, counts, 2, NULL, &ref),
+                     SELDP_OK);
     const double loss_ref = tm_reference_loss(ref);
     printf("  loss sum/T %.9f  reference %.9f\n", loss_sum / T_TOKENS, loss_ref);
     assert_true(fabs(loss_sum / T_TOKENS - loss_ref) <= 1e-6 * fabs(loss_ref));
@@ -158,10 +158,10 @@ static void test_steps_do_not_accumulate(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_none_f32),  cmocka_unit_test(test_none_bf16),
-        cmocka_unit_test(test_none_f16),  cmocka_unit_test(test_nf4_f32),
-        cmocka_unit_test(test_nf4_bf16),  cmocka_unit_test(test_awq_f32),
-        cmocka_unit_test(test_awq_f16),   cmocka_unit_test(test_steps_do_not_accumulate),
+        cmocka_unit_test(test_none_f32), cmocka_unit_test(test_none_bf16),
+        cmocka_unit_test(test_none_f16), cmocka_unit_test(test_nf4_f32),
+        cmocka_unit_test(test_nf4_bf16), cmocka_unit_test(test_awq_f32),
+        cmocka_unit_test(test_awq_f16),  cmocka_unit_test(test_steps_do_not_accumulate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
