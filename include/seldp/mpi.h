@@ -24,6 +24,10 @@
  * - CUDA buffers are staged through pinned host memory.
  * - After a timeout or abort, MPI may still hold the failed operation's buffers: do not
  *   reuse or free them while this world's communicators exist.
+ * - Open MPI before 5.0 raises the errors of non-blocking collectives on MPI_COMM_WORLD,
+ *   whose default handler aborts the job: set MPI_ERRORS_RETURN on MPI_COMM_WORLD after
+ *   MPI_Init to get SELDP_ERR_TRANSPORT instead. seldp never changes the caller's
+ *   communicators.
  *
  * Threads: call a world's communicators from one thread at a time (MPI_THREAD_FUNNELED
  * or MPI_THREAD_SERIALIZED is enough). */

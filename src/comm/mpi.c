@@ -229,10 +229,12 @@ static seldp_status body_wait(seldp_comm *comm, mpi_op op, MPI_Request *reqs, in
     double nap = 1e-6;
     for (int polls = 0;; polls++) {
         int done = 0;
-        int err = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        /* MPI_Test reports a single request's own error, not MPI_ERR_IN_STATUS. */
+        int err = n == 1 ? MPI_Test(reqs, &done, MPI_STATUS_IGNORE)
+                         : MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
         if (err != MPI_SUCCESS) {
             g->abandoned = true;
-            return mpi_call_failed(comm, op, "MPI_Testall", err);
+            return mpi_call_failed(comm, op, n == 1 ? "MPI_Test" : "MPI_Testall", err);
         }
         if (done)
             return SELDP_OK;
