@@ -1,4 +1,5 @@
 /* Helpers shared by the contract tests (see contract.h). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -258,6 +259,104 @@ void expect_same_failure(const outcome *o, int n, seldp_status expected, const c
     }
 }
 
+void gs_take(grads_snapshot *s, const seldp_grads *grads)
+{
+    memset(s, 0, sizeof *s);
+    for (size_t i = 0; i < seldp_grads_count(grads) && s->n < TM_MAX; i++) {
+        const seldp_tensor *t;
+        size_t bytes;
+        seldp_grads_at(grads, i, &s->id[s->n], &t);
+        s->t[s->n] = *t;
+        s->own[s->n] = seldp_grads_ownership(grads, s->id[s->n]);
+        bytes = seldp_tensor_nbytes(t);
+        s->bytes[s->n] = malloc(bytes + 1);
+        if (s->bytes[s->n])
+            memcpy(s->bytes[s->n], t->data, bytes);
+        s->n++;
+    }
+}
+
+static bool entry_same(const grads_snapshot *s, size_t i, const seldp_grads *grads, char *why,
+                       size_t size)
+{
+    const seldp_tensor *t = seldp_grads_get(grads, s->id[i]);
+    if (!t) {
+        snprintf(why, size, "gradient of id %llu is gone", (unsigned long long)s->id[i]);
+        return false;
+    }
+    if (memcmp(t, &s->t[i], sizeof *t) != 0) {
+        snprintf(why, size, "descriptor of id %llu changed", (unsigned long long)s->id[i]);
+        return false;
+    }
+    if (seldp_grads_ownership(grads, s->id[i]) != s->own[i]) {
+        snprintf(why, size, "ownership of id %llu changed", (unsigned long long)s->id[i]);
+        return false;
+    }
+    if (!s->bytes[i] || memcmp(s->bytes[i], t->data, seldp_tensor_nbytes(t)) != 0) {
+        snprintf(why, size, "values of id %llu changed", (unsigned long long)s->id[i]);
+        return false;
+    }
+    return true;
+}
+
+bool gs_same(const grads_snapshot *s, const seldp_grads *grads, char *why, size_t size)
+{
+    if (seldp_grads_count(grads) != s->n) {
+        snprintf(why, size, "%zu gradients, expected %zu", seldp_grads_count(grads), s->n);
+        return false;
+    }
+    for (size_t i = 0; i < s->n; i++)
+        if (!entry_same(s, i, grads, why, size))
+            return false;
+    return true;
+}
+
+bool gs_entry_same(const grads_snapshot *s, const seldp_grads *grads, seldp_param_id id)
+{
+    char why[128];
+    for (size_t i = 0; i < s->n; i++)
+        if (s->id[i] == id)
+            return entry_same(s, i, grads, why, sizeof why);
+    return false;
+}
+
+void gs_free(grads_snapshot *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->bytes[i]);
+    memset(s, 0, sizeof *s);
+}
+
+/* Distance between adjacent representable values of `dtype` near |x|. */
+static double ulp_of(seldp_dtype dtype, double x)
+{
+    int e = 0;
+    int mantissa = dtype == SELDP_F16 ? 10 : dtype == SELDP_BF16 ? 7 : 23;
+    int min_exp = dtype == SELDP_F16 ? -14 : -126;
+    frexp(fabs(x), &e);
+    e -= 1; /* x = m * 2^e with 1 <= m < 2 */
+    if (x == 0.0 || e < min_exp)
+        e = min_exp;
+    return ldexp(1.0, e - mantissa);
+}
+
+bool close_to(seldp_dtype dtype, const void *data, const double *ref, size_t n, double tol_rel,
+              char *why, size_t size)
+{
+    for (size_t i = 0; i < n; i++) {
+        double got = tm_get(dtype, data, i), err = fabs(got - ref[i]);
+        double tol = tol_rel * fmax(fabs(ref[i]), 1e-3);
+        if (seldp_dtype_is_half(dtype))
+            tol += 0.5 * ulp_of(dtype, ref[i]);
+        if (!(err <= tol)) {
+            snprintf(why, size, "element %zu of %zu: %.9g, expected %.9g (error %.3g > %.3g)", i, n,
+                     got, ref[i], err, tol);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* --- the standard layout --------------------------------------------------- */
 
 const std_spec STD[STD_N] = {
@@ -333,4 +432,59 @@ bool std_holds_root(test_model *m, size_t k, int root, char *why, size_t size)
         return false;
     }
     return true;
+}
+
+size_t std_numel(size_t k)
+{
+    size_t n = 1;
+    for (int d = 0; d < STD[k].ndim; d++)
+        n *= (size_t)STD[k].shape[d];
+    return n;
+}
+
+uint64_t std_grad_seed(int rank, size_t k)
+{
+    return 50000u + 100u * (uint64_t)rank + k;
+}
+
+seldp_status std_put_grad(test_grads *g, int rank, size_t k, seldp_dtype dtype, bool owned,
+                          void **data)
+{
+    return tg_put(g, std_id(rank, k), dtype, owned, std_grad_seed(rank, k), STD[k].ndim,
+                  STD[k].shape, data);
+}
+
+void std_reference(size_t k, seldp_dtype dtype, int n, const bool *include, double divisor,
+                   double *ref)
+{
+    size_t numel = std_numel(k);
+    void *tmp = malloc(numel * 8 + 8);
+    for (size_t i = 0; i < numel; i++)
+        ref[i] = 0.0;
+    if (!tmp)
+        return;
+    for (int r = 0; r < n; r++) {
+        if (!include[r])
+            continue;
+        tm_fill(dtype, tmp, numel, std_grad_seed(r, k));
+        for (size_t i = 0; i < numel; i++)
+            ref[i] += tm_get(dtype, tmp, i);
+    }
+    for (size_t i = 0; i < numel; i++)
+        ref[i] /= divisor;
+    free(tmp);
+}
+
+seldp_status std_session(seldp_comm *comm, test_model *m, const seldp_session_config *cfg,
+                         seldp_session **s)
+{
+    seldp_param_id ids[STD_N];
+    int rank = seldp_comm_rank(comm);
+    seldp_status st = tm_init(m, rank);
+    if (st == SELDP_OK)
+        st = std_model(m, rank);
+    if (st != SELDP_OK)
+        return st;
+    std_selection(rank, ids);
+    return seldp_session_initialize(comm, m->model, 0, ids, STD_N, cfg, s);
 }

@@ -106,6 +106,33 @@ void outcome_record(outcome *o, int rank, seldp_status st);
 void expect_same_failure(const outcome *o, int n, seldp_status expected, const char *needle1,
                          const char *needle2);
 
+/* What a gradient container holds: ids, descriptors, ownership and bytes. */
+typedef struct grads_snapshot {
+    size_t n;
+    seldp_param_id id[TM_MAX];
+    seldp_tensor t[TM_MAX];
+    seldp_ownership own[TM_MAX];
+    unsigned char *bytes[TM_MAX];
+} grads_snapshot;
+
+void gs_take(grads_snapshot *s, const seldp_grads *grads);
+
+/* True when grads holds exactly the snapshot's entries: same ids, same descriptors (data
+ * pointers included), same ownership and the same bytes. Else why names the first
+ * difference. */
+bool gs_same(const grads_snapshot *s, const seldp_grads *grads, char *why, size_t size);
+
+/* True when the entry of id is unchanged since the snapshot (present in both). */
+bool gs_entry_same(const grads_snapshot *s, const seldp_grads *grads, seldp_param_id id);
+
+void gs_free(grads_snapshot *s);
+
+/* True when every element of a float tensor is within tol_rel * max(|ref|, floor) of ref,
+ * or, for a half dtype, within half a unit in the last place of ref (plus tol_rel).
+ * Else why names the worst element. */
+bool close_to(seldp_dtype dtype, const void *data, const double *ref, size_t n, double tol_rel,
+              char *why, size_t size);
+
 /* --- the standard layout ---------------------------------------------------
  * Shared parameters every rank selects (listed in path order), with "lm_head.weight"
  * tied to "embed.weight"; ParamIds permuted per rank; values rank-dependent. Beside them,
@@ -137,5 +164,25 @@ void std_selection(int rank, seldp_param_id *ids);
 
 /* True when STD[k] holds the initial values of `root`; else why says where not. */
 bool std_holds_root(test_model *m, size_t k, int root, char *why, size_t size);
+
+/* Build the standard layout for the caller's rank and initialize a session over comm
+ * selecting it from root 0. */
+seldp_status std_session(seldp_comm *comm, test_model *m, const seldp_session_config *cfg,
+                         seldp_session **s);
+
+/* Elements of STD[k]. */
+size_t std_numel(size_t k);
+
+/* Seed of `rank`'s gradient of STD[k]. */
+uint64_t std_grad_seed(int rank, size_t k);
+
+/* Put `rank`'s gradient of STD[k], stored as `dtype`, into g. */
+seldp_status std_put_grad(test_grads *g, int rank, size_t k, seldp_dtype dtype, bool owned,
+                          void **data);
+
+/* FP64 reference: the sum over the ranks r < n with include[r] of their gradients of
+ * STD[k] as stored in `dtype`, divided by `divisor`; numel(k) values into ref. */
+void std_reference(size_t k, seldp_dtype dtype, int n, const bool *include, double divisor,
+                   double *ref);
 
 #endif
