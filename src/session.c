@@ -92,7 +92,7 @@ static int compare_ids(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static const char *device_name(seldp_device d, char *buf, size_t size)
+const char *seldp__session_device_name(seldp_device d, char *buf, size_t size)
 {
     if (d.kind == SELDP_DEVICE_HOST)
         snprintf(buf, size, "host");
@@ -146,8 +146,8 @@ static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorte
         if (!seldp__device_equal(p->tensor.device, s->device))
             SELDP_FAIL(SELDP_ERR_DEVICE,
                        "'%s' is on %s but the session's communicator computes on %s", p->path,
-                       device_name(p->tensor.device, have, sizeof have),
-                       device_name(s->device, want, sizeof want));
+                       seldp__session_device_name(p->tensor.device, have, sizeof have),
+                       seldp__session_device_name(s->device, want, sizeof want));
         g = &s->groups[s->n_groups++];
         g->id = p->id;
         g->path = p->path;

@@ -54,4 +54,7 @@ seldp_status seldp__session_share_error(seldp_comm *comm, int failing, seldp_sta
 void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks, char *buf,
                               size_t size);
 
+/* "host" or "cuda:N" into buf; returns buf. */
+const char *seldp__session_device_name(seldp_device device, char *buf, size_t size);
+
 #endif

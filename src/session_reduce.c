@@ -125,11 +125,9 @@ static seldp_status check_gradient(reduce_call *c, const session_group *g, const
                    g->path, seldp_shape_str(t, have, sizeof have),
                    seldp_shape_str(&g->tensor, want, sizeof want));
     if (!seldp__device_equal(t->device, c->s->device))
-        SELDP_FAIL(SELDP_ERR_DEVICE,
-                   "'%s': gradient on %s device %d, but the session computes on %s device %d",
-                   g->path, t->device.kind == SELDP_DEVICE_CUDA ? "cuda" : "host",
-                   t->device.ordinal, c->s->device.kind == SELDP_DEVICE_CUDA ? "cuda" : "host",
-                   c->s->device.ordinal);
+        SELDP_FAIL(SELDP_ERR_DEVICE, "'%s': gradient on %s, but the session computes on %s",
+                   g->path, seldp__session_device_name(t->device, have, sizeof have),
+                   seldp__session_device_name(c->s->device, want, sizeof want));
     if (c->s->cfg.check_finite && c->weight > 0) {
         size_t n = seldp_tensor_numel(t);
         SELDP_CHECK(seldp__find_nonfinite(c->s->device, t->data, t->dtype, n, &bad));
