@@ -1,0 +1,195 @@
+/* The MPI transport under failure: a rank that never arrives makes the others return
+ * SELDP_ERR_TIMEOUT naming it, and seldp_comm_abort on one rank (on any communicator of
+ * the world) makes the others return SELDP_ERR_ABORTED, pending calls included, well
+ * within the timeout. Every such world stays aborted. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mpi_test.h"
+
+#define SHORT_TIMEOUT_S 0.3
+#define LONG_TIMEOUT_S  20.0
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void expect_status(seldp_status st, seldp_status expected, const char *needle)
+{
+    if (st != expected || (needle && !strstr(seldp_last_error(), needle)))
+        fail_msg("rank %d: got %s (%s), expected %s mentioning \"%s\"", mt_rank,
+                 seldp_status_name(st), seldp_last_error(), seldp_status_name(expected),
+                 needle ? needle : "");
+}
+
+typedef enum call {
+    CALL_BARRIER,
+    CALL_BROADCAST,
+    CALL_ALLREDUCE,
+    CALL_ALLGATHERV,
+    CALL_ALLTOALLV,
+    CALL_SPLIT,
+    CALL_COUNT
+} call;
+
+static const char *const call_names[] = {"barrier",    "broadcast", "allreduce",
+                                         "allgatherv", "alltoallv", "split"};
+
+/* One collective of the kind `c` with small buffers. */
+static seldp_status run_call(seldp_comm *comm, call c)
+{
+    int n = seldp_comm_size(comm);
+    double data[64] = {0}, out[64] = {0};
+    size_t counts[16], displs[16], lens[16];
+    void *blob = NULL;
+    seldp_comm *group = NULL;
+    seldp_status st = SELDP_OK;
+    for (int p = 0; p < n && p < 16; p++) {
+        counts[p] = 1;
+        displs[p] = (size_t)p;
+    }
+    switch (c) {
+    case CALL_BARRIER:
+        st = seldp_comm_barrier(comm);
+        break;
+    case CALL_BROADCAST:
+        st = seldp_comm_broadcast(comm, data, 8, SELDP_F64, 0, SELDP_HOST_DEVICE);
+        break;
+    case CALL_ALLREDUCE:
+        st = seldp_comm_allreduce(comm, data, out, 8, SELDP_F64, SELDP_HOST_DEVICE);
+        break;
+    case CALL_ALLGATHERV:
+        st = seldp_comm_allgatherv(comm, data, 16, &blob, lens);
+        free(blob);
+        break;
+    case CALL_ALLTOALLV:
+        st = seldp_comm_alltoallv(comm, data, counts, displs, out, counts, displs, SELDP_F64,
+                                  SELDP_HOST_DEVICE);
+        break;
+    default:
+        st = seldp_comm_split(comm, 0, 0, &group);
+        seldp_comm_destroy(group);
+        break;
+    }
+    return st;
+}
+
+/* The last rank skips one collective of each kind: the others time out after the
+ * timeout and name it; when it arrives late it finds the world aborted by the timeout. */
+static void test_a_rank_that_never_arrives(void **state)
+{
+    (void)state;
+    int last = mt_size - 1;
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", last);
+    for (int c = 0; c < CALL_COUNT; c++) {
+        seldp_comm *world = mt_world(SHORT_TIMEOUT_S);
+        if (mt_rank != last) {
+            double t0 = mt_now();
+            seldp_status st = run_call(world, (call)c);
+            double waited = mt_now() - t0;
+            expect_status(st, SELDP_ERR_TIMEOUT, call_names[c]);
+            expect_status(st, SELDP_ERR_TIMEOUT, who);
+            if (waited < 0.8 * SHORT_TIMEOUT_S || waited > SHORT_TIMEOUT_S + 1.5)
+                fail_msg("rank %d: %s gave up after %.3f s with a timeout of %g s", mt_rank,
+                         call_names[c], waited, SHORT_TIMEOUT_S);
+        } else {
+            sleep_s(SHORT_TIMEOUT_S + 0.25);
+            double t0 = mt_now();
+            seldp_status st = run_call(world, (call)c);
+            expect_status(st, SELDP_ERR_TIMEOUT, "aborted");
+            if (mt_now() - t0 > SHORT_TIMEOUT_S)
+                fail_msg("rank %d: the late %s took %.3f s to see the aborted world", mt_rank,
+                         call_names[c], mt_now() - t0);
+        }
+        /* The world stays aborted. */
+        expect_status(seldp_comm_barrier(world), SELDP_ERR_TIMEOUT, "aborted");
+        seldp_comm_destroy(world);
+        mt_sync();
+    }
+}
+
+/* Rank 0 aborts through a split group while the others wait in a world allreduce. */
+static void test_abort_reaches_ranks_waiting_in_a_collective(void **state)
+{
+    (void)state;
+    seldp_comm *world = mt_world(LONG_TIMEOUT_S), *group = NULL;
+    if (seldp_comm_split(world, mt_rank % 2, mt_rank, &group) != SELDP_OK)
+        fail_msg("rank %d: split: %s", mt_rank, seldp_last_error());
+    double data[4] = {1, 2, 3, 4}, out[4];
+    if (mt_rank == 0) {
+        sleep_s(0.2);
+        seldp_comm_abort(group);
+        expect_status(seldp_comm_allreduce(world, data, out, 4, SELDP_F64, SELDP_HOST_DEVICE),
+                      SELDP_ERR_ABORTED, "rank 0 aborted the world");
+    } else {
+        double t0 = mt_now();
+        seldp_status st = seldp_comm_allreduce(world, data, out, 4, SELDP_F64, SELDP_HOST_DEVICE);
+        double waited = mt_now() - t0;
+        expect_status(st, SELDP_ERR_ABORTED, "rank 0 aborted the world");
+        if (waited > 2.0)
+            fail_msg("rank %d: the abort took %.3f s to arrive", mt_rank, waited);
+    }
+    /* Every communicator of the world is aborted, on every rank. */
+    expect_status(seldp_comm_barrier(group), SELDP_ERR_ABORTED, "aborted");
+    expect_status(seldp_comm_barrier(world), SELDP_ERR_ABORTED, "aborted");
+    seldp_comm_destroy(group);
+    seldp_comm_destroy(world);
+    mt_sync();
+}
+
+/* An abort before the others call: their next collective fails at once. */
+static void test_abort_before_the_others_call(void **state)
+{
+    (void)state;
+    seldp_comm *world = mt_world(LONG_TIMEOUT_S);
+    int aborter = mt_size - 1;
+    if (mt_rank == aborter)
+        seldp_comm_abort(world);
+    mt_sync();
+    double t0 = mt_now();
+    uint64_t word = 7;
+    seldp_status st = seldp_comm_broadcast(world, &word, 1, SELDP_U64, 0, SELDP_HOST_DEVICE);
+    char needle[64];
+    snprintf(needle, sizeof needle, "rank %d aborted the world", aborter);
+    expect_status(st, SELDP_ERR_ABORTED, needle);
+    if (mt_now() - t0 > 2.0)
+        fail_msg("rank %d: the broadcast took %.3f s to fail", mt_rank, mt_now() - t0);
+    seldp_comm_destroy(world);
+    mt_sync();
+}
+
+/* A world's abort stays in that world: a new one works. */
+static void test_a_new_world_after_an_abort(void **state)
+{
+    (void)state;
+    seldp_comm *world = mt_world(LONG_TIMEOUT_S);
+    if (mt_rank == 0)
+        seldp_comm_abort(world);
+    mt_sync();
+    seldp_comm *fresh = mt_world(LONG_TIMEOUT_S);
+    int64_t one = 1, count = 0;
+    expect_status(seldp_comm_allreduce(fresh, &one, &count, 1, SELDP_I64, SELDP_HOST_DEVICE),
+                  SELDP_OK, NULL);
+    assert_int_equal(count, mt_size);
+    seldp_comm_destroy(fresh);
+    seldp_comm_destroy(world);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_rank_that_never_arrives),
+        cmocka_unit_test(test_abort_reaches_ranks_waiting_in_a_collective),
+        cmocka_unit_test(test_abort_before_the_others_call),
+        cmocka_unit_test(test_a_new_world_after_an_abort),
+    };
+    return mt_main(argc, argv, "mpi_failures", tests, sizeof tests / sizeof *tests);
+}
