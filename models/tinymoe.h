@@ -20,6 +20,7 @@
  *   tm_head_forward_backward(m, h, targets, &loss, dh)
  *   for l in L-1..0:
  *     tm_combine_backward(m, l, dh, dy)       dy (T,K,D) = gate * dh
+ *     tm_route_get(m, l, &route)              layer l's routing again, for the dispatch
  *     -- dispatch dy rows like the forward rows --
  *     tm_expert_backward(m, l, e, x, dy, n, dx)   on the owner (same x as its forward)
  *     -- return dx rows into dx (T,K,D) --
@@ -259,8 +260,10 @@ seldp_status tm_expert_forward(tm_model *m, int l, int e, const float *x, size_t
 seldp_status tm_expert_backward(tm_model *m, int l, int e, const float *x, const float *dy,
                                 size_t n, float *dx);
 
-/** h += sum_k gate[t,k] * y[t,k,:]. y (T,K,D): the expert output of slot k of token t
- * (as returned by its owner); cached for the backward. h (T,D) in/out. */
+/** h = h_in + sum_k gate[t,k] * y[t,k,:], with h_in the layer input cached by
+ * tm_route_forward (so h is normally the same buffer, updated in place). y (T,K,D): the
+ * expert output of slot k of token t (as returned by its owner); cached for the backward.
+ * h (T,D) out. */
 seldp_status tm_combine_forward(tm_model *m, int l, const float *y, float *h);
 
 /** dy[t,k,:] = gate[t,k] * dh[t,:] for every slot, and dgate[t,k] = dh[t]·y[t,k] kept for
