@@ -1,0 +1,281 @@
+/* The checks of SPEC §5, run by the main thread between the ranks' phases: replicas after
+ * initialize, every reduced gradient against the FP64 reference, bit-identical replicas,
+ * experts no token reached. Every outcome is counted in run->checks; none stops the run. */
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "run.h"
+
+static const char *const check_names[HX_CHECK_COUNT] = {
+    [HX_CHECK_DIFFER_BEFORE_INIT] = "replicas differ before initialize",
+    [HX_CHECK_INIT_REPLICAS] = "replicas equal their root after initialize",
+    [HX_CHECK_INIT_UNTOUCHED] = "initialize leaves unselected parameters alone",
+    [HX_CHECK_LOSS] = "loss equals the FP64 reference",
+    [HX_CHECK_ROUTING] = "tokens per expert equal the reference's",
+    [HX_CHECK_GRAD_ERROR] = "reduced gradients vs the FP64 reference",
+    [HX_CHECK_GRAD_REPLICAS] = "reduced gradients bit-identical in each group",
+    [HX_CHECK_PARAM_REPLICAS] = "parameters bit-identical in each group",
+    [HX_CHECK_REDUCE_UNTOUCHED] = "reductions leave unselected gradients alone",
+    [HX_CHECK_ABSENT] = "experts no token reached stay absent",
+};
+
+const char *hx_check_name(hx_check_id id)
+{
+    return (unsigned)id < HX_CHECK_COUNT ? check_names[id] : "invalid";
+}
+
+static const char *const class_names[HX_CLASS_COUNT] = {
+    [HX_CLASS_EMBED] = "embed",         [HX_CLASS_NORM] = "norm",
+    [HX_CLASS_ROUTER] = "router",       [HX_CLASS_FINAL_NORM] = "final_norm",
+    [HX_CLASS_EXPERT_W1] = "expert.w1", [HX_CLASS_EXPERT_W2] = "expert.w2",
+    [HX_CLASS_LORA_A] = "lora_a",       [HX_CLASS_LORA_B] = "lora_b",
+};
+
+const char *hx_class_name(hx_tensor_class c)
+{
+    return (unsigned)c < HX_CLASS_COUNT ? class_names[c] : "invalid";
+}
+
+hx_tensor_class hx_class_of(const char *path)
+{
+    if (strcmp(path, "embed.weight") == 0 || strcmp(path, "lm_head.weight") == 0)
+        return HX_CLASS_EMBED;
+    if (strcmp(path, "final_norm.weight") == 0)
+        return HX_CLASS_FINAL_NORM;
+    if (strstr(path, ".lora_a."))
+        return HX_CLASS_LORA_A;
+    if (strstr(path, ".lora_b."))
+        return HX_CLASS_LORA_B;
+    if (strstr(path, ".w1."))
+        return HX_CLASS_EXPERT_W1;
+    if (strstr(path, ".w2."))
+        return HX_CLASS_EXPERT_W2;
+    if (strstr(path, ".router."))
+        return HX_CLASS_ROUTER;
+    return HX_CLASS_NORM;
+}
+
+void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...)
+{
+    hx_check_result *c = &run->checks[id];
+    c->tested++;
+    if (c->metric && (value > c->worst || isnan(value)))
+        c->worst = value;
+    if (!failed)
+        return;
+    if (c->failed++ == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->first_failure, sizeof c->first_failure, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static void merge_local(hx_check_result *into, hx_check_result *from)
+{
+    into->tested += from->tested;
+    if (from->failed && into->failed == 0)
+        memcpy(into->first_failure, from->first_failure, sizeof into->first_failure);
+    into->failed += from->failed;
+    *from = (hx_check_result){0};
+}
+
+static const hx_group *group_of(const hx_run *run, int g)
+{
+    return g == 0 ? &run->layout->shared : &run->layout->data[g - 1];
+}
+
+static const char *group_name(int g, char *buf, size_t size)
+{
+    if (g == 0)
+        snprintf(buf, size, "shared");
+    else
+        snprintf(buf, size, "d%d", g - 1);
+    return buf;
+}
+
+/* The bytes rank r held at `path` before initialize, or NULL. */
+static const void *pre_init_of(const hx_rank *rk, const char *path)
+{
+    for (size_t i = 0; i < rk->n_params; i++)
+        if (strcmp(tm_param_at(rk->model, i)->path, path) == 0)
+            return rk->pre_init[i];
+    return NULL;
+}
+
+void hx_check_init(hx_run *run)
+{
+    char name[32];
+    for (int g = 0; g <= run->layout->n_data; g++) {
+        const hx_group *group = group_of(run, g);
+        const hx_rank *root = &run->ranks[group->root];
+        group_name(g, name, sizeof name);
+        for (int i = 0; i < group->size; i++) {
+            const hx_rank *rk = &run->ranks[group->ranks[i]];
+            bool differed = false;
+            for (size_t j = 0; j < rk->n_params; j++) {
+                const tm_param_info *p = tm_param_at(rk->model, j);
+                if (p->alias || !hx_param_in_group(run, p, g))
+                    continue;
+                const void *want = pre_init_of(root, p->path);
+                size_t bytes = seldp_tensor_nbytes(&p->tensor);
+                if (!want) {
+                    hx_check_record(run, HX_CHECK_INIT_REPLICAS, true, 0,
+                                    "group %s: rank %d holds %s, root rank %d does not", name,
+                                    rk->rank, p->path, root->rank);
+                    continue;
+                }
+                differed = differed || memcmp(rk->pre_init[j], want, bytes) != 0;
+                bool equal = memcmp(p->tensor.data, want, bytes) == 0;
+                hx_check_record(run, HX_CHECK_INIT_REPLICAS, !equal, 0,
+                                "group %s: rank %d's %s differs from root rank %d's value after "
+                                "initialize",
+                                name, rk->rank, p->path, root->rank);
+            }
+            if (rk != root)
+                hx_check_record(run, HX_CHECK_DIFFER_BEFORE_INIT, !differed, 0,
+                                "group %s: rank %d held the same values as root rank %d before "
+                                "initialize, so the broadcast is not tested",
+                                name, rk->rank, root->rank);
+        }
+    }
+    for (int r = 0; r < run->opts.world; r++)
+        merge_local(&run->checks[HX_CHECK_INIT_UNTOUCHED], &run->ranks[r].init_untouched);
+}
+
+static void note_error(hx_error_stat *s, double err, const char *path, int rank, int step)
+{
+    s->tensors++;
+    if (s->tensors == 1 || err > s->worst || isnan(err)) {
+        s->worst = err;
+        snprintf(s->worst_path, sizeof s->worst_path, "%s", path);
+        s->worst_rank = rank;
+        s->worst_step = step;
+    }
+}
+
+/* Every rank's reduced gradient of every trainable parameter against the reference. */
+static void check_gradients(hx_run *run, int step, const tm_reference *ref)
+{
+    hx_step_record *rec = &run->steps[step];
+    hx_error_stat step_worst = {0};
+    for (int r = 0; r < run->opts.world; r++) {
+        const hx_rank *rk = &run->ranks[r];
+        for (size_t i = 0; i < rk->n_params; i++) {
+            const tm_param_info *p = tm_param_at(rk->model, i);
+            if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+                continue;
+            size_t n = 0;
+            const double *want = tm_reference_grad(ref, p->path, &n);
+            const seldp_tensor *got = seldp_grads_get(rk->grads, p->id);
+            if (!want) {
+                hx_check_record(run, HX_CHECK_ABSENT, got != NULL, 0,
+                                "step %d: rank %d has a gradient of %s, but no token reached "
+                                "expert %d of layer %d",
+                                step + 1, r, p->path, p->expert, p->layer);
+                continue;
+            }
+            if (!got) {
+                hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
+                                "step %d: rank %d: no reduced gradient of %s", step + 1, r,
+                                p->path);
+                continue;
+            }
+            if (got->dtype != run->grad_dtype) {
+                hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
+                                "step %d: rank %d: the gradient of %s is %s, expected %s", step + 1,
+                                r, p->path, seldp_dtype_name(got->dtype),
+                                seldp_dtype_name(run->grad_dtype));
+                continue;
+            }
+            double err = tm_rel_error(got, 1.0, want, n);
+            bool bad = !(err >= 0 && err <= run->tolerance);
+            hx_check_record(run, HX_CHECK_GRAD_ERROR, bad, err < 0 ? INFINITY : err,
+                            "step %d: rank %d: %s: relative error %.3e exceeds %.0e", step + 1, r,
+                            p->path, err, run->tolerance);
+            note_error(&run->classes[hx_class_of(p->path)], err, p->path, r, step);
+            int g = p->expert >= 0 ? 1 + run->layout->data_of[p->expert] : 0;
+            note_error(&run->groups[g], err, p->path, r, step);
+            note_error(&step_worst, err, p->path, r, step);
+        }
+    }
+    rec->worst = step_worst.worst;
+    rec->worst_rank = step_worst.worst_rank;
+    snprintf(rec->worst_path, sizeof rec->worst_path, "%s", step_worst.worst_path);
+}
+
+/* Bit-identical gradients (trainable) and parameters (everything selected) over each group. */
+static void check_replicas(hx_run *run, int step)
+{
+    char name[32];
+    for (int g = 0; g <= run->layout->n_data; g++) {
+        const hx_group *group = group_of(run, g);
+        const hx_rank *first = &run->ranks[group->ranks[0]];
+        const hx_rank *root = &run->ranks[group->root];
+        group_name(g, name, sizeof name);
+        for (int i = 0; i < group->size; i++) {
+            const hx_rank *rk = &run->ranks[group->ranks[i]];
+            for (size_t j = 0; j < rk->n_params; j++) {
+                const tm_param_info *p = tm_param_at(rk->model, j);
+                if (p->alias || !hx_param_in_group(run, p, g))
+                    continue;
+                if (rk != root) {
+                    const tm_param_info *q = tm_param_find(root->model, p->path);
+                    bool same = q && memcmp(q->tensor.data, p->tensor.data,
+                                            seldp_tensor_nbytes(&p->tensor)) == 0;
+                    hx_check_record(run, HX_CHECK_PARAM_REPLICAS, !same, 0,
+                                    "step %d: group %s: rank %d's %s differs from root rank %d's",
+                                    step + 1, name, rk->rank, p->path, root->rank);
+                }
+                if (rk == first || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+                    continue;
+                const tm_param_info *q = tm_param_find(first->model, p->path);
+                const seldp_tensor *a = seldp_grads_get(rk->grads, p->id);
+                const seldp_tensor *b = q ? seldp_grads_get(first->grads, q->id) : NULL;
+                bool same = (!a && !b) || (a && b && seldp_tensor_same_layout(a, b) &&
+                                           memcmp(a->data, b->data, seldp_tensor_nbytes(a)) == 0);
+                hx_check_record(run, HX_CHECK_GRAD_REPLICAS, !same, 0,
+                                "step %d: group %s: rank %d's reduced gradient of %s %s rank %d's",
+                                step + 1, name, rk->rank, p->path,
+                                (!a) != (!b) ? "is present where it is absent on" : "differs from",
+                                first->rank);
+            }
+        }
+    }
+}
+
+seldp_status hx_check_step(hx_run *run, int step, const tm_reference *ref)
+{
+    hx_step_record *rec = &run->steps[step];
+    int64_t failed_before = hx_run_failures(run);
+    int L = run->opts.model.layers, E = run->layout->experts;
+    const hx_rank *r0 = &run->ranks[0];
+
+    double loss_err = fabs(rec->loss - rec->ref_loss) / fmax(fabs(rec->ref_loss), 1e-300);
+    hx_check_record(run, HX_CHECK_LOSS, !(loss_err <= run->checks[HX_CHECK_LOSS].limit), loss_err,
+                    "step %d: the ranks' mean loss %.9g differs from the reference's %.9g",
+                    step + 1, rec->loss, rec->ref_loss);
+    for (int l = 0; l < L; l++) {
+        for (int e = 0; e < E; e++) {
+            int64_t got = r0->routed[l * E + e];
+            size_t want = tm_reference_routed(ref, l, e);
+            hx_check_record(run, HX_CHECK_ROUTING, (size_t)got != want, 0,
+                            "step %d: layer %d sent %lld rows to expert %d, the FP64 reference "
+                            "%zu (a near tie between experts; try another --seed)",
+                            step + 1, l, (long long)got, e, want);
+            run->expert_tokens[l * E + e] += got;
+            rec->absent += want == 0;
+        }
+    }
+    check_gradients(run, step, ref);
+    check_replicas(run, step);
+    for (int r = 0; r < run->opts.world; r++)
+        merge_local(&run->checks[HX_CHECK_REDUCE_UNTOUCHED], &run->ranks[r].reduce_untouched);
+
+    run->shared_weight = r0->shared_weight;
+    for (int d = 0; d < run->layout->n_data; d++)
+        run->data_weights[d] = run->ranks[run->layout->data[d].ranks[0]].data_weights[d];
+    rec->failures = hx_run_failures(run) - failed_before;
+    return SELDP_OK;
+}

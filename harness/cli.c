@@ -1,0 +1,45 @@
+/* seldp-harness: options, the run, the check table, reports and the exit status. */
+#include "cli.h"
+
+#include "options.h"
+#include "run.h"
+
+int hx_main(int argc, char **argv, FILE *out, FILE *err)
+{
+    hx_options opts;
+    hx_options_default(&opts);
+    switch (hx_options_parse(argc, argv, &opts, out, err)) {
+    case HX_PARSE_EXIT:
+        return HX_EXIT_PASS;
+    case HX_PARSE_ERROR:
+        return HX_EXIT_USAGE;
+    case HX_PARSE_RUN:
+        break;
+    }
+    hx_run *run = NULL;
+    if (hx_run_create(&opts, &run) != SELDP_OK) {
+        fprintf(err, "seldp-harness: %s\n", hx_last_error());
+        return HX_EXIT_USAGE;
+    }
+    seldp_status st = hx_run_execute(run, out);
+    if (!opts.quiet)
+        hx_report_print_checks(run, out);
+    if (st != SELDP_OK)
+        fprintf(err, "seldp-harness: the run stopped: %s\n", run->error);
+    int status = hx_run_passed(run) ? HX_EXIT_PASS : HX_EXIT_FAIL;
+    if (opts.out_dir && opts.out_dir[0]) {
+        if (hx_report_write(run, opts.out_dir) != SELDP_OK) {
+            fprintf(err, "seldp-harness: %s\n", hx_last_error());
+            status = HX_EXIT_FAIL;
+        }
+    }
+    fprintf(out, "result: %s (%lld failed checks, %d/%d steps, %.2f s)%s%s%s\n",
+            status == HX_EXIT_PASS ? "PASS" : "FAIL", (long long)hx_run_failures(run),
+            run->steps_done, run->opts.steps, run->t_total,
+            opts.out_dir && opts.out_dir[0] ? "; report in " : "",
+            opts.out_dir && opts.out_dir[0] ? opts.out_dir : "",
+            opts.out_dir && opts.out_dir[0] ? "/report.md" : "");
+    fflush(out);
+    hx_run_destroy(run);
+    return status;
+}

@@ -1,0 +1,122 @@
+/* --dump DIR (SPEC §5): for one step, rank{r}.safetensors with the parameters as that step's
+ * forward used them (`param/{path}`), the reduced gradients (`grad/{path}`, a tied parameter
+ * under its smallest path), `tokens` and `targets` (I32), and __metadata__ `config` and
+ * `layout` as JSON strings; manifest.json with the world, the layout, the token counts and
+ * the global weights the reductions returned. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "run.h"
+#include "safetensors.h"
+
+static seldp_status dump_rank(const hx_run *run, const hx_rank *rk, int step, const char *config,
+                              const char *layout, const char *dir)
+{
+    seldp_status st = SELDP_OK;
+    hx_st_writer *w = NULL;
+    char name[1024], path[4096], number[32];
+    HX_CHECK(hx_st_writer_create(&w));
+    HX_CHECK(hx_st_add_metadata(w, "config", config));
+    HX_CHECK(hx_st_add_metadata(w, "layout", layout));
+    snprintf(number, sizeof number, "%d", rk->rank);
+    HX_CHECK(hx_st_add_metadata(w, "rank", number));
+    snprintf(number, sizeof number, "%d", step + 1);
+    HX_CHECK(hx_st_add_metadata(w, "step", number));
+    HX_CHECK(hx_st_add_metadata(w, "expert_reduce", hx_flow_name(run->opts.flow)));
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        snprintf(name, sizeof name, "param/%s", p->path);
+        HX_CHECK(
+            hx_st_add(w, name, p->tensor.dtype, p->tensor.ndim, p->tensor.shape, p->tensor.data));
+    }
+    const seldp_model *view = tm_model_view(rk->model);
+    for (size_t i = 0; i < seldp_grads_count(rk->grads); i++) {
+        seldp_param_id id;
+        const seldp_tensor *g;
+        seldp_grads_at(rk->grads, i, &id, &g);
+        const seldp_param *p = seldp_model_find_id(view, id);
+        if (!p)
+            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: a gradient of an unknown id", rk->rank);
+        snprintf(name, sizeof name, "grad/%s", p->path);
+        HX_CHECK(hx_st_add(w, name, g->dtype, g->ndim, g->shape, g->data));
+    }
+    int64_t t = (int64_t)rk->T;
+    HX_CHECK(hx_st_add(w, "tokens", SELDP_I32, 1, &t, rk->tokens));
+    HX_CHECK(hx_st_add(w, "targets", SELDP_I32, 1, &t, rk->targets));
+    snprintf(path, sizeof path, "%s/rank%d.safetensors", dir, rk->rank);
+    HX_CHECK(hx_st_write(w, path));
+fail:
+    hx_st_writer_destroy(w);
+    return st;
+}
+
+static void manifest(const hx_run *run, int step, const char *config, const char *layout, hx_buf *b)
+{
+    const hx_layout *l = run->layout;
+    int W = run->opts.world;
+    uint64_t total = 0;
+    hx_buf_printf(b, "{\n  \"world\": %d,\n  \"step\": %d,\n  \"files\": [", W, step + 1);
+    for (int r = 0; r < W; r++)
+        hx_buf_printf(b, "%s\"rank%d.safetensors\"", r ? ", " : "", r);
+    hx_buf_printf(b, "],\n  \"config\": %s,\n  \"layout\": %s,\n", config, layout);
+    hx_buf_printf(b,
+                  "  \"expert_reduce\": \"%s\",\n  \"fp32_master\": %s,\n  \"policy\": \"%s\",\n",
+                  hx_flow_name(run->opts.flow), run->opts.fp32_master ? "true" : "false",
+                  hx_policy_name(run->opts.policy));
+    hx_buf_puts(b, "  \"token_counts\": [");
+    for (int r = 0; r < W; r++) {
+        hx_buf_printf(b, "%s%zu", r ? ", " : "", run->ranks[r].T);
+        total += run->ranks[r].T;
+    }
+    hx_buf_printf(b, "],\n  \"global_tokens\": %llu,\n  \"loss\": ", (unsigned long long)total);
+    hx_buf_json_number(b, run->steps[step].loss);
+    hx_buf_puts(b, ",\n  \"reference_loss\": ");
+    hx_buf_json_number(b, run->steps[step].ref_loss);
+    hx_buf_printf(b,
+                  ",\n  \"global_weights\": {\n    \"shared\": {\"ranks\": \"all\", \"root\": %d, "
+                  "\"method\": \"reduce\", \"global_weight\": %llu},\n"
+                  "    \"expert_data_groups\": [",
+                  l->shared.root, (unsigned long long)run->ranks[0].shared_weight);
+    for (int d = 0; d < l->n_data; d++) {
+        const hx_group *g = &l->data[d];
+        hx_buf_printf(b, "%s\n      {\"group\": \"d%d\", \"ranks\": [", d ? "," : "", d);
+        for (int i = 0; i < g->size; i++)
+            hx_buf_printf(b, "%s%d", i ? ", " : "", g->ranks[i]);
+        hx_buf_printf(b, "], \"root\": %d, \"experts\": [", g->root);
+        bool first = true;
+        for (int e = 0; e < l->experts; e++) {
+            if (l->data_of[e] != d)
+                continue;
+            hx_buf_printf(b, "%s%d", first ? "" : ", ", e);
+            first = false;
+        }
+        hx_buf_printf(b, "], \"method\": \"%s\", \"global_weight\": %llu}",
+                      run->opts.flow == HX_FLOW_SUM ? "sum" : "reduce",
+                      (unsigned long long)run->ranks[g->ranks[0]].data_weights[d]);
+    }
+    hx_buf_puts(b, "\n    ]\n  }\n}\n");
+}
+
+seldp_status hx_dump_write(const hx_run *run, int step, const char *dir)
+{
+    seldp_status st = SELDP_OK;
+    hx_buf config = {0}, layout = {0}, text = {0};
+    char path[4096];
+    HX_CHECK(hx_mkdir_p(dir));
+    hx_config_json(&run->opts.model, &config);
+    hx_layout_json(run->layout, &layout);
+    if (!hx_buf_ok(&config) || !hx_buf_ok(&layout))
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory writing the dump");
+    for (int r = 0; r < run->opts.world; r++)
+        HX_CHECK(dump_rank(run, &run->ranks[r], step, config.data, layout.data, dir));
+    manifest(run, step, config.data, layout.data, &text);
+    if (!hx_buf_ok(&text))
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory writing the manifest");
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    HX_CHECK(hx_write_file(path, text.data, text.len));
+fail:
+    hx_buf_free(&config);
+    hx_buf_free(&layout);
+    hx_buf_free(&text);
+    return st;
+}

@@ -1,0 +1,133 @@
+/* Group layouts of an MoE run: who replicates the shared parameters, which ranks form each
+ * expert-parallel group, which ranks own each expert, and the roots that initialize them.
+ *
+ * A layout is pure data, built either from (world, ep, order) or from a JSON layout file,
+ * then validated; hx_layout_split turns it into communicators, every one split from the
+ * world. Ranks are world ranks everywhere in this struct.
+ *
+ *   ep-dp (DeepSpeed's and Megatron-Core's default with TP = 1): expert-parallel groups are
+ *   consecutive ranks, expert-data groups strided. World 8, ep 4:
+ *       EP groups   [0,1,2,3] [4,5,6,7]      expert-data groups [0,4] [1,5] [2,6] [3,7]
+ *   dp-ep (the transpose):
+ *       EP groups   [0,2,4,6] [1,3,5,7]      expert-data groups [0,1] [2,3] [4,5] [6,7]
+ *   In both, the rank at position j of its EP group owns experts j*E/ep .. (j+1)*E/ep - 1.
+ *
+ * The layout file (strict JSON; ranks are world ranks):
+ *   { "description": "optional text",
+ *     "world": 4,                           optional: implied by ep_groups
+ *     "shared_root": 0,                     optional: --roots decides
+ *     "ep_groups": [[0, 1], [2, 3]],        a partition of the world
+ *     "experts": [                          one entry per expert, in expert order
+ *       {"owners": [0, 2], "root": 2},      root optional: --roots decides
+ *       {"owners": [0, 1, 2, 3]},           a hot expert, replicated twice per EP group
+ *       ...] }
+ * Every expert needs an owner inside every EP group (a token is only served inside its
+ * EP group); an expert's owners form its expert-data group. */
+#ifndef HX_LAYOUT_H
+#define HX_LAYOUT_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "seldp/comm.h"
+#include "seldp/status.h"
+
+#include "util.h"
+
+typedef enum hx_order {
+    HX_ORDER_EP_DP = 0, /* EP groups consecutive, expert-data groups strided */
+    HX_ORDER_DP_EP = 1  /* EP groups strided, expert-data groups consecutive */
+} hx_order;
+
+/* How roots are chosen where the layout does not name them. */
+typedef enum hx_roots {
+    HX_ROOTS_FIRST = 0, /* the group's first rank (DeepSpeed, Megatron-Core) */
+    HX_ROOTS_LAST = 1,  /* the group's last rank */
+    HX_ROOTS_SPREAD = 2 /* group rank (group index mod size): roots on different ranks */
+} hx_roots;
+
+/* A set of world ranks in group-rank order (ascending), with an optional root. */
+typedef struct hx_group {
+    int size;
+    int *ranks;
+    int root; /* a world rank of the group; -1 where no root is used (EP groups) */
+} hx_group;
+
+typedef struct hx_layout {
+    int world;
+    int experts;
+    char *description; /* where it came from: "ep-dp, world 8, ep 4" or the file's text */
+    hx_group shared;   /* the whole world */
+    int n_ep;
+    hx_group *ep;     /* [n_ep] expert-parallel groups, a partition of the world */
+    int *ep_of;       /* [world] EP group of each rank */
+    hx_group *owners; /* [experts] the owners of each expert and the root it is initialized
+                         from: its expert-data group */
+    /* Derived: experts with the same owners and root share one expert-data group (one
+     * communicator, one session), as the experts of one DeepSpeed slot do. */
+    int n_data;
+    hx_group *data; /* [n_data] */
+    int *data_of;   /* [experts] data group of each expert */
+} hx_layout;
+
+/* Build the layout of `world` ranks with expert-parallel size `ep` and `experts` experts.
+ * SELDP_ERR_INVALID_ARGUMENT, naming the option, unless ep >= 1 divides world and experts. */
+seldp_status hx_layout_generate(int world, int ep, int experts, hx_order order, hx_roots roots,
+                                hx_layout **out);
+
+/* Parse and validate a layout file. `world` and `experts` are the values required by the
+ * caller, or 0 to take them from the file. Errors (SELDP_ERR_PARSE, _INVALID_ARGUMENT,
+ * _IO) are one line naming the file, the line:column and what is wrong. */
+seldp_status hx_layout_load(const char *path, int world, int experts, hx_roots roots,
+                            hx_layout **out);
+
+/* As hx_layout_load from text in memory; `what` names it in messages. */
+seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int world, int experts,
+                             hx_roots roots, hx_layout **out);
+
+/* Check a layout's invariants: the EP groups partition the world, every expert has an owner
+ * in every EP group, owners are distinct ranks of the world, every root is in its group.
+ * Also computes the derived data groups. `what` prefixes the messages. */
+seldp_status hx_layout_validate(hx_layout *layout, const char *what);
+
+void hx_layout_destroy(hx_layout *layout);
+
+/* The owners of expert e inside EP group g, ascending; returns their count (may be 0). */
+int hx_layout_owners_in(const hx_layout *layout, int e, int g, int *out);
+
+/* True when world rank r owns expert e. */
+bool hx_layout_owns(const hx_layout *layout, int r, int e);
+
+/* The experts rank r owns, ascending; returns their count. `out` holds layout->experts. */
+int hx_layout_owned(const hx_layout *layout, int r, int *out);
+
+/* The layout as a layout file (JSON), so that `--layout-file` reproduces it. */
+void hx_layout_json(const hx_layout *layout, hx_buf *buf);
+
+/* The per-rank table: rank, device, shared group, EP group, expert-data groups (root marked
+ * with *), owned experts. device_names[r] may be NULL for "host". */
+void hx_layout_print(const hx_layout *layout, const char *const *device_names, FILE *out);
+
+/* Format a group's ranks as "[0,4]" or "[0-7]" for a consecutive run. */
+void hx_group_str(const hx_group *group, char *buf, size_t size);
+
+/* The communicators of one rank. */
+typedef struct hx_rank_comms {
+    seldp_comm *shared;
+    seldp_comm *ep;    /* its expert-parallel group */
+    seldp_comm **data; /* [n_data]; NULL for the groups the rank is not in */
+    int n_data;
+} hx_rank_comms;
+
+/* Collective over `world` (every rank calls it, in the same order): split the shared group,
+ * the EP groups and every expert-data group from the world. Group ranks follow the order of
+ * hx_group.ranks. On failure every communicator made so far is destroyed. */
+seldp_status hx_layout_split(const hx_layout *layout, seldp_comm *world, hx_rank_comms *out);
+
+/* Destroy the communicators of hx_layout_split (not the world). */
+void hx_rank_comms_destroy(hx_rank_comms *comms);
+
+/* The group rank of world rank r in `group`, or -1. */
+int hx_group_rank(const hx_group *group, int r);
+
+#endif

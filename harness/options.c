@@ -1,0 +1,505 @@
+/* seldp-harness command line: defaults, getopt_long parsing and the help text. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "options.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "seldp/version.h"
+
+enum {
+    OPT_WORLD = 256,
+    OPT_EP,
+    OPT_ORDER,
+    OPT_LAYOUT_FILE,
+    OPT_ROOTS,
+    OPT_DTYPE,
+    OPT_QUANT,
+    OPT_EXPERT_REDUCE,
+    OPT_FP32_MASTER,
+    OPT_POLICY,
+    OPT_STEPS,
+    OPT_TOKENS,
+    OPT_TOKEN_SPREAD,
+    OPT_LR,
+    OPT_SEED,
+    OPT_BACKEND,
+    OPT_OUT,
+    OPT_DUMP,
+    OPT_QUIET,
+    OPT_TIMEOUT,
+    OPT_VOCAB,
+    OPT_D_MODEL,
+    OPT_D_FF,
+    OPT_EXPERTS,
+    OPT_TOP_K,
+    OPT_LAYERS,
+    OPT_LORA_RANK,
+    OPT_LORA_ALPHA,
+    OPT_HELP,
+    OPT_VERSION
+};
+
+/* One row per option: the getopt entry, its argument's name and its help line. The help
+ * text and the parser come from this one table. */
+typedef struct option_doc {
+    struct option opt;
+    const char *metavar;
+    const char *help;
+} option_doc;
+
+static const option_doc docs[] = {
+    {{"world", required_argument, NULL, OPT_WORLD}, "N", "number of simulated ranks"},
+    {{"ep", required_argument, NULL, OPT_EP}, "N", "expert-parallel group size (divides --world)"},
+    {{"order", required_argument, NULL, OPT_ORDER},
+     "ep-dp|dp-ep",
+     "ep-dp: EP groups are consecutive ranks (DeepSpeed, Megatron-Core); dp-ep: strided"},
+    {{"layout-file", required_argument, NULL, OPT_LAYOUT_FILE},
+     "FILE",
+     "JSON layout (groups, expert owners, roots) instead of --ep/--order"},
+    {{"roots", required_argument, NULL, OPT_ROOTS},
+     "first|last|spread",
+     "roots of groups the layout does not give one"},
+    {{"dtype", required_argument, NULL, OPT_DTYPE}, "f32|bf16|f16", "parameter storage dtype"},
+    {{"quant", required_argument, NULL, OPT_QUANT},
+     "none|nf4|awq",
+     "expert weights: dense, or a frozen 4-bit base with LoRA adapters"},
+    {{"expert-reduce", required_argument, NULL, OPT_EXPERT_REDUCE},
+     "sum|mean",
+     "sum: grads / global tokens, then sum; mean: reduce weighted by EP-group tokens"},
+    {{"fp32-master", no_argument, NULL, OPT_FP32_MASTER},
+     NULL,
+     "FP32 gradients and master weights (reduce_fp32 / sum_fp32)"},
+    {{"policy", required_argument, NULL, OPT_POLICY},
+     "error|zero",
+     "missing gradients: error, or contribute zero"},
+    {{"steps", required_argument, NULL, OPT_STEPS}, "N", "training steps"},
+    {{"tokens", required_argument, NULL, OPT_TOKENS}, "N", "mean tokens per rank and step"},
+    {{"token-spread", required_argument, NULL, OPT_TOKEN_SPREAD},
+     "N",
+     "each rank draws tokens +- up to N (default tokens/4; 0: equal counts)"},
+    {{"lr", required_argument, NULL, OPT_LR}, "X", "SGD learning rate"},
+    {{"seed", required_argument, NULL, OPT_SEED}, "N", "seed of weights and tokens"},
+    {{"backend", required_argument, NULL, OPT_BACKEND}, "auto|host|nccl|mpi", "transport"},
+    {{"out", required_argument, NULL, OPT_OUT},
+     "DIR",
+     "report.json and report.md go here (\"\" or none: no files)"},
+    {{"dump", required_argument, NULL, OPT_DUMP},
+     "DIR",
+     "write the last step's rank{r}.safetensors and manifest.json here"},
+    {{"quiet", no_argument, NULL, OPT_QUIET}, NULL, "print only errors and the result line"},
+    {{"timeout", required_argument, NULL, OPT_TIMEOUT},
+     "S",
+     "seconds a collective may wait for a rank"},
+    {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
+    {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
+    {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
+    {{"experts", required_argument, NULL, OPT_EXPERTS}, "N", "model: experts E"},
+    {{"top-k", required_argument, NULL, OPT_TOP_K}, "N", "model: experts per token K"},
+    {{"layers", required_argument, NULL, OPT_LAYERS}, "N", "model: layers L"},
+    {{"lora-rank", required_argument, NULL, OPT_LORA_RANK}, "N", "model: LoRA rank r (nf4, awq)"},
+    {{"lora-alpha", required_argument, NULL, OPT_LORA_ALPHA},
+     "X",
+     "model: LoRA alpha (scale alpha/r)"},
+    {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},
+    {{"version", no_argument, NULL, OPT_VERSION}, NULL, "print the library version and exit"},
+};
+
+#define N_DOCS (sizeof docs / sizeof docs[0])
+
+void hx_options_default(hx_options *o)
+{
+    *o = (hx_options){0};
+    o->world = 8;
+    o->ep = 4;
+    o->order = HX_ORDER_EP_DP;
+    o->roots = HX_ROOTS_FIRST;
+    o->model = (tm_config)TM_CONFIG_INIT;
+    o->model.vocab = 64;
+    o->model.d_model = 32;
+    o->model.d_ff = 64;
+    o->model.experts = 8;
+    o->model.top_k = 2;
+    o->model.layers = 2;
+    o->model.dtype = SELDP_BF16;
+    o->model.quant = TM_QUANT_NONE;
+    o->model.lora_rank = 4;
+    o->model.lora_alpha = 8.0;
+    o->model.seed = 1234;
+    o->flow = HX_FLOW_SUM;
+    o->policy = SELDP_MISSING_ERROR;
+    o->steps = 3;
+    o->tokens = 64;
+    o->token_spread = -1;
+    o->lr = 0.5;
+    o->backend = HX_BACKEND_AUTO;
+    o->out_dir = "results/latest";
+    o->timeout_s = 60.0;
+}
+
+const char *hx_flow_name(hx_flow flow)
+{
+    return flow == HX_FLOW_MEAN ? "mean" : "sum";
+}
+
+const char *hx_policy_name(seldp_missing_policy policy)
+{
+    return policy == SELDP_MISSING_ZERO ? "zero" : "error";
+}
+
+const char *hx_order_name(hx_order order)
+{
+    return order == HX_ORDER_DP_EP ? "dp-ep" : "ep-dp";
+}
+
+const char *hx_roots_name(hx_roots roots)
+{
+    return roots == HX_ROOTS_LAST ? "last" : roots == HX_ROOTS_SPREAD ? "spread" : "first";
+}
+
+int hx_options_spread(const hx_options *o)
+{
+    return o->token_spread >= 0 ? o->token_spread : o->tokens / 4;
+}
+
+/* The default of an option, as the help prints it. */
+static void default_text(int id, char *buf, size_t size)
+{
+    hx_options d;
+    hx_options_default(&d);
+    switch (id) {
+    case OPT_WORLD:
+        snprintf(buf, size, "%d", d.world);
+        break;
+    case OPT_EP:
+        snprintf(buf, size, "%d", d.ep);
+        break;
+    case OPT_ORDER:
+        snprintf(buf, size, "%s", hx_order_name(d.order));
+        break;
+    case OPT_LAYOUT_FILE:
+        snprintf(buf, size, "none");
+        break;
+    case OPT_ROOTS:
+        snprintf(buf, size, "%s", hx_roots_name(d.roots));
+        break;
+    case OPT_DTYPE:
+        snprintf(buf, size, "%s", tm_dtype_name(d.model.dtype));
+        break;
+    case OPT_QUANT:
+        snprintf(buf, size, "%s", tm_quant_name(d.model.quant));
+        break;
+    case OPT_EXPERT_REDUCE:
+        snprintf(buf, size, "%s", hx_flow_name(d.flow));
+        break;
+    case OPT_POLICY:
+        snprintf(buf, size, "%s", hx_policy_name(d.policy));
+        break;
+    case OPT_STEPS:
+        snprintf(buf, size, "%d", d.steps);
+        break;
+    case OPT_TOKENS:
+        snprintf(buf, size, "%d", d.tokens);
+        break;
+    case OPT_TOKEN_SPREAD:
+        snprintf(buf, size, "%d", hx_options_spread(&d));
+        break;
+    case OPT_LR:
+        snprintf(buf, size, "%g", d.lr);
+        break;
+    case OPT_SEED:
+        snprintf(buf, size, "%llu", (unsigned long long)d.model.seed);
+        break;
+    case OPT_BACKEND:
+        snprintf(buf, size, "%s", hx_backend_name(d.backend));
+        break;
+    case OPT_OUT:
+        snprintf(buf, size, "%s", d.out_dir);
+        break;
+    case OPT_DUMP:
+        snprintf(buf, size, "none");
+        break;
+    case OPT_TIMEOUT:
+        snprintf(buf, size, "%g", d.timeout_s);
+        break;
+    case OPT_VOCAB:
+        snprintf(buf, size, "%d", d.model.vocab);
+        break;
+    case OPT_D_MODEL:
+        snprintf(buf, size, "%d", d.model.d_model);
+        break;
+    case OPT_D_FF:
+        snprintf(buf, size, "%d", d.model.d_ff);
+        break;
+    case OPT_EXPERTS:
+        snprintf(buf, size, "%d", d.model.experts);
+        break;
+    case OPT_TOP_K:
+        snprintf(buf, size, "%d", d.model.top_k);
+        break;
+    case OPT_LAYERS:
+        snprintf(buf, size, "%d", d.model.layers);
+        break;
+    case OPT_LORA_RANK:
+        snprintf(buf, size, "%d", d.model.lora_rank);
+        break;
+    case OPT_LORA_ALPHA:
+        snprintf(buf, size, "%g", d.model.lora_alpha);
+        break;
+    case OPT_FP32_MASTER:
+    case OPT_QUIET:
+        snprintf(buf, size, "off");
+        break;
+    default:
+        buf[0] = '\0';
+    }
+}
+
+void hx_options_usage(FILE *out)
+{
+    fprintf(out, "usage: seldp-harness [options]\n"
+                 "\n"
+                 "Runs tiny-moe training steps on simulated ranks (one thread each) with the\n"
+                 "shared parameters replicated over the world and each expert over its\n"
+                 "expert-data group, and checks every reduced gradient on every rank against an\n"
+                 "FP64 reference of the global loss (SPEC section 5).\n"
+                 "Exit status: 0 all checks pass, 1 a check or the run failed, 2 bad options or "
+                 "layout.\n\n");
+    for (size_t i = 0; i < N_DOCS; i++) {
+        char left[64], def[128];
+        snprintf(left, sizeof left, "--%s%s%s", docs[i].opt.name, docs[i].metavar ? " " : "",
+                 docs[i].metavar ? docs[i].metavar : "");
+        default_text(docs[i].opt.val, def, sizeof def);
+        if (def[0])
+            fprintf(out, "  %-32s %s [default: %s]\n", left, docs[i].help, def);
+        else
+            fprintf(out, "  %-32s %s\n", left, docs[i].help);
+    }
+    fprintf(out, "\nexample: seldp-harness --world 8 --ep 4 --order ep-dp --dtype bf16\n");
+}
+
+static bool parse_int(const char *text, long min, long max, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_double(const char *text, double min, double max, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(v) || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_seed(const char *text, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    if (text[0] == '-')
+        return false;
+    unsigned long long v = strtoull(text, &end, 0);
+    if (errno != 0 || end == text || *end != '\0')
+        return false;
+    *out = v;
+    return true;
+}
+
+hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out, FILE *err)
+{
+    struct option longopts[N_DOCS + 1];
+    for (size_t i = 0; i < N_DOCS; i++)
+        longopts[i] = docs[i].opt;
+    longopts[N_DOCS] = (struct option){0};
+    optind = 0; /* glibc: 0 re-initializes getopt, so the parser may run more than once */
+    opterr = 0;
+    for (;;) {
+        int prev = optind ? optind : 1;
+        int c = getopt_long(argc, argv, "", longopts, NULL);
+        if (c == -1)
+            break;
+        const char *arg = optarg;
+        const char *name = NULL;
+        for (size_t i = 0; i < N_DOCS; i++)
+            if (docs[i].opt.val == c)
+                name = docs[i].opt.name;
+        long v = 0;
+        double x = 0;
+        bool ok = true;
+        const char *expected = NULL;
+        switch (c) {
+        case OPT_WORLD:
+            ok = parse_int(arg, 1, 4096, &v);
+            expected = "an integer in 1..4096";
+            o->world = (int)v;
+            o->world_given = true;
+            break;
+        case OPT_EP:
+            ok = parse_int(arg, 1, 4096, &v);
+            expected = "an integer in 1..4096";
+            o->ep = (int)v;
+            break;
+        case OPT_ORDER:
+            expected = "ep-dp or dp-ep";
+            if (strcasecmp(arg, "ep-dp") == 0)
+                o->order = HX_ORDER_EP_DP;
+            else if (strcasecmp(arg, "dp-ep") == 0)
+                o->order = HX_ORDER_DP_EP;
+            else
+                ok = false;
+            break;
+        case OPT_LAYOUT_FILE:
+            o->layout_file = arg;
+            ok = arg[0] != '\0';
+            expected = "a file name";
+            break;
+        case OPT_ROOTS:
+            expected = "first, last or spread";
+            if (strcasecmp(arg, "first") == 0)
+                o->roots = HX_ROOTS_FIRST;
+            else if (strcasecmp(arg, "last") == 0)
+                o->roots = HX_ROOTS_LAST;
+            else if (strcasecmp(arg, "spread") == 0)
+                o->roots = HX_ROOTS_SPREAD;
+            else
+                ok = false;
+            break;
+        case OPT_DTYPE:
+            ok = tm_dtype_parse(arg, &o->model.dtype);
+            expected = "f32, bf16 or f16";
+            break;
+        case OPT_QUANT:
+            ok = tm_quant_parse(arg, &o->model.quant);
+            expected = "none, nf4 or awq";
+            break;
+        case OPT_EXPERT_REDUCE:
+            expected = "sum or mean";
+            if (strcasecmp(arg, "sum") == 0)
+                o->flow = HX_FLOW_SUM;
+            else if (strcasecmp(arg, "mean") == 0)
+                o->flow = HX_FLOW_MEAN;
+            else
+                ok = false;
+            break;
+        case OPT_FP32_MASTER:
+            o->fp32_master = true;
+            break;
+        case OPT_POLICY:
+            expected = "error or zero";
+            if (strcasecmp(arg, "error") == 0)
+                o->policy = SELDP_MISSING_ERROR;
+            else if (strcasecmp(arg, "zero") == 0)
+                o->policy = SELDP_MISSING_ZERO;
+            else
+                ok = false;
+            break;
+        case OPT_STEPS:
+            ok = parse_int(arg, 0, 100000, &v);
+            expected = "an integer in 0..100000";
+            o->steps = (int)v;
+            break;
+        case OPT_TOKENS:
+            ok = parse_int(arg, 1, 1 << 20, &v);
+            expected = "an integer in 1..1048576";
+            o->tokens = (int)v;
+            break;
+        case OPT_TOKEN_SPREAD:
+            ok = parse_int(arg, 0, 1 << 20, &v);
+            expected = "a non-negative integer";
+            o->token_spread = (int)v;
+            break;
+        case OPT_LR:
+            ok = parse_double(arg, 0.0, 1e6, &x);
+            expected = "a number >= 0";
+            o->lr = x;
+            break;
+        case OPT_SEED:
+            ok = parse_seed(arg, &o->model.seed);
+            expected = "an unsigned 64-bit integer";
+            break;
+        case OPT_BACKEND:
+            ok = hx_backend_parse(arg, &o->backend);
+            expected = "auto, host, nccl or mpi";
+            break;
+        case OPT_OUT:
+            o->out_dir = strcmp(arg, "none") == 0 ? "" : arg;
+            break;
+        case OPT_DUMP:
+            o->dump_dir = arg;
+            ok = arg[0] != '\0';
+            expected = "a directory";
+            break;
+        case OPT_QUIET:
+            o->quiet = true;
+            break;
+        case OPT_TIMEOUT:
+            ok = parse_double(arg, 0.001, 1e6, &x);
+            expected = "seconds > 0";
+            o->timeout_s = x;
+            break;
+        case OPT_VOCAB:
+        case OPT_D_MODEL:
+        case OPT_D_FF:
+        case OPT_EXPERTS:
+        case OPT_TOP_K:
+        case OPT_LAYERS:
+        case OPT_LORA_RANK: {
+            ok = parse_int(arg, 1, 1 << 16, &v);
+            expected = "an integer in 1..65536";
+            int *field = c == OPT_VOCAB     ? &o->model.vocab
+                         : c == OPT_D_MODEL ? &o->model.d_model
+                         : c == OPT_D_FF    ? &o->model.d_ff
+                         : c == OPT_EXPERTS ? &o->model.experts
+                         : c == OPT_TOP_K   ? &o->model.top_k
+                         : c == OPT_LAYERS  ? &o->model.layers
+                                            : &o->model.lora_rank;
+            *field = (int)v;
+            o->experts_given = o->experts_given || c == OPT_EXPERTS;
+            break;
+        }
+        case OPT_LORA_ALPHA:
+            ok = parse_double(arg, 1e-6, 1e6, &x);
+            expected = "a number > 0";
+            o->model.lora_alpha = x;
+            break;
+        case OPT_HELP:
+            hx_options_usage(out);
+            return HX_PARSE_EXIT;
+        case OPT_VERSION:
+            fprintf(out, "seldp-harness %s\n", seldp_version());
+            return HX_PARSE_EXIT;
+        case ':':
+            fprintf(err, "seldp-harness: option '%s' needs a value (see --help)\n", argv[prev]);
+            return HX_PARSE_ERROR;
+        default:
+            fprintf(err, "seldp-harness: unknown option '%s' (see --help)\n", argv[prev]);
+            return HX_PARSE_ERROR;
+        }
+        if (!ok) {
+            fprintf(err, "seldp-harness: --%s '%s': expected %s\n", name, arg, expected);
+            return HX_PARSE_ERROR;
+        }
+    }
+    if (optind < argc) {
+        fprintf(err,
+                "seldp-harness: unexpected argument '%s' (options start with --; see "
+                "--help)\n",
+                argv[optind]);
+        return HX_PARSE_ERROR;
+    }
+    return HX_PARSE_RUN;
+}

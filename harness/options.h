@@ -1,0 +1,71 @@
+/* Command-line options of seldp-harness: one struct, its defaults, the getopt_long parser
+ * and the --help text (which lists every option with its default). */
+#ifndef HX_OPTIONS_H
+#define HX_OPTIONS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "seldp/session.h"
+#include "tinymoe.h"
+
+#include "backend.h"
+#include "layout.h"
+
+/* How expert gradients are reduced over their expert-data group (SPEC §5). */
+typedef enum hx_flow {
+    HX_FLOW_SUM = 0, /* normalized by the global token count, then `sum` */
+    HX_FLOW_MEAN = 1 /* loss-sum gradients, `reduce` weighted by the EP group's tokens */
+} hx_flow;
+
+typedef struct hx_options {
+    int world;
+    int ep;
+    hx_order order;
+    const char *layout_file; /* NULL: generated from world, ep, order */
+    hx_roots roots;
+    tm_config model; /* dtype, quant, sizes, lora, seed */
+    hx_flow flow;
+    bool fp32_master;
+    seldp_missing_policy policy;
+    int steps;
+    int tokens;       /* mean tokens per rank and step */
+    int token_spread; /* each rank draws tokens +- up to this many; -1: tokens / 4 */
+    double lr;
+    hx_backend_kind backend;
+    const char *out_dir;  /* NULL or "": no report files */
+    const char *dump_dir; /* NULL: no dump */
+    bool quiet;
+    double timeout_s;
+    bool world_given;   /* --world on the command line (a layout file may set it otherwise) */
+    bool experts_given; /* --experts on the command line */
+} hx_options;
+
+/* The defaults: the README's main command (world 8, ep 4, bf16, small model). */
+void hx_options_default(hx_options *opts);
+
+/* Outcome of parsing. */
+typedef enum hx_parse_result {
+    HX_PARSE_RUN = 0,  /* run with *opts */
+    HX_PARSE_EXIT = 1, /* --help or --version was printed: exit 0 */
+    HX_PARSE_ERROR = 2 /* a bad option: a one-line error is printed to err; exit 2 */
+} hx_parse_result;
+
+/* Parse argv into *opts (start from hx_options_default). The strings of argv are borrowed.
+ * Help goes to `out`, errors (one line, naming the option) to `err`. Resets getopt's state
+ * first, so it may be called more than once per process. */
+hx_parse_result hx_options_parse(int argc, char **argv, hx_options *opts, FILE *out, FILE *err);
+
+/* Print the --help text. */
+void hx_options_usage(FILE *out);
+
+/* Names for printing and reports. */
+const char *hx_flow_name(hx_flow flow);
+const char *hx_policy_name(seldp_missing_policy policy);
+const char *hx_order_name(hx_order order);
+const char *hx_roots_name(hx_roots roots);
+
+/* The token spread actually used (resolves -1). */
+int hx_options_spread(const hx_options *opts);
+
+#endif

@@ -1,0 +1,387 @@
+/* Reports of a run: the check table on stdout, report.json and report.md in --out. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run.h"
+
+void hx_config_json(const tm_config *cfg, hx_buf *buf)
+{
+    char small[512];
+    size_t n = tm_config_json(cfg, small, sizeof small);
+    if (n < sizeof small) {
+        hx_buf_puts(buf, small);
+        return;
+    }
+    char *big = malloc(n + 1);
+    if (!big) {
+        buf->failed = true;
+        return;
+    }
+    tm_config_json(cfg, big, n + 1);
+    hx_buf_puts(buf, big);
+    free(big);
+}
+
+static const char *check_result_word(const hx_check_result *c)
+{
+    if (c->failed)
+        return "FAIL";
+    return c->tested ? "ok" : "n/a";
+}
+
+void hx_report_print_checks(const hx_run *run, FILE *out)
+{
+    fprintf(out, "checks\n  %-48s %8s %7s %10s %8s  %s\n", "check", "tested", "failed", "worst",
+            "limit", "result");
+    for (int i = 0; i < HX_CHECK_COUNT; i++) {
+        const hx_check_result *c = &run->checks[i];
+        char worst[32] = "-", limit[32] = "-";
+        if (c->metric && c->tested)
+            snprintf(worst, sizeof worst, "%.2e", c->worst);
+        if (c->metric)
+            snprintf(limit, sizeof limit, "%.0e", c->limit);
+        fprintf(out, "  %-48s %8lld %7lld %10s %8s  %s\n", hx_check_name((hx_check_id)i),
+                (long long)c->tested, (long long)c->failed, worst, limit, check_result_word(c));
+    }
+    for (int i = 0; i < HX_CHECK_COUNT; i++)
+        if (run->checks[i].failed)
+            fprintf(out, "  first failure of \"%s\": %s\n", hx_check_name((hx_check_id)i),
+                    run->checks[i].first_failure);
+}
+
+/* ---- report.json ------------------------------------------------------------------------- */
+
+static void json_group_experts(const hx_run *run, int d, hx_buf *b)
+{
+    bool first = true;
+    hx_buf_puts(b, "[");
+    for (int e = 0; e < run->layout->experts; e++) {
+        if (run->layout->data_of[e] != d)
+            continue;
+        hx_buf_printf(b, "%s%d", first ? "" : ", ", e);
+        first = false;
+    }
+    hx_buf_puts(b, "]");
+}
+
+static void json_ranks(const hx_group *g, hx_buf *b)
+{
+    hx_buf_puts(b, "[");
+    for (int i = 0; i < g->size; i++)
+        hx_buf_printf(b, "%s%d", i ? ", " : "", g->ranks[i]);
+    hx_buf_puts(b, "]");
+}
+
+static void json_error_stat(const hx_error_stat *s, hx_buf *b)
+{
+    hx_buf_printf(b, "\"tensors\": %lld, \"worst\": ", (long long)s->tensors);
+    if (s->tensors) {
+        hx_buf_json_number(b, s->worst);
+        hx_buf_puts(b, ", \"worst_path\": ");
+        hx_buf_json_string(b, s->worst_path);
+        hx_buf_printf(b, ", \"worst_rank\": %d, \"worst_step\": %d", s->worst_rank,
+                      s->worst_step + 1);
+    } else {
+        hx_buf_puts(b, "null");
+    }
+}
+
+static void report_json(const hx_run *run, hx_buf *b)
+{
+    const hx_options *o = &run->opts;
+    hx_buf_printf(b, "{\n  \"program\": \"seldp-harness\",\n  \"version\": ");
+    hx_buf_json_string(b, seldp_version());
+    hx_buf_printf(b, ",\n  \"passed\": %s,\n  \"error\": ", hx_run_passed(run) ? "true" : "false");
+    if (run->status != SELDP_OK)
+        hx_buf_json_string(b, run->error);
+    else
+        hx_buf_puts(b, "null");
+    hx_buf_printf(b,
+                  ",\n  \"options\": {\"world\": %d, \"ep\": %d, \"order\": \"%s\", "
+                  "\"layout_file\": ",
+                  o->world, o->ep, hx_order_name(o->order));
+    if (o->layout_file)
+        hx_buf_json_string(b, o->layout_file);
+    else
+        hx_buf_puts(b, "null");
+    hx_buf_printf(b,
+                  ", \"roots\": \"%s\", \"expert_reduce\": \"%s\", \"fp32_master\": %s, "
+                  "\"policy\": \"%s\", \"steps\": %d, \"tokens\": %d, \"token_spread\": %d, "
+                  "\"lr\": ",
+                  hx_roots_name(o->roots), hx_flow_name(o->flow), o->fp32_master ? "true" : "false",
+                  hx_policy_name(o->policy), o->steps, o->tokens, hx_options_spread(o));
+    hx_buf_json_number(b, o->lr);
+    hx_buf_printf(b, ", \"backend\": \"%s\", \"transport\": \"%s\"},\n  \"config\": ",
+                  hx_backend_name(o->backend), hx_backend_transport(run->backend));
+    hx_config_json(&o->model, b);
+    hx_buf_puts(b, ",\n  \"layout\": ");
+    hx_layout_json(run->layout, b);
+    hx_buf_printf(b, ",\n  \"gradient_dtype\": \"%s\",\n  \"tolerance\": ",
+                  seldp_dtype_name(run->grad_dtype));
+    hx_buf_json_number(b, run->tolerance);
+
+    hx_buf_puts(b, ",\n  \"checks\": [");
+    for (int i = 0; i < HX_CHECK_COUNT; i++) {
+        const hx_check_result *c = &run->checks[i];
+        hx_buf_printf(b, "%s\n    {\"name\": ", i ? "," : "");
+        hx_buf_json_string(b, hx_check_name((hx_check_id)i));
+        hx_buf_printf(b, ", \"tested\": %lld, \"failed\": %lld, \"result\": \"%s\"",
+                      (long long)c->tested, (long long)c->failed, check_result_word(c));
+        if (c->metric) {
+            hx_buf_puts(b, ", \"worst\": ");
+            hx_buf_json_number(b, c->tested ? c->worst : NAN);
+            hx_buf_puts(b, ", \"limit\": ");
+            hx_buf_json_number(b, c->limit);
+        }
+        if (c->failed) {
+            hx_buf_puts(b, ", \"first_failure\": ");
+            hx_buf_json_string(b, c->first_failure);
+        }
+        hx_buf_puts(b, "}");
+    }
+    hx_buf_puts(b, "\n  ],\n  \"tensor_classes\": [");
+    bool first = true;
+    for (int c = 0; c < HX_CLASS_COUNT; c++) {
+        if (!run->classes[c].tensors)
+            continue;
+        hx_buf_printf(b, "%s\n    {\"class\": \"%s\", ", first ? "" : ",",
+                      hx_class_name((hx_tensor_class)c));
+        json_error_stat(&run->classes[c], b);
+        hx_buf_puts(b, "}");
+        first = false;
+    }
+    hx_buf_puts(b, "\n  ],\n  \"groups\": [");
+    for (int g = 0; g <= run->layout->n_data; g++) {
+        const hx_group *grp = g == 0 ? &run->layout->shared : &run->layout->data[g - 1];
+        if (g == 0)
+            hx_buf_puts(b, "\n    {\"group\": \"shared\", \"kind\": \"shared\", \"ranks\": ");
+        else
+            hx_buf_printf(
+                b, ",\n    {\"group\": \"d%d\", \"kind\": \"expert-data\", \"ranks\": ", g - 1);
+        json_ranks(grp, b);
+        hx_buf_printf(b, ", \"root\": %d, \"experts\": ", grp->root);
+        if (g == 0)
+            hx_buf_puts(b, "[]");
+        else
+            json_group_experts(run, g - 1, b);
+        hx_buf_printf(b, ", \"global_weight\": %llu, ",
+                      (unsigned long long)(g == 0 ? run->shared_weight : run->data_weights[g - 1]));
+        json_error_stat(&run->groups[g], b);
+        hx_buf_puts(b, "}");
+    }
+    hx_buf_puts(b, "\n  ],\n  \"steps\": [");
+    for (int s = 0; s < run->steps_done; s++) {
+        const hx_step_record *r = &run->steps[s];
+        hx_buf_printf(b, "%s\n    {\"step\": %d, \"tokens\": %zu, \"loss\": ", s ? "," : "", s + 1,
+                      r->tokens);
+        hx_buf_json_number(b, r->loss);
+        hx_buf_puts(b, ", \"reference_loss\": ");
+        hx_buf_json_number(b, r->ref_loss);
+        hx_buf_puts(b, ", \"worst\": ");
+        hx_buf_json_number(b, r->worst);
+        hx_buf_puts(b, ", \"worst_path\": ");
+        hx_buf_json_string(b, r->worst_path);
+        hx_buf_printf(b,
+                      ", \"worst_rank\": %d, \"failures\": %lld, \"absent_experts\": %d, "
+                      "\"time_s\": {\"step\": ",
+                      r->worst_rank, (long long)r->failures, r->absent);
+        hx_buf_json_number(b, r->t_step);
+        hx_buf_puts(b, ", \"compute\": ");
+        hx_buf_json_number(b, r->t_compute);
+        hx_buf_puts(b, ", \"dispatch\": ");
+        hx_buf_json_number(b, r->t_dispatch);
+        hx_buf_puts(b, ", \"reduce\": ");
+        hx_buf_json_number(b, r->t_reduce);
+        hx_buf_puts(b, ", \"reference\": ");
+        hx_buf_json_number(b, r->t_reference);
+        hx_buf_puts(b, ", \"check\": ");
+        hx_buf_json_number(b, r->t_check);
+        hx_buf_puts(b, "}}");
+    }
+    hx_buf_puts(b, "\n  ],\n  \"expert_tokens\": [");
+    int L = o->model.layers, E = run->layout->experts;
+    for (int l = 0; l < L; l++) {
+        hx_buf_puts(b, l ? ", [" : "[");
+        for (int e = 0; e < E; e++)
+            hx_buf_printf(b, "%s%lld", e ? ", " : "", (long long)run->expert_tokens[l * E + e]);
+        hx_buf_puts(b, "]");
+    }
+    hx_buf_puts(b, "],\n  \"time_s\": {\"setup\": ");
+    hx_buf_json_number(b, run->t_setup);
+    hx_buf_puts(b, ", \"initialize_check\": ");
+    hx_buf_json_number(b, run->t_init);
+    hx_buf_puts(b, ", \"total\": ");
+    hx_buf_json_number(b, run->t_total);
+    hx_buf_puts(b, "}\n}\n");
+}
+
+/* ---- report.md --------------------------------------------------------------------------- */
+
+static void md_error_row(hx_buf *b, const char *name, const hx_error_stat *s, double limit)
+{
+    if (!s->tensors) {
+        hx_buf_printf(b, "| %s | 0 | - | - |\n", name);
+        return;
+    }
+    hx_buf_printf(b, "| %s | %lld | %.2e %s | `%s` (rank %d, step %d) |\n", name,
+                  (long long)s->tensors, s->worst, s->worst <= limit ? "" : "**FAIL**",
+                  s->worst_path, s->worst_rank, s->worst_step + 1);
+}
+
+static void report_md(const hx_run *run, hx_buf *b)
+{
+    const hx_options *o = &run->opts;
+    const tm_config *m = &o->model;
+    hx_buf_printf(b, "# seldp-harness report\n\n**Result: %s**",
+                  hx_run_passed(run) ? "PASS" : "FAIL");
+    if (run->status != SELDP_OK)
+        hx_buf_printf(b, " (the run stopped: %s)", run->error);
+    hx_buf_printf(b, "\n\n| setting | value |\n|---|---|\n");
+    hx_buf_printf(b, "| world | %d ranks, transport %s |\n", o->world,
+                  hx_backend_transport(run->backend));
+    hx_buf_printf(b, "| layout | %s |\n", run->layout->description);
+    hx_buf_printf(b, "| model | tiny-moe V=%d D=%d F=%d E=%d K=%d L=%d, dtype %s, quant %s",
+                  m->vocab, m->d_model, m->d_ff, m->experts, m->top_k, m->layers,
+                  tm_dtype_name(m->dtype), tm_quant_name(m->quant));
+    if (m->quant != TM_QUANT_NONE)
+        hx_buf_printf(b, ", LoRA r=%d alpha=%g", m->lora_rank, m->lora_alpha);
+    hx_buf_printf(b, " |\n| reductions | shared: reduce; experts: %s%s; policy %s |\n",
+                  o->flow == HX_FLOW_SUM ? "sum (normalized by the global token count)"
+                                         : "reduce (weighted by the EP group's tokens)",
+                  o->fp32_master ? "; FP32 gradients and master weights" : "",
+                  hx_policy_name(o->policy));
+    hx_buf_printf(b, "| steps | %d (ran %d), %d +- %d tokens per rank, SGD lr %g, seed %llu |\n",
+                  o->steps, run->steps_done, o->tokens, hx_options_spread(o), o->lr,
+                  (unsigned long long)m->seed);
+    hx_buf_printf(b, "| gradient limit | %.0e (%s results) |\n\n", run->tolerance,
+                  seldp_dtype_name(run->grad_dtype));
+
+    hx_buf_puts(b, "## Layout\n\n| rank | shared | EP group | expert-data groups | experts |\n"
+                   "|---|---|---|---|---|\n");
+    const hx_layout *l = run->layout;
+    char text[256];
+    int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
+    for (int r = 0; owned && r < l->world; r++) {
+        hx_group_str(&l->shared, text, sizeof text);
+        hx_buf_printf(b, "| %d | %s%s | ", r, text, l->shared.root == r ? " (root)" : "");
+        hx_group_str(&l->ep[l->ep_of[r]], text, sizeof text);
+        hx_buf_printf(b, "e%d %s | ", l->ep_of[r], text);
+        bool any = false;
+        for (int d = 0; d < l->n_data; d++) {
+            if (hx_group_rank(&l->data[d], r) < 0)
+                continue;
+            hx_group_str(&l->data[d], text, sizeof text);
+            hx_buf_printf(b, "%sd%d %s%s", any ? ", " : "", d, text,
+                          l->data[d].root == r ? " (root)" : "");
+            any = true;
+        }
+        hx_buf_puts(b, any ? " | " : "- | ");
+        int n = hx_layout_owned(l, r, owned);
+        for (int i = 0; i < n; i++)
+            hx_buf_printf(b, "%s%d", i ? ", " : "", owned[i]);
+        hx_buf_puts(b, n ? " |\n" : "- |\n");
+    }
+    free(owned);
+
+    hx_buf_puts(b, "\n## Checks\n\n| check | tested | failed | worst | limit | result |\n"
+                   "|---|---:|---:|---:|---:|---|\n");
+    for (int i = 0; i < HX_CHECK_COUNT; i++) {
+        const hx_check_result *c = &run->checks[i];
+        hx_buf_printf(b, "| %s | %lld | %lld | ", hx_check_name((hx_check_id)i),
+                      (long long)c->tested, (long long)c->failed);
+        if (c->metric && c->tested)
+            hx_buf_printf(b, "%.2e | %.0e | ", c->worst, c->limit);
+        else
+            hx_buf_puts(b, "- | - | ");
+        hx_buf_printf(b, "%s |\n", check_result_word(c));
+    }
+    for (int i = 0; i < HX_CHECK_COUNT; i++)
+        if (run->checks[i].failed)
+            hx_buf_printf(b, "\nFirst failure of *%s*: %s\n", hx_check_name((hx_check_id)i),
+                          run->checks[i].first_failure);
+
+    hx_buf_puts(b, "\n## Gradient error by tensor class\n\nRelative error ‖g − ref‖/‖ref‖ of "
+                   "every reduced gradient on every rank.\n\n| class | tensors | worst | where |\n"
+                   "|---|---:|---:|---|\n");
+    for (int c = 0; c < HX_CLASS_COUNT; c++)
+        if (run->classes[c].tensors)
+            md_error_row(b, hx_class_name((hx_tensor_class)c), &run->classes[c], run->tolerance);
+
+    hx_buf_puts(b, "\n## Gradient error by group\n\n| group | ranks | root | experts | global "
+                   "weight | tensors | worst | where |\n|---|---|---:|---|---:|---:|---:|---|\n");
+    for (int g = 0; g <= l->n_data; g++) {
+        const hx_group *grp = g == 0 ? &l->shared : &l->data[g - 1];
+        const hx_error_stat *s = &run->groups[g];
+        hx_group_str(grp, text, sizeof text);
+        hx_buf experts = {0};
+        char name[16];
+        if (g == 0) {
+            hx_buf_puts(&experts, "-");
+            snprintf(name, sizeof name, "shared");
+        } else {
+            json_group_experts(run, g - 1, &experts);
+            snprintf(name, sizeof name, "d%d", g - 1);
+        }
+        hx_buf_printf(b, "| %s | %s | %d | %s | %llu | %lld | ", name, text, grp->root,
+                      hx_buf_str(&experts),
+                      (unsigned long long)(g == 0 ? run->shared_weight : run->data_weights[g - 1]),
+                      (long long)s->tensors);
+        hx_buf_free(&experts);
+        if (s->tensors)
+            hx_buf_printf(b, "%.2e | `%s` (rank %d) |\n", s->worst, s->worst_path, s->worst_rank);
+        else
+            hx_buf_puts(b, "- | - |\n");
+    }
+
+    hx_buf_puts(b,
+                "\n## Steps\n\n| step | tokens | loss | reference loss | worst rel. error | "
+                "failures | absent experts | step ms | compute ms | dispatch ms | reduce ms | "
+                "reference ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int s = 0; s < run->steps_done; s++) {
+        const hx_step_record *r = &run->steps[s];
+        hx_buf_printf(b,
+                      "| %d | %zu | %.6f | %.6f | %.2e | %lld | %d | %.1f | %.1f | %.1f | %.1f "
+                      "| %.1f |\n",
+                      s + 1, r->tokens, r->loss, r->ref_loss, r->worst, (long long)r->failures,
+                      r->absent, 1e3 * r->t_step, 1e3 * r->t_compute, 1e3 * r->t_dispatch,
+                      1e3 * r->t_reduce, 1e3 * r->t_reference);
+    }
+
+    int L = m->layers, E = l->experts;
+    hx_buf_puts(b, "\n## Tokens routed to each expert (all steps)\n\n| layer |");
+    for (int e = 0; e < E; e++)
+        hx_buf_printf(b, " e%d |", e);
+    hx_buf_puts(b, "\n|---:|");
+    for (int e = 0; e < E; e++)
+        hx_buf_puts(b, "---:|");
+    hx_buf_puts(b, "\n");
+    for (int li = 0; li < L; li++) {
+        hx_buf_printf(b, "| %d |", li);
+        for (int e = 0; e < E; e++)
+            hx_buf_printf(b, " %lld |", (long long)run->expert_tokens[li * E + e]);
+        hx_buf_puts(b, "\n");
+    }
+    hx_buf_printf(b, "\nTotal time %.2f s (setup and initialize %.2f s).\n", run->t_total,
+                  run->t_setup);
+}
+
+seldp_status hx_report_write(const hx_run *run, const char *dir)
+{
+    seldp_status st = SELDP_OK;
+    hx_buf json = {0}, md = {0};
+    char path[4096];
+    HX_CHECK(hx_mkdir_p(dir));
+    report_json(run, &json);
+    report_md(run, &md);
+    if (!hx_buf_ok(&json) || !hx_buf_ok(&md))
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory writing the report");
+    snprintf(path, sizeof path, "%s/report.json", dir);
+    HX_CHECK(hx_write_file(path, json.data, json.len));
+    snprintf(path, sizeof path, "%s/report.md", dir);
+    HX_CHECK(hx_write_file(path, md.data, md.len));
+fail:
+    hx_buf_free(&json);
+    hx_buf_free(&md);
+    return st;
+}

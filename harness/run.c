@@ -1,0 +1,1158 @@
+/* The harness run: rank threads, token dispatch by alltoallv, the reductions of SPEC §5, the
+ * SGD update, and the main thread's phases (see run.h). */
+#define _POSIX_C_SOURCE 200809L
+
+#include "run.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the phase gate ---------------------------------------------------------------------- */
+
+/* Wait until the world's rank threads and the main thread have all arrived. false when the
+ * gate is broken (a rank failed): the caller stops. */
+static bool gate_wait(hx_run *run)
+{
+    pthread_mutex_lock(&run->gate_lock);
+    if (run->gate_broken) {
+        pthread_mutex_unlock(&run->gate_lock);
+        return false;
+    }
+    unsigned generation = run->gate_generation;
+    if (++run->gate_arrived == run->opts.world + 1) {
+        run->gate_arrived = 0;
+        run->gate_generation++;
+        pthread_cond_broadcast(&run->gate_cond);
+        pthread_mutex_unlock(&run->gate_lock);
+        return true;
+    }
+    while (generation == run->gate_generation && !run->gate_broken)
+        pthread_cond_wait(&run->gate_cond, &run->gate_lock);
+    bool passed = generation != run->gate_generation;
+    pthread_mutex_unlock(&run->gate_lock);
+    return passed;
+}
+
+static void gate_break(hx_run *run)
+{
+    pthread_mutex_lock(&run->gate_lock);
+    run->gate_broken = true;
+    pthread_cond_broadcast(&run->gate_cond);
+    pthread_mutex_unlock(&run->gate_lock);
+}
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+static double tolerance_for(seldp_dtype dtype)
+{
+    switch (dtype) {
+    case SELDP_F16:
+        return 2e-3;
+    case SELDP_BF16:
+        return 1e-2;
+    default:
+        return 1e-5;
+    }
+}
+
+static void to_f32(const seldp_tensor *t, float *out)
+{
+    size_t n = seldp_tensor_numel(t);
+    if (t->dtype == SELDP_F32)
+        memcpy(out, t->data, n * sizeof(float));
+    else
+        seldp_half_to_f32(t->dtype, t->data, out, n);
+}
+
+static void from_f32(const float *in, seldp_tensor *t)
+{
+    size_t n = seldp_tensor_numel(t);
+    if (t->dtype == SELDP_F32)
+        memcpy(t->data, in, n * sizeof(float));
+    else
+        seldp_f32_to_half(t->dtype, in, t->data, n);
+}
+
+bool hx_param_in_group(const hx_run *run, const tm_param_info *info, int g)
+{
+    if (g == 0)
+        return (info->role & TM_ROLES_SHARED_GROUP) != 0;
+    return (info->role & TM_ROLES_EXPERT_GROUP) != 0 && info->expert >= 0 &&
+           run->layout->data_of[info->expert] == g - 1;
+}
+
+static const char *group_label(int g, char *buf, size_t size)
+{
+    if (g == 0)
+        snprintf(buf, size, "the shared group");
+    else
+        snprintf(buf, size, "expert-data group d%d", g - 1);
+    return buf;
+}
+
+static void record_local(hx_check_result *c, bool failed, const char *fmt, ...) HX_PRINTF(3, 4);
+
+static void record_local(hx_check_result *c, bool failed, const char *fmt, ...)
+{
+    c->tested++;
+    if (!failed)
+        return;
+    if (c->failed++ == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->first_failure, sizeof c->first_failure, fmt, ap);
+        va_end(ap);
+    }
+}
+
+/* ---- rank setup: groups, model, sessions ------------------------------------------------- */
+
+/* The ids rank rk replicates over group g (one per id: the tied alias is skipped). */
+static seldp_status group_ids(const hx_rank *rk, int g, seldp_param_id **ids, size_t *n)
+{
+    size_t count = 0;
+    *ids = hx_calloc(tm_param_count(rk->model), sizeof **ids);
+    if (!*ids)
+        return SELDP_ERR_NOMEM;
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (!p->alias && hx_param_in_group(rk->run, p, g))
+            (*ids)[count++] = p->id;
+    }
+    *n = count;
+    return SELDP_OK;
+}
+
+/* Checksums of the parameters outside group g's selection, by tm_param_at index. */
+static void outside_checksums(const hx_rank *rk, int g, uint64_t *sums)
+{
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        sums[i] = hx_param_in_group(rk->run, p, g)
+                      ? 0
+                      : hx_checksum(p->tensor.data, seldp_tensor_nbytes(&p->tensor));
+    }
+}
+
+/* Initialize the session of group g from its root; check that nothing outside it moved. */
+static seldp_status init_session(hx_rank *rk, int g, seldp_comm *comm, seldp_session **out)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    const hx_group *group = g == 0 ? &run->layout->shared : &run->layout->data[g - 1];
+    char label[64];
+    seldp_param_id *ids = NULL;
+    size_t n_ids = 0;
+    size_t n = tm_param_count(rk->model);
+    uint64_t *before = hx_calloc(n, sizeof *before);
+    uint64_t *after = hx_calloc(n, sizeof *after);
+    if (!before || !after)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    HX_CHECK(group_ids(rk, g, &ids, &n_ids));
+    int root = hx_group_rank(group, group->root);
+    outside_checksums(rk, g, before);
+    group_label(g, label, sizeof label);
+    /* quantized bases (U8/I32 words) and the codebook need the buffer-aware entry point */
+    if (run->opts.model.quant != TM_QUANT_NONE)
+        HX_CHECK_LIB(seldp_session_initialize_with_buffers(comm, tm_model_view(rk->model), root,
+                                                           ids, n_ids, NULL, out),
+                     "rank %d: initialize_with_buffers of %s", rk->rank, label);
+    else
+        HX_CHECK_LIB(
+            seldp_session_initialize(comm, tm_model_view(rk->model), root, ids, n_ids, NULL, out),
+            "rank %d: initialize of %s", rk->rank, label);
+    outside_checksums(rk, g, after);
+    for (size_t i = 0; i < n; i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (hx_param_in_group(run, p, g))
+            continue;
+        record_local(&rk->init_untouched, before[i] != after[i],
+                     "rank %d: initialize of %s changed %s, which it does not select", rk->rank,
+                     label, p->path);
+    }
+fail:
+    free(ids);
+    free(before);
+    free(after);
+    return st;
+}
+
+static seldp_status rank_setup(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    const hx_layout *l = run->layout;
+    int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
+    if (!owned)
+        return SELDP_ERR_NOMEM;
+    int n_owned = hx_layout_owned(l, rk->rank, owned);
+    HX_CHECK(hx_backend_join(run->backend, rk->rank, &rk->world));
+    HX_CHECK(hx_layout_split(l, rk->world, &rk->comms));
+    HX_CHECK_LIB(
+        tm_model_create(&run->opts.model, rk->rank, owned, n_owned, NULL, NULL, &rk->model),
+        "rank %d: creating its model", rk->rank);
+
+    rk->n_params = tm_param_count(rk->model);
+    rk->pre_init = hx_calloc(rk->n_params, sizeof *rk->pre_init);
+    rk->data_sessions = hx_calloc((size_t)(l->n_data ? l->n_data : 1), sizeof *rk->data_sessions);
+    rk->data_weights = hx_calloc((size_t)(l->n_data ? l->n_data : 1), sizeof *rk->data_weights);
+    rk->counts = hx_calloc((size_t)run->opts.world, sizeof *rk->counts);
+    rk->routed = hx_calloc((size_t)(run->opts.model.layers * l->experts), sizeof *rk->routed);
+    if (!rk->pre_init || !rk->data_sessions || !rk->data_weights || !rk->counts || !rk->routed)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const seldp_tensor *t = &tm_param_at(rk->model, i)->tensor;
+        size_t bytes = seldp_tensor_nbytes(t);
+        rk->pre_init[i] = hx_calloc(bytes ? bytes : 1, 1);
+        if (!rk->pre_init[i])
+            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+        memcpy(rk->pre_init[i], t->data, bytes);
+    }
+
+    /* every rank initializes the groups in the same order: shared, then d0, d1, ... */
+    HX_CHECK(init_session(rk, 0, rk->comms.shared, &rk->shared_session));
+    for (int d = 0; d < l->n_data; d++)
+        if (rk->comms.data[d])
+            HX_CHECK(init_session(rk, 1 + d, rk->comms.data[d], &rk->data_sessions[d]));
+
+    if (run->opts.fp32_master) {
+        rk->master = hx_calloc(rk->n_params, sizeof *rk->master);
+        if (!rk->master)
+            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+        for (size_t i = 0; i < rk->n_params; i++) {
+            const tm_param_info *p = tm_param_at(rk->model, i);
+            if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+                continue;
+            rk->master[i] = hx_calloc(seldp_tensor_numel(&p->tensor), sizeof(float));
+            if (!rk->master[i])
+                HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+            to_f32(&p->tensor, rk->master[i]);
+        }
+    }
+fail:
+    free(owned);
+    return st;
+}
+
+/* ---- tokens ------------------------------------------------------------------------------ */
+
+/* Rank r's tokens of step s: a count around --tokens (different on every rank), ids drawn
+ * uniformly, each target the next id (a task SGD can learn, so the loss falls). */
+static seldp_status draw_tokens(hx_rank *rk, int step)
+{
+    const hx_options *o = &rk->run->opts;
+    uint64_t state = o->model.seed ^ tm_hash_path("harness.tokens");
+    state += 0x9e3779b97f4a7c15ull * (uint64_t)(rk->rank + 1);
+    state ^= tm_splitmix64(&state) + (uint64_t)step * 0xbf58476d1ce4e5b9ull;
+    int spread = hx_options_spread(o);
+    long count = o->tokens;
+    if (spread > 0)
+        count += (long)(tm_splitmix64(&state) % (uint64_t)(2 * spread + 1)) - spread;
+    if (count < 0)
+        count = 0;
+    if (count == 0 && rk->rank == 0)
+        count = 1; /* the global objective needs at least one token */
+    free(rk->tokens);
+    free(rk->targets);
+    rk->T = (size_t)count;
+    rk->tokens = hx_calloc(rk->T, sizeof *rk->tokens);
+    rk->targets = hx_calloc(rk->T, sizeof *rk->targets);
+    if (!rk->tokens || !rk->targets)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    int V = o->model.vocab;
+    for (size_t t = 0; t < rk->T; t++) {
+        rk->tokens[t] = (int32_t)(tm_splitmix64(&state) % (uint64_t)V);
+        rk->targets[t] = (rk->tokens[t] + 1) % V;
+    }
+    return SELDP_OK;
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+/* Where expert e's rows go inside this rank's EP group this step: its owners there
+ * (ascending, as group ranks of the EP communicator), of which the first `active` serve. */
+typedef struct expert_route {
+    int *owners; /* group ranks */
+    int n;
+    int active;
+} expert_route;
+
+/* Tokens of EP group g this step. */
+static uint64_t ep_tokens(const hx_rank *rk, int g)
+{
+    const hx_group *ep = &rk->run->layout->ep[g];
+    uint64_t n = 0;
+    for (int i = 0; i < ep->size; i++)
+        n += rk->counts[ep->ranks[i]];
+    return n;
+}
+
+/* The owners of an expert inside one EP group share its N_g tokens: with k owners only the
+ * first min(k, N_g) receive rows, and owner i carries an integer share of N_g as its weight
+ * in the mean flow (the shares add up to N_g, so the weights of all owners add up to N). */
+static uint64_t owner_share(uint64_t ng, int k, int i)
+{
+    uint64_t active = (uint64_t)k < ng ? (uint64_t)k : ng;
+    if ((uint64_t)i >= active)
+        return 0;
+    return ng / active + ((uint64_t)i < ng % active ? 1 : 0);
+}
+
+/* This rank's share in expert-data group d (0: it serves no row this step). */
+static uint64_t data_share(const hx_rank *rk, int d)
+{
+    const hx_layout *l = rk->run->layout;
+    const hx_group *group = &l->data[d];
+    int g = l->ep_of[rk->rank];
+    int k = 0, mine = -1;
+    for (int i = 0; i < group->size; i++) {
+        if (l->ep_of[group->ranks[i]] != g)
+            continue;
+        if (group->ranks[i] == rk->rank)
+            mine = k;
+        k++;
+    }
+    return mine < 0 ? 0 : owner_share(ep_tokens(rk, g), k, mine);
+}
+
+static seldp_status plan_routes(hx_rank *rk, expert_route *routes)
+{
+    const hx_layout *l = rk->run->layout;
+    int g = l->ep_of[rk->rank];
+    const hx_group *ep = &l->ep[g];
+    uint64_t ng = ep_tokens(rk, g);
+    int *world_ranks = hx_calloc((size_t)ep->size, sizeof *world_ranks);
+    if (!world_ranks)
+        return SELDP_ERR_NOMEM;
+    for (int e = 0; e < l->experts; e++) {
+        expert_route *r = &routes[e];
+        r->owners = hx_calloc((size_t)ep->size, sizeof *r->owners);
+        if (!r->owners) {
+            free(world_ranks);
+            return SELDP_ERR_NOMEM;
+        }
+        r->n = hx_layout_owners_in(l, e, g, world_ranks);
+        for (int i = 0; i < r->n; i++)
+            r->owners[i] = hx_group_rank(ep, world_ranks[i]);
+        r->active = (uint64_t)r->n < ng ? r->n : (int)ng;
+    }
+    free(world_ranks);
+    return SELDP_OK;
+}
+
+/* One layer's exchange plan: where each of the T*K slots goes, and what arrives here. */
+typedef struct layer_plan {
+    size_t *pos;         /* [T*K] row of slot i in the send buffer */
+    size_t *send_rows;   /* [P] */
+    size_t *send_displs; /* [P] */
+    size_t *recv_rows;   /* [P] */
+    size_t *recv_displs; /* [P] */
+    size_t n_recv;
+    int32_t *recv_expert; /* [n_recv] */
+    float *recv_x;        /* [n_recv * D] kept for the backward */
+} layer_plan;
+
+static void plan_free(layer_plan *p)
+{
+    free(p->pos);
+    free(p->send_rows);
+    free(p->send_displs);
+    free(p->recv_rows);
+    free(p->recv_displs);
+    free(p->recv_expert);
+    free(p->recv_x);
+    *p = (layer_plan){0};
+}
+
+/* alltoallv over the EP group with counts given in rows of `width` elements. */
+static seldp_status exchange(hx_rank *rk, const void *send, const size_t *send_rows,
+                             const size_t *send_displs, void *recv, const size_t *recv_rows,
+                             const size_t *recv_displs, size_t width, seldp_dtype dtype,
+                             const char *what, int layer)
+{
+    seldp_status st = SELDP_OK;
+    int P = seldp_comm_size(rk->comms.ep);
+    size_t *c = hx_calloc(4 * (size_t)P, sizeof *c);
+    if (!c)
+        return SELDP_ERR_NOMEM;
+    for (int p = 0; p < P; p++) {
+        c[p] = send_rows[p] * width;
+        c[P + p] = send_displs[p] * width;
+        c[2 * P + p] = recv_rows[p] * width;
+        c[3 * P + p] = recv_displs[p] * width;
+    }
+    double t0 = hx_now();
+    st = seldp_comm_alltoallv(rk->comms.ep, send, c, c + P, recv, c + 2 * P, c + 3 * P, dtype,
+                              SELDP_HOST_DEVICE);
+    rk->t_dispatch += hx_now() - t0;
+    if (st != SELDP_OK)
+        st = hx_fail_lib(st, "rank %d: layer %d: alltoallv of %s in expert-parallel group e%d",
+                         rk->rank, layer, what, rk->run->layout->ep_of[rk->rank]);
+    free(c);
+    return st;
+}
+
+static void prefix(const size_t *counts, size_t *displs, int n)
+{
+    size_t acc = 0;
+    for (int i = 0; i < n; i++) {
+        displs[i] = acc;
+        acc += counts[i];
+    }
+}
+
+/* Decide each slot's owner, exchange the counts and the expert ids. */
+static seldp_status plan_layer(hx_rank *rk, int l, const tm_route *route,
+                               const expert_route *routes, int64_t *local_routed, layer_plan *p)
+{
+    seldp_status st = SELDP_OK;
+    int P = seldp_comm_size(rk->comms.ep);
+    int E = rk->run->layout->experts;
+    size_t slots = route->T * (size_t)route->K;
+    int *dest = hx_calloc(slots, sizeof *dest);
+    int32_t *send_ids = hx_calloc(slots, sizeof *send_ids);
+    size_t *fill = hx_calloc((size_t)P, sizeof *fill);
+    size_t *ones = hx_calloc((size_t)P, sizeof *ones);
+    size_t *index = hx_calloc((size_t)P, sizeof *index);
+    uint64_t *send_n = hx_calloc((size_t)P, sizeof *send_n);
+    uint64_t *recv_n = hx_calloc((size_t)P, sizeof *recv_n);
+    p->pos = hx_calloc(slots, sizeof *p->pos);
+    p->send_rows = hx_calloc((size_t)P, sizeof(size_t));
+    p->send_displs = hx_calloc((size_t)P, sizeof(size_t));
+    p->recv_rows = hx_calloc((size_t)P, sizeof(size_t));
+    p->recv_displs = hx_calloc((size_t)P, sizeof(size_t));
+    if (!dest || !send_ids || !fill || !ones || !index || !send_n || !recv_n || !p->pos ||
+        !p->send_rows || !p->send_displs || !p->recv_rows || !p->recv_displs)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (size_t i = 0; i < slots; i++) {
+        int e = route->expert[i];
+        if (e < 0 || e >= E)
+            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: layer %d routed a token to expert %d", rk->rank,
+                    l, e);
+        const expert_route *r = &routes[e];
+        /* spread a replicated expert's rows over its owners in this EP group */
+        dest[i] = r->owners[((size_t)rk->rank + i) % (size_t)r->active];
+        p->send_rows[dest[i]]++;
+        local_routed[(size_t)l * (size_t)E + (size_t)e]++;
+    }
+    prefix(p->send_rows, p->send_displs, P);
+    for (size_t i = 0; i < slots; i++) {
+        p->pos[i] = p->send_displs[dest[i]] + fill[dest[i]]++;
+        send_ids[p->pos[i]] = route->expert[i];
+    }
+    /* every peer learns how many rows it gets from this rank: one count to each */
+    for (int q = 0; q < P; q++) {
+        ones[q] = 1;
+        index[q] = (size_t)q;
+        send_n[q] = p->send_rows[q];
+    }
+    double t0 = hx_now();
+    st = seldp_comm_alltoallv(rk->comms.ep, send_n, ones, index, recv_n, ones, index, SELDP_U64,
+                              SELDP_HOST_DEVICE);
+    rk->t_dispatch += hx_now() - t0;
+    if (st != SELDP_OK)
+        HX_FAIL_LIB(st, "rank %d: layer %d: alltoallv of row counts", rk->rank, l);
+    for (int q = 0; q < P; q++)
+        p->recv_rows[q] = (size_t)recv_n[q];
+    prefix(p->recv_rows, p->recv_displs, P);
+    p->n_recv = P ? p->recv_displs[P - 1] + p->recv_rows[P - 1] : 0;
+    p->recv_expert = hx_calloc(p->n_recv, sizeof *p->recv_expert);
+    if (!p->recv_expert)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    HX_CHECK(exchange(rk, send_ids, p->send_rows, p->send_displs, p->recv_expert, p->recv_rows,
+                      p->recv_displs, 1, SELDP_I32, "expert ids", l));
+fail:
+    free(dest);
+    free(send_ids);
+    free(fill);
+    free(ones);
+    free(index);
+    free(send_n);
+    free(recv_n);
+    return st;
+}
+
+/* Run this rank's experts on the rows it received. Forward: out = y. Backward (dy != NULL):
+ * out = dx, and the experts' gradients accumulate. */
+static seldp_status run_experts(hx_rank *rk, int l, const layer_plan *p, const float *dy,
+                                float *out)
+{
+    seldp_status st = SELDP_OK;
+    size_t D = (size_t)rk->run->opts.model.d_model;
+    int E = rk->run->layout->experts;
+    size_t n = p->n_recv;
+    size_t *rows = hx_calloc(n, sizeof *rows);
+    float *xe = hx_calloc(n * D, sizeof *xe);
+    float *ge = hx_calloc(n * D, sizeof *ge);
+    float *oe = hx_calloc(n * D, sizeof *oe);
+    if (!rows || !xe || !ge || !oe)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (size_t j = 0; j < n; j++)
+        if (!tm_model_owns(rk->model, p->recv_expert[j]))
+            HX_FAIL(SELDP_ERR_INTERNAL,
+                    "rank %d: layer %d: received a row for expert %d, "
+                    "which it does not own",
+                    rk->rank, l, (int)p->recv_expert[j]);
+    for (int e = 0; e < E; e++) {
+        size_t m = 0;
+        for (size_t j = 0; j < n; j++)
+            if (p->recv_expert[j] == e)
+                rows[m++] = j;
+        if (m == 0)
+            continue;
+        for (size_t k = 0; k < m; k++) {
+            memcpy(xe + k * D, p->recv_x + rows[k] * D, D * sizeof *xe);
+            if (dy)
+                memcpy(ge + k * D, dy + rows[k] * D, D * sizeof *ge);
+        }
+        if (dy)
+            HX_CHECK_LIB(tm_expert_backward(rk->model, l, e, xe, ge, m, oe),
+                         "rank %d: layer %d: backward of expert %d", rk->rank, l, e);
+        else
+            HX_CHECK_LIB(tm_expert_forward(rk->model, l, e, xe, m, oe),
+                         "rank %d: layer %d: forward of expert %d", rk->rank, l, e);
+        for (size_t k = 0; k < m; k++)
+            memcpy(out + rows[k] * D, oe + k * D, D * sizeof *oe);
+    }
+fail:
+    free(rows);
+    free(xe);
+    free(ge);
+    free(oe);
+    return st;
+}
+
+/* Send one (T,K,D) tensor's slot rows to their owners, run the experts there, and bring the
+ * results back into the (T,K,D) tensor `back`. Forward: rows = the slots' inputs; backward:
+ * rows = dy. */
+static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *slot_rows,
+                               size_t slots, bool backward, float *back)
+{
+    seldp_status st = SELDP_OK;
+    size_t D = (size_t)rk->run->opts.model.d_model;
+    float *send = hx_calloc(slots * D, sizeof *send);
+    float *recv = hx_calloc(p->n_recv * D, sizeof *recv);
+    float *result = hx_calloc(p->n_recv * D, sizeof *result);
+    float *returned = hx_calloc(slots * D, sizeof *returned);
+    if (!send || !recv || !result || !returned)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (size_t i = 0; i < slots; i++)
+        memcpy(send + p->pos[i] * D, slot_rows + i * D, D * sizeof *send);
+    HX_CHECK(exchange(rk, send, p->send_rows, p->send_displs, recv, p->recv_rows, p->recv_displs, D,
+                      SELDP_F32, backward ? "gradient rows" : "token rows", l));
+    if (!backward) {
+        free(p->recv_x);
+        p->recv_x = recv;
+        recv = NULL;
+        HX_CHECK(run_experts(rk, l, p, NULL, result));
+    } else {
+        HX_CHECK(run_experts(rk, l, p, recv, result));
+    }
+    HX_CHECK(exchange(rk, result, p->recv_rows, p->recv_displs, returned, p->send_rows,
+                      p->send_displs, D, SELDP_F32, backward ? "input gradients" : "expert outputs",
+                      l));
+    for (size_t i = 0; i < slots; i++)
+        memcpy(back + i * D, returned + p->pos[i] * D, D * sizeof *back);
+fail:
+    free(send);
+    free(recv);
+    free(result);
+    free(returned);
+    return st;
+}
+
+/* Forward and backward of this rank's tokens, experts served by their owners. */
+static seldp_status rank_compute(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    const tm_config *cfg = &run->opts.model;
+    int L = cfg->layers, K = cfg->top_k, E = run->layout->experts;
+    size_t T = rk->T, D = (size_t)cfg->d_model, slots = T * (size_t)K;
+    layer_plan *plans = hx_calloc((size_t)L, sizeof *plans);
+    expert_route *routes = hx_calloc((size_t)E, sizeof *routes);
+    float *h = hx_calloc(T * D, sizeof *h);
+    float *dh = hx_calloc(T * D, sizeof *dh);
+    float *slot_in = hx_calloc(slots * D, sizeof *slot_in);
+    float *slot_out = hx_calloc(slots * D, sizeof *slot_out);
+    int64_t *local_routed = hx_calloc((size_t)(L * E), sizeof *local_routed);
+    if (!plans || !routes || !h || !dh || !slot_in || !slot_out || !local_routed)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    HX_CHECK(plan_routes(rk, routes));
+
+    tm_begin_step(rk->model);
+    HX_CHECK_LIB(tm_embed_forward(rk->model, rk->tokens, T, h), "rank %d: embedding", rk->rank);
+    for (int l = 0; l < L; l++) {
+        tm_route route;
+        HX_CHECK_LIB(tm_route_forward(rk->model, l, h, &route), "rank %d: layer %d: router",
+                     rk->rank, l);
+        HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
+        for (size_t i = 0; i < slots; i++)
+            memcpy(slot_in + i * D, route.x + (i / (size_t)K) * D, D * sizeof *slot_in);
+        HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, false, slot_out));
+        HX_CHECK_LIB(tm_combine_forward(rk->model, l, slot_out, h), "rank %d: layer %d: combine",
+                     rk->rank, l);
+    }
+    HX_CHECK_LIB(tm_head_forward_backward(rk->model, h, rk->targets, &rk->loss_sum, dh),
+                 "rank %d: head", rk->rank);
+    for (int l = L - 1; l >= 0; l--) {
+        HX_CHECK_LIB(tm_combine_backward(rk->model, l, dh, slot_in),
+                     "rank %d: layer %d: combine backward", rk->rank, l);
+        HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, true, slot_out));
+        HX_CHECK_LIB(tm_route_backward(rk->model, l, slot_out, dh),
+                     "rank %d: layer %d: router backward", rk->rank, l);
+    }
+    HX_CHECK_LIB(tm_embed_backward(rk->model, dh), "rank %d: embedding backward", rk->rank);
+
+    /* tokens per expert over the world: tells every owner which experts were reached */
+    HX_CHECK_LIB(seldp_comm_allreduce(rk->world, local_routed, rk->routed, (size_t)(L * E),
+                                      SELDP_I64, SELDP_HOST_DEVICE),
+                 "rank %d: allreduce of tokens per expert", rk->rank);
+fail:
+    for (int l = 0; plans && l < L; l++)
+        plan_free(&plans[l]);
+    for (int e = 0; routes && e < E; e++)
+        free(routes[e].owners);
+    free(plans);
+    free(routes);
+    free(h);
+    free(dh);
+    free(slot_in);
+    free(slot_out);
+    free(local_routed);
+    return st;
+}
+
+/* ---- gradients and reductions ------------------------------------------------------------ */
+
+/* Under the error policy every active owner must hold a gradient of every expert that some
+ * owner has one of: an owner whose rows all went elsewhere supplies zeros (the zero policy
+ * lets the library do it). An expert no token reached stays absent on every rank. */
+static seldp_status add_zero_grads(hx_rank *rk)
+{
+    hx_run *run = rk->run;
+    int E = run->layout->experts;
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen)
+            continue;
+        if (rk->routed[p->layer * E + p->expert] == 0 ||
+            tm_expert_seen(rk->model, p->layer, p->expert) ||
+            data_share(rk, run->layout->data_of[p->expert]) == 0)
+            continue;
+        if (seldp_grads_get(rk->grads, p->id))
+            continue;
+        seldp_tensor z = p->tensor;
+        z.dtype = run->grad_dtype;
+        z.data = NULL;
+        seldp_status st = seldp_tensor_alloc(&z);
+        if (st != SELDP_OK)
+            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
+        st = seldp_grads_put(rk->grads, p->id, &z, SELDP_OWNED);
+        if (st != SELDP_OK) {
+            seldp_tensor_free(&z);
+            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
+        }
+    }
+    return SELDP_OK;
+}
+
+typedef struct kept_entry {
+    seldp_param_id id;
+    const void *data;
+    seldp_dtype dtype;
+    uint64_t sum;
+} kept_entry;
+
+static bool id_selected(const seldp_param_id *ids, size_t n, seldp_param_id id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id)
+            return true;
+    return false;
+}
+
+typedef enum reduce_kind { REDUCE_MEAN, REDUCE_SUM } reduce_kind;
+
+/* One reduction of one session, with the check that gradients outside its selection come back
+ * as they were: same tensor, same dtype, same bytes. */
+static seldp_status reduce_session(hx_rank *rk, seldp_session *s, int g, reduce_kind kind,
+                                   uint64_t weight, uint64_t *global_weight)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    bool fp32 = run->opts.fp32_master;
+    seldp_missing_policy policy = run->opts.policy;
+    size_t n_sel = 0;
+    const seldp_param_id *sel = seldp_session_selected(s, &n_sel);
+    size_t n = seldp_grads_count(rk->grads), kept = 0;
+    kept_entry *before = hx_calloc(n, sizeof *before);
+    char label[64];
+    group_label(g, label, sizeof label);
+    if (!before)
+        return SELDP_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        seldp_param_id id;
+        const seldp_tensor *t;
+        seldp_grads_at(rk->grads, i, &id, &t);
+        if (id_selected(sel, n_sel, id))
+            continue;
+        before[kept++] =
+            (kept_entry){id, t->data, t->dtype, hx_checksum(t->data, seldp_tensor_nbytes(t))};
+    }
+    if (kind == REDUCE_MEAN)
+        st = fp32 ? seldp_session_reduce_fp32(s, rk->grads, weight, policy, global_weight)
+                  : seldp_session_reduce(s, rk->grads, weight, policy, global_weight);
+    else
+        st = fp32 ? seldp_session_sum_fp32(s, rk->grads, weight > 0, policy, global_weight)
+                  : seldp_session_sum(s, rk->grads, weight > 0, policy, global_weight);
+    if (st != SELDP_OK)
+        HX_FAIL_LIB(st, "rank %d: %s%s over %s", rk->rank, kind == REDUCE_MEAN ? "reduce" : "sum",
+                    fp32 ? "_fp32" : "", label);
+    for (size_t i = 0; i < kept; i++) {
+        const seldp_tensor *t = seldp_grads_get(rk->grads, before[i].id);
+        const seldp_param *p = seldp_model_find_id(tm_model_view(rk->model), before[i].id);
+        bool same = t && t->data == before[i].data && t->dtype == before[i].dtype &&
+                    hx_checksum(t->data, seldp_tensor_nbytes(t)) == before[i].sum;
+        record_local(&rk->reduce_untouched, !same,
+                     "rank %d: the reduction over %s changed the gradient of %s, which it does "
+                     "not select",
+                     rk->rank, label, p ? p->path : "?");
+    }
+fail:
+    free(before);
+    return st;
+}
+
+static seldp_status rank_reduce(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    bool fp32 = run->opts.fp32_master;
+    double t0 = hx_now();
+    seldp_grads_destroy(rk->grads);
+    rk->grads = NULL;
+    HX_CHECK_LIB(seldp_grads_create(&rk->grads), "rank %d: gradient container", rk->rank);
+    HX_CHECK_LIB(tm_export_grads(rk->model, TM_ROLE_SHARED, 1.0, fp32, rk->grads),
+                 "rank %d: exporting the shared gradients", rk->rank);
+    /* sum flow: normalize by the global token count here; mean flow: the reduce divides */
+    double scale = run->opts.flow == HX_FLOW_SUM ? 1.0 / (double)rk->global_tokens : 1.0;
+    HX_CHECK_LIB(
+        tm_export_grads(rk->model, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, rk->grads),
+        "rank %d: exporting the expert gradients", rk->rank);
+    if (run->opts.policy == SELDP_MISSING_ERROR)
+        HX_CHECK(add_zero_grads(rk));
+
+    HX_CHECK(reduce_session(rk, rk->shared_session, 0, REDUCE_MEAN, rk->T, &rk->shared_weight));
+    for (int d = 0; d < run->layout->n_data; d++) {
+        if (!rk->data_sessions[d])
+            continue;
+        uint64_t share = data_share(rk, d);
+        HX_CHECK(reduce_session(rk, rk->data_sessions[d], 1 + d,
+                                run->opts.flow == HX_FLOW_SUM ? REDUCE_SUM : REDUCE_MEAN, share,
+                                &rk->data_weights[d]));
+    }
+fail:
+    rk->t_reduce = hx_now() - t0;
+    return st;
+}
+
+static seldp_status rank_step(hx_rank *rk, int step)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    rk->t_dispatch = 0;
+    HX_CHECK(draw_tokens(rk, step));
+    uint64_t mine = rk->T;
+    HX_CHECK_LIB(seldp_comm_allgather(rk->world, &mine, rk->counts, sizeof mine, SELDP_HOST_DEVICE),
+                 "rank %d: allgather of token counts", rk->rank);
+    rk->global_tokens = 0;
+    for (int r = 0; r < run->opts.world; r++)
+        rk->global_tokens += rk->counts[r];
+    double t0 = hx_now();
+    HX_CHECK(rank_compute(rk));
+    rk->t_compute = hx_now() - t0;
+    HX_CHECK(rank_reduce(rk));
+fail:
+    return st;
+}
+
+/* Plain SGD on every trainable parameter that has a reduced gradient (FP32 master weights
+ * with --fp32-master), so that the next step runs on changed weights. */
+static seldp_status rank_update(hx_rank *rk)
+{
+    double lr = rk->run->opts.lr;
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+            continue;
+        const seldp_tensor *g = seldp_grads_get(rk->grads, p->id);
+        if (!g)
+            continue;
+        size_t n = seldp_tensor_numel(&p->tensor);
+        float *w = rk->master ? rk->master[i] : hx_calloc(n, sizeof *w);
+        float *gf = hx_calloc(n, sizeof *gf);
+        if (!w || !gf) {
+            if (!rk->master)
+                free(w);
+            free(gf);
+            return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+        }
+        if (!rk->master)
+            to_f32(&p->tensor, w);
+        to_f32(g, gf);
+        for (size_t j = 0; j < n; j++)
+            w[j] -= (float)lr * gf[j];
+        seldp_tensor storage = p->tensor;
+        from_f32(w, &storage);
+        if (!rk->master)
+            free(w);
+        free(gf);
+    }
+    return SELDP_OK;
+}
+
+static void rank_fail(hx_rank *rk, seldp_status st)
+{
+    rk->status = st;
+    snprintf(rk->error, sizeof rk->error, "%s", hx_last_error());
+    if (rk->world)
+        seldp_comm_abort(rk->world);
+    gate_break(rk->run);
+}
+
+static void rank_cleanup(hx_rank *rk)
+{
+    seldp_session_destroy(rk->shared_session);
+    rk->shared_session = NULL;
+    for (int d = 0; rk->data_sessions && d < rk->run->layout->n_data; d++) {
+        seldp_session_destroy(rk->data_sessions[d]);
+        rk->data_sessions[d] = NULL;
+    }
+    hx_rank_comms_destroy(&rk->comms);
+    seldp_comm_destroy(rk->world);
+    rk->world = NULL;
+}
+
+static void *rank_main(void *arg)
+{
+    hx_rank *rk = arg;
+    hx_run *run = rk->run;
+    seldp_status st = rank_setup(rk);
+    if (st != SELDP_OK) {
+        rank_fail(rk, st);
+        goto out;
+    }
+    if (!gate_wait(run) || !gate_wait(run)) /* the main thread checks initialize */
+        goto out;
+    for (int step = 0; step < run->opts.steps; step++) {
+        st = rank_step(rk, step);
+        if (st != SELDP_OK) {
+            rank_fail(rk, st);
+            goto out;
+        }
+        if (!gate_wait(run) || !gate_wait(run)) /* the main thread checks the step */
+            goto out;
+        st = rank_update(rk);
+        if (st != SELDP_OK) {
+            rank_fail(rk, st);
+            goto out;
+        }
+    }
+out:
+    rank_cleanup(rk);
+    return NULL;
+}
+
+/* ---- the main thread --------------------------------------------------------------------- */
+
+seldp_status hx_run_create(const hx_options *opts, hx_run **out)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = hx_calloc(1, sizeof *run);
+    if (!run)
+        return SELDP_ERR_NOMEM;
+    run->opts = *opts;
+    pthread_mutex_init(&run->gate_lock, NULL);
+    pthread_cond_init(&run->gate_cond, NULL);
+    hx_options *o = &run->opts;
+    if (o->layout_file) {
+        HX_CHECK(hx_layout_load(o->layout_file, o->world_given ? o->world : 0,
+                                o->experts_given ? o->model.experts : 0, o->roots, &run->layout));
+        o->world = run->layout->world;
+        o->model.experts = run->layout->experts;
+    } else {
+        HX_CHECK(hx_layout_generate(o->world, o->ep, o->model.experts, o->order, o->roots,
+                                    &run->layout));
+    }
+    st = tm_config_check(&o->model);
+    if (st != SELDP_OK)
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model options: %s", seldp_last_error());
+    if (hx_options_spread(o) > o->tokens)
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--token-spread %d: must not exceed --tokens %d",
+                hx_options_spread(o), o->tokens);
+    HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
+    run->grad_dtype = o->fp32_master ? SELDP_F32 : o->model.dtype;
+    run->tolerance = tolerance_for(run->grad_dtype);
+    int L = o->model.layers, E = run->layout->experts;
+    run->ranks = hx_calloc((size_t)o->world, sizeof *run->ranks);
+    run->groups = hx_calloc((size_t)(1 + run->layout->n_data), sizeof *run->groups);
+    run->steps = hx_calloc((size_t)(o->steps ? o->steps : 1), sizeof *run->steps);
+    run->expert_tokens = hx_calloc((size_t)(L * E), sizeof *run->expert_tokens);
+    run->data_weights = hx_calloc((size_t)(run->layout->n_data ? run->layout->n_data : 1),
+                                  sizeof *run->data_weights);
+    if (!run->ranks || !run->groups || !run->steps || !run->expert_tokens || !run->data_weights)
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+    for (int c = 0; c < HX_CHECK_COUNT; c++)
+        run->checks[c].limit = NAN;
+    run->checks[HX_CHECK_GRAD_ERROR].metric = true;
+    run->checks[HX_CHECK_GRAD_ERROR].limit = run->tolerance;
+    run->checks[HX_CHECK_LOSS].metric = true;
+    run->checks[HX_CHECK_LOSS].limit = 1e-4;
+    for (int r = 0; r < o->world; r++) {
+        run->ranks[r].rank = r;
+        run->ranks[r].run = run;
+    }
+    *out = run;
+    return SELDP_OK;
+fail:
+    hx_run_destroy(run);
+    return st;
+}
+
+static void print_header(const hx_run *run, FILE *out)
+{
+    const hx_options *o = &run->opts;
+    const tm_config *m = &o->model;
+    fprintf(out,
+            "seldp-harness %s: world %d (%s), %s, dtype %s, quant %s, expert-reduce %s%s, "
+            "policy %s\n",
+            seldp_version(), o->world, hx_backend_transport(run->backend), run->layout->description,
+            tm_dtype_name(m->dtype), tm_quant_name(m->quant), hx_flow_name(o->flow),
+            o->fp32_master ? " (fp32 master)" : "", hx_policy_name(o->policy));
+    fprintf(out, "tiny-moe V=%d D=%d F=%d E=%d K=%d L=%d", m->vocab, m->d_model, m->d_ff,
+            m->experts, m->top_k, m->layers);
+    if (m->quant != TM_QUANT_NONE)
+        fprintf(out, " lora r=%d alpha=%g", m->lora_rank, m->lora_alpha);
+    fprintf(out,
+            "; %d steps, %d +- %d tokens per rank, lr %g, seed %llu; gradient limit %.0e "
+            "(%s results)\n",
+            o->steps, o->tokens, hx_options_spread(o), o->lr, (unsigned long long)m->seed,
+            run->tolerance, seldp_dtype_name(run->grad_dtype));
+    const char **devices = hx_calloc((size_t)o->world, sizeof *devices);
+    if (devices)
+        for (int r = 0; r < o->world; r++)
+            devices[r] = hx_backend_device_name(run->backend, r);
+    hx_layout_print(run->layout, devices, out);
+    free(devices);
+}
+
+/* Copy the replicas into the model with every expert that the reference reads. */
+static seldp_status refresh_global(hx_run *run)
+{
+    seldp_status st = SELDP_OK;
+    const hx_layout *l = run->layout;
+    HX_CHECK_LIB(tm_model_copy_params(run->global, run->ranks[l->shared.root].model,
+                                      TM_ROLES_SHARED_GROUP, -1),
+                 "copying the shared parameters of rank %d", l->shared.root);
+    for (int e = 0; e < l->experts; e++)
+        HX_CHECK_LIB(tm_model_copy_params(run->global, run->ranks[l->owners[e].root].model,
+                                          TM_ROLES_EXPERT_GROUP, e),
+                     "copying expert %d from rank %d", e, l->owners[e].root);
+fail:
+    return st;
+}
+
+static seldp_status main_step(hx_run *run, int step)
+{
+    seldp_status st = SELDP_OK;
+    hx_step_record *rec = &run->steps[step];
+    int W = run->opts.world;
+    tm_reference *ref = NULL;
+    const int32_t **tokens = hx_calloc((size_t)W, sizeof *tokens);
+    const int32_t **targets = hx_calloc((size_t)W, sizeof *targets);
+    size_t *counts = hx_calloc((size_t)W, sizeof *counts);
+    if (!tokens || !targets || !counts)
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < W; r++) {
+        hx_rank *rk = &run->ranks[r];
+        tokens[r] = rk->tokens;
+        targets[r] = rk->targets;
+        counts[r] = rk->T;
+        rec->tokens += rk->T;
+        rec->loss += rk->loss_sum;
+        rec->t_compute = fmax(rec->t_compute, rk->t_compute);
+        rec->t_dispatch = fmax(rec->t_dispatch, rk->t_dispatch);
+        rec->t_reduce = fmax(rec->t_reduce, rk->t_reduce);
+    }
+    rec->loss /= (double)rec->tokens;
+    double t0 = hx_now();
+    HX_CHECK(refresh_global(run));
+    HX_CHECK_LIB(tm_reference_compute(&run->opts.model, tm_model_view(run->global), tokens, targets,
+                                      counts, W, NULL, &ref),
+                 "the FP64 reference of step %d", step + 1);
+    rec->t_reference = hx_now() - t0;
+    rec->ref_loss = tm_reference_loss(ref);
+    t0 = hx_now();
+    HX_CHECK(hx_check_step(run, step, ref));
+    rec->t_check = hx_now() - t0;
+    if (step == run->opts.steps - 1 && run->opts.dump_dir)
+        HX_CHECK(hx_dump_write(run, step, run->opts.dump_dir));
+fail:
+    tm_reference_destroy(ref);
+    free(tokens);
+    free(targets);
+    free(counts);
+    return st;
+}
+
+static void print_progress(const hx_run *run, int step, double t_step)
+{
+    const hx_step_record *rec = &run->steps[step];
+    if (!run->out)
+        return;
+    fprintf(run->out,
+            "step %d/%d  loss %.6f (ref %.6f)  tokens %zu  worst rel err %.2e %s %.0e "
+            "(%s, rank %d)  %s  %.1f ms\n",
+            step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->worst,
+            rec->worst <= run->tolerance ? "<=" : ">", run->tolerance,
+            rec->worst_path[0] ? rec->worst_path : "-", rec->worst_rank,
+            rec->failures ? "FAIL" : "ok", 1e3 * t_step);
+    fflush(run->out);
+}
+
+seldp_status hx_run_execute(hx_run *run, FILE *out)
+{
+    seldp_status st = SELDP_OK;
+    int W = run->opts.world;
+    int started = 0;
+    double t_begin = hx_now();
+    run->out = run->opts.quiet ? NULL : out;
+    if (run->out) {
+        print_header(run, run->out);
+        fflush(run->out);
+    }
+    tm_blas_single_thread();
+    int *all = hx_calloc((size_t)run->layout->experts, sizeof *all);
+    if (!all)
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+    for (int e = 0; e < run->layout->experts; e++)
+        all[e] = e;
+    st = tm_model_create(&run->opts.model, 0, all, run->layout->experts, NULL, NULL, &run->global);
+    free(all);
+    if (st != SELDP_OK)
+        HX_FAIL_LIB(st, "creating the reference's model");
+
+    for (int r = 0; r < W; r++) {
+        if (pthread_create(&run->ranks[r].thread, NULL, rank_main, &run->ranks[r]) != 0) {
+            gate_break(run);
+            HX_FAIL(SELDP_ERR_INTERNAL, "cannot start the thread of rank %d", r);
+        }
+        run->ranks[r].started = true;
+        started++;
+    }
+    if (!gate_wait(run))
+        goto joined;
+    run->t_setup = hx_now() - t_begin;
+    double t0 = hx_now();
+    hx_check_init(run);
+    run->t_init = hx_now() - t0;
+    if (run->out) {
+        const hx_check_result *c = &run->checks[HX_CHECK_INIT_REPLICAS];
+        fprintf(run->out,
+                "initialize: %lld replicated tensors checked against their roots, %lld "
+                "differ  %s\n",
+                (long long)c->tested, (long long)c->failed, c->failed ? "FAIL" : "ok");
+    }
+    if (!gate_wait(run))
+        goto joined;
+    for (int step = 0; step < run->opts.steps; step++) {
+        double ts = hx_now();
+        if (!gate_wait(run))
+            goto joined;
+        st = main_step(run, step);
+        if (st != SELDP_OK) {
+            snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+            run->status = st;
+            gate_break(run);
+            goto joined;
+        }
+        run->steps_done = step + 1;
+        run->steps[step].t_step = hx_now() - ts;
+        print_progress(run, step, run->steps[step].t_step);
+        if (!gate_wait(run))
+            goto joined;
+    }
+joined:
+    for (int r = 0; r < W; r++)
+        if (run->ranks[r].started)
+            pthread_join(run->ranks[r].thread, NULL);
+    run->t_total = hx_now() - t_begin;
+    /* the first real error: ranks that only saw the abort of another come last */
+    for (int pass = 0; pass < 2 && run->status == SELDP_OK; pass++) {
+        for (int r = 0; r < W; r++) {
+            const hx_rank *rk = &run->ranks[r];
+            if (rk->status == SELDP_OK || (pass == 0 && rk->status == SELDP_ERR_ABORTED))
+                continue;
+            run->status = rk->status;
+            snprintf(run->error, sizeof run->error, "%s", rk->error);
+            break;
+        }
+    }
+    return run->status;
+fail:
+    run->status = st;
+    snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+    for (int r = 0; r < started; r++)
+        pthread_join(run->ranks[r].thread, NULL);
+    return st;
+}
+
+int64_t hx_run_failures(const hx_run *run)
+{
+    int64_t n = 0;
+    for (int c = 0; c < HX_CHECK_COUNT; c++)
+        n += run->checks[c].failed;
+    return n;
+}
+
+bool hx_run_passed(const hx_run *run)
+{
+    return run->status == SELDP_OK && run->steps_done == run->opts.steps &&
+           hx_run_failures(run) == 0;
+}
+
+void hx_run_destroy(hx_run *run)
+{
+    if (!run)
+        return;
+    for (int r = 0; run->ranks && r < run->opts.world; r++) {
+        hx_rank *rk = &run->ranks[r];
+        for (size_t i = 0; rk->pre_init && i < rk->n_params; i++)
+            free(rk->pre_init[i]);
+        for (size_t i = 0; rk->master && i < rk->n_params; i++)
+            free(rk->master[i]);
+        free(rk->pre_init);
+        free(rk->master);
+        free(rk->data_sessions);
+        free(rk->data_weights);
+        free(rk->counts);
+        free(rk->routed);
+        free(rk->tokens);
+        free(rk->targets);
+        seldp_grads_destroy(rk->grads);
+        tm_model_destroy(rk->model);
+    }
+    tm_model_destroy(run->global);
+    free(run->ranks);
+    free(run->groups);
+    free(run->steps);
+    free(run->expert_tokens);
+    free(run->data_weights);
+    hx_backend_close(run->backend);
+    hx_layout_destroy(run->layout);
+    pthread_mutex_destroy(&run->gate_lock);
+    pthread_cond_destroy(&run->gate_cond);
+    free(run);
+}

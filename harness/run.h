@@ -1,0 +1,220 @@
+/* One harness run: the rank threads and the step of SPEC §5, the checks, the records that
+ * reports are made of.
+ *
+ * hx_run_create validates the options and the layout (an error there is a usage error);
+ * hx_run_execute starts one thread per rank and drives them through phases:
+ *
+ *   ranks:  join world, split groups, build model, initialize sessions  | gate
+ *   main:   check the replicas after initialize                        | gate
+ *   per step:
+ *   ranks:  draw tokens, forward (dispatch by alltoallv), backward, reduce | gate
+ *   main:   FP64 reference, checks, progress line, dump (last step)        | gate
+ *   ranks:  SGD update
+ *
+ * Checks never stop a run: every step runs and every failure is counted. A rank that fails
+ * (a library error) aborts the world so every rank returns instead of hanging; the run
+ * then reports that rank's error. */
+#ifndef HX_RUN_H
+#define HX_RUN_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "backend.h"
+#include "layout.h"
+#include "options.h"
+
+/* What the run checks (SPEC §5). */
+typedef enum hx_check_id {
+    HX_CHECK_DIFFER_BEFORE_INIT, /* replicas differ before initialize (or the next is void) */
+    HX_CHECK_INIT_REPLICAS,      /* after initialize every replica equals its root's values */
+    HX_CHECK_INIT_UNTOUCHED,     /* initialize changes no parameter outside its selection */
+    HX_CHECK_LOSS,               /* the ranks' mean loss equals the reference's */
+    HX_CHECK_ROUTING,            /* tokens per expert equal the reference's */
+    HX_CHECK_GRAD_ERROR,         /* reduced gradient vs the FP64 reference */
+    HX_CHECK_GRAD_REPLICAS,      /* reduced gradients bit-identical over each group */
+    HX_CHECK_PARAM_REPLICAS,     /* parameters bit-identical over each group, every step */
+    HX_CHECK_REDUCE_UNTOUCHED,   /* a reduce leaves gradients outside its selection alone */
+    HX_CHECK_ABSENT,             /* experts that no token reached have no gradient anywhere */
+    HX_CHECK_COUNT
+} hx_check_id;
+
+typedef struct hx_check_result {
+    int64_t tested;
+    int64_t failed;
+    bool metric;  /* worst/limit are meaningful (an error measure, not a bit comparison) */
+    double worst; /* largest measured error */
+    double limit;
+    char first_failure[400];
+} hx_check_result;
+
+/* Name of a check as the tables print it. */
+const char *hx_check_name(hx_check_id id);
+
+/* Tensor classes of tiny-moe, for per-class error tables. */
+typedef enum hx_tensor_class {
+    HX_CLASS_EMBED,
+    HX_CLASS_NORM,
+    HX_CLASS_ROUTER,
+    HX_CLASS_FINAL_NORM,
+    HX_CLASS_EXPERT_W1,
+    HX_CLASS_EXPERT_W2,
+    HX_CLASS_LORA_A,
+    HX_CLASS_LORA_B,
+    HX_CLASS_COUNT
+} hx_tensor_class;
+
+const char *hx_class_name(hx_tensor_class c);
+
+/* The class of a trainable parameter path. */
+hx_tensor_class hx_class_of(const char *path);
+
+/* Worst relative error over a set of tensors. */
+typedef struct hx_error_stat {
+    int64_t tensors;
+    double worst;
+    char worst_path[128];
+    int worst_rank;
+    int worst_step;
+} hx_error_stat;
+
+typedef struct hx_step_record {
+    size_t tokens;
+    double loss;     /* the ranks' loss sums over the global token count */
+    double ref_loss; /* the FP64 reference */
+    double worst;    /* worst gradient error of the step */
+    char worst_path[128];
+    int worst_rank;
+    int64_t failures; /* failed checks in this step */
+    int absent;       /* (layer, expert) pairs no token reached */
+    double t_step;    /* wall time of the step, checks included */
+    double t_compute; /* slowest rank: forward + backward, dispatch included */
+    double t_dispatch;
+    double t_reduce; /* slowest rank */
+    double t_reference;
+    double t_check;
+} hx_step_record;
+
+typedef struct hx_rank hx_rank;
+
+typedef struct hx_run {
+    hx_options opts;
+    hx_layout *layout;
+    hx_backend *backend;
+    seldp_dtype grad_dtype; /* dtype of the reduced gradients */
+    double tolerance;       /* relative-error limit of SPEC §5 for grad_dtype */
+    FILE *out;              /* progress and tables (NULL when quiet) */
+
+    hx_rank *ranks;   /* [world] */
+    tm_model *global; /* every expert: the weights the reference reads */
+
+    hx_check_result checks[HX_CHECK_COUNT];
+    hx_error_stat classes[HX_CLASS_COUNT];
+    hx_error_stat *groups; /* [1 + n_data]: the shared group, then the expert-data groups */
+    hx_step_record *steps; /* [opts.steps] */
+    int steps_done;
+    int64_t *expert_tokens; /* [L * E] tokens routed to each expert over the whole run */
+    uint64_t shared_weight; /* last step's global weights, for the manifest */
+    uint64_t *data_weights; /* [n_data] */
+    double t_setup;
+    double t_init;
+    double t_total;
+
+    /* a run that could not finish: the first failing rank's message */
+    seldp_status status;
+    char error[1024];
+
+    /* phase gate shared by the rank threads and the main thread */
+    pthread_mutex_t gate_lock;
+    pthread_cond_t gate_cond;
+    int gate_arrived;
+    unsigned gate_generation;
+    bool gate_broken;
+} hx_run;
+
+/* Validate the options (model config, layout) and prepare a run. A failure here is a usage
+ * error: SELDP_ERR_INVALID_ARGUMENT or _PARSE or _UNSUPPORTED, hx_last_error one line. */
+seldp_status hx_run_create(const hx_options *opts, hx_run **out);
+
+/* Run every step. Progress and tables go to `out` (NULL: nothing). Returns SELDP_OK when the
+ * run completed, whatever the checks found (see hx_run_passed); otherwise the status of the
+ * failure, with run->error naming the rank. */
+seldp_status hx_run_execute(hx_run *run, FILE *out);
+
+/* True when the run completed and no check failed. */
+bool hx_run_passed(const hx_run *run);
+
+/* Total failed checks. */
+int64_t hx_run_failures(const hx_run *run);
+
+void hx_run_destroy(hx_run *run);
+
+/* ---- used by checks.c, report.c and dump.c ----------------------------------------------- */
+
+/* What the main thread may read of a rank between phases. */
+struct hx_rank {
+    int rank;
+    hx_run *run;
+    pthread_t thread;
+    bool started;
+    seldp_comm *world;
+    hx_rank_comms comms;
+    tm_model *model;
+    seldp_session *shared_session;
+    seldp_session **data_sessions; /* [n_data], NULL where the rank is not a member */
+
+    /* parameter bytes before initialize, by tm_param_at index */
+    void **pre_init;
+    size_t n_params;
+    float **master; /* FP32 master weights by tm_param_at index (--fp32-master) */
+
+    /* this step */
+    int32_t *tokens;
+    int32_t *targets;
+    size_t T;
+    uint64_t *counts; /* [world] every rank's token count */
+    uint64_t global_tokens;
+    double loss_sum;
+    int64_t *routed; /* [L * E] tokens routed to each expert over the world (allreduced) */
+    seldp_grads *grads;
+    uint64_t shared_weight;
+    uint64_t *data_weights; /* [n_data] global weights returned by the data reductions */
+    double t_compute;
+    double t_dispatch;
+    double t_reduce;
+
+    /* rank-local checks, merged by the main thread */
+    hx_check_result init_untouched;
+    hx_check_result reduce_untouched;
+
+    seldp_status status;
+    char error[1024];
+};
+
+/* Main-thread checks (checks.c). */
+void hx_check_init(hx_run *run);
+seldp_status hx_check_step(hx_run *run, int step, const tm_reference *ref);
+
+/* Record one outcome of check `id`: `failed` with a printf-style description of the first
+ * failure. `value` updates `worst` for metric checks. */
+HX_PRINTF(5, 6)
+void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...);
+
+/* The parameters rank r replicates over group g (0: shared, 1 + d: expert-data group d):
+ * true when `info` belongs to that group's selection. */
+bool hx_param_in_group(const hx_run *run, const tm_param_info *info, int g);
+
+/* Reports (report.c) and the dump (dump.c). */
+void hx_report_print_checks(const hx_run *run, FILE *out);
+seldp_status hx_report_write(const hx_run *run, const char *dir);
+seldp_status hx_dump_write(const hx_run *run, int step, const char *dir);
+
+/* The config JSON of SPEC §5 (tm_config_json) appended to buf. */
+void hx_config_json(const tm_config *cfg, hx_buf *buf);
+
+#endif
