@@ -345,7 +345,7 @@ bool close_to(seldp_dtype dtype, const void *data, const double *ref, size_t n, 
 {
     for (size_t i = 0; i < n; i++) {
         double got = tm_get(dtype, data, i), err = fabs(got - ref[i]);
-        double tol = tol_rel * fmax(fabs(ref[i]), 1e-3);
+        double tol = tol_rel * fmax(fabs(ref[i]), 1.0);
         if (seldp_dtype_is_half(dtype))
             tol += 0.5 * ulp_of(dtype, ref[i]);
         if (!(err <= tol)) {

@@ -127,7 +127,7 @@ bool gs_entry_same(const grads_snapshot *s, const seldp_grads *grads, seldp_para
 
 void gs_free(grads_snapshot *s);
 
-/* True when every element of a float tensor is within tol_rel * max(|ref|, floor) of ref,
+/* True when every element of a float tensor is within tol_rel * max(|ref|, 1) of ref,
  * or, for a half dtype, within half a unit in the last place of ref (plus tol_rel).
  * Else why names the worst element. */
 bool close_to(seldp_dtype dtype, const void *data, const double *ref, size_t n, double tol_rel,
