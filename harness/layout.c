@@ -547,34 +547,34 @@ void hx_layout_json(const hx_layout *l, hx_buf *b)
 
 void hx_layout_print(const hx_layout *l, const char *const *device_names, FILE *out)
 {
-    char shared[64], ep[256], col[512];
+    char text[256], col[300];
     int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
     if (!owned)
         return;
-    hx_group_str(&l->shared, shared, sizeof shared);
-    fprintf(out, "layout: %s (%d EP groups, %d expert-data groups; * marks a root)\n",
+    fprintf(out, "layout: %s; %d EP groups, %d expert-data groups, * marks a root\n",
             l->description, l->n_ep, l->n_data);
-    fprintf(out, "  %4s  %-7s  %-14s  %-16s  %-28s  %s\n", "rank", "device", "shared", "ep group",
+    fprintf(out, "  %4s  %-7s  %-10s  %-14s  %-30s  %s\n", "rank", "device", "shared", "EP group",
             "expert-data groups", "experts");
     for (int r = 0; r < l->world; r++) {
         hx_buf data = {0};
         for (int d = 0; d < l->n_data; d++) {
             if (hx_group_rank(&l->data[d], r) < 0)
                 continue;
-            hx_group_str(&l->data[d], ep, sizeof ep);
-            hx_buf_printf(&data, "%sd%d%s%s", data.len ? " " : "", d,
-                          l->data[d].root == r ? "*" : "", ep);
+            hx_group_str(&l->data[d], text, sizeof text);
+            hx_buf_printf(&data, "%sd%d %s%s", data.len ? "  " : "", d, text,
+                          l->data[d].root == r ? "*" : "");
         }
         hx_buf experts = {0};
         int n = hx_layout_owned(l, r, owned);
         for (int i = 0; i < n; i++)
             hx_buf_printf(&experts, "%s%d", i ? "," : "", owned[i]);
-        hx_group_str(&l->ep[l->ep_of[r]], ep, sizeof ep);
-        snprintf(col, sizeof col, "%s%s", l->shared.root == r ? "*" : "", shared);
-        char epcol[300];
-        snprintf(epcol, sizeof epcol, "e%d%s", l->ep_of[r], ep);
-        fprintf(out, "  %4d  %-7s  %-14s  %-16s  %-28s  %s\n", r,
-                device_names && device_names[r] ? device_names[r] : "host", col, epcol,
+        hx_group_str(&l->shared, text, sizeof text);
+        char shared[300];
+        snprintf(shared, sizeof shared, "%s%s", text, l->shared.root == r ? "*" : "");
+        hx_group_str(&l->ep[l->ep_of[r]], text, sizeof text);
+        snprintf(col, sizeof col, "e%d %s", l->ep_of[r], text);
+        fprintf(out, "  %4d  %-7s  %-10s  %-14s  %-30s  %s\n", r,
+                device_names && device_names[r] ? device_names[r] : "host", shared, col,
                 data.len ? hx_buf_str(&data) : "-", n ? hx_buf_str(&experts) : "-");
         hx_buf_free(&data);
         hx_buf_free(&experts);

@@ -34,6 +34,7 @@ enum {
     OPT_DUMP,
     OPT_QUIET,
     OPT_TIMEOUT,
+    OPT_INJECT,
     OPT_VOCAB,
     OPT_D_MODEL,
     OPT_D_FF,
@@ -97,6 +98,9 @@ static const option_doc docs[] = {
     {{"timeout", required_argument, NULL, OPT_TIMEOUT},
      "S",
      "seconds a collective may wait for a rank"},
+    {{"inject", required_argument, NULL, OPT_INJECT},
+     "none|grad|replica|absent",
+     "self-test: plant a defect on the last rank that the checks must catch (exit 1)"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
@@ -156,6 +160,12 @@ const char *hx_policy_name(seldp_missing_policy policy)
 const char *hx_order_name(hx_order order)
 {
     return order == HX_ORDER_DP_EP ? "dp-ep" : "ep-dp";
+}
+
+const char *hx_fault_name(hx_fault fault)
+{
+    static const char *const names[] = {"none", "grad", "replica", "absent"};
+    return (unsigned)fault < 4 ? names[fault] : "invalid";
 }
 
 const char *hx_roots_name(hx_roots roots)
@@ -228,6 +238,9 @@ static void default_text(int id, char *buf, size_t size)
     case OPT_TIMEOUT:
         snprintf(buf, size, "%g", d.timeout_s);
         break;
+    case OPT_INJECT:
+        snprintf(buf, size, "%s", hx_fault_name(d.inject));
+        break;
     case OPT_VOCAB:
         snprintf(buf, size, "%d", d.model.vocab);
         break;
@@ -261,25 +274,58 @@ static void default_text(int id, char *buf, size_t size)
     }
 }
 
+/* Print `text` from column `indent`, wrapped at 100 columns; the first line continues what
+ * is already printed up to column `at`. */
+static void print_wrapped(FILE *out, const char *text, int at, int indent)
+{
+    int col = at;
+    while (*text) {
+        const char *space = strchr(text, ' ');
+        int word = space ? (int)(space - text) : (int)strlen(text);
+        if (col > indent && col + 1 + word > 100) {
+            fprintf(out, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', out);
+            col++;
+        } else {
+            while (col < indent) {
+                fputc(' ', out);
+                col++;
+            }
+        }
+        fprintf(out, "%.*s", word, text);
+        col += word;
+        text += word;
+        while (*text == ' ')
+            text++;
+    }
+    fputc('\n', out);
+}
+
 void hx_options_usage(FILE *out)
 {
-    fprintf(out, "usage: seldp-harness [options]\n"
-                 "\n"
-                 "Runs tiny-moe training steps on simulated ranks (one thread each) with the\n"
-                 "shared parameters replicated over the world and each expert over its\n"
-                 "expert-data group, and checks every reduced gradient on every rank against an\n"
-                 "FP64 reference of the global loss (SPEC section 5).\n"
-                 "Exit status: 0 all checks pass, 1 a check or the run failed, 2 bad options or "
-                 "layout.\n\n");
+    fprintf(
+        out,
+        "usage: seldp-harness [options]\n"
+        "\n"
+        "Runs tiny-moe training steps on simulated ranks (one thread each): the shared\n"
+        "parameters replicated over the world, each expert over its expert-data group, tokens\n"
+        "dispatched to expert owners by alltoallv. Checks every reduced gradient on every rank\n"
+        "against an FP64 reference of the global loss, and the replicas (SPEC section 5).\n"
+        "Exit status: 0 every check passed, 1 a check or the run failed, 2 bad options or "
+        "layout.\n\n");
     for (size_t i = 0; i < N_DOCS; i++) {
-        char left[64], def[128];
+        char left[64], def[128], text[512];
         snprintf(left, sizeof left, "--%s%s%s", docs[i].opt.name, docs[i].metavar ? " " : "",
                  docs[i].metavar ? docs[i].metavar : "");
         default_text(docs[i].opt.val, def, sizeof def);
         if (def[0])
-            fprintf(out, "  %-32s %s [default: %s]\n", left, docs[i].help, def);
+            snprintf(text, sizeof text, "%s [default: %s]", docs[i].help, def);
         else
-            fprintf(out, "  %-32s %s\n", left, docs[i].help);
+            snprintf(text, sizeof text, "%s", docs[i].help);
+        int at = fprintf(out, "  %-30s", left);
+        print_wrapped(out, text, at, 33);
     }
     fprintf(out, "\nexample: seldp-harness --world 8 --ep 4 --order ep-dp --dtype bf16\n");
 }
@@ -329,7 +375,7 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
     opterr = 0;
     for (;;) {
         int prev = optind ? optind : 1;
-        int c = getopt_long(argc, argv, "", longopts, NULL);
+        int c = getopt_long(argc, argv, ":", longopts, NULL);
         if (c == -1)
             break;
         const char *arg = optarg;
@@ -450,6 +496,16 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             ok = parse_double(arg, 0.001, 1e6, &x);
             expected = "seconds > 0";
             o->timeout_s = x;
+            break;
+        case OPT_INJECT:
+            expected = "none, grad, replica or absent";
+            ok = false;
+            for (int f = 0; f < 4; f++) {
+                if (strcasecmp(arg, hx_fault_name((hx_fault)f)) == 0) {
+                    o->inject = (hx_fault)f;
+                    ok = true;
+                }
+            }
             break;
         case OPT_VOCAB:
         case OPT_D_MODEL:

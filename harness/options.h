@@ -18,6 +18,14 @@ typedef enum hx_flow {
     HX_FLOW_MEAN = 1 /* loss-sum gradients, `reduce` weighted by the EP group's tokens */
 } hx_flow;
 
+/* A defect the harness plants on its last rank, to prove that its checks catch it. */
+typedef enum hx_fault {
+    HX_FAULT_NONE = 0,
+    HX_FAULT_GRAD = 1,    /* double one reduced gradient after the reductions */
+    HX_FAULT_REPLICA = 2, /* flip a bit of embed.weight after initialize */
+    HX_FAULT_ABSENT = 3   /* give an expert no token reached a zero gradient */
+} hx_fault;
+
 typedef struct hx_options {
     int world;
     int ep;
@@ -37,6 +45,7 @@ typedef struct hx_options {
     const char *dump_dir; /* NULL: no dump */
     bool quiet;
     double timeout_s;
+    hx_fault inject;
     bool world_given;   /* --world on the command line (a layout file may set it otherwise) */
     bool experts_given; /* --experts on the command line */
 } hx_options;
@@ -64,6 +73,7 @@ const char *hx_flow_name(hx_flow flow);
 const char *hx_policy_name(seldp_missing_policy policy);
 const char *hx_order_name(hx_order order);
 const char *hx_roots_name(hx_roots roots);
+const char *hx_fault_name(hx_fault fault);
 
 /* The token spread actually used (resolves -1). */
 int hx_options_spread(const hx_options *opts);

@@ -216,6 +216,12 @@ static seldp_status rank_setup(hx_rank *rk)
         if (rk->comms.data[d])
             HX_CHECK(init_session(rk, 1 + d, rk->comms.data[d], &rk->data_sessions[d]));
 
+    if (run->opts.inject == HX_FAULT_REPLICA && rk->rank == run->opts.world - 1) {
+        const tm_param_info *p = tm_param_find(rk->model, "embed.weight");
+        if (p)
+            ((unsigned char *)p->tensor.data)[0] ^= 1;
+    }
+
     if (run->opts.fp32_master) {
         rk->master = hx_calloc(rk->n_params, sizeof *rk->master);
         if (!rk->master)
@@ -758,6 +764,48 @@ fail:
     return st;
 }
 
+/* --inject grad / absent: a defect after the reductions that the checks must report. */
+static seldp_status plant_fault(hx_rank *rk)
+{
+    hx_run *run = rk->run;
+    if (rk->rank != run->opts.world - 1)
+        return SELDP_OK;
+    if (run->opts.inject == HX_FAULT_GRAD && seldp_grads_count(rk->grads) > 0) {
+        seldp_param_id id;
+        const seldp_tensor *g;
+        seldp_grads_at(rk->grads, 0, &id, &g);
+        size_t n = seldp_tensor_numel(g);
+        float *v = hx_calloc(n, sizeof *v);
+        if (!v)
+            return SELDP_ERR_NOMEM;
+        to_f32(g, v);
+        for (size_t i = 0; i < n; i++)
+            v[i] *= 2.0f;
+        seldp_tensor t = *g;
+        from_f32(v, &t);
+        free(v);
+    }
+    if (run->opts.inject == HX_FAULT_ABSENT) {
+        int E = run->layout->experts;
+        for (size_t i = 0; i < rk->n_params; i++) {
+            const tm_param_info *p = tm_param_at(rk->model, i);
+            if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen ||
+                rk->routed[p->layer * E + p->expert] != 0 || seldp_grads_get(rk->grads, p->id))
+                continue;
+            seldp_tensor z = p->tensor;
+            z.dtype = run->grad_dtype;
+            z.data = NULL;
+            seldp_status st = seldp_tensor_alloc(&z);
+            if (st == SELDP_OK)
+                st = seldp_grads_put(rk->grads, p->id, &z, SELDP_OWNED);
+            if (st != SELDP_OK)
+                return hx_fail_lib(st, "rank %d: --inject absent", rk->rank);
+            break;
+        }
+    }
+    return SELDP_OK;
+}
+
 static seldp_status rank_step(hx_rank *rk, int step)
 {
     seldp_status st = SELDP_OK;
@@ -774,6 +822,8 @@ static seldp_status rank_step(hx_rank *rk, int step)
     HX_CHECK(rank_compute(rk));
     rk->t_compute = hx_now() - t0;
     HX_CHECK(rank_reduce(rk));
+    if (run->opts.inject != HX_FAULT_NONE)
+        HX_CHECK(plant_fault(rk));
 fail:
     return st;
 }
@@ -925,21 +975,25 @@ static void print_header(const hx_run *run, FILE *out)
 {
     const hx_options *o = &run->opts;
     const tm_config *m = &o->model;
+    fprintf(out, "seldp-harness %s: %d simulated ranks, %s transport\n", seldp_version(), o->world,
+            hx_backend_transport(run->backend));
+    fprintf(out, "  model   tiny-moe V=%d D=%d F=%d E=%d K=%d L=%d, %s parameters, ", m->vocab,
+            m->d_model, m->d_ff, m->experts, m->top_k, m->layers, tm_dtype_name(m->dtype));
+    if (m->quant == TM_QUANT_NONE)
+        fprintf(out, "dense experts\n");
+    else
+        fprintf(out, "%s expert bases + LoRA r=%d alpha=%g\n", tm_quant_name(m->quant),
+                m->lora_rank, m->lora_alpha);
     fprintf(out,
-            "seldp-harness %s: world %d (%s), %s, dtype %s, quant %s, expert-reduce %s%s, "
-            "policy %s\n",
-            seldp_version(), o->world, hx_backend_transport(run->backend), run->layout->description,
-            tm_dtype_name(m->dtype), tm_quant_name(m->quant), hx_flow_name(o->flow),
-            o->fp32_master ? " (fp32 master)" : "", hx_policy_name(o->policy));
-    fprintf(out, "tiny-moe V=%d D=%d F=%d E=%d K=%d L=%d", m->vocab, m->d_model, m->d_ff,
-            m->experts, m->top_k, m->layers);
-    if (m->quant != TM_QUANT_NONE)
-        fprintf(out, " lora r=%d alpha=%g", m->lora_rank, m->lora_alpha);
-    fprintf(out,
-            "; %d steps, %d +- %d tokens per rank, lr %g, seed %llu; gradient limit %.0e "
-            "(%s results)\n",
-            o->steps, o->tokens, hx_options_spread(o), o->lr, (unsigned long long)m->seed,
-            run->tolerance, seldp_dtype_name(run->grad_dtype));
+            "  reduce  shared: reduce by tokens; experts: %s; policy %s; %s results, limit %.0e\n",
+            o->flow == HX_FLOW_SUM ? "sum of grads / global tokens" : "reduce by EP-group tokens",
+            hx_policy_name(o->policy), seldp_dtype_name(run->grad_dtype), run->tolerance);
+    fprintf(out, "  steps   %d, %d +- %d tokens per rank, SGD lr %g%s, seed %llu\n", o->steps,
+            o->tokens, hx_options_spread(o), o->lr, o->fp32_master ? " on FP32 master weights" : "",
+            (unsigned long long)m->seed);
+    if (o->inject != HX_FAULT_NONE)
+        fprintf(out, "  inject  %s: a planted defect on rank %d; the checks must fail\n",
+                hx_fault_name(o->inject), o->world - 1);
     const char **devices = hx_calloc((size_t)o->world, sizeof *devices);
     if (devices)
         for (int r = 0; r < o->world; r++)
@@ -1013,8 +1067,8 @@ static void print_progress(const hx_run *run, int step, double t_step)
     if (!run->out)
         return;
     fprintf(run->out,
-            "step %d/%d  loss %.6f (ref %.6f)  tokens %zu  worst rel err %.2e %s %.0e "
-            "(%s, rank %d)  %s  %.1f ms\n",
+            "step %d/%d  loss %.6f (ref %.6f)  %zu tokens  worst %.2e %s %.0e (%s @ rank %d)  %s  "
+            "%.1f ms\n",
             step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->worst,
             rec->worst <= run->tolerance ? "<=" : ">", run->tolerance,
             rec->worst_path[0] ? rec->worst_path : "-", rec->worst_rank,
