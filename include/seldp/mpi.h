@@ -2,28 +2,38 @@
  *
  * Each process initializes MPI itself (MPI_Init or MPI_Init_thread), then joins with
  * seldp_mpi_comm_init over a communicator such as MPI_COMM_WORLD. The result is a seldp
- * communicator like any other: the seldp_comm_* calls of comm.h, with the same semantics,
- * errors and timeouts as the host-staged transport.
+ * communicator like any other: the seldp_comm_* calls of comm.h, with the semantics,
+ * errors and messages of the host-staged transport.
  *
  * How it behaves:
- * - Every operation is built from non-blocking MPI calls polled with MPI_Test against a
- *   deadline of cfg->timeout_s per call; the communicators use MPI_ERRORS_RETURN, so an
- *   MPI failure returns SELDP_ERR_TRANSPORT instead of killing the job.
- * - A rank that fails a collective (timeout, MPI error, no memory) aborts the world:
- *   an out-of-band message on a private duplicate of the parent communicator reaches
- *   every other process, whose pending and later collectives on any communicator of this
- *   world return SELDP_ERR_ABORTED. seldp_comm_abort does the same without MPI_Abort:
- *   the processes keep running and report the error.
+ * - Every collective first exchanges a small header with each rank of the group (the
+ *   call, its sizes, root and dtype, split color and key). When the calls disagree, or a
+ *   rank could not stage its buffers, every rank returns the same error
+ *   (SELDP_ERR_DISAGREE, or that rank's status) and the world stays usable. A barrier is
+ *   that exchange alone.
+ * - Every wait is non-blocking MPI polled with MPI_Test against a deadline of
+ *   cfg->timeout_s: once for every rank to arrive, once for the data to move. A rank
+ *   missing at the deadline is named (SELDP_ERR_TIMEOUT). The communicators use
+ *   MPI_ERRORS_RETURN: an MPI failure returns SELDP_ERR_TRANSPORT.
+ * - A rank that times out or fails while moving data aborts the world: an out-of-band
+ *   notice on a private duplicate of the parent communicator reaches every process, whose
+ *   pending and later calls on any communicator of the world return SELDP_ERR_TIMEOUT
+ *   (after a timeout) or SELDP_ERR_ABORTED with the first rank's reason.
+ *   seldp_comm_abort sends the same notice; MPI_Abort is never called.
  * - Allreduce is deterministic: a reduce-scatter (each rank owns one slice), a sum in
  *   rank order 0, 1, ..., n-1 in the dtype's own arithmetic, then an allgather of the
- *   slices. Every rank receives bit-identical results, equal from run to run and to the
- *   host transport's, whatever algorithm MPI picks.
+ *   slices. Every rank receives bit-identical results, the same from run to run and
+ *   the same as the host transport's, whatever algorithm MPI picks.
  * - Messages are cut into pieces of at most 1 GiB, so buffers beyond MPI's int counts
  *   work. The environment variable SELDP_MPI_MAX_MESSAGE (bytes) lowers that bound; the
  *   smallest value over the ranks is used.
  * - CUDA buffers are staged through pinned host memory.
- * - After a timeout or abort, MPI may still hold the failed operation's buffers: do not
- *   reuse or free them while this world's communicators exist.
+ * - After a timeout or abort, MPI may still hold the failed operation's buffers (it
+ *   cannot cancel a collective): do not reuse or free them while this world's
+ *   communicators exist.
+ * - MPI has no non-blocking split: seldp_comm_split calls MPI_Comm_split once the headers
+ *   show that every rank has arrived. A rank that times out at that very moment can leave
+ *   the others inside MPI_Comm_split.
  * - Open MPI before 5.0 raises the errors of non-blocking collectives on MPI_COMM_WORLD,
  *   whose default handler aborts the job: set MPI_ERRORS_RETURN on MPI_COMM_WORLD after
  *   MPI_Init to get SELDP_ERR_TRANSPORT instead. seldp never changes the caller's
