@@ -149,7 +149,9 @@ static void mpi_error_text(int err, char *text, size_t size)
 __attribute__((format(printf, 3, 4)))
 #endif
 static void
-world_abort(mpi_world *w, seldp_status status, const char *fmt, ...)
+world_abort(mpi_world *w, seldp_status status, const char *fmt, ...);
+
+static void world_abort(mpi_world *w, seldp_status status, const char *fmt, ...)
 {
     if (w->aborted)
         return;
@@ -936,8 +938,8 @@ static void group_free(mpi_group *g)
 }
 
 /* A group over `mc` (taken over, freed with the group) of world `w`. */
-static seldp_status group_new(mpi_world *w, MPI_Comm mc, MPI_Comm world_comm, int world_rank,
-                              seldp_device device, seldp_comm **out)
+static seldp_status group_new(mpi_world *w, MPI_Comm mc, int world_rank, seldp_device device,
+                              seldp_comm **out)
 {
     int rank = 0, size = 0;
     MPI_Comm_rank(mc, &rank);
@@ -954,7 +956,7 @@ static seldp_status group_new(mpi_world *w, MPI_Comm mc, MPI_Comm world_comm, in
     if (g && g->world_ranks && g->headers && g->reqs) {
         MPI_Group from, to;
         MPI_Comm_group(mc, &from);
-        MPI_Comm_group(world_comm, &to);
+        MPI_Comm_group(w->ctrl, &to); /* ctrl duplicates the parent: world numbering */
         for (int r = 0; r < size; r++)
             g->world_ranks[r] = r;
         MPI_Group_translate_ranks(from, size, g->world_ranks, to, g->world_ranks);
@@ -974,9 +976,6 @@ static seldp_status group_new(mpi_world *w, MPI_Comm mc, MPI_Comm world_comm, in
     return SELDP_OK;
 }
 
-/* The world's own data communicator, for translating group ranks to world ranks. */
-static MPI_Comm world_comm_of(const seldp_comm *comm);
-
 /* MPI has no non-blocking split. The headers carry every rank's color and key and
  * prove that every rank has arrived, so the blocking MPI_Comm_split that follows only
  * waits for ranks already on their way into it. */
@@ -995,7 +994,7 @@ static seldp_status mpi_split(seldp_comm *comm, int color, int key, seldp_comm *
     if (mc == MPI_COMM_NULL)
         return SELDP_OK;
     MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
-    st = group_new(g->world, mc, world_comm_of(comm), comm->world_rank, comm->device, out);
+    st = group_new(g->world, mc, comm->world_rank, comm->device, out);
     if (st != SELDP_OK) {
         MPI_Comm_free(&mc);
         return fail_alone(comm, OP_SPLIT, st);
@@ -1030,12 +1029,6 @@ static const seldp_comm_ops mpi_ops = {
     .abort = mpi_abort,
     .destroy = mpi_destroy,
 };
-
-/* The world rank numbering is the ctrl communicator's (a duplicate of the parent). */
-static MPI_Comm world_comm_of(const seldp_comm *comm)
-{
-    return group_of(comm)->world->ctrl;
-}
 
 /* ---- init ------------------------------------------------------------------------------ */
 
@@ -1145,7 +1138,7 @@ seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const sel
         mpi_error_text(err, text, sizeof text);
         SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d: init: MPI_Irecv failed: %s", rank, text);
     }
-    SELDP_CHECK(group_new(w, data, w->ctrl, rank, device, out));
+    SELDP_CHECK(group_new(w, data, rank, device, out));
     return SELDP_OK;
 
 fail:
