@@ -32,8 +32,7 @@ HX_PRINTF(3, 4) static seldp_status parse_error(const parser *p, size_t pos, con
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    return hx_fail(SELDP_ERR_PARSE, "%s at line %d, column %d: %s", p->what, p->line,
-                   column_of(p, pos), why);
+    return hx_fail(SELDP_ERR_PARSE, "%s:%d:%d: %s", p->what, p->line, column_of(p, pos), why);
 }
 
 static void skip_whitespace(parser *p)
@@ -413,9 +412,9 @@ static seldp_status parse_object(parser *p, hx_json *out, int depth)
         HX_CHECK(parse_string(p, &key));
         for (size_t i = 0; i < out->count; i++) {
             if (strcmp(out->keys[i], key) == 0) {
-                parse_error(p, key_pos, "duplicate member \"%s\"", key);
+                st = parse_error(p, key_pos, "duplicate member \"%s\"", key);
                 free(key);
-                HX_FAIL(SELDP_ERR_PARSE, "%s", hx_last_error());
+                goto fail;
             }
         }
         /* counted before its value is parsed, so a failure frees the key and the value */

@@ -42,7 +42,7 @@ struct hx_json {
 };
 
 /* Parse `len` bytes of `text`. On success *out is a tree the caller frees with
- * hx_json_free. On failure returns SELDP_ERR_PARSE with "<what> at line L, column C: <why>"
+ * hx_json_free. On failure returns SELDP_ERR_PARSE with "<what>:<line>:<column>: <why>"
  * as the last error, `what` naming the source (a file name, "layout file"...). */
 seldp_status hx_json_parse(const char *text, size_t len, const char *what, hx_json **out);
 

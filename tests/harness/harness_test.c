@@ -1,0 +1,112 @@
+/* Helpers of the harness tests (see harness_test.h). */
+#define _POSIX_C_SOURCE 200809L
+
+#include "harness_test.h"
+
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cli.h"
+
+void hx_test_harness(hx_test_run *run, const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    char *argv[128];
+    int argc = 0;
+    argv[argc++] = "seldp-harness";
+    for (char *tok = strtok(line, " "); tok && argc < 127; tok = strtok(NULL, " "))
+        argv[argc++] = tok;
+    argv[argc] = NULL;
+    FILE *out = tmpfile();
+    FILE *err = tmpfile();
+    assert_non_null(out);
+    assert_non_null(err);
+    memset(run, 0, sizeof *run);
+    run->status = hx_main(argc, argv, out, err);
+    fflush(out);
+    fflush(err);
+    rewind(err);
+    size_t n = fread(run->err, 1, sizeof run->err - 1, err);
+    run->err[n] = '\0';
+    long size = ftell(out);
+    fseek(out, size > (long)sizeof run->out - 1 ? size - (long)sizeof run->out + 1 : 0, SEEK_SET);
+    n = fread(run->out, 1, sizeof run->out - 1, out);
+    run->out[n] = '\0';
+    fclose(out);
+    fclose(err);
+}
+
+const char *hx_test_dir(const char *name)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", HX_TEST_WORKDIR, name);
+    assert_int_equal(hx_mkdir_p(path), SELDP_OK);
+    DIR *dir = opendir(path);
+    assert_non_null(dir);
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char file[2048];
+        snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+        unlink(file);
+    }
+    closedir(dir);
+    return path;
+}
+
+hx_json *hx_test_report(const char *dir)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/report.json", dir);
+    char *text = NULL;
+    size_t len = 0;
+    if (hx_read_file(path, &text, &len) != SELDP_OK)
+        fail_msg("%s", hx_last_error());
+    hx_json *report = NULL;
+    if (hx_json_parse(text, len, path, &report) != SELDP_OK)
+        fail_msg("%s", hx_last_error());
+    free(text);
+    return report;
+}
+
+void hx_test_check(const hx_json *report, const char *name, int64_t *tested, int64_t *failed)
+{
+    const hx_json *checks = hx_json_get(report, "checks");
+    assert_non_null(checks);
+    for (size_t i = 0; i < checks->count; i++) {
+        const hx_json *c = &checks->items[i];
+        const hx_json *n = hx_json_get(c, "name");
+        if (n && n->type == HX_JSON_STRING && strcmp(n->string, name) == 0) {
+            *tested = hx_test_int(c, "tested");
+            *failed = hx_test_int(c, "failed");
+            return;
+        }
+    }
+    fail_msg("report.json has no check \"%s\"", name);
+}
+
+int64_t hx_test_int(const hx_json *object, const char *key)
+{
+    const hx_json *v = hx_json_get(object, key);
+    if (!v || v->type != HX_JSON_NUMBER || !v->is_integer)
+        fail_msg("\"%s\" is not an integer member", key);
+    return v->integer;
+}
+
+const char *hx_test_layout(const char *file)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", HX_TEST_LAYOUTS, file);
+    return path;
+}

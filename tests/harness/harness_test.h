@@ -1,0 +1,41 @@
+/* Helpers of the harness tests: run seldp-harness in-process with a command line, read its
+ * report.json, and find the working directory of a test. */
+#ifndef HARNESS_TEST_H
+#define HARNESS_TEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "json.h"
+#include "util.h"
+
+/* Output of one run. */
+typedef struct hx_test_run {
+    int status;      /* exit status of hx_main */
+    char err[4096];  /* what it wrote to stderr */
+    char out[16384]; /* the end of what it wrote to stdout */
+} hx_test_run;
+
+/* Run `seldp-harness <args>` (args split at spaces; printf-style) in-process. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void hx_test_harness(hx_test_run *run, const char *fmt, ...);
+
+/* A fresh directory for `name` under this test's working directory (emptied of files). The
+ * returned path is static storage, valid until the next call. */
+const char *hx_test_dir(const char *name);
+
+/* Parse dir/report.json; fails the test when it cannot. Free with hx_json_free. */
+hx_json *hx_test_report(const char *dir);
+
+/* The check `name` of a report: its "tested" and "failed" counts (fails the test if absent). */
+void hx_test_check(const hx_json *report, const char *name, int64_t *tested, int64_t *failed);
+
+/* An integer member of an object (fails the test when absent or not an integer). */
+int64_t hx_test_int(const hx_json *object, const char *key);
+
+/* Path of a layout file shipped with the tests. */
+const char *hx_test_layout(const char *file);
+
+#endif
