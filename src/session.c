@@ -113,11 +113,12 @@ static seldp_status check_selectable(const seldp_param *p, bool with_buffers)
                            "seldp_session_initialize_with_buffers, integer or bool buffers",
                            p->path);
     if (!with_buffers)
-        return seldp__fail(SELDP_ERR_DTYPE,
-                           "'%s' is a %s buffer; seldp_session_initialize selects F32, F16 and "
-                           "BF16 parameters only (use seldp_session_initialize_with_buffers for "
-                           "integer or bool buffers)",
-                           p->path, seldp_dtype_name(dt));
+        return seldp__fail(
+            SELDP_ERR_DTYPE,
+            "'%s' is an integer or bool buffer (%s); seldp_session_initialize selects F32, F16 and "
+            "BF16 parameters only (use seldp_session_initialize_with_buffers for "
+            "integer or bool buffers)",
+            p->path, seldp_dtype_name(dt));
     return SELDP_OK;
 }
 

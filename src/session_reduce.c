@@ -114,7 +114,8 @@ static seldp_status check_gradient(reduce_call *c, const session_group *g, const
         SELDP_FAIL(SELDP_ERR_FROZEN, "'%s' is frozen but a gradient was supplied for it", g->path);
     if (g->slot == SESSION_NO_SLOT)
         SELDP_FAIL(SELDP_ERR_DTYPE,
-                   "'%s' is a %s buffer, never reduced, but a gradient was supplied for it",
+                   "'%s' is an integer or bool buffer (%s), never reduced, but a gradient was "
+                   "supplied for it",
                    g->path, seldp_dtype_name(g->tensor.dtype));
     if (t->dtype != g->tensor.dtype && !(c->fp32 && t->dtype == SELDP_F32))
         SELDP_FAIL(SELDP_ERR_DTYPE, "'%s': gradient dtype %s, expected %s%s (%s)", g->path,
