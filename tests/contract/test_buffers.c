@@ -122,7 +122,9 @@ static int rank_bit_exact(seldp_rank_ctx *ctx)
         tm_param *p = tm_find(&m, BUFS[k].path);
         size_t bytes = seldp_tensor_nbytes(&p->tensor);
         expected_bytes(k, a->root, want);
-        RANK_CHECK(ctx, p->tensor.dtype == BUFS[k].dtype && p->frozen == BUFS[k].frozen,
+        const seldp_param *view = seldp_model_find_path(m.model, BUFS[k].path);
+        RANK_CHECK(ctx,
+                   view && view->tensor.dtype == BUFS[k].dtype && view->frozen == BUFS[k].frozen,
                    "'%s' changed dtype or frozen flag", p->path);
         RANK_CHECK(ctx, seldp_first_diff(want, p->tensor.data, bytes) == bytes,
                    "'%s' is not root's bytes (first difference at byte %zu)", p->path,

@@ -82,13 +82,17 @@ static int rank_uneven_weights(seldp_rank_ctx *ctx)
     void *data[N_TRAINABLE];
     bool all[MAX_RANKS] = {true, true, true, true, true, true, true, true};
     uint64_t w = 0, expected = weight_sum(WEIGHTS, ctx->size);
+    char why[256];
 
     RANK_CHECK_OK(ctx, std_session(ctx->world, &m, NULL, &s));
     if (put_std_grads(ctx, &g, data))
         return 1;
     gs_take(&before, g.grads);
+    tm_snapshot(&m);
     RANK_CHECK_OK(ctx,
                   seldp_session_reduce(s, g.grads, WEIGHTS[ctx->rank], SELDP_MISSING_ERROR, &w));
+    /* a reduction touches gradients only: no parameter update, no broadcast */
+    RANK_CHECK(ctx, tm_unchanged(&m, why, sizeof why), "reduce wrote a parameter: %s", why);
     RANK_CHECK(ctx, w == expected, "global weight %llu, expected %llu", (unsigned long long)w,
                (unsigned long long)expected);
     if (check_mean(ctx, &g, all, (double)expected, SELDP_DTYPE_COUNT))

@@ -367,6 +367,70 @@ static void null_arguments_fail_locally(void **state)
     assert_int_equal(seldp_session_size(NULL), 0);
 }
 
+/* A rank that never arrives: the others' initialize ends with the transport's timeout
+ * instead of hanging, and writes nothing. Likewise for a reduction. */
+typedef struct absent_arg {
+    bool in_reduce;
+    seldp_status st[MAX_RANKS];
+    bool unchanged[MAX_RANKS];
+    char why[MAX_RANKS][256];
+} absent_arg;
+
+static int rank_absent(seldp_rank_ctx *ctx)
+{
+    absent_arg *a = ctx->arg;
+    bool absent = ctx->rank == ctx->size - 1;
+    test_model m;
+    test_grads g;
+    grads_snapshot before;
+    seldp_session *s = NULL;
+    seldp_param_id ids[STD_N];
+
+    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, std_model(&m, ctx->rank));
+    std_selection(ctx->rank, ids);
+    RANK_CHECK_OK(ctx, tg_init(&g));
+    RANK_CHECK_OK(ctx, std_put_grad(&g, ctx->rank, 0, SELDP_F32, false, NULL));
+    if (a->in_reduce)
+        RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, ids, STD_N, NULL, &s));
+    tm_snapshot(&m);
+    gs_take(&before, g.grads);
+    if (!absent) {
+        if (a->in_reduce)
+            a->st[ctx->rank] = seldp_session_reduce(s, g.grads, 1, SELDP_MISSING_ZERO, NULL);
+        else
+            a->st[ctx->rank] =
+                seldp_session_initialize(ctx->world, m.model, 0, ids, STD_N, NULL, &s);
+        a->unchanged[ctx->rank] = tm_unchanged(&m, a->why[ctx->rank], sizeof a->why[0]) &&
+                                  gs_same(&before, g.grads, a->why[ctx->rank], sizeof a->why[0]);
+    }
+    gs_free(&before);
+    tg_free(&g);
+    seldp_session_destroy(s);
+    tm_free(&m);
+    return 0;
+}
+
+static void absent_rank_times_out_without_writes(void **state)
+{
+    (void)state;
+    for (int in_reduce = 0; in_reduce <= 1; in_reduce++) {
+        for (int n = 2; n <= 3; n++) {
+            absent_arg a;
+            memset(&a, 0, sizeof a);
+            a.in_reduce = in_reduce;
+            seldp_run_ranks(n, 0.5, rank_absent, &a);
+            for (int r = 0; r < n - 1; r++) {
+                if (a.st[r] != SELDP_ERR_TIMEOUT && a.st[r] != SELDP_ERR_ABORTED)
+                    fail_msg("rank %d returned %s, expected a timeout", r,
+                             seldp_status_name(a.st[r]));
+                if (!a.unchanged[r])
+                    fail_msg("rank %d: %s", r, a.why[r]);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -391,6 +455,7 @@ int main(void)
         cmocka_unit_test(first_differing_path_is_named),
         cmocka_unit_test(every_differing_rank_is_listed),
         cmocka_unit_test(null_arguments_fail_locally),
+        cmocka_unit_test(absent_rank_times_out_without_writes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
