@@ -329,8 +329,27 @@ static void drop_gradient(seldp_grads *grads, seldp_param_id id)
         seldp_tensor_free(&t);
 }
 
-/* Write the results into the caller's container. The only failure left possible is the
- * container's own allocation when an entry is added. */
+/* Put the owned result of `id` in place of the caller's entry, if any. When the container
+ * cannot grow (SELDP_ERR_NOMEM), the caller's entry is put back and the error returned. */
+static seldp_status replace_gradient(seldp_grads *grads, seldp_param_id id, seldp_tensor *result)
+{
+    seldp_tensor old;
+    seldp_ownership own = SELDP_BORROWED;
+    bool had = seldp_grads_take(grads, id, &old, &own);
+    seldp_status st = seldp_grads_put(grads, id, result, SELDP_OWNED);
+    if (st != SELDP_OK) {
+        if (had)
+            seldp_grads_put(grads, id, &old, own);
+        return st;
+    }
+    result->data = NULL; /* the container owns it now */
+    if (had && own == SELDP_OWNED)
+        seldp_tensor_free(&old);
+    return SELDP_OK;
+}
+
+/* Write the results into the caller's container. Everything it needs was allocated before
+ * the agreement; the only failure left possible is the container's own growth. */
 static seldp_status reduce_commit(reduce_call *c)
 {
     seldp_status st = SELDP_OK;
@@ -348,9 +367,7 @@ static seldp_status reduce_commit(reduce_call *c)
             SELDP_CHECK(seldp__convert(s->device, slot->grad.data, dtype, src, SELDP_F32, n));
         } else {
             SELDP_CHECK(seldp__convert(s->device, slot->result.data, dtype, src, SELDP_F32, n));
-            drop_gradient(c->grads, g->id);
-            SELDP_CHECK(seldp_grads_put(c->grads, g->id, &slot->result, SELDP_OWNED));
-            slot->result.data = NULL;
+            SELDP_CHECK(replace_gradient(c->grads, g->id, &slot->result));
         }
     }
 fail:
