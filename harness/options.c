@@ -294,7 +294,8 @@ static void print_wrapped(FILE *out, const char *text, int at, int indent)
                 col++;
             }
         }
-        fprintf(out, "%.*s", word, text);
+        for (int i = 0; i < word; i++)
+            fputc(text[i] == '\x01' ? ' ' : text[i], out);
         col += word;
         text += word;
         while (*text == ' ')
@@ -321,7 +322,8 @@ void hx_options_usage(FILE *out)
                  docs[i].metavar ? docs[i].metavar : "");
         default_text(docs[i].opt.val, def, sizeof def);
         if (def[0])
-            snprintf(text, sizeof text, "%s [default: %s]", docs[i].help, def);
+            /* \x01: a space the wrapping keeps, so "[default: X]" stays on one line */
+            snprintf(text, sizeof text, "%s [default:\x01%s]", docs[i].help, def);
         else
             snprintf(text, sizeof text, "%s", docs[i].help);
         int at = fprintf(out, "  %-30s", left);
