@@ -196,6 +196,14 @@ fail_abort(nccl_comm *c, seldp_status status, const char *fmt, ...)
     return seldp__fail(status, "%s", msg);
 }
 
+/* In a function with `st`, `c` and a `fail:` label: give up and abort the world, so that
+ * the ranks waiting for this one in the collective return at once. */
+#define FAIL_ABORT(...)                                                                            \
+    do {                                                                                           \
+        st = fail_abort(c, __VA_ARGS__);                                                           \
+        goto fail;                                                                                 \
+    } while (0)
+
 static seldp_status fail_nccl(nccl_comm *c, const char *what, ncclResult_t r)
 {
     return fail_abort(c, SELDP_ERR_TRANSPORT,
@@ -284,10 +292,10 @@ static seldp_status enter(nccl_comm *c, const char *what)
 static seldp_status check_device_mem(nccl_comm *c, const char *what, seldp_device mem)
 {
     if (mem.kind == SELDP_DEVICE_CUDA && mem.ordinal != c->ordinal)
-        return seldp__fail(SELDP_ERR_DEVICE,
-                           "nccl rank %d/%d: %s: buffer on cuda:%d, expected the rank's device "
-                           "cuda:%d or the host",
-                           c->rank, c->size, what, mem.ordinal, c->ordinal);
+        return fail_abort(c, SELDP_ERR_DEVICE,
+                          "nccl rank %d/%d: %s: buffer on cuda:%d, expected the rank's device "
+                          "cuda:%d or the host",
+                          c->rank, c->size, what, mem.ordinal, c->ordinal);
     return SELDP_OK;
 }
 
@@ -309,9 +317,9 @@ static seldp_status ensure_staging(nccl_comm *c, size_t bytes)
     if (err != cudaSuccess) {
         c->staging = NULL;
         cudaGetLastError();
-        return seldp__fail(SELDP_ERR_NOMEM,
-                           "nccl rank %d/%d: cudaMalloc of %zu staging bytes on cuda:%d failed: %s",
-                           c->rank, c->size, want, c->ordinal, cudaGetErrorString(err));
+        return fail_abort(c, SELDP_ERR_NOMEM,
+                          "nccl rank %d/%d: cudaMalloc of %zu staging bytes on cuda:%d failed: %s",
+                          c->rank, c->size, want, c->ordinal, cudaGetErrorString(err));
     }
     c->staging_bytes = want;
     return SELDP_OK;
@@ -537,8 +545,8 @@ static seldp_status nccl_allreduce(seldp_comm *comm, const void *send, void *rec
     SELDP_CHECK(enter(c, "allreduce"));
     SELDP_CHECK(check_device_mem(c, "allreduce", mem));
     if (!nccl_type(dtype, &type))
-        return seldp__fail(SELDP_ERR_DTYPE, "nccl rank %d/%d: allreduce of %s is not supported",
-                           c->rank, c->size, seldp_dtype_name(dtype));
+        return fail_abort(c, SELDP_ERR_DTYPE, "nccl rank %d/%d: allreduce of %s is not supported",
+                          c->rank, c->size, seldp_dtype_name(dtype));
     if (count == 0)
         return SELDP_OK;
     size_t bytes = count * seldp_dtype_size(dtype);
@@ -625,7 +633,7 @@ static seldp_status nccl_allgatherv(seldp_comm *comm, const void *send, size_t s
 
     lengths = malloc(n * sizeof *lengths);
     if (!lengths)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "nccl rank %d/%d: allgatherv: out of memory", c->rank, c->size);
+        FAIL_ABORT(SELDP_ERR_NOMEM, "nccl rank %d/%d: allgatherv: out of memory", c->rank, c->size);
     uint64_t mine = send_bytes;
     SELDP_CHECK(gather_host(c, &mine, sizeof mine, lengths, "allgatherv (lengths)"));
     size_t longest = 0, total = 0;
@@ -642,13 +650,13 @@ static seldp_status nccl_allgatherv(seldp_comm *comm, const void *send, size_t s
     }
     result = malloc(total ? total : 1);
     if (!result)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "nccl rank %d/%d: allgatherv: out of memory for %zu bytes",
+        FAIL_ABORT(SELDP_ERR_NOMEM, "nccl rank %d/%d: allgatherv: out of memory for %zu bytes",
                    c->rank, c->size, total);
     if (longest > 0) {
         padded_send = calloc(1, longest);
         padded = malloc(longest * n);
         if (!padded_send || !padded)
-            SELDP_FAIL(SELDP_ERR_NOMEM, "nccl rank %d/%d: allgatherv: out of memory for %zu bytes",
+            FAIL_ABORT(SELDP_ERR_NOMEM, "nccl rank %d/%d: allgatherv: out of memory for %zu bytes",
                        c->rank, c->size, longest * n);
         if (send_bytes)
             memcpy(padded_send, send, send_bytes);
@@ -691,9 +699,9 @@ static seldp_status nccl_alltoallv(seldp_comm *comm, const void *send, const siz
     SELDP_CHECK(check_device_mem(c, "alltoallv", mem));
     int n = c->size, me = c->rank;
     if (send_bytes[me] != recv_bytes[me])
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "nccl rank %d/%d: alltoallv sends itself %zu bytes but expects %zu", me,
-                           n, send_bytes[me], recv_bytes[me]);
+        return fail_abort(c, SELDP_ERR_INVALID_ARGUMENT,
+                          "nccl rank %d/%d: alltoallv sends itself %zu bytes but expects %zu", me,
+                          n, send_bytes[me], recv_bytes[me]);
     bool host = mem.kind == SELDP_DEVICE_HOST;
     size_t send_extent = extent(send_bytes, send_displs, n);
     size_t recv_extent = extent(recv_bytes, recv_displs, n);
@@ -811,8 +819,12 @@ static seldp_status nccl_split(seldp_comm *comm, int color, int key, seldp_comm 
     seldp_status st = SELDP_OK;
     bool member = color != SELDP_COMM_NO_GROUP;
     SELDP_CHECK(enter(c, "split"));
-    if (member)
-        SELDP_CHECK(handle_new(c->world, -1, 0, c->ordinal, &child));
+    if (member && (st = handle_new(c->world, -1, 0, c->ordinal, &child)) != SELDP_OK) {
+        /* the other ranks are entering the split: do not let them wait for this one */
+        atomic_store(&c->world->aborted, true);
+        abort_local(c);
+        goto fail;
+    }
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -840,7 +852,7 @@ static seldp_status nccl_split(seldp_comm *comm, int color, int key, seldp_comm 
     result =
         seldp__comm_new(&nccl_ops, child->rank, child->size, comm->world_rank, comm->device, child);
     if (!result)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "nccl rank %d/%d: split: out of memory", c->rank, c->size);
+        FAIL_ABORT(SELDP_ERR_NOMEM, "nccl rank %d/%d: split: out of memory", c->rank, c->size);
     *out = result;
     return SELDP_OK;
 fail:
