@@ -20,6 +20,7 @@ typedef enum defect {
     INT_SELECTED,     /* an integer buffer selected by plain initialize */
     BOOL_SELECTED,    /* a bool buffer selected by plain initialize */
     F64_SELECTED,     /* an f64 parameter selected */
+    F64_WITH_BUFFERS, /* an f64 parameter selected by initialize_with_buffers */
     EXTRA_PATH,       /* one rank selects a path the root does not */
     MISSING_PATH,     /* one rank does not select a path the root does */
     DTYPE_DIFFERS,    /* same path, another dtype */
@@ -113,6 +114,7 @@ static seldp_status build(const vcase *c, int rank, int size, test_model *m, sel
         ids[(*n_ids)++] = 61;
         break;
     case F64_SELECTED:
+    case F64_WITH_BUFFERS:
         ids[(*n_ids)++] = 62;
         break;
     case EXTRA_PATH:
@@ -154,6 +156,8 @@ common:
         *root = -1;
     if (c->defect == BUCKET_ZERO)
         cfg->bucket_bytes = 0;
+    if (c->defect == F64_WITH_BUFFERS)
+        *with_buffers = true;
     return SELDP_OK;
 }
 
@@ -249,7 +253,8 @@ static void bool_buffer_rejected_by_initialize(void **state)
 static void f64_rejected(void **state)
 {
     (void)state;
-    run_defect(F64_SELECTED, SELDP_ERR_DTYPE, "aaa.table", true);
+    run_defect(F64_SELECTED, SELDP_ERR_DTYPE, "'aaa.table' is f64", true);
+    run_defect(F64_WITH_BUFFERS, SELDP_ERR_DTYPE, "'aaa.table' is f64", true);
 }
 
 static void extra_path(void **state)
