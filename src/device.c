@@ -145,7 +145,7 @@ void seldp__pinned_free(void *ptr)
     if (!ptr)
         return;
 #ifdef SELDP_HAVE_CUDA
-    cudaPointerAttributes attr;
+    struct cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, ptr) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
         cudaFreeHost(ptr);
         return;
