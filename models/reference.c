@@ -298,7 +298,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     }
 
     /* Weights, upcast. */
-    ref_entry *emb, *fnorm, **norm, **router;
+    ref_entry *emb = NULL, *fnorm = NULL, **norm = NULL, **router = NULL;
     ref_linear *lin; /* (L,E,2): w1 then w2 */
     norm = ref_calloc(ref, (size_t)L, sizeof *norm);
     router = ref_calloc(ref, (size_t)L, sizeof *router);
