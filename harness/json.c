@@ -234,12 +234,12 @@ static seldp_status parse_string(parser *p, char **out)
             hx_buf_puts(&b, "\t");
             break;
         case 'u': {
-            unsigned cp;
+            unsigned cp = 0;
             HX_CHECK(read_hex4(p, &cp));
             if (cp >= 0xdc00 && cp <= 0xdfff)
                 HX_CHECK(parse_error(p, escape_pos, "lone low surrogate \\u%04x", cp));
             if (cp >= 0xd800 && cp <= 0xdbff) {
-                unsigned low;
+                unsigned low = 0;
                 if (p->len - p->pos < 2 || p->text[p->pos] != '\\' || p->text[p->pos + 1] != 'u')
                     HX_CHECK(
                         parse_error(p, escape_pos, "high surrogate \\u%04x without a low one", cp));
