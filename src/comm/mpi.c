@@ -675,7 +675,8 @@ static seldp_status mpi_allreduce(seldp_comm *comm, const void *send, void *recv
     int n = comm->size, me = comm->rank;
     size_t esize = seldp_dtype_size(dtype), bytes = count * esize;
     size_t round = g->world->max_message / esize ? g->world->max_message / esize : 1;
-    size_t slice_max = (round + (size_t)n - 1) / (size_t)n;
+    size_t widest = count < round ? count : round; /* elements in the largest round */
+    size_t slice_max = (widest + (size_t)n - 1) / (size_t)n;
     bool abandon = false;
     void *hsend = NULL, *hrecv = NULL;
     int *ints = malloc(6 * (size_t)n * sizeof *ints);

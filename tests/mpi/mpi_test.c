@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -35,6 +37,46 @@ seldp_comm *mt_world(double timeout_s)
 void mt_sync(void)
 {
     MPI_Barrier(MPI_COMM_WORLD);
+}
+
+int mt_teardown(void **state)
+{
+    (void)state;
+    mt_sync();
+    return 0;
+}
+
+void mt_expect_everywhere(seldp_comm *comm, seldp_status st, seldp_status expected,
+                          const char *needle)
+{
+    int64_t wrong = st != expected || !strstr(seldp_last_error(), needle), ranks_wrong = 0;
+    if (wrong)
+        print_error("rank %d: got %s (%s), expected %s mentioning \"%s\"\n", mt_rank,
+                    seldp_status_name(st), seldp_last_error(), seldp_status_name(expected), needle);
+    seldp_status sum =
+        seldp_comm_allreduce(comm, &wrong, &ranks_wrong, 1, SELDP_I64, SELDP_HOST_DEVICE);
+    if (sum != SELDP_OK)
+        fail_msg("rank %d: counting the ranks that failed: %s", mt_rank, seldp_last_error());
+    if (ranks_wrong)
+        fail_msg("%lld rank(s) did not return %s mentioning \"%s\"", (long long)ranks_wrong,
+                 seldp_status_name(expected), needle);
+}
+
+bool mt_same_everywhere(seldp_comm *comm, const void *data, size_t bytes)
+{
+    int n = seldp_comm_size(comm);
+    unsigned char *all = malloc((size_t)n * bytes + 1);
+    assert_non_null(all);
+    seldp_status st = seldp_comm_allgather(comm, data, all, bytes, SELDP_HOST_DEVICE);
+    if (st != SELDP_OK) {
+        free(all);
+        fail_msg("rank %d: allgather: %s", mt_rank, seldp_last_error());
+    }
+    bool same = true;
+    for (int r = 0; r < n; r++)
+        same = same && memcmp(all + (size_t)r * bytes, data, bytes) == 0;
+    free(all);
+    return same;
 }
 
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t count)

@@ -207,20 +207,13 @@ static void test_allreduce_bit_identical_on_every_rank(void **state)
     seldp_comm *world = mt_world(TIMEOUT_S);
     float *send = xmalloc(count * sizeof *send), *first = xmalloc(count * sizeof *first);
     float *again = xmalloc(count * sizeof *again);
-    float *all = xmalloc((size_t)mt_size * count * sizeof *all);
     sum_input(SELDP_F32, mt_rank, send, count);
     assert_ok(seldp_comm_allreduce(world, send, first, count, SELDP_F32, SELDP_HOST_DEVICE));
     assert_ok(seldp_comm_allreduce(world, send, again, count, SELDP_F32, SELDP_HOST_DEVICE));
     assert_memory_equal(first, again, count * sizeof *first);
 
-    MPI_Allgather(first, (int)(count * sizeof *first), MPI_BYTE, all, (int)(count * sizeof *first),
-                  MPI_BYTE, MPI_COMM_WORLD);
-    for (int r = 0; r < mt_size; r++) {
-        size_t at = seldp_first_diff(all + (size_t)r * count, first, count * sizeof *first);
-        if (at != count * sizeof *first)
-            fail_msg("rank %d: rank %d's allreduce result differs at element %zu", mt_rank, r,
-                     at / sizeof *first);
-    }
+    if (!mt_same_everywhere(world, first, count * sizeof *first))
+        fail_msg("rank %d: the ranks' allreduce results differ", mt_rank);
     if (mt_size >= 3) {
         float *other = xmalloc(count * sizeof *other);
         sum_expected(SELDP_F32, mt_size, count, other, true);
@@ -231,7 +224,6 @@ static void test_allreduce_bit_identical_on_every_rank(void **state)
     free(send);
     free(first);
     free(again);
-    free(all);
     seldp_comm_destroy(world);
 }
 
@@ -544,18 +536,6 @@ static void test_split_uneven_nested_and_absent(void **state)
 
 /* ---- disagreement ---------------------------------------------------------------------- */
 
-static void expect_everywhere(seldp_status st, seldp_status expected, const char *needle)
-{
-    int mine = st == expected && strstr(seldp_last_error(), needle) != NULL, all = 0;
-    if (!mine)
-        print_error("rank %d: got %s (%s), expected %s mentioning \"%s\"\n", mt_rank,
-                    seldp_status_name(st), seldp_last_error(), seldp_status_name(expected), needle);
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!all)
-        fail_msg("not every rank returned %s mentioning \"%s\"", seldp_status_name(expected),
-                 needle);
-}
-
 static void test_disagreement_is_reported_by_every_rank(void **state)
 {
     (void)state;
@@ -566,18 +546,18 @@ static void test_disagreement_is_reported_by_every_rank(void **state)
     /* Different roots. */
     seldp_status st =
         seldp_comm_broadcast(world, word, 1, SELDP_U64, me == 1 ? 1 : 0, SELDP_HOST_DEVICE);
-    expect_everywhere(st, SELDP_ERR_DISAGREE, "root");
+    mt_expect_everywhere(world, st, SELDP_ERR_DISAGREE, "root");
 
     /* Different counts. */
     st = seldp_comm_allreduce(world, word, word, me == 1 ? 2 : 1, SELDP_U64, SELDP_HOST_DEVICE);
-    expect_everywhere(st, SELDP_ERR_DISAGREE, "allreduce: rank 0 passed 1 elements");
+    mt_expect_everywhere(world, st, SELDP_ERR_DISAGREE, "allreduce: rank 0 passed 1 elements");
 
     /* Different collectives. */
     if (me == 0)
         st = seldp_comm_barrier(world);
     else
         st = seldp_comm_allgather(world, word, word + 1, 0, SELDP_HOST_DEVICE);
-    expect_everywhere(st, SELDP_ERR_DISAGREE, "called");
+    mt_expect_everywhere(world, st, SELDP_ERR_DISAGREE, "called");
 
     /* Rank 0 sends one I32 to the last rank, which expects two. */
     size_t *sc = xmalloc((size_t)n * sizeof *sc), *sd = xmalloc((size_t)n * sizeof *sd);
@@ -592,13 +572,14 @@ static void test_disagreement_is_reported_by_every_rank(void **state)
     st = seldp_comm_alltoallv(world, out, sc, sd, in, rc, rd, SELDP_I32, SELDP_HOST_DEVICE);
     char needle[96];
     snprintf(needle, sizeof needle, "rank 0 sends 4 bytes to rank %d, which expects 8", n - 1);
-    expect_everywhere(st, SELDP_ERR_DISAGREE, needle);
+    mt_expect_everywhere(world, st, SELDP_ERR_DISAGREE, needle);
 
     /* A buffer that one rank cannot stage fails the collective on every rank. */
     if (!seldp_has_feature("cuda")) {
         seldp_device cuda = {SELDP_DEVICE_CUDA, 0};
         st = seldp_comm_broadcast(world, word, 1, SELDP_U64, 0, cuda);
-        expect_everywhere(st, SELDP_ERR_UNSUPPORTED, "rank 0 could not stage its buffers");
+        mt_expect_everywhere(world, st, SELDP_ERR_UNSUPPORTED,
+                             "rank 0 could not stage its buffers");
     }
 
     /* None of that aborted the world. */
@@ -616,18 +597,18 @@ static void test_disagreement_is_reported_by_every_rank(void **state)
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_world_properties),
-        cmocka_unit_test(test_barrier_waits_for_the_last_rank),
-        cmocka_unit_test(test_broadcast_every_dtype_and_root),
-        cmocka_unit_test(test_allreduce_every_dtype),
-        cmocka_unit_test(test_allreduce_bit_identical_on_every_rank),
-        cmocka_unit_test(test_allreduce_equals_host_transport),
-        cmocka_unit_test(test_allgather),
-        cmocka_unit_test(test_allgatherv),
-        cmocka_unit_test(test_alltoallv),
-        cmocka_unit_test(test_pieces_of_a_small_max_message),
-        cmocka_unit_test(test_split_uneven_nested_and_absent),
-        cmocka_unit_test(test_disagreement_is_reported_by_every_rank),
+        MT_TEST(test_world_properties),
+        MT_TEST(test_barrier_waits_for_the_last_rank),
+        MT_TEST(test_broadcast_every_dtype_and_root),
+        MT_TEST(test_allreduce_every_dtype),
+        MT_TEST(test_allreduce_bit_identical_on_every_rank),
+        MT_TEST(test_allreduce_equals_host_transport),
+        MT_TEST(test_allgather),
+        MT_TEST(test_allgatherv),
+        MT_TEST(test_alltoallv),
+        MT_TEST(test_pieces_of_a_small_max_message),
+        MT_TEST(test_split_uneven_nested_and_absent),
+        MT_TEST(test_disagreement_is_reported_by_every_rank),
     };
     return mt_main(argc, argv, "mpi_collectives", tests, sizeof tests / sizeof *tests);
 }

@@ -105,7 +105,7 @@ static void test_a_rank_that_never_arrives(void **state)
             double t0 = mt_now();
             seldp_status st = run_call(world, (call)c);
             expect_status(st, SELDP_ERR_TIMEOUT, "aborted");
-            if (mt_now() - t0 > SHORT_TIMEOUT_S)
+            if (mt_now() - t0 > 1.5)
                 fail_msg("rank %d: the late %s took %.3f s to see the aborted world", mt_rank,
                          call_names[c], mt_now() - t0);
         }
@@ -142,7 +142,6 @@ static void test_abort_reaches_ranks_waiting_in_a_collective(void **state)
     expect_status(seldp_comm_barrier(world), SELDP_ERR_ABORTED, "aborted");
     seldp_comm_destroy(group);
     seldp_comm_destroy(world);
-    mt_sync();
 }
 
 /* An abort before the others call: their next collective fails at once. */
@@ -163,7 +162,6 @@ static void test_abort_before_the_others_call(void **state)
     if (mt_now() - t0 > 2.0)
         fail_msg("rank %d: the broadcast took %.3f s to fail", mt_rank, mt_now() - t0);
     seldp_comm_destroy(world);
-    mt_sync();
 }
 
 /* A world's abort stays in that world: a new one works. */
@@ -186,10 +184,10 @@ static void test_a_new_world_after_an_abort(void **state)
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_a_rank_that_never_arrives),
-        cmocka_unit_test(test_abort_reaches_ranks_waiting_in_a_collective),
-        cmocka_unit_test(test_abort_before_the_others_call),
-        cmocka_unit_test(test_a_new_world_after_an_abort),
+        MT_TEST(test_a_rank_that_never_arrives),
+        MT_TEST(test_abort_reaches_ranks_waiting_in_a_collective),
+        MT_TEST(test_abort_before_the_others_call),
+        MT_TEST(test_a_new_world_after_an_abort),
     };
     return mt_main(argc, argv, "mpi_failures", tests, sizeof tests / sizeof *tests);
 }

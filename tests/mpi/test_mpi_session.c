@@ -163,19 +163,6 @@ static void assert_ok(seldp_status st)
         fail_msg("rank %d: %s: %s", mt_rank, seldp_status_name(st), seldp_last_error());
 }
 
-/* True on every rank when `bytes` at data are identical on every process. */
-static bool same_on_every_rank(const void *data, size_t bytes)
-{
-    unsigned char *all = malloc((size_t)mt_size * bytes);
-    assert_non_null(all);
-    MPI_Allgather(data, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
-    bool same = true;
-    for (int r = 0; r < mt_size; r++)
-        same = same && memcmp(all + (size_t)r * bytes, data, bytes) == 0;
-    free(all);
-    return same;
-}
-
 static void test_initialize_and_reduce_with_uneven_weights(void **state)
 {
     (void)state;
@@ -234,26 +221,13 @@ static void test_initialize_and_reduce_with_uneven_weights(void **state)
     assert_memory_equal(m.gtable, gtable, sizeof(double) * ((size_t)mt_rank + 1));
 
     /* Replicas are bit-identical, and equal to the same layout on the host transport. */
-    assert_true(same_on_every_rank(result, RESULT_BYTES));
+    assert_true(mt_same_everywhere(world, result, RESULT_BYTES));
     host_run run;
     seldp_run_ranks(n, TIMEOUT_S, host_rank, &run);
     assert_memory_equal(result, run.result, RESULT_BYTES);
 
     model_free(&m);
     seldp_comm_destroy(world);
-}
-
-/* Every rank returns `expected`, with a message naming `needle`. */
-static void expect_everywhere(seldp_status st, seldp_status expected, const char *needle)
-{
-    int mine = st == expected && strstr(seldp_last_error(), needle) != NULL, all = 0;
-    if (!mine)
-        print_error("rank %d: got %s (%s), expected %s mentioning \"%s\"\n", mt_rank,
-                    seldp_status_name(st), seldp_last_error(), seldp_status_name(expected), needle);
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!all)
-        fail_msg("not every rank returned %s mentioning \"%s\"", seldp_status_name(expected),
-                 needle);
 }
 
 static void test_validation_failure_on_every_rank(void **state)
@@ -265,7 +239,7 @@ static void test_validation_failure_on_every_rank(void **state)
     memcpy(&before, &m, sizeof m);
     seldp_session *session = NULL;
     seldp_status st = seldp_session_initialize(world, m.model, 0, m.ids, N_SEL, NULL, &session);
-    expect_everywhere(st, SELDP_ERR_SCHEMA, "shared.b.bias");
+    mt_expect_everywhere(world, st, SELDP_ERR_SCHEMA, "shared.b.bias");
     assert_null(session);
     assert_memory_equal(m.a, before.a, sizeof m.a);
     assert_memory_equal(m.b, before.b, sizeof m.b);
@@ -289,7 +263,7 @@ static void test_missing_gradient_on_every_rank(void **state)
     size_t count = seldp_grads_count(m.grads);
     seldp_status st =
         seldp_session_reduce(session, m.grads, weight_of(mt_rank), SELDP_MISSING_ERROR, NULL);
-    expect_everywhere(st, SELDP_ERR_MISSING_GRADIENT, "shared.a.weight");
+    mt_expect_everywhere(world, st, SELDP_ERR_MISSING_GRADIENT, "shared.a.weight");
     assert_int_equal(seldp_grads_count(m.grads), count);
     assert_memory_equal(m.ga, ga, sizeof ga);
     assert_memory_equal(m.gb, gb, sizeof gb);
@@ -303,9 +277,9 @@ static void test_missing_gradient_on_every_rank(void **state)
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_initialize_and_reduce_with_uneven_weights),
-        cmocka_unit_test(test_validation_failure_on_every_rank),
-        cmocka_unit_test(test_missing_gradient_on_every_rank),
+        MT_TEST(test_initialize_and_reduce_with_uneven_weights),
+        MT_TEST(test_validation_failure_on_every_rank),
+        MT_TEST(test_missing_gradient_on_every_rank),
     };
     return mt_main(argc, argv, "mpi_session", tests, sizeof tests / sizeof *tests);
 }
