@@ -1,6 +1,8 @@
 /* seldp-harness: options, the run, the check table, reports and the exit status. */
 #include "cli.h"
 
+#include <string.h>
+
 #include "options.h"
 #include "run.h"
 
@@ -29,6 +31,14 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
     int status = hx_run_passed(run) ? HX_EXIT_PASS : HX_EXIT_FAIL;
     if (opts.out_dir && opts.out_dir[0]) {
         if (hx_report_write(run, opts.out_dir) != SELDP_OK) {
+            fprintf(err, "seldp-harness: %s\n", hx_last_error());
+            status = HX_EXIT_FAIL;
+        }
+    }
+    if (opts.summary) {
+        const char *name = opts.out_dir && opts.out_dir[0] ? strrchr(opts.out_dir, '/') : NULL;
+        name = name ? name + 1 : opts.out_dir && opts.out_dir[0] ? opts.out_dir : "run";
+        if (hx_report_append_summary(run, name, opts.summary) != SELDP_OK) {
             fprintf(err, "seldp-harness: %s\n", hx_last_error());
             status = HX_EXIT_FAIL;
         }

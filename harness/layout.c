@@ -30,6 +30,7 @@ void hx_layout_destroy(hx_layout *layout)
     free(layout->owners);
     free(layout->data);
     free(layout->data_of);
+    free(layout->name);
     free(layout->description);
     free(layout);
 }
@@ -130,8 +131,9 @@ seldp_status hx_layout_generate(int world, int ep, int experts, hx_order order, 
     char text[128];
     snprintf(text, sizeof text, "%s, world %d, ep %d", order == HX_ORDER_EP_DP ? "ep-dp" : "dp-ep",
              world, ep);
+    l->name = hx_strdup(text);
     l->description = hx_strdup(text);
-    if (!l->description)
+    if (!l->name || !l->description)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
     HX_CHECK(hx_layout_validate(l, "layout"));
     *out = l;
@@ -312,12 +314,11 @@ seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int
     } else {
         l->shared.root = root_of(&l->shared, roots, 0);
     }
-    const char *desc = j_desc ? j_desc->string : "";
-    size_t n = strlen(what) + strlen(desc) + 16;
-    l->description = hx_calloc(n, 1);
-    if (!l->description)
+    const char *base = strrchr(what, '/');
+    l->name = hx_strdup(base ? base + 1 : what);
+    l->description = hx_strdup(j_desc ? j_desc->string : "");
+    if (!l->name || !l->description)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
-    snprintf(l->description, n, "%s%s%s", what, desc[0] ? ": " : "", desc);
     HX_CHECK(hx_layout_validate(l, what));
     hx_json_free(doc);
     *out = l;
@@ -551,8 +552,9 @@ void hx_layout_print(const hx_layout *l, const char *const *device_names, FILE *
     int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
     if (!owned)
         return;
-    fprintf(out, "layout: %s; %d EP groups, %d expert-data groups, * marks a root\n",
-            l->description, l->n_ep, l->n_data);
+    fprintf(out, "layout: %s%s%s; %d EP groups, %d expert-data groups, * marks a root\n", l->name,
+            strcmp(l->name, l->description) && l->description[0] ? ": " : "",
+            strcmp(l->name, l->description) ? l->description : "", l->n_ep, l->n_data);
     fprintf(out, "  %4s  %-7s  %-10s  %-14s  %-30s  %s\n", "rank", "device", "shared", "EP group",
             "expert-data groups", "experts");
     for (int r = 0; r < l->world; r++) {

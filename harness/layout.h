@@ -56,7 +56,8 @@ typedef struct hx_group {
 typedef struct hx_layout {
     int world;
     int experts;
-    char *description; /* where it came from: "ep-dp, world 8, ep 4" or the file's text */
+    char *name;        /* "ep-dp, world 8, ep 4", or the layout file's base name */
+    char *description; /* the generated name again, or the file's "description" ("" if none) */
     hx_group shared;   /* the whole world */
     int n_ep;
     hx_group *ep;     /* [n_ep] expert-parallel groups, a partition of the world */

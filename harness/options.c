@@ -32,6 +32,7 @@ enum {
     OPT_BACKEND,
     OPT_OUT,
     OPT_DUMP,
+    OPT_SUMMARY,
     OPT_QUIET,
     OPT_TIMEOUT,
     OPT_INJECT,
@@ -94,6 +95,9 @@ static const option_doc docs[] = {
     {{"dump", required_argument, NULL, OPT_DUMP},
      "DIR",
      "write the last step's rank{r}.safetensors and manifest.json here"},
+    {{"summary", required_argument, NULL, OPT_SUMMARY},
+     "FILE",
+     "append this run's summary (a Markdown table row; the header if FILE is new) to FILE"},
     {{"quiet", no_argument, NULL, OPT_QUIET}, NULL, "print only errors and the result line"},
     {{"timeout", required_argument, NULL, OPT_TIMEOUT},
      "S",
@@ -233,6 +237,7 @@ static void default_text(int id, char *buf, size_t size)
         snprintf(buf, size, "%s", d.out_dir);
         break;
     case OPT_DUMP:
+    case OPT_SUMMARY:
         snprintf(buf, size, "none");
         break;
     case OPT_TIMEOUT:
@@ -490,6 +495,11 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             o->dump_dir = arg;
             ok = arg[0] != '\0';
             expected = "a directory";
+            break;
+        case OPT_SUMMARY:
+            o->summary = arg;
+            ok = arg[0] != '\0';
+            expected = "a file name";
             break;
         case OPT_QUIET:
             o->quiet = true;

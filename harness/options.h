@@ -43,6 +43,7 @@ typedef struct hx_options {
     hx_backend_kind backend;
     const char *out_dir;  /* NULL or "": no report files */
     const char *dump_dir; /* NULL: no dump */
+    const char *summary;  /* NULL: none; else a file this run appends its table row to */
     bool quiet;
     double timeout_s;
     hx_fault inject;

@@ -52,17 +52,18 @@ void hx_report_print_checks(const hx_run *run, FILE *out)
 
 /* ---- report.json ------------------------------------------------------------------------- */
 
-static void json_group_experts(const hx_run *run, int d, hx_buf *b)
+/* The experts of expert-data group d: "[0, 1]" (JSON) or "0, 1" (Markdown). */
+static void group_experts(const hx_run *run, int d, bool json, hx_buf *b)
 {
     bool first = true;
-    hx_buf_puts(b, "[");
+    hx_buf_puts(b, json ? "[" : "");
     for (int e = 0; e < run->layout->experts; e++) {
         if (run->layout->data_of[e] != d)
             continue;
         hx_buf_printf(b, "%s%d", first ? "" : ", ", e);
         first = false;
     }
-    hx_buf_puts(b, "]");
+    hx_buf_puts(b, json ? "]" : "");
 }
 
 static void json_ranks(const hx_group *g, hx_buf *b)
@@ -164,7 +165,7 @@ static void report_json(const hx_run *run, hx_buf *b)
         if (g == 0)
             hx_buf_puts(b, "[]");
         else
-            json_group_experts(run, g - 1, b);
+            group_experts(run, g - 1, true, b);
         hx_buf_printf(b, ", \"global_weight\": %llu, ",
                       (unsigned long long)(g == 0 ? run->shared_weight : run->data_weights[g - 1]));
         json_error_stat(&run->groups[g], b);
@@ -224,8 +225,8 @@ static void md_error_row(hx_buf *b, const char *name, const hx_error_stat *s, do
         hx_buf_printf(b, "| %s | 0 | - | - |\n", name);
         return;
     }
-    hx_buf_printf(b, "| %s | %lld | %.2e %s | `%s` (rank %d, step %d) |\n", name,
-                  (long long)s->tensors, s->worst, s->worst <= limit ? "" : "**FAIL**",
+    hx_buf_printf(b, "| %s | %lld | %.2e%s | `%s` (rank %d, step %d) |\n", name,
+                  (long long)s->tensors, s->worst, s->worst <= limit ? "" : " **FAIL**",
                   s->worst_path, s->worst_rank, s->worst_step + 1);
 }
 
@@ -240,7 +241,11 @@ static void report_md(const hx_run *run, hx_buf *b)
     hx_buf_printf(b, "\n\n| setting | value |\n|---|---|\n");
     hx_buf_printf(b, "| world | %d ranks, transport %s |\n", o->world,
                   hx_backend_transport(run->backend));
-    hx_buf_printf(b, "| layout | %s |\n", run->layout->description);
+    hx_buf_printf(
+        b, "| layout | %s%s%s |\n", run->layout->name,
+        strcmp(run->layout->name, run->layout->description) && run->layout->description[0] ? ": "
+                                                                                           : "",
+        strcmp(run->layout->name, run->layout->description) ? run->layout->description : "");
     hx_buf_printf(b, "| model | tiny-moe V=%d D=%d F=%d E=%d K=%d L=%d, dtype %s, quant %s",
                   m->vocab, m->d_model, m->d_ff, m->experts, m->top_k, m->layers,
                   tm_dtype_name(m->dtype), tm_quant_name(m->quant));
@@ -320,7 +325,7 @@ static void report_md(const hx_run *run, hx_buf *b)
             hx_buf_puts(&experts, "-");
             snprintf(name, sizeof name, "shared");
         } else {
-            json_group_experts(run, g - 1, &experts);
+            group_experts(run, g - 1, false, &experts);
             snprintf(name, sizeof name, "d%d", g - 1);
         }
         hx_buf_printf(b, "| %s | %s | %d | %s | %llu | %lld | ", name, text, grp->root,
@@ -384,4 +389,47 @@ fail:
     hx_buf_free(&json);
     hx_buf_free(&md);
     return st;
+}
+
+/* ---- the summary table ------------------------------------------------------------------- */
+
+seldp_status hx_report_append_summary(const hx_run *run, const char *name, const char *path)
+{
+    const hx_options *o = &run->opts;
+    const tm_config *m = &o->model;
+    hx_buf row = {0};
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return hx_fail(SELDP_ERR_IO, "--summary %s: cannot open for appending", path);
+    if (ftell(f) == 0)
+        hx_buf_puts(&row, "| run | ranks | layout | dtype | experts | expert reduce | policy | "
+                          "steps | loss first → last | worst rel. error | limit | checks | "
+                          "failed | result | time s |\n"
+                          "|---|---:|---|---|---|---|---|---:|---|---:|---:|---:|---:|---|---:|\n");
+    int64_t tested = 0;
+    for (int i = 0; i < HX_CHECK_COUNT; i++)
+        tested += run->checks[i].tested;
+    const hx_check_result *grad = &run->checks[HX_CHECK_GRAD_ERROR];
+    hx_buf_printf(&row, "| %s | %d | %s | %s%s | ", name, o->world, run->layout->name,
+                  tm_dtype_name(m->dtype), o->fp32_master ? " (fp32 master)" : "");
+    if (m->quant == TM_QUANT_NONE)
+        hx_buf_printf(&row, "E=%d K=%d dense", m->experts, m->top_k);
+    else
+        hx_buf_printf(&row, "E=%d K=%d %s+LoRA", m->experts, m->top_k, tm_quant_name(m->quant));
+    hx_buf_printf(&row, " | %s | %s | %d | ", hx_flow_name(o->flow), hx_policy_name(o->policy),
+                  run->steps_done);
+    if (run->steps_done)
+        hx_buf_printf(&row, "%.4f → %.4f", run->steps[0].loss,
+                      run->steps[run->steps_done - 1].loss);
+    else
+        hx_buf_puts(&row, "-");
+    hx_buf_printf(&row, " | %.2e | %.0e | %lld | %lld | %s | %.2f |\n", grad->worst, grad->limit,
+                  (long long)tested, (long long)hx_run_failures(run),
+                  hx_run_passed(run) ? "pass" : "**FAIL**", run->t_total);
+    bool ok = hx_buf_ok(&row) && fwrite(row.data, 1, row.len, f) == row.len;
+    ok = fclose(f) == 0 && ok;
+    hx_buf_free(&row);
+    if (!ok)
+        return hx_fail(SELDP_ERR_IO, "--summary %s: write failed", path);
+    return SELDP_OK;
 }

@@ -212,6 +212,9 @@ bool hx_param_in_group(const hx_run *run, const tm_param_info *info, int g);
 /* Reports (report.c) and the dump (dump.c). */
 void hx_report_print_checks(const hx_run *run, FILE *out);
 seldp_status hx_report_write(const hx_run *run, const char *dir);
+/* Append the run's row of the summary table to `path` (with the table's header when the
+ * file is new or empty). `name` labels the row. */
+seldp_status hx_report_append_summary(const hx_run *run, const char *name, const char *path);
 seldp_status hx_dump_write(const hx_run *run, int step, const char *dir);
 
 /* The config JSON of SPEC §5 (tm_config_json) appended to buf. */

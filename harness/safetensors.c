@@ -103,7 +103,8 @@ seldp_status hx_st_add(hx_st_writer *w, const char *name, seldp_dtype dtype, int
         if (strcmp(w->entries[i].name, name) == 0)
             return hx_fail(SELDP_ERR_DUPLICATE, "safetensors: tensor '%s' added twice", name);
     st_entry e = {.dtype = dtype, .ndim = ndim, .data = data};
-    memcpy(e.shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim > 0)
+        memcpy(e.shape, shape, (size_t)ndim * sizeof *shape);
     if (!shape_bytes(dtype, ndim, shape, &e.nbytes))
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "safetensors: tensor '%s': bad shape", name);
     if (w->count == w->cap) {
