@@ -60,21 +60,20 @@ seldp_status seldp_tensor_check(const seldp_tensor *t, const char *what)
     if (t->device.kind == SELDP_DEVICE_CUDA && t->device.ordinal < 0)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: negative CUDA ordinal %d", what,
                            t->device.ordinal);
-    /* Check the byte size for overflow one extent at a time, starting from the element size. */
-    size_t bytes = seldp_dtype_size(t->dtype);
     bool empty = false;
     for (int i = 0; i < t->ndim; i++) {
-        int64_t d = t->shape[i];
-        if (d < 0)
+        if (t->shape[i] < 0)
             return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: extent %d is %lld, expected >= 0",
-                               what, i, (long long)d);
-        if (d == 0)
-            empty = true;
-        if (!empty && (uint64_t)d > SIZE_MAX / bytes)
+                               what, i, (long long)t->shape[i]);
+        empty = empty || t->shape[i] == 0;
+    }
+    /* With no zero extent, check the byte size for overflow one extent at a time. */
+    size_t bytes = seldp_dtype_size(t->dtype);
+    for (int i = 0; i < t->ndim && !empty; i++) {
+        if ((uint64_t)t->shape[i] > SIZE_MAX / bytes)
             return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                                "%s: byte size of shape overflows size_t at extent %d", what, i);
-        if (!empty)
-            bytes *= (size_t)d;
+        bytes *= (size_t)t->shape[i];
     }
     if (!empty && !t->data)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: data is NULL for %zu bytes", what,

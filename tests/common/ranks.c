@@ -1,4 +1,6 @@
 /* Test helpers: rank threads over a host world, deterministic buffer patterns. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -6,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -18,6 +21,7 @@ typedef struct rank_thread {
     seldp_rank_ctx ctx;
     int result;
     bool started;
+    struct timespec finished; /* when fn returned, to report the earliest failure */
 } rank_thread;
 
 void seldp_rank_fail(seldp_rank_ctx *ctx, const char *file, int line, const char *fmt, ...)
@@ -32,6 +36,13 @@ void seldp_rank_fail(seldp_rank_ctx *ctx, const char *file, int line, const char
     va_end(ap);
 }
 
+static bool finished_before(const rank_thread *a, const rank_thread *b)
+{
+    if (a->finished.tv_sec != b->finished.tv_sec)
+        return a->finished.tv_sec < b->finished.tv_sec;
+    return a->finished.tv_nsec < b->finished.tv_nsec;
+}
+
 static void *rank_main(void *p)
 {
     rank_thread *t = p;
@@ -44,8 +55,13 @@ static void *rank_main(void *p)
     }
     t->ctx.size = seldp_comm_size(t->ctx.world);
     t->result = t->fn(&t->ctx);
-    if (t->result != 0 && t->ctx.why[0] == '\0')
-        snprintf(t->ctx.why, sizeof t->ctx.why, "rank function returned %d", t->result);
+    clock_gettime(CLOCK_MONOTONIC, &t->finished);
+    if (t->result != 0) {
+        if (t->ctx.why[0] == '\0')
+            snprintf(t->ctx.why, sizeof t->ctx.why, "rank function returned %d", t->result);
+        /* Release the other ranks now instead of at their timeout. */
+        seldp_comm_abort(t->ctx.world);
+    }
     seldp_comm_destroy(t->ctx.world);
     t->ctx.world = NULL;
     return NULL;
@@ -93,12 +109,17 @@ int seldp_run_ranks_status(int n, double timeout_s, seldp_rank_fn fn, void *arg,
         if (threads[r].started)
             pthread_join(threads[r].thread, NULL);
     seldp_host_world_destroy(host);
+    /* The earliest failure is the cause; later ones are usually its echo (aborted). */
+    int first = -1;
     for (int r = 0; r < n; r++) {
         if (threads[r].result == 0)
             continue;
-        if (failed++ == 0 && why)
-            snprintf(why, why_size, "rank %d of %d: %s", r, n, threads[r].ctx.why);
+        failed++;
+        if (first < 0 || finished_before(&threads[r], &threads[first]))
+            first = r;
     }
+    if (first >= 0 && why)
+        snprintf(why, why_size, "rank %d of %d: %s", first, n, threads[first].ctx.why);
     free(threads);
     return failed;
 }

@@ -48,7 +48,9 @@ void seldp_rank_fail(seldp_rank_ctx *ctx, const char *file, int line, const char
 
 /* Create a host world of n ranks with the timeout, join each rank on its own thread
  * (seldp_host_comm_init on the host device), run fn, destroy comm and world; then, on
- * the main thread, fail the current cmocka test with the first failing rank's message. */
+ * the main thread, fail the current cmocka test with the first failing rank's message.
+ * A rank whose fn fails aborts the world, so that the others return at once (with
+ * SELDP_ERR_ABORTED) instead of at their timeout; "first" is the earliest to fail. */
 void seldp_run_ranks(int n, double timeout_s, seldp_rank_fn fn, void *arg);
 
 /* Like seldp_run_ranks but returns instead of failing the test: the number of ranks
