@@ -10,13 +10,13 @@
 static const char *const check_names[HX_CHECK_COUNT] = {
     [HX_CHECK_DIFFER_BEFORE_INIT] = "replicas differ before initialize",
     [HX_CHECK_INIT_REPLICAS] = "replicas equal their root after initialize",
-    [HX_CHECK_INIT_UNTOUCHED] = "initialize leaves unselected parameters alone",
+    [HX_CHECK_INIT_UNTOUCHED] = "initialize writes only its selected parameters",
     [HX_CHECK_LOSS] = "loss equals the FP64 reference",
     [HX_CHECK_ROUTING] = "tokens per expert equal the reference's",
     [HX_CHECK_GRAD_ERROR] = "reduced gradients vs the FP64 reference",
     [HX_CHECK_GRAD_REPLICAS] = "reduced gradients bit-identical in each group",
     [HX_CHECK_PARAM_REPLICAS] = "parameters bit-identical in each group",
-    [HX_CHECK_REDUCE_UNTOUCHED] = "reductions leave unselected gradients alone",
+    [HX_CHECK_REDUCE_UNTOUCHED] = "reductions touch only their selected gradients",
     [HX_CHECK_ABSENT] = "experts no token reached stay absent",
 };
 

@@ -405,9 +405,11 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             ok = parse_int(arg, 1, 4096, &v);
             expected = "an integer in 1..4096";
             o->ep = (int)v;
+            o->ep_given = true;
             break;
         case OPT_ORDER:
             expected = "ep-dp or dp-ep";
+            o->order_given = true;
             if (strcasecmp(arg, "ep-dp") == 0)
                 o->order = HX_ORDER_EP_DP;
             else if (strcasecmp(arg, "dp-ep") == 0)

@@ -49,6 +49,8 @@ typedef struct hx_options {
     hx_fault inject;
     bool world_given;   /* --world on the command line (a layout file may set it otherwise) */
     bool experts_given; /* --experts on the command line */
+    bool ep_given;      /* --ep on the command line (excludes --layout-file) */
+    bool order_given;   /* --order on the command line (excludes --layout-file) */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */

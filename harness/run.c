@@ -707,6 +707,12 @@ static seldp_status reduce_session(hx_rank *rk, seldp_session *s, int g, reduce_
         before[kept++] =
             (kept_entry){id, t->data, t->dtype, hx_checksum(t->data, seldp_tensor_nbytes(t))};
     }
+    /* a reduction never writes parameters, selected or not */
+    uint64_t params_before = 0;
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const seldp_tensor *t = &tm_param_at(rk->model, i)->tensor;
+        params_before ^= hx_checksum(t->data, seldp_tensor_nbytes(t)) + i;
+    }
     if (kind == REDUCE_MEAN)
         st = fp32 ? seldp_session_reduce_fp32(s, rk->grads, weight, policy, global_weight)
                   : seldp_session_reduce(s, rk->grads, weight, policy, global_weight);
@@ -716,6 +722,13 @@ static seldp_status reduce_session(hx_rank *rk, seldp_session *s, int g, reduce_
     if (st != SELDP_OK)
         HX_FAIL_LIB(st, "rank %d: %s%s over %s", rk->rank, kind == REDUCE_MEAN ? "reduce" : "sum",
                     fp32 ? "_fp32" : "", label);
+    uint64_t params_after = 0;
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const seldp_tensor *t = &tm_param_at(rk->model, i)->tensor;
+        params_after ^= hx_checksum(t->data, seldp_tensor_nbytes(t)) + i;
+    }
+    record_local(&rk->reduce_untouched, params_after != params_before,
+                 "rank %d: the reduction over %s changed a parameter", rk->rank, label);
     for (size_t i = 0; i < kept; i++) {
         const seldp_tensor *t = seldp_grads_get(rk->grads, before[i].id);
         const seldp_param *p = seldp_model_find_id(tm_model_view(rk->model), before[i].id);
@@ -928,6 +941,11 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     pthread_cond_init(&run->gate_cond, NULL);
     hx_options *o = &run->opts;
     if (o->layout_file) {
+        if (o->ep_given || o->order_given)
+            HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                    "--%s and --layout-file exclude each other: the layout file lists the "
+                    "expert-parallel groups",
+                    o->ep_given ? "ep" : "order");
         HX_CHECK(hx_layout_load(o->layout_file, o->world_given ? o->world : 0,
                                 o->experts_given ? o->model.experts : 0, o->roots, &run->layout));
         o->world = run->layout->world;
@@ -939,6 +957,9 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     st = tm_config_check(&o->model);
     if (st != SELDP_OK)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model options: %s", seldp_last_error());
+    if (o->dump_dir && o->steps == 0)
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--dump %s: needs at least one step (--steps 0)",
+                o->dump_dir);
     if (hx_options_spread(o) > o->tokens)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--token-spread %d: must not exceed --tokens %d",
                 hx_options_spread(o), o->tokens);

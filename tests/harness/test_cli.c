@@ -114,6 +114,7 @@ static void test_bad_options(void **state)
     expect_usage_error("--quant awq --d-model 48", "d_model");
     expect_usage_error("--token-spread 65", "--token-spread 65: must not exceed --tokens 64");
     expect_usage_error("--lr -1", "--lr '-1'");
+    expect_usage_error("--steps 0 --dump /tmp/x", "--dump /tmp/x: needs at least one step");
     expect_usage_error("--layout-file /nonexistent/layout.json",
                        "--layout-file /nonexistent/layout.json: cannot open");
 }
@@ -163,6 +164,9 @@ static void test_broken_layout_files(void **state)
     write_text(path, "{\"ep_groups\": [[0, 1]]\n \"experts\": []}");
     snprintf(args, sizeof args, "--layout-file %s", path);
     expect_usage_error(args, "syntax.json:2:2: expected ',' or '}' in an object");
+
+    snprintf(args, sizeof args, "--layout-file %s --ep 2", hx_test_layout("hot-expert.json"));
+    expect_usage_error(args, "--ep and --layout-file exclude each other");
 
     /* the file decides world and experts unless they are given and disagree */
     snprintf(args, sizeof args, "--layout-file %s --world 8", hx_test_layout("hot-expert.json"));
