@@ -1,0 +1,135 @@
+/* host kernels (src/kernels.h): dtype conversion, F32 scaling, finiteness checks. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels.h"
+#include "ranks.h"
+#include "seldp/seldp.h"
+
+#define N 1000
+
+static void test_convert(void **state)
+{
+    (void)state;
+    seldp_device host = SELDP_HOST_DEVICE;
+    float src[N], back[N];
+    uint16_t half[N];
+    seldp_fill_f32(src, N, 1);
+    src[0] = 1e30f; /* overflows F16 only */
+    src[1] = NAN;
+    src[2] = ldexpf(1.0f, -25);
+    const seldp_dtype halves[] = {SELDP_F16, SELDP_BF16};
+    for (int h = 0; h < 2; h++) {
+        assert_int_equal(seldp__convert(host, half, halves[h], src, SELDP_F32, N), SELDP_OK);
+        for (int i = 0; i < N; i++) {
+            uint16_t want =
+                halves[h] == SELDP_F16 ? seldp_f32_to_f16(src[i]) : seldp_f32_to_bf16(src[i]);
+            if (half[i] != want)
+                fail_msg("%s element %d: 0x%04x, expected 0x%04x", seldp_dtype_name(halves[h]), i,
+                         half[i], want);
+        }
+        assert_int_equal(seldp__convert(host, back, SELDP_F32, half, halves[h], N), SELDP_OK);
+        for (int i = 0; i < N; i++) {
+            float want =
+                halves[h] == SELDP_F16 ? seldp_f16_to_f32(half[i]) : seldp_bf16_to_f32(half[i]);
+            assert_memory_equal(&back[i], &want, sizeof want);
+        }
+    }
+    /* Identical dtypes copy the bytes, whatever they are. */
+    uint64_t a[N], b[N];
+    seldp_fill_bytes(a, sizeof a, 2);
+    assert_int_equal(seldp__convert(host, b, SELDP_U64, a, SELDP_U64, N), SELDP_OK);
+    assert_memory_equal(a, b, sizeof a);
+    /* Everything else is refused, and n == 0 writes nothing. */
+    assert_int_equal(seldp__convert(host, b, SELDP_F64, a, SELDP_F32, N), SELDP_ERR_DTYPE);
+    assert_int_equal(seldp__convert(host, b, SELDP_F16, a, SELDP_BF16, N), SELDP_ERR_DTYPE);
+    assert_int_equal(seldp__convert(host, b, SELDP_I32, a, SELDP_F32, N), SELDP_ERR_DTYPE);
+    assert_int_equal(seldp__convert(host, b, (seldp_dtype)50, a, SELDP_F32, N), SELDP_ERR_DTYPE);
+    assert_int_equal(seldp__convert(host, NULL, SELDP_F32, NULL, SELDP_F16, 0), SELDP_OK);
+}
+
+static void test_scale(void **state)
+{
+    (void)state;
+    float x[N], orig[N];
+    seldp_fill_f32(x, N, 3);
+    memcpy(orig, x, sizeof x);
+    const double factor = 1.0 / 3.0;
+    assert_int_equal(seldp__scale_f32(SELDP_HOST_DEVICE, x, N, factor), SELDP_OK);
+    for (int i = 0; i < N; i++) {
+        float want = (float)((double)orig[i] * factor); /* one rounding, from double */
+        assert_memory_equal(&x[i], &want, sizeof want);
+    }
+    assert_int_equal(seldp__scale_f32(SELDP_HOST_DEVICE, NULL, 0, 2.0), SELDP_OK);
+}
+
+static void test_find_nonfinite(void **state)
+{
+    (void)state;
+    seldp_device host = SELDP_HOST_DEVICE;
+    float f[N];
+    double d[N];
+    uint16_t h[N], bf[N];
+    for (int i = 0; i < N; i++) {
+        f[i] = (float)i;
+        d[i] = -(double)i;
+        h[i] = seldp_f32_to_f16((float)(i % 100));
+        bf[i] = seldp_f32_to_bf16((float)i);
+    }
+    size_t first = 0;
+    assert_int_equal(seldp__find_nonfinite(host, f, SELDP_F32, N, &first), SELDP_OK);
+    assert_int_equal(first, N);
+    assert_int_equal(seldp__find_nonfinite(host, h, SELDP_F16, N, &first), SELDP_OK);
+    assert_int_equal(first, N);
+    f[700] = INFINITY;
+    f[900] = NAN;
+    d[5] = -INFINITY;
+    h[321] = 0x7e00;
+    h[400] = 0xfc00;
+    bf[999] = 0x7f81;
+    assert_int_equal(seldp__find_nonfinite(host, f, SELDP_F32, N, &first), SELDP_OK);
+    assert_int_equal(first, 700);
+    assert_int_equal(seldp__find_nonfinite(host, f, SELDP_F32, 700, &first), SELDP_OK);
+    assert_int_equal(first, 700); /* n: all finite */
+    assert_int_equal(seldp__find_nonfinite(host, d, SELDP_F64, N, &first), SELDP_OK);
+    assert_int_equal(first, 5);
+    assert_int_equal(seldp__find_nonfinite(host, h, SELDP_F16, N, &first), SELDP_OK);
+    assert_int_equal(first, 321);
+    assert_int_equal(seldp__find_nonfinite(host, bf, SELDP_BF16, N, &first), SELDP_OK);
+    assert_int_equal(first, 999);
+    /* The largest finite values are finite. */
+    uint16_t edge[2] = {0x7bff, 0xfbff}, bedge[2] = {0x7f7f, 0xff7f};
+    assert_int_equal(seldp__find_nonfinite(host, edge, SELDP_F16, 2, &first), SELDP_OK);
+    assert_int_equal(first, 2);
+    assert_int_equal(seldp__find_nonfinite(host, bedge, SELDP_BF16, 2, &first), SELDP_OK);
+    assert_int_equal(first, 2);
+    assert_int_equal(seldp__find_nonfinite(host, f, SELDP_I32, N, &first), SELDP_ERR_DTYPE);
+}
+
+static void test_cuda_pointers_without_cuda(void **state)
+{
+    (void)state;
+    if (seldp_has_feature("cuda"))
+        skip();
+    seldp_device gpu = {SELDP_DEVICE_CUDA, 0};
+    float x[4] = {0};
+    assert_int_equal(seldp__scale_f32(gpu, x, 4, 2.0), SELDP_ERR_UNSUPPORTED);
+    assert_int_equal(seldp__convert(gpu, x, SELDP_F32, x, SELDP_F32, 4), SELDP_ERR_UNSUPPORTED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_scale),
+        cmocka_unit_test(test_find_nonfinite),
+        cmocka_unit_test(test_cuda_pointers_without_cuda),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
