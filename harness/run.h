@@ -196,6 +196,14 @@ struct hx_rank {
     char error[1024];
 };
 
+/* Forward and backward of rank rk's tokens this step, experts served by their owners over
+ * alltoallv (dispatch.c); afterwards rk->routed holds the world's tokens per expert. */
+seldp_status hx_rank_compute(hx_rank *rk);
+
+/* Rank rk's share of its EP group's tokens in expert-data group d this step: the weight it
+ * reduces with in the mean flow; 0 when it serves no row (dispatch.c). */
+uint64_t hx_data_share(const hx_rank *rk, int d);
+
 /* Main-thread checks (checks.c). */
 void hx_check_init(hx_run *run);
 seldp_status hx_check_step(hx_run *run, int step, const tm_reference *ref);

@@ -1,0 +1,365 @@
+/* Token dispatch inside an expert-parallel group, and one rank's forward and backward.
+ *
+ * Per layer, every slot (token t, choice k) goes to an owner of its expert inside the rank's
+ * EP group: the row counts, the expert ids and the rows travel by seldp_comm_alltoallv, the
+ * owner runs its experts on the rows it received and sends the outputs back the same way.
+ * The backward sends the gate-weighted output gradients along the same plan and brings the
+ * input gradients back. A replicated expert's rows are spread over its owners in the group. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "run.h"
+
+/* Where expert e's rows go inside this rank's EP group this step: its owners there
+ * (ascending, as group ranks of the EP communicator), of which the first `active` serve. */
+typedef struct expert_route {
+    int *owners; /* group ranks */
+    int n;
+    int active;
+} expert_route;
+
+/* Tokens of EP group g this step. */
+static uint64_t ep_tokens(const hx_rank *rk, int g)
+{
+    const hx_group *ep = &rk->run->layout->ep[g];
+    uint64_t n = 0;
+    for (int i = 0; i < ep->size; i++)
+        n += rk->counts[ep->ranks[i]];
+    return n;
+}
+
+/* The owners of an expert inside one EP group share its N_g tokens: with k owners only the
+ * first min(k, N_g) receive rows, and owner i carries an integer share of N_g as its weight
+ * in the mean flow (the shares add up to N_g, so the weights of all owners add up to N). */
+static uint64_t owner_share(uint64_t ng, int k, int i)
+{
+    uint64_t active = (uint64_t)k < ng ? (uint64_t)k : ng;
+    if ((uint64_t)i >= active)
+        return 0;
+    return ng / active + ((uint64_t)i < ng % active ? 1 : 0);
+}
+
+uint64_t hx_data_share(const hx_rank *rk, int d)
+{
+    const hx_layout *l = rk->run->layout;
+    const hx_group *group = &l->data[d];
+    int g = l->ep_of[rk->rank];
+    int k = 0, mine = -1;
+    for (int i = 0; i < group->size; i++) {
+        if (l->ep_of[group->ranks[i]] != g)
+            continue;
+        if (group->ranks[i] == rk->rank)
+            mine = k;
+        k++;
+    }
+    return mine < 0 ? 0 : owner_share(ep_tokens(rk, g), k, mine);
+}
+
+static seldp_status plan_routes(hx_rank *rk, expert_route *routes)
+{
+    const hx_layout *l = rk->run->layout;
+    int g = l->ep_of[rk->rank];
+    const hx_group *ep = &l->ep[g];
+    uint64_t ng = ep_tokens(rk, g);
+    int *world_ranks = hx_calloc((size_t)ep->size, sizeof *world_ranks);
+    if (!world_ranks)
+        return SELDP_ERR_NOMEM;
+    for (int e = 0; e < l->experts; e++) {
+        expert_route *r = &routes[e];
+        r->owners = hx_calloc((size_t)ep->size, sizeof *r->owners);
+        if (!r->owners) {
+            free(world_ranks);
+            return SELDP_ERR_NOMEM;
+        }
+        r->n = hx_layout_owners_in(l, e, g, world_ranks);
+        for (int i = 0; i < r->n; i++)
+            r->owners[i] = hx_group_rank(ep, world_ranks[i]);
+        r->active = (uint64_t)r->n < ng ? r->n : (int)ng;
+    }
+    free(world_ranks);
+    return SELDP_OK;
+}
+
+/* One layer's exchange plan: where each of the T*K slots goes, and what arrives here. */
+typedef struct layer_plan {
+    size_t *pos;         /* [T*K] row of slot i in the send buffer */
+    size_t *send_rows;   /* [P] */
+    size_t *send_displs; /* [P] */
+    size_t *recv_rows;   /* [P] */
+    size_t *recv_displs; /* [P] */
+    size_t n_recv;
+    int32_t *recv_expert; /* [n_recv] */
+    float *recv_x;        /* [n_recv * D] kept for the backward */
+} layer_plan;
+
+static void plan_free(layer_plan *p)
+{
+    free(p->pos);
+    free(p->send_rows);
+    free(p->send_displs);
+    free(p->recv_rows);
+    free(p->recv_displs);
+    free(p->recv_expert);
+    free(p->recv_x);
+    *p = (layer_plan){0};
+}
+
+/* alltoallv over the EP group with counts given in rows of `width` elements. */
+static seldp_status exchange(hx_rank *rk, const void *send, const size_t *send_rows,
+                             const size_t *send_displs, void *recv, const size_t *recv_rows,
+                             const size_t *recv_displs, size_t width, seldp_dtype dtype,
+                             const char *what, int layer)
+{
+    seldp_status st = SELDP_OK;
+    int P = seldp_comm_size(rk->comms.ep);
+    size_t *c = hx_calloc(4 * (size_t)P, sizeof *c);
+    if (!c)
+        return SELDP_ERR_NOMEM;
+    for (int p = 0; p < P; p++) {
+        c[p] = send_rows[p] * width;
+        c[P + p] = send_displs[p] * width;
+        c[2 * P + p] = recv_rows[p] * width;
+        c[3 * P + p] = recv_displs[p] * width;
+    }
+    double t0 = hx_now();
+    st = seldp_comm_alltoallv(rk->comms.ep, send, c, c + P, recv, c + 2 * P, c + 3 * P, dtype,
+                              SELDP_HOST_DEVICE);
+    rk->t_dispatch += hx_now() - t0;
+    if (st != SELDP_OK)
+        st = hx_fail_lib(st, "rank %d: layer %d: alltoallv of %s in expert-parallel group e%d",
+                         rk->rank, layer, what, rk->run->layout->ep_of[rk->rank]);
+    free(c);
+    return st;
+}
+
+static void prefix(const size_t *counts, size_t *displs, int n)
+{
+    size_t acc = 0;
+    for (int i = 0; i < n; i++) {
+        displs[i] = acc;
+        acc += counts[i];
+    }
+}
+
+/* Decide each slot's owner, exchange the counts and the expert ids. */
+static seldp_status plan_layer(hx_rank *rk, int l, const tm_route *route,
+                               const expert_route *routes, int64_t *local_routed, layer_plan *p)
+{
+    seldp_status st = SELDP_OK;
+    int P = seldp_comm_size(rk->comms.ep);
+    int E = rk->run->layout->experts;
+    size_t slots = route->T * (size_t)route->K;
+    int *dest = hx_calloc(slots, sizeof *dest);
+    int32_t *send_ids = hx_calloc(slots, sizeof *send_ids);
+    size_t *fill = hx_calloc((size_t)P, sizeof *fill);
+    size_t *ones = hx_calloc((size_t)P, sizeof *ones);
+    size_t *index = hx_calloc((size_t)P, sizeof *index);
+    uint64_t *send_n = hx_calloc((size_t)P, sizeof *send_n);
+    uint64_t *recv_n = hx_calloc((size_t)P, sizeof *recv_n);
+    p->pos = hx_calloc(slots, sizeof *p->pos);
+    p->send_rows = hx_calloc((size_t)P, sizeof(size_t));
+    p->send_displs = hx_calloc((size_t)P, sizeof(size_t));
+    p->recv_rows = hx_calloc((size_t)P, sizeof(size_t));
+    p->recv_displs = hx_calloc((size_t)P, sizeof(size_t));
+    if (!dest || !send_ids || !fill || !ones || !index || !send_n || !recv_n || !p->pos ||
+        !p->send_rows || !p->send_displs || !p->recv_rows || !p->recv_displs)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (size_t i = 0; i < slots; i++) {
+        int e = route->expert[i];
+        if (e < 0 || e >= E)
+            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: layer %d routed a token to expert %d", rk->rank,
+                    l, e);
+        const expert_route *r = &routes[e];
+        /* spread a replicated expert's rows over its owners in this EP group */
+        dest[i] = r->owners[((size_t)rk->rank + i) % (size_t)r->active];
+        p->send_rows[dest[i]]++;
+        local_routed[(size_t)l * (size_t)E + (size_t)e]++;
+    }
+    prefix(p->send_rows, p->send_displs, P);
+    for (size_t i = 0; i < slots; i++) {
+        p->pos[i] = p->send_displs[dest[i]] + fill[dest[i]]++;
+        send_ids[p->pos[i]] = route->expert[i];
+    }
+    /* every peer learns how many rows it gets from this rank: one count to each */
+    for (int q = 0; q < P; q++) {
+        ones[q] = 1;
+        index[q] = (size_t)q;
+        send_n[q] = p->send_rows[q];
+    }
+    double t0 = hx_now();
+    st = seldp_comm_alltoallv(rk->comms.ep, send_n, ones, index, recv_n, ones, index, SELDP_U64,
+                              SELDP_HOST_DEVICE);
+    rk->t_dispatch += hx_now() - t0;
+    if (st != SELDP_OK)
+        HX_FAIL_LIB(st, "rank %d: layer %d: alltoallv of row counts", rk->rank, l);
+    for (int q = 0; q < P; q++)
+        p->recv_rows[q] = (size_t)recv_n[q];
+    prefix(p->recv_rows, p->recv_displs, P);
+    p->n_recv = P ? p->recv_displs[P - 1] + p->recv_rows[P - 1] : 0;
+    p->recv_expert = hx_calloc(p->n_recv, sizeof *p->recv_expert);
+    if (!p->recv_expert)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    HX_CHECK(exchange(rk, send_ids, p->send_rows, p->send_displs, p->recv_expert, p->recv_rows,
+                      p->recv_displs, 1, SELDP_I32, "expert ids", l));
+fail:
+    free(dest);
+    free(send_ids);
+    free(fill);
+    free(ones);
+    free(index);
+    free(send_n);
+    free(recv_n);
+    return st;
+}
+
+/* Run this rank's experts on the rows it received. Forward: out = y. Backward (dy != NULL):
+ * out = dx, and the experts' gradients accumulate. */
+static seldp_status run_experts(hx_rank *rk, int l, const layer_plan *p, const float *dy,
+                                float *out)
+{
+    seldp_status st = SELDP_OK;
+    size_t D = (size_t)rk->run->opts.model.d_model;
+    int E = rk->run->layout->experts;
+    size_t n = p->n_recv;
+    size_t *rows = hx_calloc(n, sizeof *rows);
+    float *xe = hx_calloc(n * D, sizeof *xe);
+    float *ge = hx_calloc(n * D, sizeof *ge);
+    float *oe = hx_calloc(n * D, sizeof *oe);
+    if (!rows || !xe || !ge || !oe)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (size_t j = 0; j < n; j++)
+        if (!tm_model_owns(rk->model, p->recv_expert[j]))
+            HX_FAIL(SELDP_ERR_INTERNAL,
+                    "rank %d: layer %d: received a row for expert %d, "
+                    "which it does not own",
+                    rk->rank, l, (int)p->recv_expert[j]);
+    for (int e = 0; e < E; e++) {
+        size_t m = 0;
+        for (size_t j = 0; j < n; j++)
+            if (p->recv_expert[j] == e)
+                rows[m++] = j;
+        if (m == 0)
+            continue;
+        for (size_t k = 0; k < m; k++) {
+            memcpy(xe + k * D, p->recv_x + rows[k] * D, D * sizeof *xe);
+            if (dy)
+                memcpy(ge + k * D, dy + rows[k] * D, D * sizeof *ge);
+        }
+        if (dy)
+            HX_CHECK_LIB(tm_expert_backward(rk->model, l, e, xe, ge, m, oe),
+                         "rank %d: layer %d: backward of expert %d", rk->rank, l, e);
+        else
+            HX_CHECK_LIB(tm_expert_forward(rk->model, l, e, xe, m, oe),
+                         "rank %d: layer %d: forward of expert %d", rk->rank, l, e);
+        for (size_t k = 0; k < m; k++)
+            memcpy(out + rows[k] * D, oe + k * D, D * sizeof *oe);
+    }
+fail:
+    free(rows);
+    free(xe);
+    free(ge);
+    free(oe);
+    return st;
+}
+
+/* Send one (T,K,D) tensor's slot rows to their owners, run the experts there, and bring the
+ * results back into the (T,K,D) tensor `back`. Forward: rows = the slots' inputs; backward:
+ * rows = dy. */
+static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *slot_rows,
+                               size_t slots, bool backward, float *back)
+{
+    seldp_status st = SELDP_OK;
+    size_t D = (size_t)rk->run->opts.model.d_model;
+    float *send = hx_calloc(slots * D, sizeof *send);
+    float *recv = hx_calloc(p->n_recv * D, sizeof *recv);
+    float *result = hx_calloc(p->n_recv * D, sizeof *result);
+    float *returned = hx_calloc(slots * D, sizeof *returned);
+    if (!send || !recv || !result || !returned)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (size_t i = 0; i < slots; i++)
+        memcpy(send + p->pos[i] * D, slot_rows + i * D, D * sizeof *send);
+    HX_CHECK(exchange(rk, send, p->send_rows, p->send_displs, recv, p->recv_rows, p->recv_displs, D,
+                      SELDP_F32, backward ? "gradient rows" : "token rows", l));
+    if (!backward) {
+        free(p->recv_x);
+        p->recv_x = recv;
+        recv = NULL;
+        HX_CHECK(run_experts(rk, l, p, NULL, result));
+    } else {
+        HX_CHECK(run_experts(rk, l, p, recv, result));
+    }
+    HX_CHECK(exchange(rk, result, p->recv_rows, p->recv_displs, returned, p->send_rows,
+                      p->send_displs, D, SELDP_F32, backward ? "input gradients" : "expert outputs",
+                      l));
+    for (size_t i = 0; i < slots; i++)
+        memcpy(back + i * D, returned + p->pos[i] * D, D * sizeof *back);
+fail:
+    free(send);
+    free(recv);
+    free(result);
+    free(returned);
+    return st;
+}
+
+seldp_status hx_rank_compute(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    const tm_config *cfg = &run->opts.model;
+    int L = cfg->layers, K = cfg->top_k, E = run->layout->experts;
+    size_t T = rk->T, D = (size_t)cfg->d_model, slots = T * (size_t)K;
+    layer_plan *plans = hx_calloc((size_t)L, sizeof *plans);
+    expert_route *routes = hx_calloc((size_t)E, sizeof *routes);
+    float *h = hx_calloc(T * D, sizeof *h);
+    float *dh = hx_calloc(T * D, sizeof *dh);
+    float *slot_in = hx_calloc(slots * D, sizeof *slot_in);
+    float *slot_out = hx_calloc(slots * D, sizeof *slot_out);
+    int64_t *local_routed = hx_calloc((size_t)(L * E), sizeof *local_routed);
+    if (!plans || !routes || !h || !dh || !slot_in || !slot_out || !local_routed)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    HX_CHECK(plan_routes(rk, routes));
+
+    tm_begin_step(rk->model);
+    HX_CHECK_LIB(tm_embed_forward(rk->model, rk->tokens, T, h), "rank %d: embedding", rk->rank);
+    for (int l = 0; l < L; l++) {
+        tm_route route;
+        HX_CHECK_LIB(tm_route_forward(rk->model, l, h, &route), "rank %d: layer %d: router",
+                     rk->rank, l);
+        HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
+        for (size_t i = 0; i < slots; i++)
+            memcpy(slot_in + i * D, route.x + (i / (size_t)K) * D, D * sizeof *slot_in);
+        HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, false, slot_out));
+        HX_CHECK_LIB(tm_combine_forward(rk->model, l, slot_out, h), "rank %d: layer %d: combine",
+                     rk->rank, l);
+    }
+    HX_CHECK_LIB(tm_head_forward_backward(rk->model, h, rk->targets, &rk->loss_sum, dh),
+                 "rank %d: head", rk->rank);
+    for (int l = L - 1; l >= 0; l--) {
+        HX_CHECK_LIB(tm_combine_backward(rk->model, l, dh, slot_in),
+                     "rank %d: layer %d: combine backward", rk->rank, l);
+        HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, true, slot_out));
+        HX_CHECK_LIB(tm_route_backward(rk->model, l, slot_out, dh),
+                     "rank %d: layer %d: router backward", rk->rank, l);
+    }
+    HX_CHECK_LIB(tm_embed_backward(rk->model, dh), "rank %d: embedding backward", rk->rank);
+
+    /* tokens per expert over the world: tells every owner which experts were reached */
+    HX_CHECK_LIB(seldp_comm_allreduce(rk->world, local_routed, rk->routed, (size_t)(L * E),
+                                      SELDP_I64, SELDP_HOST_DEVICE),
+                 "rank %d: allreduce of tokens per expert", rk->rank);
+fail:
+    for (int l = 0; plans && l < L; l++)
+        plan_free(&plans[l]);
+    for (int e = 0; routes && e < E; e++)
+        free(routes[e].owners);
+    free(plans);
+    free(routes);
+    free(h);
+    free(dh);
+    free(slot_in);
+    free(slot_out);
+    free(local_routed);
+    return st;
+}
