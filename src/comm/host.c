@@ -198,18 +198,27 @@ static struct timespec deadline_after(double seconds)
     return ts;
 }
 
-/* Append "a, b and c" of the ranks of `g` that have not entered phase `gen`. Returns the count. */
+/* Append the ranks of `g` that have not entered phase `gen` ("3, 5") to buf: in world
+ * numbering, or in group numbering with the world rank beside it for a split group.
+ * Returns how many there are. */
 static int missing_ranks(const host_group *g, uint64_t gen, bool world_numbering, char *buf,
                          size_t size)
 {
+    bool split = g != g->world->groups;
     int n = 0;
     size_t used = strlen(buf);
     for (int r = 0; r < g->size; r++) {
         if (g->entered[r] > gen)
             continue;
-        int shown = world_numbering ? g->world_ranks[r] : r;
-        if (used < size)
-            used += (size_t)snprintf(buf + used, size - used, "%s%d", n ? ", " : "", shown);
+        int wr = g->world_ranks[r];
+        if (used < size) {
+            if (world_numbering || !split)
+                used += (size_t)snprintf(buf + used, size - used, "%s%d", n ? ", " : "",
+                                         world_numbering ? wr : r);
+            else
+                used += (size_t)snprintf(buf + used, size - used, "%s%d (world rank %d)",
+                                         n ? ", " : "", r, wr);
+        }
         n++;
     }
     return n;

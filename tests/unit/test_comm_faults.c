@@ -127,6 +127,38 @@ static void test_rank_never_arrives(void **state)
     }
 }
 
+/* In a split group the message gives both numberings; the whole world learns of it. */
+static int subgroup_straggler_rank(seldp_rank_ctx *ctx)
+{
+    fault_state *fs = ctx->arg;
+    seldp_comm *pair = NULL;
+    RANK_CHECK_OK(ctx, seldp_comm_split(ctx->world, ctx->rank / 2, 0, &pair));
+    seldp_status st;
+    if (ctx->rank == 2) {
+        double x = 1;
+        st = seldp_comm_allreduce(pair, &x, &x, 1, SELDP_F64, SELDP_HOST_DEVICE);
+        atomic_fetch_add(&fs->returned, 1);
+        RANK_CHECK(ctx, st == SELDP_ERR_TIMEOUT, "allreduce returned %s", seldp_status_name(st));
+        RANK_CHECK_MSG(ctx, "rank 0: allreduce timed out");
+        RANK_CHECK_MSG(ctx, "rank 1 (world rank 3) had not arrived");
+    } else {
+        RANK_CHECK(ctx, wait_for(&fs->returned, 1), "rank 2 never returned");
+        st = seldp_comm_barrier(ctx->rank == 3 ? pair : ctx->world);
+        RANK_CHECK(ctx, st == SELDP_ERR_TIMEOUT, "barrier returned %s", seldp_status_name(st));
+        RANK_CHECK_MSG(ctx, "rank 2 timed out after 0.5 s in allreduce waiting for rank 3");
+    }
+    seldp_comm_destroy(pair);
+    return 0;
+}
+
+static void test_rank_never_arrives_in_split_group(void **state)
+{
+    (void)state;
+    fault_state *fs = new_state();
+    seldp_run_ranks(4, SHORT_TIMEOUT_S, subgroup_straggler_rank, fs);
+    free(fs);
+}
+
 /* ---- abort in the middle of a collective ------------------------------------------------ */
 
 static int abort_rank(seldp_rank_ctx *ctx)
@@ -359,6 +391,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_never_arrives),
+        cmocka_unit_test(test_rank_never_arrives_in_split_group),
         cmocka_unit_test(test_abort_mid_collective),
         cmocka_unit_test(test_abort_through_split_comm),
         cmocka_unit_test(test_rank_never_joins),

@@ -582,7 +582,7 @@ static int stats_rank(seldp_rank_ctx *ctx)
     RANK_CHECK_OK(ctx, seldp_comm_barrier(w));
     RANK_CHECK_OK(ctx, seldp_comm_broadcast(w, f, 10, SELDP_F32, 0, host));
     RANK_CHECK_OK(ctx, seldp_comm_allreduce(w, d, d, 3, SELDP_F64, host));
-    RANK_CHECK_OK(ctx, seldp_comm_allgather(w, b, b, 5, host));
+    RANK_CHECK_OK(ctx, seldp_comm_allgather(w, b + 5 * ctx->rank, b, 5, host));
     void *blob = NULL;
     size_t lens[MAX_RANKS];
     RANK_CHECK_OK(ctx, seldp_comm_allgatherv(w, b, 7, &blob, lens));
