@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +30,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "comm/host_fault.h"
 #include "device.h"
 #include "internal.h"
 #include "seldp/host.h"
@@ -90,6 +92,8 @@ struct seldp_host_world {
     bool aborted;
     seldp_status abort_status; /* SELDP_ERR_ABORTED or SELDP_ERR_TIMEOUT */
     char abort_reason[512];
+    atomic_bool faults_on;     /* set once by seldp__host_fault_set; read without the lock */
+    struct host_fault *faults; /* [nranks] once faults_on, guarded by lock */
 };
 
 typedef struct host_comm {
@@ -283,6 +287,94 @@ out:
     return st;
 }
 
+/* ---- fault injection (src/comm/host_fault.h) ---------------------------------------- */
+
+typedef struct host_fault {
+    uint64_t entered; /* collectives this world rank has entered */
+    uint64_t point;
+    seldp__host_fault_action action;
+} host_fault;
+
+/* Count this collective; when it is the rank's armed point, act. Returns true when the
+ * collective must not run, with its status in *st. Off the path of worlds without faults. */
+static bool fault_strike(seldp_comm *comm, host_op op, seldp_status *st)
+{
+    seldp_host_world *w = impl_of(comm)->world;
+    host_group *g = impl_of(comm)->group;
+    char reason[160];
+    bool skip = false;
+
+    pthread_mutex_lock(&w->lock);
+    host_fault *f = &w->faults[comm->world_rank];
+    uint64_t point = f->entered++;
+    if (point != f->point || f->action == SELDP__FAULT_NONE)
+        goto out;
+    switch (f->action) {
+    case SELDP__FAULT_ABORT:
+        snprintf(reason, sizeof reason,
+                 "rank %d aborted the world at collective point %llu (%s, injected fault)",
+                 comm->world_rank, (unsigned long long)point, op_names[op]);
+        world_abort_locked(w, SELDP_ERR_ABORTED, reason);
+        *st = seldp__fail(SELDP_ERR_ABORTED, "rank %d: %s aborted: %s", comm->rank, op_names[op],
+                          reason);
+        skip = true;
+        break;
+    case SELDP__FAULT_RETURN:
+        *st = seldp__fail(SELDP_ERR_TRANSPORT,
+                          "rank %d: %s: injected fault: returned early from collective point %llu",
+                          comm->rank, op_names[op], (unsigned long long)point);
+        skip = true;
+        break;
+    case SELDP__FAULT_STALL: {
+        /* The others give up at their timeout and abort the world, which wakes this wait. */
+        struct timespec deadline = deadline_after(2.0 * w->timeout_s);
+        while (!w->aborted && pthread_cond_timedwait(&g->cond, &w->lock, &deadline) != ETIMEDOUT)
+            ;
+        break;
+    }
+    default:
+        break;
+    }
+out:
+    pthread_mutex_unlock(&w->lock);
+    return skip;
+}
+
+seldp_status seldp__host_fault_set(seldp_host_world *world, int rank, uint64_t point,
+                                   seldp__host_fault_action action)
+{
+    if (!world || rank < 0 || rank >= world->nranks)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "host_fault_set: rank %d is outside the world", rank);
+    if ((int)action < (int)SELDP__FAULT_NONE || (int)action > (int)SELDP__FAULT_STALL)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "host_fault_set: unknown action %d",
+                           (int)action);
+    pthread_mutex_lock(&world->lock);
+    if (!world->faults)
+        world->faults = calloc((size_t)world->nranks, sizeof *world->faults);
+    if (world->faults) {
+        world->faults[rank].point = point;
+        world->faults[rank].action = action;
+        atomic_store(&world->faults_on, true);
+    }
+    pthread_mutex_unlock(&world->lock);
+    if (!world->faults)
+        return seldp__fail(SELDP_ERR_NOMEM, "host_fault_set: out of memory");
+    return SELDP_OK;
+}
+
+uint64_t seldp__host_fault_count(seldp_host_world *world, int rank)
+{
+    uint64_t n = 0;
+    if (!world || rank < 0 || rank >= world->nranks)
+        return 0;
+    pthread_mutex_lock(&world->lock);
+    if (world->faults)
+        n = world->faults[rank].entered;
+    pthread_mutex_unlock(&world->lock);
+    return n;
+}
+
 /* ---- the collective rendezvous --------------------------------------------------- */
 
 /* Why the published slots of a collective do not agree, or SELDP_OK. Every rank reads
@@ -350,6 +442,10 @@ static seldp_status slots_agree(const seldp_comm *comm)
 static seldp_status collective_enter(seldp_comm *comm, const host_slot *slot)
 {
     host_comm *hc = impl_of(comm);
+    seldp_status struck;
+    if (atomic_load_explicit(&hc->world->faults_on, memory_order_relaxed) &&
+        fault_strike(comm, slot->op, &struck))
+        return struck;
     pthread_mutex_lock(&hc->world->lock);
     hc->group->slots[comm->rank] = *slot;
     pthread_mutex_unlock(&hc->world->lock);
@@ -961,5 +1057,6 @@ void seldp_host_world_destroy(seldp_host_world *world)
     pthread_condattr_destroy(&world->condattr);
     pthread_mutex_destroy(&world->lock);
     free(world->joined);
+    free(world->faults);
     free(world);
 }

@@ -1,0 +1,42 @@
+/* Fault injection into the host-staged transport, for tests (internal, not installed).
+ *
+ * Once a fault is set on a world, every collective a rank enters on any communicator of
+ * that world is counted: its join (seldp_host_comm_init) is point 0, its next collective
+ * point 1, and so on, whatever the group. When a rank reaches its armed point, the action
+ * replaces that collective; the others must then return SELDP_ERR_ABORTED or
+ * SELDP_ERR_TIMEOUT instead of hanging. A world without faults pays one predictable
+ * branch per collective. */
+#ifndef SELDP_HOST_FAULT_H
+#define SELDP_HOST_FAULT_H
+
+#include <stdint.h>
+
+#include "seldp/host.h"
+#include "seldp/status.h"
+
+typedef enum seldp__host_fault_action {
+    /* Count the collectives, change nothing: a clean run that measures the points. */
+    SELDP__FAULT_NONE = 0,
+    /* Abort the world instead of entering: the rank returns SELDP_ERR_ABORTED, as do the
+     * others at once. */
+    SELDP__FAULT_ABORT = 1,
+    /* Skip the collective without a word to the others: the rank returns
+     * SELDP_ERR_TRANSPORT at once and the others time out waiting for it. */
+    SELDP__FAULT_RETURN = 2,
+    /* Arrive late: wait until the world is aborted (the others' timeout) or for twice the
+     * timeout, then enter the collective as usual. */
+    SELDP__FAULT_STALL = 3
+} seldp__host_fault_action;
+
+/* Arm `action` at collective point `point` of world rank `rank`, replacing any fault set
+ * for that rank before, and start counting collectives on the world. Set faults before the
+ * ranks join, or while they are between collectives. SELDP_ERR_INVALID_ARGUMENT for a NULL
+ * world, a rank outside it or an unknown action; SELDP_ERR_NOMEM. */
+seldp_status seldp__host_fault_set(seldp_host_world *world, int rank, uint64_t point,
+                                   seldp__host_fault_action action);
+
+/* Collectives world rank `rank` has entered since the first seldp__host_fault_set on the
+ * world (0 for a NULL world, a rank outside it, or a world without faults). */
+uint64_t seldp__host_fault_count(seldp_host_world *world, int rank);
+
+#endif
