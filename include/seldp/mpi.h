@@ -62,6 +62,21 @@ extern "C" {
 seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const seldp_comm_config *cfg,
                                  seldp_comm **out);
 
+/** NCCL bootstrapped over MPI, the multi-node recipe: collective over `parent`. Rank 0 of
+ * parent draws an ncclUniqueId, MPI broadcasts it, and every process joins the NCCL world
+ * as its parent rank on its current CUDA device (select it with cudaSetDevice first, one
+ * GPU per process on each node: for instance the rank within MPI_Comm_split_type's
+ * MPI_COMM_TYPE_SHARED group). The result is an NCCL communicator (seldp/nccl.h):
+ * collectives, splits and timeouts are NCCL's, MPI is not used after this call. parent is
+ * duplicated for the broadcast and never changed. cfg may be NULL for the defaults. On
+ * success *out is the caller's to release with seldp_comm_destroy. Returns
+ * SELDP_ERR_UNSUPPORTED in a build without NCCL (every rank, nothing is exchanged),
+ * SELDP_ERR_INVALID_ARGUMENT when MPI is not initialized or an argument is invalid,
+ * SELDP_ERR_TIMEOUT when a rank does not arrive in time, SELDP_ERR_TRANSPORT when MPI, CUDA
+ * or NCCL fails (on every rank when rank 0 cannot draw the id); *out is then NULL. */
+seldp_status seldp_mpi_nccl_comm_init(MPI_Comm parent, const seldp_comm_config *cfg,
+                                      seldp_comm **out);
+
 #ifdef __cplusplus
 }
 #endif

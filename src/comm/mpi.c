@@ -38,6 +38,9 @@
 #include "device.h"
 #include "internal.h"
 #include "seldp/mpi.h"
+#ifdef SELDP_HAVE_NCCL
+#include "seldp/nccl.h"
+#endif
 
 /* Upper bound of one MPI message: far inside MPI's int counts. */
 #define MAX_MESSAGE ((size_t)1 << 30)
@@ -1155,4 +1158,99 @@ fail:
         MPI_Comm_free(&w->ctrl);
     free(w);
     return st;
+}
+
+/* ---- NCCL bootstrapped over MPI ------------------------------------------------------- */
+
+#ifdef SELDP_HAVE_NCCL
+/* What rank 0 broadcasts: its NCCL unique id, or why it could not draw one. */
+typedef struct nccl_bootstrap {
+    int32_t status;
+    unsigned char id[SELDP_NCCL_UNIQUE_ID_BYTES];
+    char reason[380];
+} nccl_bootstrap;
+#endif
+
+seldp_status seldp_mpi_nccl_comm_init(MPI_Comm parent, const seldp_comm_config *cfg,
+                                      seldp_comm **out)
+{
+    seldp_comm_config defaults = SELDP_COMM_CONFIG_INIT;
+    int initialized = 0, finalized = 0, rank = -1, size = 0;
+
+    if (!out)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "mpi_nccl_comm_init: out is NULL");
+    *out = NULL;
+    if (!cfg)
+        cfg = &defaults;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "mpi_nccl_comm_init: MPI is %s; call MPI_Init before and "
+                           "MPI_Finalize after",
+                           finalized ? "already finalized" : "not initialized");
+    if (parent == MPI_COMM_NULL)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "mpi_nccl_comm_init: parent is MPI_COMM_NULL");
+    MPI_Comm_rank(parent, &rank);
+    MPI_Comm_size(parent, &size);
+#ifndef SELDP_HAVE_NCCL
+    (void)size;
+    return seldp__fail(SELDP_ERR_UNSUPPORTED,
+                       "rank %d: mpi_nccl_comm_init: this build has no NCCL transport "
+                       "(configure with -DSELDP_WITH_NCCL=ON on a machine with CUDA and NCCL)",
+                       rank);
+#else
+    seldp_status st = SELDP_OK;
+    MPI_Comm dup = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    char text[MPI_MAX_ERROR_STRING];
+    nccl_bootstrap *boot = NULL;
+    if (!(cfg->timeout_s > 0))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: mpi_nccl_comm_init: timeout %g s, expected > 0", rank,
+                           cfg->timeout_s);
+    /* heap, not stack: after a timeout MPI may still write into it */
+    boot = calloc(1, sizeof *boot);
+    if (!boot)
+        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: mpi_nccl_comm_init: out of memory", rank);
+
+    /* The broadcast travels on a private duplicate: the caller's communicator keeps its
+     * error handler and sees no traffic. */
+    int err = MPI_Comm_idup(parent, &dup, &req);
+    if (err != MPI_SUCCESS) {
+        mpi_error_text(err, text, sizeof text);
+        SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d: mpi_nccl_comm_init: MPI_Comm_idup failed: %s",
+                   rank, text);
+    }
+    SELDP_CHECK(init_wait(rank, &req, 1, cfg->timeout_s));
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+
+    /* Rank 0 draws the id; a failure travels in its place so that every rank returns it. */
+    if (rank == 0) {
+        boot->status = (int32_t)seldp_nccl_get_unique_id(boot->id);
+        if (boot->status != SELDP_OK)
+            snprintf(boot->reason, sizeof boot->reason, "%s", seldp_last_error());
+    }
+    err = MPI_Ibcast(boot, (int)sizeof *boot, MPI_BYTE, 0, dup, &req);
+    if (err != MPI_SUCCESS) {
+        mpi_error_text(err, text, sizeof text);
+        SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d: mpi_nccl_comm_init: MPI_Ibcast failed: %s", rank,
+                   text);
+    }
+    SELDP_CHECK(init_wait(rank, &req, 1, cfg->timeout_s));
+    if (boot->status != SELDP_OK)
+        SELDP_FAIL((seldp_status)boot->status,
+                   "rank %d: mpi_nccl_comm_init: rank 0 could not draw an NCCL unique id: %s", rank,
+                   boot->reason);
+    SELDP_CHECK(seldp_nccl_comm_init_with_id(boot->id, size, rank, cfg, out));
+
+fail:
+    if (st == SELDP_ERR_TIMEOUT)
+        return st; /* the duplicate or the broadcast is still pending inside MPI: abandoned */
+    if (dup != MPI_COMM_NULL)
+        MPI_Comm_free(&dup);
+    free(boot);
+    return st;
+#endif
 }
