@@ -1,19 +1,45 @@
-/* Transport selection for the harness (see backend.h). */
+/* Transport selection for the harness, in-process and under mpirun (see backend.h). */
+#define _POSIX_C_SOURCE 200809L
+
 #include "backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "seldp/host.h"
 #include "seldp/version.h"
 
+#ifdef SELDP_HAVE_MPI
+#include <mpi.h>
+
+#include "seldp/mpi.h"
+#endif
+#ifdef SELDP_HAVE_NCCL
+#include "seldp/nccl.h"
+#endif
+
+#include "gpu.h"
 #include "util.h"
 
+typedef struct device_name {
+    char text[24];
+} device_name;
+
 struct hx_backend {
-    hx_backend_kind kind; /* resolved: never AUTO */
+    hx_backend_kind kind; /* the transport: HOST, NCCL or MPI, never AUTO */
+    bool processes;       /* one rank per MPI process */
     int world;
+    int process_rank; /* -1 in-process */
+    double timeout_s;
+    seldp_device *devices; /* [world] */
+    device_name *names;    /* [world] */
     seldp_host_world *host;
+#ifdef SELDP_HAVE_NCCL
+    seldp_nccl_world *nccl;
+#endif
 };
 
 static const char *const backend_names[] = {"auto", "host", "nccl", "mpi"};
@@ -34,50 +60,263 @@ bool hx_backend_parse(const char *name, hx_backend_kind *out)
     return false;
 }
 
-/* Why `kind` cannot run here, or NULL when it can. */
-static const char *unavailable(hx_backend_kind kind)
+bool hx_backend_under_mpirun(void)
 {
-    switch (kind) {
-    case HX_BACKEND_HOST:
-        return NULL;
-    case HX_BACKEND_NCCL:
-        if (!seldp_has_feature("nccl"))
-            return "--backend nccl: not available: this build has no NCCL transport "
-                   "(configure with -DSELDP_WITH_NCCL=ON on a machine with CUDA and NCCL)";
-        return "--backend nccl: not available yet: the harness runs its model on the CPU; use "
-               "--backend host";
-    case HX_BACKEND_MPI:
-        if (!seldp_has_feature("mpi"))
-            return "--backend mpi: not available: this build has no MPI transport "
-                   "(configure with -DSELDP_WITH_MPI=ON)";
-        return "--backend mpi: not available yet: the harness drives simulated ranks in one "
-               "process; use --backend host";
-    default:
-        return "unknown backend";
+    /* Open MPI 4 and 5, PMIx launchers, and MPICH's Hydra or Slurm's PMI */
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && v[0])
+            return true;
     }
+    return false;
+}
+
+bool hx_backend_uses_processes(hx_backend_kind kind)
+{
+    if (kind == HX_BACKEND_MPI)
+        return true;
+#ifdef SELDP_HAVE_MPI
+    return (kind == HX_BACKEND_AUTO || kind == HX_BACKEND_NCCL) && hx_backend_under_mpirun();
+#else
+    return false;
+#endif
+}
+
+static seldp_device cuda_device(int ordinal)
+{
+    return (seldp_device){SELDP_DEVICE_CUDA, ordinal};
+}
+
+static void set_device(hx_backend *b, int rank, seldp_device device)
+{
+    b->devices[rank] = device;
+    if (device.kind == SELDP_DEVICE_CUDA)
+        snprintf(b->names[rank].text, sizeof b->names[rank].text, "cuda:%d", device.ordinal);
+    else
+        snprintf(b->names[rank].text, sizeof b->names[rank].text, "host");
+}
+
+/* ---- one rank per MPI process ------------------------------------------------------------ */
+
+#ifdef SELDP_HAVE_MPI
+static bool harness_started_mpi;
+
+/* Poll one non-blocking MPI call against the timeout. */
+static seldp_status mpi_wait(MPI_Request *req, double timeout_s, const char *what)
+{
+    double deadline = hx_now() + timeout_s;
+    struct timespec nap = {0, 100000};
+    for (;;) {
+        int done = 0;
+        int err = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (err != MPI_SUCCESS) {
+            char text[MPI_MAX_ERROR_STRING];
+            int len = 0;
+            MPI_Error_string(err, text, &len);
+            return hx_fail(SELDP_ERR_TRANSPORT, "%s: MPI failed: %s", what, text);
+        }
+        if (done)
+            return SELDP_OK;
+        if (hx_now() > deadline)
+            return hx_fail(SELDP_ERR_TIMEOUT, "%s: not every process arrived within %g s", what,
+                           timeout_s);
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* Agree on the transport and learn every rank's device. Buffers MPI may still hold after a
+ * timeout are never freed (the process ends soon after). */
+static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
+{
+    int size = 0, rank = 0, local = 0, local_size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    b->process_rank = rank;
+    if (size != b->world)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--world %d: mpirun started %d processes, and each runs one rank (leave "
+                       "--world out, or start %d)",
+                       b->world, size, b->world);
+
+    /* Every process has arrived once the barrier completes, so the blocking split below
+     * only waits for processes already on their way into it. */
+    MPI_Request *req = malloc(sizeof *req);
+    int *flags = malloc(2 * sizeof *flags);
+    device_name *mine = malloc(sizeof *mine);
+    if (!req || !flags || !mine) {
+        free(req);
+        free(flags);
+        free(mine);
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rank);
+    }
+    if (MPI_Ibarrier(MPI_COMM_WORLD, req) != MPI_SUCCESS)
+        return hx_fail(SELDP_ERR_TRANSPORT, "rank %d: MPI_Ibarrier failed", rank);
+    seldp_status st = mpi_wait(req, b->timeout_s, "starting the ranks");
+    if (st != SELDP_OK)
+        return st;
+    MPI_Comm node = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) !=
+        MPI_SUCCESS)
+        return hx_fail(SELDP_ERR_TRANSPORT, "rank %d: MPI_Comm_split_type failed", rank);
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
+
+    /* NCCL needs a GPU of its own for every process of every node */
+    int gpus = hx_gpu_count();
+    flags[0] = seldp_has_feature("nccl") && gpus >= local_size;
+    if (MPI_Iallreduce(flags, flags + 1, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, req) != MPI_SUCCESS)
+        return hx_fail(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallreduce failed", rank);
+    st = mpi_wait(req, b->timeout_s, "agreeing on the transport");
+    if (st != SELDP_OK)
+        return st;
+    bool every_gpu_own = flags[1] != 0;
+    if (kind == HX_BACKEND_NCCL && !seldp_has_feature("nccl"))
+        return hx_fail(SELDP_ERR_UNSUPPORTED,
+                       "--backend nccl: not available: this build has no NCCL transport "
+                       "(configure with -DSELDP_WITH_NCCL=ON on a machine with CUDA and NCCL)");
+    if (kind == HX_BACKEND_NCCL && !every_gpu_own)
+        return hx_fail(SELDP_ERR_UNSUPPORTED,
+                       "--backend nccl: needs a GPU per process: a node runs more processes than "
+                       "it has GPUs (here %d processes, %d GPU(s)); use --backend mpi",
+                       local_size, gpus);
+    b->kind = kind == HX_BACKEND_AUTO ? (every_gpu_own ? HX_BACKEND_NCCL : HX_BACKEND_MPI) : kind;
+
+    seldp_device device = SELDP_HOST_DEVICE;
+    if (b->kind == HX_BACKEND_NCCL)
+        device = cuda_device(local);
+    else if (gpus > 0)
+        device = cuda_device(local % gpus);
+    set_device(b, rank, device);
+    *mine = b->names[rank];
+    if (MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, b->names, (int)sizeof *mine, MPI_BYTE,
+                       MPI_COMM_WORLD, req) != MPI_SUCCESS)
+        return hx_fail(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallgather failed", rank);
+    st = mpi_wait(req, b->timeout_s, "exchanging the ranks' devices");
+    if (st != SELDP_OK)
+        return st;
+    for (int r = 0; r < size; r++) {
+        int ordinal = 0;
+        b->devices[r] = sscanf(b->names[r].text, "cuda:%d", &ordinal) == 1 ? cuda_device(ordinal)
+                                                                           : SELDP_HOST_DEVICE;
+    }
+    free(req);
+    free(flags);
+    free(mine);
+    return SELDP_OK;
+}
+#endif
+
+seldp_status hx_backend_processes(int *count, int *rank)
+{
+#ifndef SELDP_HAVE_MPI
+    (void)count;
+    (void)rank;
+    return hx_fail(SELDP_ERR_UNSUPPORTED,
+                   "--backend mpi: not available: this build has no MPI transport (install "
+                   "libopenmpi-dev and configure with -DSELDP_WITH_MPI=ON)");
+#else
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized)
+        return hx_fail(SELDP_ERR_UNSUPPORTED,
+                       "--backend mpi: MPI was already finalized in this process");
+    if (!initialized) {
+        int provided = 0;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            return hx_fail(SELDP_ERR_TRANSPORT, "MPI_Init_thread failed");
+        harness_started_mpi = true;
+        /* Open MPI 4 aborts the job on an error of a non-blocking collective otherwise */
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    }
+    MPI_Comm_size(MPI_COMM_WORLD, count);
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    return SELDP_OK;
+#endif
+}
+
+void hx_backend_finalize(void)
+{
+#ifdef SELDP_HAVE_MPI
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (harness_started_mpi && !finalized)
+        MPI_Finalize();
+    harness_started_mpi = false;
+#endif
+}
+
+/* ---- every rank in this process ---------------------------------------------------------- */
+
+static seldp_status open_in_process(hx_backend *b, hx_backend_kind kind)
+{
+    int gpus = hx_gpu_count();
+    bool nccl_fits = seldp_has_feature("nccl") && gpus >= b->world;
+    if (kind == HX_BACKEND_NCCL && !seldp_has_feature("nccl"))
+        return hx_fail(SELDP_ERR_UNSUPPORTED,
+                       "--backend nccl: not available: this build has no NCCL transport "
+                       "(configure with -DSELDP_WITH_NCCL=ON on a machine with CUDA and NCCL)");
+    if (kind == HX_BACKEND_NCCL && !nccl_fits)
+        return hx_fail(SELDP_ERR_UNSUPPORTED,
+                       "--backend nccl: needs a GPU per rank: world %d, %d GPU(s) here; use "
+                       "--backend host (host-staged, ranks share GPUs) or fewer ranks",
+                       b->world, gpus);
+    b->kind = kind == HX_BACKEND_AUTO ? (nccl_fits ? HX_BACKEND_NCCL : HX_BACKEND_HOST) : kind;
+    for (int r = 0; r < b->world; r++)
+        set_device(b, r, gpus > 0 ? cuda_device(r % gpus) : SELDP_HOST_DEVICE);
+
+    seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
+    cfg.timeout_s = b->timeout_s;
+#ifdef SELDP_HAVE_NCCL
+    if (b->kind == HX_BACKEND_NCCL) {
+        seldp_status st = seldp_nccl_world_create(b->world, &cfg, &b->nccl);
+        if (st != SELDP_OK)
+            return hx_fail_lib(st, "creating an NCCL world of %d ranks", b->world);
+        return SELDP_OK;
+    }
+#endif
+    seldp_status st = seldp_host_world_create(b->world, &cfg, &b->host);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "creating a host world of %d ranks", b->world);
+    return SELDP_OK;
 }
 
 seldp_status hx_backend_open(hx_backend_kind kind, int world, double timeout_s, hx_backend **out)
 {
-    /* auto: the host-staged transport runs any number of simulated ranks anywhere */
-    hx_backend_kind resolved = kind == HX_BACKEND_AUTO ? HX_BACKEND_HOST : kind;
-    const char *why = unavailable(resolved);
-    if (why)
-        return hx_fail(SELDP_ERR_UNSUPPORTED, "%s", why);
+    seldp_status st = SELDP_OK;
     hx_backend *b = hx_calloc(1, sizeof *b);
     if (!b)
         return SELDP_ERR_NOMEM;
-    b->kind = resolved;
     b->world = world;
-    seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
-    cfg.timeout_s = timeout_s;
-    seldp_status st = seldp_host_world_create(world, &cfg, &b->host);
-    if (st != SELDP_OK) {
-        free(b);
-        return hx_fail_lib(st, "creating a host world of %d ranks", world);
+    b->process_rank = -1;
+    b->timeout_s = timeout_s;
+    b->devices = hx_calloc((size_t)world, sizeof *b->devices);
+    b->names = hx_calloc((size_t)world, sizeof *b->names);
+    if (!b->devices || !b->names)
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+    if (hx_backend_uses_processes(kind)) {
+#ifdef SELDP_HAVE_MPI
+        int count = 0, rank = 0;
+        b->processes = true;
+        HX_CHECK(hx_backend_processes(&count, &rank));
+        st = open_processes(b, kind);
+        if (st == SELDP_ERR_TIMEOUT)
+            return st; /* MPI may still write into b: abandoned */
+        HX_CHECK(st);
+#else
+        int count = 0, rank = 0;
+        HX_CHECK(hx_backend_processes(&count, &rank));
+#endif
+    } else {
+        HX_CHECK(open_in_process(b, kind));
     }
     *out = b;
     return SELDP_OK;
+fail:
+    hx_backend_close(b);
+    return st;
 }
 
 const char *hx_backend_transport(const hx_backend *b)
@@ -85,18 +324,52 @@ const char *hx_backend_transport(const hx_backend *b)
     return hx_backend_name(b->kind);
 }
 
+bool hx_backend_multiprocess(const hx_backend *b)
+{
+    return b->processes;
+}
+
+int hx_backend_process_rank(const hx_backend *b)
+{
+    return b->processes ? b->process_rank : -1;
+}
+
+bool hx_backend_is_local(const hx_backend *b, int rank)
+{
+    return !b->processes || rank == b->process_rank;
+}
+
+seldp_device hx_backend_device(const hx_backend *b, int rank)
+{
+    return b->devices[rank];
+}
+
 const char *hx_backend_device_name(const hx_backend *b, int rank)
 {
-    (void)b;
-    (void)rank;
-    return "host";
+    return b->names[rank].text;
 }
 
 seldp_status hx_backend_join(hx_backend *b, int rank, seldp_comm **comm)
 {
-    seldp_status st = seldp_host_comm_init(b->host, rank, SELDP_HOST_DEVICE, comm);
+    seldp_status st = SELDP_OK;
+    seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
+    cfg.timeout_s = b->timeout_s;
+    (void)cfg;
+#ifdef SELDP_HAVE_MPI
+    if (b->processes)
+        st = b->kind == HX_BACKEND_NCCL
+                 ? seldp_mpi_nccl_comm_init(MPI_COMM_WORLD, &cfg, comm)
+                 : seldp_mpi_comm_init(MPI_COMM_WORLD, b->devices[rank], &cfg, comm);
+#endif
+#ifdef SELDP_HAVE_NCCL
+    if (!b->processes && b->kind == HX_BACKEND_NCCL)
+        st = seldp_nccl_comm_init(b->nccl, rank, comm);
+#endif
+    if (!b->processes && b->kind == HX_BACKEND_HOST)
+        st = seldp_host_comm_init(b->host, rank, b->devices[rank], comm);
     if (st != SELDP_OK)
-        return hx_fail_lib(st, "rank %d: joining the host world", rank);
+        return hx_fail_lib(st, "rank %d: joining the %s world on %s", rank,
+                           hx_backend_name(b->kind), b->names[rank].text);
     return SELDP_OK;
 }
 
@@ -105,5 +378,10 @@ void hx_backend_close(hx_backend *b)
     if (!b)
         return;
     seldp_host_world_destroy(b->host);
+#ifdef SELDP_HAVE_NCCL
+    seldp_nccl_world_destroy(b->nccl);
+#endif
+    free(b->devices);
+    free(b->names);
     free(b);
 }

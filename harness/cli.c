@@ -24,18 +24,20 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
         return HX_EXIT_USAGE;
     }
     seldp_status st = hx_run_execute(run, out);
-    if (!opts.quiet)
+    /* with one rank per MPI process, rank 0's process prints and writes the reports */
+    bool root = hx_run_is_root(run);
+    if (!opts.quiet && root)
         hx_report_print_checks(run, out);
     if (st != SELDP_OK)
         fprintf(err, "seldp-harness: the run stopped: %s\n", run->error);
     int status = hx_run_passed(run) ? HX_EXIT_PASS : HX_EXIT_FAIL;
-    if (opts.out_dir && opts.out_dir[0]) {
+    if (root && opts.out_dir && opts.out_dir[0]) {
         if (hx_report_write(run, opts.out_dir) != SELDP_OK) {
             fprintf(err, "seldp-harness: %s\n", hx_last_error());
             status = HX_EXIT_FAIL;
         }
     }
-    if (opts.summary) {
+    if (root && opts.summary) {
         const char *name = opts.out_dir && opts.out_dir[0] ? strrchr(opts.out_dir, '/') : NULL;
         name = name ? name + 1 : opts.out_dir && opts.out_dir[0] ? opts.out_dir : "run";
         if (hx_report_append_summary(run, name, opts.summary) != SELDP_OK) {
@@ -43,12 +45,13 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
             status = HX_EXIT_FAIL;
         }
     }
-    fprintf(out, "result: %s (%lld failed checks, %d/%d steps, %.2f s)%s%s%s\n",
-            status == HX_EXIT_PASS ? "PASS" : "FAIL", (long long)hx_run_failures(run),
-            run->steps_done, run->opts.steps, run->t_total,
-            opts.out_dir && opts.out_dir[0] ? "; report in " : "",
-            opts.out_dir && opts.out_dir[0] ? opts.out_dir : "",
-            opts.out_dir && opts.out_dir[0] ? "/report.md" : "");
+    if (root)
+        fprintf(out, "result: %s (%lld failed checks, %d/%d steps, %.2f s)%s%s%s\n",
+                status == HX_EXIT_PASS ? "PASS" : "FAIL", (long long)hx_run_failures(run),
+                run->steps_done, run->opts.steps, run->t_total,
+                opts.out_dir && opts.out_dir[0] ? "; report in " : "",
+                opts.out_dir && opts.out_dir[0] ? opts.out_dir : "",
+                opts.out_dir && opts.out_dir[0] ? "/report.md" : "");
     fflush(out);
     hx_run_destroy(run);
     return status;

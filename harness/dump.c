@@ -2,7 +2,8 @@
  * forward used them (`param/{path}`), the reduced gradients (`grad/{path}`, a tied parameter
  * under its smallest path), `tokens` and `targets` (I32), and __metadata__ `config` and
  * `layout` as JSON strings; manifest.json with the world, the layout, the token counts and
- * the global weights the reductions returned. */
+ * the global weights the reductions returned. With one rank per MPI process each process
+ * writes its own rank file and rank 0 the manifest (from its mirrors of the others). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,12 +109,15 @@ seldp_status hx_dump_write(const hx_run *run, int step, const char *dir)
     if (!hx_buf_ok(&config) || !hx_buf_ok(&layout))
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory writing the dump");
     for (int r = 0; r < run->opts.world; r++)
-        HX_CHECK(dump_rank(run, &run->ranks[r], step, config.data, layout.data, dir));
-    manifest(run, step, config.data, layout.data, &text);
-    if (!hx_buf_ok(&text))
-        HX_FAIL(SELDP_ERR_NOMEM, "out of memory writing the manifest");
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
-    HX_CHECK(hx_write_file(path, text.data, text.len));
+        if (hx_backend_is_local(run->backend, r))
+            HX_CHECK(dump_rank(run, &run->ranks[r], step, config.data, layout.data, dir));
+    if (hx_run_is_root(run)) {
+        manifest(run, step, config.data, layout.data, &text);
+        if (!hx_buf_ok(&text))
+            HX_FAIL(SELDP_ERR_NOMEM, "out of memory writing the manifest");
+        snprintf(path, sizeof path, "%s/manifest.json", dir);
+        HX_CHECK(hx_write_file(path, text.data, text.len));
+    }
 fail:
     hx_buf_free(&config);
     hx_buf_free(&layout);

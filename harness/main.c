@@ -2,9 +2,12 @@
  * (SPEC §5). Everything is in the seldp_harness_core library (cli.c) so tests can run it. */
 #include <stdio.h>
 
+#include "backend.h"
 #include "cli.h"
 
 int main(int argc, char **argv)
 {
-    return hx_main(argc, argv, stdout, stderr);
+    int status = hx_main(argc, argv, stdout, stderr);
+    hx_backend_finalize(); /* under mpirun, when the harness started MPI */
+    return status;
 }

@@ -574,6 +574,16 @@ out:
 
 /* ---- the main thread --------------------------------------------------------------------- */
 
+static int gcd(int a, int b)
+{
+    while (b) {
+        int t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 seldp_status hx_run_create(const hx_options *opts, hx_run **out)
 {
     seldp_status st = SELDP_OK;
@@ -584,6 +594,16 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     pthread_mutex_init(&run->gate_lock, NULL);
     pthread_cond_init(&run->gate_cond, NULL);
     hx_options *o = &run->opts;
+    /* one rank per MPI process: the world is the number of processes unless given */
+    if (hx_backend_uses_processes(o->backend)) {
+        int processes = 0, rank = 0;
+        HX_CHECK(hx_backend_processes(&processes, &rank));
+        if (!o->world_given && !o->layout_file) {
+            o->world = processes;
+            if (!o->ep_given)
+                o->ep = gcd(o->ep, processes);
+        }
+    }
     if (o->layout_file) {
         if (o->ep_given || o->order_given)
             HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
@@ -640,8 +660,12 @@ static void print_header(const hx_run *run, FILE *out)
 {
     const hx_options *o = &run->opts;
     const tm_config *m = &o->model;
-    fprintf(out, "seldp-harness %s: %d simulated ranks, %s transport\n", seldp_version(), o->world,
-            hx_backend_transport(run->backend));
+    if (hx_backend_multiprocess(run->backend))
+        fprintf(out, "seldp-harness %s: %d ranks, one per MPI process, %s transport\n",
+                seldp_version(), o->world, hx_backend_transport(run->backend));
+    else
+        fprintf(out, "seldp-harness %s: %d simulated ranks, %s transport\n", seldp_version(),
+                o->world, hx_backend_transport(run->backend));
     fprintf(out, "  model   tiny-moe V=%d D=%d F=%d E=%d K=%d L=%d, %s parameters, ", m->vocab,
             m->d_model, m->d_ff, m->experts, m->top_k, m->layers, tm_dtype_name(m->dtype));
     if (m->quant == TM_QUANT_NONE)
@@ -716,14 +740,23 @@ static seldp_status main_step(hx_run *run, int step)
     t0 = hx_now();
     HX_CHECK(hx_check_step(run, step, ref));
     rec->t_check = hx_now() - t0;
-    if (step == run->opts.steps - 1 && run->opts.dump_dir)
-        HX_CHECK(hx_dump_write(run, step, run->opts.dump_dir));
 fail:
     tm_reference_destroy(ref);
     free(tokens);
     free(targets);
     free(counts);
     return st;
+}
+
+static void print_init(const hx_run *run)
+{
+    if (!run->out)
+        return;
+    const hx_check_result *c = &run->checks[HX_CHECK_INIT_REPLICAS];
+    fprintf(run->out,
+            "initialize: %lld replicated tensors checked against their roots, %lld differ  %s\n",
+            (long long)c->tested, (long long)c->failed, c->failed ? "FAIL" : "ok");
+    fflush(run->out);
 }
 
 static void print_progress(const hx_run *run, int step, double t_step)
@@ -741,28 +774,20 @@ static void print_progress(const hx_run *run, int step, double t_step)
     fflush(run->out);
 }
 
-seldp_status hx_run_execute(hx_run *run, FILE *out)
+/* --dump after the last step: the rank files of this process's ranks, the manifest. */
+static seldp_status dump_if_last(const hx_run *run, int step)
+{
+    if (step != run->opts.steps - 1 || !run->opts.dump_dir)
+        return SELDP_OK;
+    return hx_dump_write(run, step, run->opts.dump_dir);
+}
+
+/* Every rank a thread of this process, the main thread checking between the phases. */
+static seldp_status execute_threads(hx_run *run)
 {
     seldp_status st = SELDP_OK;
     int W = run->opts.world;
     int started = 0;
-    double t_begin = hx_now();
-    run->out = run->opts.quiet ? NULL : out;
-    if (run->out) {
-        print_header(run, run->out);
-        fflush(run->out);
-    }
-    tm_blas_single_thread();
-    int *all = hx_calloc((size_t)run->layout->experts, sizeof *all);
-    if (!all)
-        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
-    for (int e = 0; e < run->layout->experts; e++)
-        all[e] = e;
-    st = tm_model_create(&run->opts.model, 0, all, run->layout->experts, NULL, NULL, &run->global);
-    free(all);
-    if (st != SELDP_OK)
-        HX_FAIL_LIB(st, "creating the reference's model");
-
     for (int r = 0; r < W; r++) {
         if (pthread_create(&run->ranks[r].thread, NULL, rank_main, &run->ranks[r]) != 0) {
             gate_break(run);
@@ -773,17 +798,11 @@ seldp_status hx_run_execute(hx_run *run, FILE *out)
     }
     if (!gate_wait(run))
         goto joined;
-    run->t_setup = hx_now() - t_begin;
+    run->t_setup = hx_now() - run->t_begin;
     double t0 = hx_now();
     hx_check_init(run);
     run->t_init = hx_now() - t0;
-    if (run->out) {
-        const hx_check_result *c = &run->checks[HX_CHECK_INIT_REPLICAS];
-        fprintf(run->out,
-                "initialize: %lld replicated tensors checked against their roots, %lld "
-                "differ  %s\n",
-                (long long)c->tested, (long long)c->failed, c->failed ? "FAIL" : "ok");
-    }
+    print_init(run);
     if (!gate_wait(run))
         goto joined;
     for (int step = 0; step < run->opts.steps; step++) {
@@ -791,6 +810,8 @@ seldp_status hx_run_execute(hx_run *run, FILE *out)
         if (!gate_wait(run))
             goto joined;
         st = main_step(run, step);
+        if (st == SELDP_OK)
+            st = dump_if_last(run, step);
         if (st != SELDP_OK) {
             snprintf(run->error, sizeof run->error, "%s", hx_last_error());
             run->status = st;
@@ -807,7 +828,6 @@ joined:
     for (int r = 0; r < W; r++)
         if (run->ranks[r].started)
             pthread_join(run->ranks[r].thread, NULL);
-    run->t_total = hx_now() - t_begin;
     /* the first real error: ranks that only saw the abort of another come last */
     for (int pass = 0; pass < 2 && run->status == SELDP_OK; pass++) {
         for (int r = 0; r < W; r++) {
@@ -828,8 +848,103 @@ fail:
     return st;
 }
 
+/* One rank in this process (mpirun), on the main thread. The phases are those of the
+ * threads, with collectives in place of the gate: rank 0 gathers what the checks read
+ * (gather.c), and after each phase every process learns whether every other could go on,
+ * so all stop together. A rank whose library call fails aborts the world, as a thread
+ * does; the others then stop at their next collective. */
+static seldp_status execute_processes(hx_run *run)
+{
+    seldp_status st = SELDP_OK;
+    bool root = hx_run_is_root(run);
+    hx_rank *rk = &run->ranks[hx_backend_process_rank(run->backend)];
+    st = rank_setup(rk);
+    if (st != SELDP_OK)
+        goto aborted;
+    st = hx_gather_init(run);
+    if (st != SELDP_OK)
+        goto aborted;
+    run->t_setup = hx_now() - run->t_begin;
+    if (root) {
+        double t0 = hx_now();
+        hx_check_init(run);
+        run->t_init = hx_now() - t0;
+        print_init(run);
+    }
+    for (int step = 0; step < run->opts.steps; step++) {
+        double ts = hx_now();
+        st = rank_step(rk, step);
+        if (st != SELDP_OK)
+            goto aborted;
+        st = hx_gather_step(run);
+        if (st != SELDP_OK)
+            goto aborted;
+        seldp_status mine = root ? main_step(run, step) : SELDP_OK;
+        if (mine == SELDP_OK)
+            mine = dump_if_last(run, step);
+        HX_CHECK(hx_gather_verdict(run, mine, 0));
+        run->steps_done = step + 1;
+        run->steps[step].t_step = hx_now() - ts;
+        if (root)
+            print_progress(run, step, run->steps[step].t_step);
+        st = rank_update(rk);
+        if (st != SELDP_OK)
+            goto aborted;
+    }
+    /* every process exits with the status rank 0's checks decide */
+    HX_CHECK(hx_gather_verdict(run, SELDP_OK, root ? hx_run_failures(run) : 0));
+    rank_cleanup(rk);
+    return SELDP_OK;
+aborted:
+    rank_fail(rk, st);
+fail:
+    run->status = st;
+    snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+    rank_cleanup(rk);
+    return st;
+}
+
+seldp_status hx_run_execute(hx_run *run, FILE *out)
+{
+    seldp_status st = SELDP_OK;
+    run->t_begin = hx_now();
+    run->out = run->opts.quiet || !hx_run_is_root(run) ? NULL : out;
+    if (run->out) {
+        print_header(run, run->out);
+        fflush(run->out);
+    }
+    tm_blas_single_thread();
+    if (hx_run_is_root(run)) {
+        int *all = hx_calloc((size_t)run->layout->experts, sizeof *all);
+        if (!all)
+            HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+        for (int e = 0; e < run->layout->experts; e++)
+            all[e] = e;
+        st = tm_model_create(&run->opts.model, 0, all, run->layout->experts, NULL, NULL,
+                             &run->global);
+        free(all);
+        if (st != SELDP_OK)
+            HX_FAIL_LIB(st, "creating the reference's model");
+    }
+    st = hx_backend_multiprocess(run->backend) ? execute_processes(run) : execute_threads(run);
+    run->t_total = hx_now() - run->t_begin;
+    return st;
+fail:
+    run->status = st;
+    snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+    run->t_total = hx_now() - run->t_begin;
+    return st;
+}
+
+bool hx_run_is_root(const hx_run *run)
+{
+    return hx_backend_process_rank(run->backend) <= 0;
+}
+
 int64_t hx_run_failures(const hx_run *run)
 {
+    if (!hx_run_is_root(run))
+        return run->root_failures;
     int64_t n = 0;
     for (int c = 0; c < HX_CHECK_COUNT; c++)
         n += run->checks[c].failed;

@@ -121,6 +121,7 @@ typedef struct hx_run {
     int64_t *expert_tokens; /* [L * E] tokens routed to each expert over the whole run */
     uint64_t shared_weight; /* last step's global weights, for the manifest */
     uint64_t *data_weights; /* [n_data] */
+    double t_begin;
     double t_setup;
     double t_init;
     double t_total;
@@ -128,6 +129,9 @@ typedef struct hx_run {
     /* a run that could not finish: the first failing rank's message */
     seldp_status status;
     char error[1024];
+
+    /* one rank per process: the failed checks rank 0 counted (every rank learns them) */
+    int64_t root_failures;
 
     /* phase gate shared by the rank threads and the main thread */
     pthread_mutex_t gate_lock;
@@ -145,6 +149,10 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out);
  * run completed, whatever the checks found (see hx_run_passed); otherwise the status of the
  * failure, with run->error naming the rank. */
 seldp_status hx_run_execute(hx_run *run, FILE *out);
+
+/* True in the process that prints, checks and writes the reports: the only one in-process,
+ * rank 0's with one rank per MPI process. */
+bool hx_run_is_root(const hx_run *run);
 
 /* True when the run completed and no check failed. */
 bool hx_run_passed(const hx_run *run);
@@ -217,12 +225,27 @@ void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, con
  * true when `info` belongs to that group's selection. */
 bool hx_param_in_group(const hx_run *run, const tm_param_info *info, int g);
 
+/* One rank per process (gather.c), each collective over the world: rank 0 receives the
+ * other ranks' parameters (before and after initialize), then after each step their
+ * tokens, parameters, reduced gradients and rank-local results, into mirrors in
+ * run->ranks. */
+seldp_status hx_gather_init(hx_run *run);
+seldp_status hx_gather_step(hx_run *run);
+
+/* Collective over the world: every process says how its part of a phase went (`mine`,
+ * with hx_last_error when it failed); rank 0 also its failed checks (`failures`), which
+ * every process stores in run->root_failures. Returns SELDP_OK when every process
+ * succeeded, else the status of the lowest failing rank with its message. */
+seldp_status hx_gather_verdict(hx_run *run, seldp_status mine, int64_t failures);
+
 /* Reports (report.c) and the dump (dump.c). */
 void hx_report_print_checks(const hx_run *run, FILE *out);
 seldp_status hx_report_write(const hx_run *run, const char *dir);
 /* Append the run's row of the summary table to `path` (with the table's header when the
  * file is new or empty). `name` labels the row. */
 seldp_status hx_report_append_summary(const hx_run *run, const char *name, const char *path);
+/* The dump of `step`: the rank files of the ranks in this process; manifest.json from the
+ * root process. */
 seldp_status hx_dump_write(const hx_run *run, int step, const char *dir);
 
 /* The config JSON of SPEC §5 (tm_config_json) appended to buf. */
