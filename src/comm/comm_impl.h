@@ -9,6 +9,30 @@
 
 #include "seldp/comm.h"
 
+/* One tensor's part of a fused reduction (see reduce_fused below). */
+typedef struct seldp__reduce_seg {
+    const void *in;        /* this rank's contribution, or NULL for zeros */
+    seldp_dtype in_dtype;  /* F32, F16 or BF16 */
+    void *out;             /* receives the result; may equal in */
+    seldp_dtype out_dtype; /* F32, F16 or BF16; the same on every rank */
+    size_t count;          /* elements; the same on every rank */
+} seldp__reduce_seg;
+
+/* A reduction of many tensors in one pass over memory. Every rank passes its segments in
+ * the same order with the same counts. For each element, the transport sums the ranks'
+ * contributions in F32 (halves upcast exactly) in rank order 0..P-1, multiplies by
+ * `scale` as (float)((double)sum * scale) unless scale is 1, and writes the result in
+ * out_dtype (round to nearest even) into every rank's `out`: the bits the session's
+ * bucketed path gets from F32 allreduces, seldp__scale_f32 and seldp__convert. The
+ * segments are seen as one stream of F32 elements cut into buckets of bucket_elems
+ * (0: one bucket), each reduced as one allreduce would be. */
+typedef struct seldp__reduce_fused_args {
+    const seldp__reduce_seg *segs;
+    size_t n_segs;
+    size_t bucket_elems;
+    double scale;
+} seldp__reduce_fused_args;
+
 typedef struct seldp_comm_ops {
     const char *name; /* "host", "nccl", "mpi" */
     seldp_status (*barrier)(seldp_comm *comm);
@@ -18,13 +42,17 @@ typedef struct seldp_comm_ops {
                               seldp_dtype dtype, seldp_device mem);
     seldp_status (*allgather)(seldp_comm *comm, const void *send, void *recv, size_t bytes,
                               seldp_device mem);
-    seldp_status (*allgatherv)(seldp_comm *comm, const void *send, size_t send_bytes,
-                               void **recv, size_t *recv_bytes);
+    seldp_status (*allgatherv)(seldp_comm *comm, const void *send, size_t send_bytes, void **recv,
+                               size_t *recv_bytes);
     /* counts and displacements in bytes */
     seldp_status (*alltoallv)(seldp_comm *comm, const void *send, const size_t *send_bytes,
                               const size_t *send_displs, void *recv, const size_t *recv_bytes,
                               const size_t *recv_displs, seldp_device mem);
     seldp_status (*split)(seldp_comm *comm, int color, int key, seldp_comm **out);
+    /* Optional (NULL: the caller falls back to bucketed allreduces): the fused reduction of
+     * seldp__reduce_fused_args over host memory, in one rendezvous, so that a failure
+     * leaves every output untouched. Segments point at host memory. */
+    seldp_status (*reduce_fused)(seldp_comm *comm, const seldp__reduce_fused_args *args);
     void (*abort)(seldp_comm *comm);
     void (*destroy)(seldp_comm *comm);
 } seldp_comm_ops;
@@ -44,5 +72,22 @@ struct seldp_comm {
 seldp_comm *seldp__comm_new(const seldp_comm_ops *ops, int rank, int size, int world_rank,
                             seldp_device device, void *impl);
 void seldp__comm_free(seldp_comm *comm);
+
+/* The fused reduction when the transport has one (comm->ops->reduce_fused), counted in
+ * the stats as the ceil(elements / bucket_elems) F32 allreduces it stands for. The caller
+ * checks that the transport has it and that the segments are host memory. */
+static inline seldp_status seldp__comm_reduce_fused(seldp_comm *comm,
+                                                    const seldp__reduce_fused_args *args)
+{
+    size_t elems = 0;
+    for (size_t i = 0; i < args->n_segs; i++)
+        elems += args->segs[i].count;
+    if (args->bucket_elems)
+        comm->stats.allreduces += elems / args->bucket_elems + (elems % args->bucket_elems != 0);
+    else
+        comm->stats.allreduces += elems != 0;
+    comm->stats.bytes += elems * sizeof(float);
+    return comm->ops->reduce_fused(comm, args);
+}
 
 #endif

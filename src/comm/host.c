@@ -4,13 +4,17 @@
  *   1. publish: each rank writes its arguments (buffer pointers, sizes) into its
  *      slot and waits until every rank of the group has arrived (phase "arrive");
  *   2. execute: each rank reads the others' buffers directly, since ranks share
- *      memory (an allreduce owner sums its slice of every input and writes it into
- *      every output);
+ *      memory: an allreduce owner sums its slice of every input and writes it into
+ *      every output, a broadcast owner copies its slice of the root into every other
+ *      rank, so each byte is read and written once, by all the cores together (large
+ *      payloads with non-temporal stores); the fused reduction of the sessions does the
+ *      same over many tensors, with half upcasts and the 1/W scale in the same pass;
  *   3. leave: wait once more (phase "leave") so that no rank returns, and reuses or
  *      frees a buffer, while another is still reading or writing it.
  * Phases are generation-counted: the last rank to arrive bumps the generation and
- * wakes the others. Every wait has a deadline on CLOCK_MONOTONIC; a rank that times
- * out marks the whole world aborted so that every rank of every group returns.
+ * wakes the others; in a group with a core per rank the others spin briefly first. Every wait has a
+ * deadline on CLOCK_MONOTONIC; a rank that times out marks the whole world aborted so that every
+ * rank of every group returns.
  *
  * One mutex per world guards all rendezvous state (slots, generations, abort state,
  * reference counts); each group has its own condition variable. Data moves outside
@@ -28,6 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "comm/comm_impl.h"
 #include "comm/host_fault.h"
@@ -43,13 +51,14 @@ typedef enum host_op {
     OP_ALLGATHER,
     OP_ALLGATHERV,
     OP_ALLTOALLV,
-    OP_SPLIT
+    OP_SPLIT,
+    OP_REDUCE_FUSED
 } host_op;
 
 static const char *const op_names[] = {
     [OP_INIT] = "init",           [OP_BARRIER] = "barrier",     [OP_BROADCAST] = "broadcast",
     [OP_ALLREDUCE] = "allreduce", [OP_ALLGATHER] = "allgather", [OP_ALLGATHERV] = "allgatherv",
-    [OP_ALLTOALLV] = "alltoallv", [OP_SPLIT] = "split",
+    [OP_ALLTOALLV] = "alltoallv", [OP_SPLIT] = "split",         [OP_REDUCE_FUSED] = "reduction",
 };
 
 typedef struct host_group host_group;
@@ -66,7 +75,9 @@ typedef struct host_slot {
     int root;
     const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs; /* alltoallv */
     int color, key;                                                    /* split */
-    host_group *new_group; /* split: published by the new group's rank 0 */
+    host_group *new_group;                 /* split: published by the new group's rank 0 */
+    const seldp__reduce_fused_args *fused; /* fused reduction; count holds its elements */
+    const size_t *seg_starts;              /* fused: n_segs + 1 prefix sums of the counts */
 } host_slot;
 
 struct host_group {
@@ -74,10 +85,11 @@ struct host_group {
     int size;
     int *world_ranks; /* group rank -> world rank */
     host_slot *slots;
-    uint64_t *entered;   /* phases each rank has entered, to name those missing */
-    uint64_t generation; /* phases completed */
-    int arrived;         /* ranks waiting in the current phase */
-    int refs;            /* communicators holding the group */
+    uint64_t *entered; /* phases each rank has entered, to name those missing */
+    /* phases completed; written under the lock, read without it by spinning waiters */
+    _Atomic uint64_t generation;
+    int arrived; /* ranks waiting in the current phase */
+    int refs;    /* communicators holding the group */
     pthread_cond_t cond;
     host_group *next; /* the world's list of groups */
 };
@@ -92,6 +104,7 @@ struct seldp_host_world {
     bool aborted;
     seldp_status abort_status; /* SELDP_ERR_ABORTED or SELDP_ERR_TIMEOUT */
     char abort_reason[512];
+    int spin_size;             /* groups of at most this many ranks (one core each) spin */
     atomic_bool faults_on;     /* set once by seldp__host_fault_set; read without the lock */
     struct host_fault *faults; /* [nranks] once faults_on, guarded by lock */
 };
@@ -233,6 +246,37 @@ typedef enum wait_mode {
     WAIT_FOR_ALL         /* every rank has passed the previous phase and will arrive */
 } wait_mode;
 
+/* How long a waiter spins before it sleeps on the condition variable: long enough to
+ * catch a rank a few microseconds behind (small collectives are latency-bound, and a
+ * futex wake-up costs tens of microseconds), short enough to waste little when a rank
+ * is far behind. */
+#define SPIN_NS 20000L
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Spin, without the lock, until the group's generation moves past gen (true) or
+ * SPIN_NS have passed (false). */
+static bool spin_past(host_group *g, uint64_t gen)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(&g->generation, memory_order_acquire) != gen)
+                return true;
+            cpu_relax();
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > SPIN_NS)
+            return false;
+    }
+}
+
 /* Enter one phase of the group's rendezvous and wait for every rank of the group.
  * Under WAIT_FOR_ALL an abort does not stop the wait: a rank leaving early could
  * free a buffer that another rank is still reading. */
@@ -255,6 +299,15 @@ static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
         g->generation++;
         pthread_cond_broadcast(&g->cond);
         goto out;
+    }
+    /* A group with a core per rank spins first: the others are probably about to arrive.
+     * Seeing the new generation (acquire) orders this rank after every write made before
+     * the others arrived, as taking the lock would. */
+    if (g->size <= w->spin_size) {
+        pthread_mutex_unlock(&w->lock);
+        if (spin_past(g, gen))
+            return SELDP_OK;
+        pthread_mutex_lock(&w->lock);
     }
     struct timespec deadline = deadline_after(w->timeout_s);
     while (g->generation == gen && (mode == WAIT_FOR_ALL || !w->aborted)) {
@@ -421,6 +474,27 @@ static seldp_status slots_agree(const seldp_comm *comm)
                                    "rank %d: allgather: rank 0 passed %zu bytes but rank %d %zu",
                                    comm->rank, s[0].bytes, r, o->bytes);
             break;
+        case OP_REDUCE_FUSED:
+            if (o->count != s[0].count || o->fused->n_segs != s[0].fused->n_segs ||
+                o->fused->bucket_elems != s[0].fused->bucket_elems ||
+                o->fused->scale != s[0].fused->scale)
+                return seldp__fail(SELDP_ERR_DISAGREE,
+                                   "rank %d: reduction: rank 0 passed %zu tensors of %zu elements "
+                                   "(buckets of %zu, scale %g) but rank %d %zu of %zu (buckets of "
+                                   "%zu, scale %g)",
+                                   comm->rank, s[0].fused->n_segs, s[0].count,
+                                   s[0].fused->bucket_elems, s[0].fused->scale, r, o->fused->n_segs,
+                                   o->count, o->fused->bucket_elems, o->fused->scale);
+            for (size_t j = 0; j < o->fused->n_segs; j++) {
+                const seldp__reduce_seg *a = &s[0].fused->segs[j], *b = &o->fused->segs[j];
+                if (a->count != b->count || a->out_dtype != b->out_dtype)
+                    return seldp__fail(SELDP_ERR_DISAGREE,
+                                       "rank %d: reduction: tensor %zu is %zu elements of %s on "
+                                       "rank 0 but %zu of %s on rank %d",
+                                       comm->rank, j, a->count, seldp_dtype_name(a->out_dtype),
+                                       b->count, seldp_dtype_name(b->out_dtype), r);
+            }
+            break;
         case OP_ALLTOALLV:
             for (int p = 0; p < g->size; p++) {
                 if (o->send_bytes[p] != s[p].recv_bytes[r])
@@ -508,6 +582,60 @@ static void stage_release(void *host, seldp_device mem)
         seldp__pinned_free(host);
 }
 
+/* ---- moving memory ------------------------------------------------------------------ */
+
+/* Elements per slice: an even share rounded up to whole cache lines, so that no two
+ * owners write the same line of an output. */
+static size_t slice_elems(size_t count, int size, size_t esize)
+{
+    size_t line = 64 / esize;
+    size_t share = (count + (size_t)size - 1) / (size_t)size;
+    return (share + line - 1) / line * line;
+}
+
+/* Payloads at least this large (bytes written by the whole collective) are stored with
+ * non-temporal stores: they would not stay in the cache anyway, and streaming stores
+ * skip the read-for-ownership of every output line, a third of the memory traffic. */
+#define STREAM_MIN_BYTES ((size_t)8 << 20)
+
+/* Copy with non-temporal stores where the destination allows it, else memcpy. Call
+ * stream_fence before the collective's "leave" so that the data is visible. */
+static void stream_copy(void *dst, const void *src, size_t bytes, bool stream)
+{
+#if defined(__SSE2__)
+    if (stream && bytes >= 256) {
+        size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+        memcpy(dst, src, head);
+        char *d = (char *)dst + head;
+        const char *x = (const char *)src + head;
+        size_t n = bytes - head, i = 0;
+        for (; i + 64 <= n; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(x + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(x + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(x + i + 32));
+            __m128i e = _mm_loadu_si128((const __m128i *)(x + i + 48));
+            _mm_stream_si128((__m128i *)(d + i), a);
+            _mm_stream_si128((__m128i *)(d + i + 16), b);
+            _mm_stream_si128((__m128i *)(d + i + 32), c);
+            _mm_stream_si128((__m128i *)(d + i + 48), e);
+        }
+        memcpy(d + i, x + i, n - i);
+        return;
+    }
+#endif
+    (void)stream;
+    memcpy(dst, src, bytes);
+}
+
+static void stream_fence(bool stream)
+{
+#if defined(__SSE2__)
+    if (stream)
+        _mm_sfence();
+#endif
+    (void)stream;
+}
+
 /* ---- barrier, broadcast ------------------------------------------------------------- */
 
 static seldp_status host_barrier(seldp_comm *comm)
@@ -516,13 +644,34 @@ static seldp_status host_barrier(seldp_comm *comm)
     return collective_run(comm, &slot, NULL, NULL);
 }
 
+/* Bytes of the root's buffer copied to every other rank before moving on, so that the
+ * root's bytes come from memory once and from the cache for the other ranks. */
+#define BROADCAST_CHUNK ((size_t)64 << 10)
+
+/* Every rank, the root included, owns a slice of the payload and copies it from the root
+ * into every other rank: the root is read once, the others written once, by all the
+ * ranks' cores together. */
 static void broadcast_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
-    const host_slot *s = impl_of(comm)->group->slots;
-    const host_slot *mine = &s[comm->rank];
-    if (comm->rank != mine->root && mine->bytes)
-        memcpy(mine->recv, s[mine->root].send, mine->bytes);
+    const host_group *g = impl_of(comm)->group;
+    const host_slot *s = g->slots;
+    size_t bytes = s[comm->rank].bytes;
+    int root = s[comm->rank].root;
+    size_t slice = slice_elems(bytes, g->size, 1);
+    size_t begin = slice * (size_t)comm->rank;
+    if (begin >= bytes || g->size == 1)
+        return;
+    size_t end = bytes - begin < slice ? bytes : begin + slice;
+    bool stream = bytes * (size_t)(g->size - 1) >= STREAM_MIN_BYTES;
+    const char *src = s[root].send;
+    for (size_t at = begin; at < end; at += BROADCAST_CHUNK) {
+        size_t n = end - at < BROADCAST_CHUNK ? end - at : BROADCAST_CHUNK;
+        for (int r = 0; r < g->size; r++)
+            if (r != root)
+                stream_copy((char *)s[r].recv + at, src + at, n, stream);
+    }
+    stream_fence(stream);
 }
 
 static seldp_status host_broadcast(seldp_comm *comm, void *buf, size_t bytes, int root,
@@ -543,20 +692,193 @@ static seldp_status host_broadcast(seldp_comm *comm, void *buf, size_t bytes, in
 
 /* ---- allreduce ------------------------------------------------------------------------ */
 
-/* Elements per slice: an even share rounded up to whole cache lines, so that no two
- * owners write the same line of an output. */
-static size_t slice_elems(size_t count, int size, size_t esize)
+/* Groups up to this size gather the ranks' pointers on the stack for the F32 kernel;
+ * larger ones take the chunked path. */
+#define FAST_RANKS 64
+
+/* Elements per chunk of the chunked path: fully read from every rank before any output
+ * is written, so in-place buffers (send == recv) are safe. */
+#define REDUCE_CHUNK 1024
+
+/* How an owner turns sums into results. */
+typedef struct sum_mode {
+    bool scaled; /* multiply by scale, as seldp__scale_f32 does */
+    double scale;
+    bool stream; /* non-temporal stores */
+} sum_mode;
+
+static float sum_scale(float x, const sum_mode *m)
 {
-    size_t line = 64 / esize;
-    size_t share = (count + (size_t)size - 1) / (size_t)size;
-    return (share + line - 1) / line * line;
+    return m->scaled ? (float)((double)x * m->scale) : x;
 }
 
-#define REDUCE_CHUNK 512
+/* Element i summed over the ranks in order; a NULL input counts as +0. */
+static float sum_f32_at(int size, const float *const *in, size_t i)
+{
+    float acc = in[0] ? in[0][i] : 0.0f;
+    for (int r = 1; r < size; r++)
+        acc += in[r] ? in[r][i] : 0.0f;
+    return acc;
+}
+
+#if defined(__SSE2__)
+static __m128 sum_scale4(__m128 x, const sum_mode *m)
+{
+    if (!m->scaled)
+        return x;
+    __m128d s = _mm_set1_pd(m->scale);
+    __m128d lo = _mm_mul_pd(_mm_cvtps_pd(x), s);
+    __m128d hi = _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(x, x)), s);
+    return _mm_movelh_ps(_mm_cvtpd_ps(lo), _mm_cvtpd_ps(hi));
+}
+
+static __m128 load4(const float *p, size_t i)
+{
+    return p ? _mm_loadu_ps(p + i) : _mm_setzero_ps();
+}
+#endif
+
+/* out[r][i] = scale(sum over r of in[r][i]) for i < n, F32, size <= FAST_RANKS: one
+ * cache line of every input in registers, then the line of every output, so that
+ * memory is read and written once. The order of the sums is the scalar one. */
+static void sum_f32(int size, const float *const *in, float *const *out, size_t n,
+                    const sum_mode *m)
+{
+    size_t i = 0;
+#if defined(__SSE2__)
+    /* Peel to the first output's 16-byte boundary; stream only if every output is there. */
+    size_t head = ((16 - ((uintptr_t)out[0] & 15)) & 15) / sizeof(float);
+    if ((uintptr_t)out[0] % sizeof(float) || head > n)
+        head = n;
+    for (; i < head; i++) {
+        float v = sum_scale(sum_f32_at(size, in, i), m);
+        for (int r = 0; r < size; r++)
+            out[r][i] = v;
+    }
+    bool stream = m->stream;
+    for (int r = 0; r < size && stream; r++)
+        stream = ((uintptr_t)(out[r] + i) & 15) == 0;
+    for (; i + 16 <= n; i += 16) {
+        __m128 a0 = load4(in[0], i), a1 = load4(in[0], i + 4);
+        __m128 a2 = load4(in[0], i + 8), a3 = load4(in[0], i + 12);
+        for (int r = 1; r < size; r++) {
+            a0 = _mm_add_ps(a0, load4(in[r], i));
+            a1 = _mm_add_ps(a1, load4(in[r], i + 4));
+            a2 = _mm_add_ps(a2, load4(in[r], i + 8));
+            a3 = _mm_add_ps(a3, load4(in[r], i + 12));
+        }
+        a0 = sum_scale4(a0, m);
+        a1 = sum_scale4(a1, m);
+        a2 = sum_scale4(a2, m);
+        a3 = sum_scale4(a3, m);
+        for (int r = 0; r < size; r++) {
+            float *o = out[r] + i;
+            if (stream) {
+                _mm_stream_ps(o, a0);
+                _mm_stream_ps(o + 4, a1);
+                _mm_stream_ps(o + 8, a2);
+                _mm_stream_ps(o + 12, a3);
+            } else {
+                _mm_storeu_ps(o, a0);
+                _mm_storeu_ps(o + 4, a1);
+                _mm_storeu_ps(o + 8, a2);
+                _mm_storeu_ps(o + 12, a3);
+            }
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        float v = sum_scale(sum_f32_at(size, in, i), m);
+        for (int r = 0; r < size; r++)
+            out[r][i] = v;
+    }
+}
+
+/* One rank's side of the elements being reduced: its input (NULL: zeros) and output. */
+typedef struct sum_side {
+    const void *in;
+    seldp_dtype in_dtype;
+    void *out;
+    seldp_dtype out_dtype;
+} sum_side;
+
+/* Rank r's side of element `at` of segment `seg` of the collective. */
+static sum_side side_of(const host_slot *s, size_t seg, size_t at)
+{
+    sum_side d;
+    if (s->op == OP_REDUCE_FUSED) {
+        const seldp__reduce_seg *g = &s->fused->segs[seg];
+        d.in_dtype = g->in_dtype;
+        d.out_dtype = g->out_dtype;
+        d.in = g->in ? (const char *)g->in + at * seldp_dtype_size(g->in_dtype) : NULL;
+        d.out = (char *)g->out + at * seldp_dtype_size(g->out_dtype);
+    } else {
+        d.in_dtype = d.out_dtype = SELDP_F32;
+        d.in = (const float *)s->send + at;
+        d.out = (float *)s->recv + at;
+    }
+    return d;
+}
+
+/* Elements [begin, end) of segment seg, any dtypes, any group size, in chunks: every
+ * rank's contribution upcast to F32 and summed in rank order, then scaled and written
+ * to every rank in its output dtype. */
+static void sum_chunked(const host_slot *s, int size, size_t seg, size_t begin, size_t end,
+                        const sum_mode *m)
+{
+    float acc[REDUCE_CHUNK], tmp[REDUCE_CHUNK];
+    for (size_t at = begin; at < end; at += REDUCE_CHUNK) {
+        size_t n = end - at < REDUCE_CHUNK ? end - at : REDUCE_CHUNK;
+        for (int r = 0; r < size; r++) {
+            sum_side d = side_of(&s[r], seg, at);
+            float *dst = r == 0 ? acc : tmp;
+            const float *x = dst;
+            if (!d.in)
+                memset(dst, 0, n * sizeof(float));
+            else if (d.in_dtype == SELDP_F32)
+                x = d.in;
+            else
+                seldp_half_to_f32(d.in_dtype, d.in, dst, n);
+            if (r == 0 && x != acc)
+                memcpy(acc, x, n * sizeof(float));
+            for (size_t i = 0; r > 0 && i < n; i++)
+                acc[i] += x[i];
+        }
+        for (size_t i = 0; m->scaled && i < n; i++)
+            acc[i] = (float)((double)acc[i] * m->scale);
+        for (int r = 0; r < size; r++) {
+            sum_side d = side_of(&s[r], seg, at);
+            if (d.out_dtype == SELDP_F32)
+                stream_copy(d.out, acc, n * sizeof(float), m->stream);
+            else
+                seldp_f32_to_half(d.out_dtype, acc, d.out, n);
+        }
+    }
+}
+
+/* Elements [begin, end) of segment seg: the F32 kernel when every side is F32 and the
+ * group is small enough, else the chunked path. */
+static void sum_range(const host_slot *s, int size, size_t seg, size_t begin, size_t end,
+                      const sum_mode *m)
+{
+    const float *in[FAST_RANKS];
+    float *out[FAST_RANKS];
+    bool f32 = size <= FAST_RANKS;
+    for (int r = 0; r < size && f32; r++) {
+        sum_side d = side_of(&s[r], seg, begin);
+        f32 = (!d.in || d.in_dtype == SELDP_F32) && d.out_dtype == SELDP_F32;
+        in[r] = d.in;
+        out[r] = d.out;
+    }
+    if (f32)
+        sum_f32(size, in, out, end - begin, m);
+    else
+        sum_chunked(s, size, seg, begin, end, m);
+}
 
 /* Sum elements [begin, end) of every rank's input in rank order 0..P-1 and write the
- * sum into every rank's output. A chunk is fully read before any output is written,
- * so in-place buffers (send == recv) are safe. */
+ * sum into every rank's output, for the dtypes without a dedicated kernel. A chunk is
+ * fully read before any output is written, so in-place buffers (send == recv) are safe. */
 #define DEFINE_REDUCE_SLICE(name, type)                                                            \
     static void name(const host_slot *s, int size, size_t begin, size_t end)                       \
     {                                                                                              \
@@ -576,7 +898,6 @@ static size_t slice_elems(size_t count, int size, size_t esize)
         }                                                                                          \
     }
 
-DEFINE_REDUCE_SLICE(reduce_slice_f32, float)
 DEFINE_REDUCE_SLICE(reduce_slice_f64, double)
 /* Signed sums wrap like unsigned ones (two's complement) instead of overflowing. */
 DEFINE_REDUCE_SLICE(reduce_slice_u64, uint64_t)
@@ -593,9 +914,11 @@ static void allreduce_execute(const seldp_comm *comm, void *arg)
     if (begin >= count)
         return;
     size_t end = count - begin < slice ? count : begin + slice;
+    sum_mode m = {false, 1.0, count * sizeof(float) * (size_t)g->size >= STREAM_MIN_BYTES};
     switch (dtype) {
     case SELDP_F32:
-        reduce_slice_f32(s, g->size, begin, end);
+        sum_range(s, g->size, 0, begin, end, &m);
+        stream_fence(m.stream);
         break;
     case SELDP_F64:
         reduce_slice_f64(s, g->size, begin, end);
@@ -632,6 +955,78 @@ static seldp_status host_allreduce(seldp_comm *comm, const void *send, void *rec
     return st;
 }
 
+/* ---- fused reduction ------------------------------------------------------------------ */
+
+/* The segment holding stream element `at` (< the stream's length): the last one that
+ * starts at or before it, which skips empty segments. */
+static size_t segment_at(const size_t *starts, size_t n_segs, size_t at)
+{
+    size_t lo = 0, hi = n_segs;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (starts[mid] <= at)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Each bucket of the stream is cut into slices as an allreduce would be; this rank owns
+ * its slice of every bucket and reduces it segment by segment. */
+static void fused_execute(const seldp_comm *comm, void *arg)
+{
+    (void)arg;
+    const host_group *g = impl_of(comm)->group;
+    const host_slot *s = g->slots;
+    const host_slot *mine = &s[comm->rank];
+    const seldp__reduce_fused_args *f = mine->fused;
+    const size_t *starts = mine->seg_starts;
+    size_t total = mine->count;
+    size_t bucket = f->bucket_elems ? f->bucket_elems : total;
+    size_t out_bytes = 0;
+    for (size_t j = 0; j < f->n_segs; j++)
+        out_bytes += f->segs[j].count * seldp_dtype_size(f->segs[j].out_dtype);
+    sum_mode m = {f->scale != 1.0, f->scale, out_bytes * (size_t)g->size >= STREAM_MIN_BYTES};
+
+    for (size_t b0 = 0; b0 < total; b0 += bucket) {
+        size_t len = total - b0 < bucket ? total - b0 : bucket;
+        size_t slice = slice_elems(len, g->size, sizeof(float));
+        size_t lo = slice * (size_t)comm->rank;
+        if (lo >= len)
+            continue;
+        size_t end = b0 + (len - lo < slice ? len : lo + slice);
+        size_t seg = segment_at(starts, f->n_segs, b0 + lo);
+        for (size_t at = b0 + lo; at < end; seg++) {
+            if (starts[seg + 1] <= at)
+                continue;
+            size_t stop = starts[seg + 1] < end ? starts[seg + 1] : end;
+            sum_range(s, g->size, seg, at - starts[seg], stop - starts[seg], &m);
+            at = stop;
+        }
+    }
+    stream_fence(m.stream);
+}
+
+static seldp_status host_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args)
+{
+    size_t *starts = malloc((args->n_segs + 1) * sizeof *starts);
+    host_slot slot = {.op = OP_REDUCE_FUSED, .fused = args, .seg_starts = starts};
+    if (starts) {
+        starts[0] = 0;
+        for (size_t j = 0; j < args->n_segs; j++)
+            starts[j + 1] = starts[j] + args->segs[j].count;
+        slot.count = starts[args->n_segs];
+    } else {
+        slot.staged =
+            seldp__fail(SELDP_ERR_NOMEM, "rank %d: reduction: out of memory for %zu tensors",
+                        comm->rank, args->n_segs);
+    }
+    seldp_status st = collective_run(comm, &slot, fused_execute, NULL);
+    free(starts);
+    return st;
+}
+
 /* ---- allgather, allgatherv ------------------------------------------------------------ */
 
 static void allgather_execute(const seldp_comm *comm, void *arg)
@@ -641,12 +1036,14 @@ static void allgather_execute(const seldp_comm *comm, void *arg)
     const host_slot *s = g->slots;
     size_t bytes = s[comm->rank].bytes;
     char *recv = s[comm->rank].recv;
+    bool stream = bytes * (size_t)g->size * (size_t)g->size >= STREAM_MIN_BYTES;
     for (int r = 0; r < g->size; r++) {
         char *dst = recv + (size_t)r * bytes;
         /* A rank may gather in place, its send block already at its own offset. */
         if (bytes && dst != (const char *)s[r].send)
-            memcpy(dst, s[r].send, bytes);
+            stream_copy(dst, s[r].send, bytes, stream);
     }
+    stream_fence(stream);
 }
 
 static seldp_status host_allgather(seldp_comm *comm, const void *send, void *recv, size_t bytes,
@@ -918,6 +1315,7 @@ static const seldp_comm_ops host_ops = {
     .allgatherv = host_allgatherv,
     .alltoallv = host_alltoallv,
     .split = host_split,
+    .reduce_fused = host_reduce_fused,
     .abort = host_abort,
     .destroy = host_destroy,
 };
@@ -965,6 +1363,8 @@ seldp_status seldp_host_world_create(int nranks, const seldp_comm_config *cfg,
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory creating a host world of %d ranks", nranks);
     w->nranks = nranks;
     w->timeout_s = cfg->timeout_s;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    w->spin_size = cpus > 1 ? (int)(cpus < INT32_MAX ? cpus : INT32_MAX) : 0;
     w->joined = calloc((size_t)nranks, sizeof *w->joined);
     if (!w->joined)
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory creating a host world of %d ranks", nranks);
