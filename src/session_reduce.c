@@ -13,13 +13,19 @@
  *             that is inactive or has none;
  *   allreduce the staging buffer in buckets of cfg.bucket_bytes, then scale by 1/W;
  *   commit    results written into the caller's tensors, or put as owned entries, and
- *             gradients absent on every active rank removed. */
+ *             gradients absent on every active rank removed.
+ * On host memory, a transport with a fused reduction (the host-staged one) replaces pack
+ * and allreduce: it reads every rank's gradients where they are, upcasts halves, sums in
+ * F32 in rank order, scales by 1/W and writes the results straight into the tensors the
+ * commit would have written, in one pass and one rendezvous, so that a failure still
+ * changes nothing. No staging buffer is allocated then; the results are the same bits. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bucket.h"
+#include "comm/comm_impl.h"
 #include "device.h"
 #include "internal.h"
 #include "kernels.h"
@@ -43,6 +49,7 @@ typedef struct reduce_record {
     uint64_t fp32;
     uint64_t policy;
     uint64_t weight;
+    uint64_t fused; /* this rank can take the fused path */
 } reduce_record;
 
 typedef struct reduce_call {
@@ -56,7 +63,9 @@ typedef struct reduce_call {
     unsigned char *records; /* every rank's record, record_bytes each */
     int *world_ranks;
     uint64_t global_weight;
-    size_t elems; /* F32 elements of the present parameters */
+    size_t elems;            /* F32 elements of the present parameters */
+    bool fused;              /* the transport reduces the tensors in place (no staging buffer) */
+    seldp__reduce_seg *segs; /* fused: one per reducible parameter */
 } reduce_call;
 
 static const char *method_name(uint64_t normalize, uint64_t fp32)
@@ -154,7 +163,11 @@ static seldp_status reduce_prepare(reduce_call *c)
     if (c->policy != SELDP_MISSING_ERROR && c->policy != SELDP_MISSING_ZERO)
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "%s: missing-gradient policy %d is invalid",
                    method_name(c->normalize, c->fp32), (int)c->policy);
-    if (!s->staging && s->slot_elems)
+    c->fused = s->comm->ops->reduce_fused && s->device.kind == SELDP_DEVICE_HOST;
+    if (c->fused && !(c->segs = malloc((s->n_slots ? s->n_slots : 1) * sizeof *c->segs)))
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory planning the reduction of %zu tensors",
+                   s->n_slots);
+    if (!c->fused && !s->staging && s->slot_elems)
         SELDP_CHECK(
             seldp__device_alloc(s->device, s->slot_elems * sizeof(float), (void **)&s->staging));
     for (size_t i = 0; i < s->n_groups; i++) {
@@ -189,6 +202,7 @@ static void fill_record(const reduce_call *c, seldp_status local, reduce_record 
     mine->fp32 = c->fp32;
     mine->policy = (uint64_t)c->policy;
     mine->weight = c->weight;
+    mine->fused = c->fused;
     for (size_t k = 0; k < c->s->n_slots; k++)
         if (c->slots[k].has_grad)
             bits[k / 8] |= (unsigned char)(1u << (k % 8));
@@ -258,6 +272,16 @@ static seldp_status reduce_decide(reduce_call *c, const char *message)
                        s->groups[s->slot_group[k]].path, who, others);
         }
     }
+    /* The fused path needs every rank on it (a group may mix host and device ranks). */
+    for (int r = 0; r < n; r++)
+        if (!record_of(c, r)->fused)
+            c->fused = false;
+    if (!c->fused && !s->staging && s->slot_elems) {
+        st = seldp__device_alloc(s->device, s->slot_elems * sizeof(float), (void **)&s->staging);
+        /* the others are on their way into the allreduces: make them return at once */
+        if (st != SELDP_OK)
+            seldp_comm_abort(s->comm);
+    }
 fail:
     free(having);
     free(lacking);
@@ -318,6 +342,41 @@ fail:
     return st;
 }
 
+/* Collective: the fused path. Each present parameter is one segment: this rank's gradient
+ * (NULL for zeros when inactive or without one) reduced into the tensor the commit keeps,
+ * the caller's own when it has the result dtype, else the result allocated in prepare. */
+static seldp_status reduce_fused(reduce_call *c)
+{
+    seldp_session *s = c->s;
+    seldp__reduce_seg *segs = c->segs;
+    size_t n = 0;
+
+    c->elems = 0;
+    for (size_t k = 0; k < s->n_slots; k++) {
+        const session_group *g = &s->groups[s->slot_group[k]];
+        const reduce_slot *slot = &c->slots[k];
+        seldp_dtype dtype = result_dtype(c, g);
+        if (!slot->present)
+            continue;
+        bool contributes = c->weight > 0 && slot->has_grad;
+        bool in_place = slot->has_grad && slot->grad.dtype == dtype;
+        segs[n].in = contributes ? slot->grad.data : NULL;
+        segs[n].in_dtype = contributes ? slot->grad.dtype : SELDP_F32;
+        segs[n].out = in_place ? slot->grad.data : slot->result.data;
+        segs[n].out_dtype = dtype;
+        segs[n].count = seldp_tensor_numel(&g->tensor);
+        c->elems += segs[n].count;
+        n++;
+    }
+    seldp__reduce_fused_args args = {
+        .segs = segs,
+        .n_segs = n,
+        .bucket_elems = seldp__bucket_capacity(s->cfg.bucket_bytes, sizeof(float)) / sizeof(float),
+        .scale = c->normalize ? 1.0 / (double)c->global_weight : 1.0,
+    };
+    return c->elems ? seldp__comm_reduce_fused(s->comm, &args) : SELDP_OK;
+}
+
 /* --- commit ---------------------------------------------------------------- */
 
 /* Remove the entry of `id`, freeing it when the container owned it. */
@@ -360,9 +419,13 @@ static seldp_status reduce_commit(reduce_call *c)
         reduce_slot *slot = &c->slots[k];
         seldp_dtype dtype = result_dtype(c, g);
         size_t n = seldp_tensor_numel(&g->tensor);
-        const float *src = s->staging + slot->offset;
+        const float *src = c->fused ? NULL : s->staging + slot->offset;
         if (!slot->present) {
             drop_gradient(c->grads, g->id);
+        } else if (c->fused) {
+            /* the transport wrote the results; owned ones still go into the container */
+            if (!(slot->has_grad && slot->grad.dtype == dtype))
+                SELDP_CHECK(replace_gradient(c->grads, g->id, &slot->result));
         } else if (slot->has_grad && slot->grad.dtype == dtype) {
             SELDP_CHECK(seldp__convert(s->device, slot->grad.data, dtype, src, SELDP_F32, n));
         } else {
@@ -415,8 +478,12 @@ static seldp_status session_reduce(seldp_session *s, seldp_grads *grads, uint64_
     fill_record(&c, local, (reduce_record *)mine);
     SELDP_CHECK(seldp_comm_allgather(s->comm, mine, c.records, c.record_bytes, SELDP_HOST_DEVICE));
     SELDP_CHECK(reduce_decide(&c, message));
-    SELDP_CHECK(reduce_pack(&c));
-    SELDP_CHECK(reduce_allreduce(&c));
+    if (c.fused) {
+        SELDP_CHECK(reduce_fused(&c));
+    } else {
+        SELDP_CHECK(reduce_pack(&c));
+        SELDP_CHECK(reduce_allreduce(&c));
+    }
     SELDP_CHECK(reduce_commit(&c));
     if (global_weight)
         *global_weight = c.global_weight;
@@ -424,6 +491,7 @@ fail:
     for (size_t k = 0; c.slots && k < s->n_slots; k++)
         if (c.slots[k].result.data)
             seldp_tensor_free(&c.slots[k].result);
+    free(c.segs);
     free(mine);
     free(c.world_ranks);
     free(c.records);
