@@ -4,7 +4,12 @@
  * EP group: the row counts, the expert ids and the rows travel by seldp_comm_alltoallv, the
  * owner runs its experts on the rows it received and sends the outputs back the same way.
  * The backward sends the gate-weighted output gradients along the same plan and brings the
- * input gradients back. A replicated expert's rows are spread over its owners in the group. */
+ * input gradients back. A replicated expert's rows are spread over its owners in the group.
+ *
+ * The same code drives a rank on the CPU and one on a GPU: activations live where the rank
+ * computes and every model call, allocation and row copy goes through its hx_compute_ops
+ * (the CPU's below, the GPU's in gpu.c); counts, expert ids and the routing stay on the
+ * host. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdlib.h>
@@ -84,17 +89,17 @@ static seldp_status plan_routes(hx_rank *rk, expert_route *routes)
 
 /* One layer's exchange plan: where each of the T*K slots goes, and what arrives here. */
 typedef struct layer_plan {
-    size_t *pos;         /* [T*K] row of slot i in the send buffer */
+    int64_t *pos;        /* [T*K] row of slot i in the send buffer */
     size_t *send_rows;   /* [P] */
     size_t *send_displs; /* [P] */
     size_t *recv_rows;   /* [P] */
     size_t *recv_displs; /* [P] */
     size_t n_recv;
     int32_t *recv_expert; /* [n_recv] */
-    float *recv_x;        /* [n_recv * D] kept for the backward */
+    float *recv_x;        /* [n_recv * D] where the rank computes, kept for the backward */
 } layer_plan;
 
-static void plan_free(layer_plan *p)
+static void plan_free(hx_rank *rk, layer_plan *p)
 {
     free(p->pos);
     free(p->send_rows);
@@ -102,7 +107,7 @@ static void plan_free(layer_plan *p)
     free(p->recv_rows);
     free(p->recv_displs);
     free(p->recv_expert);
-    free(p->recv_x);
+    rk->ops->release(rk, p->recv_x);
     *p = (layer_plan){0};
 }
 
@@ -110,7 +115,7 @@ static void plan_free(layer_plan *p)
 static seldp_status exchange(hx_rank *rk, const void *send, const size_t *send_rows,
                              const size_t *send_displs, void *recv, const size_t *recv_rows,
                              const size_t *recv_displs, size_t width, seldp_dtype dtype,
-                             const char *what, int layer)
+                             seldp_device mem, const char *what, int layer)
 {
     seldp_status st = SELDP_OK;
     int P = seldp_comm_size(rk->comms.ep);
@@ -124,8 +129,7 @@ static seldp_status exchange(hx_rank *rk, const void *send, const size_t *send_r
         c[3 * P + p] = recv_displs[p] * width;
     }
     double t0 = hx_now();
-    st = seldp_comm_alltoallv(rk->comms.ep, send, c, c + P, recv, c + 2 * P, c + 3 * P, dtype,
-                              SELDP_HOST_DEVICE);
+    st = seldp_comm_alltoallv(rk->comms.ep, send, c, c + P, recv, c + 2 * P, c + 3 * P, dtype, mem);
     rk->t_dispatch += hx_now() - t0;
     if (st != SELDP_OK)
         st = hx_fail_lib(st, "rank %d: layer %d: alltoallv of %s in expert-parallel group e%d",
@@ -179,7 +183,7 @@ static seldp_status plan_layer(hx_rank *rk, int l, const tm_route *route,
     }
     prefix(p->send_rows, p->send_displs, P);
     for (size_t i = 0; i < slots; i++) {
-        p->pos[i] = p->send_displs[dest[i]] + fill[dest[i]]++;
+        p->pos[i] = (int64_t)(p->send_displs[dest[i]] + fill[dest[i]]++);
         send_ids[p->pos[i]] = route->expert[i];
     }
     /* every peer learns how many rows it gets from this rank: one count to each */
@@ -202,7 +206,7 @@ static seldp_status plan_layer(hx_rank *rk, int l, const tm_route *route,
     if (!p->recv_expert)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     HX_CHECK(exchange(rk, send_ids, p->send_rows, p->send_displs, p->recv_expert, p->recv_rows,
-                      p->recv_displs, 1, SELDP_I32, "expert ids", l));
+                      p->recv_displs, 1, SELDP_I32, SELDP_HOST_DEVICE, "expert ids", l));
 fail:
     free(dest);
     free(send_ids);
@@ -220,13 +224,14 @@ static seldp_status run_experts(hx_rank *rk, int l, const layer_plan *p, const f
                                 float *out)
 {
     seldp_status st = SELDP_OK;
+    const hx_compute_ops *ops = rk->ops;
     size_t D = (size_t)rk->run->opts.model.d_model;
     int E = rk->run->layout->experts;
     size_t n = p->n_recv;
-    size_t *rows = hx_calloc(n, sizeof *rows);
-    float *xe = hx_calloc(n * D, sizeof *xe);
-    float *ge = hx_calloc(n * D, sizeof *ge);
-    float *oe = hx_calloc(n * D, sizeof *oe);
+    int64_t *rows = hx_calloc(n, sizeof *rows);
+    float *xe = ops->alloc(rk, n * D);
+    float *ge = ops->alloc(rk, n * D);
+    float *oe = ops->alloc(rk, n * D);
     if (!rows || !xe || !ge || !oe)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (size_t j = 0; j < n; j++)
@@ -239,28 +244,25 @@ static seldp_status run_experts(hx_rank *rk, int l, const layer_plan *p, const f
         size_t m = 0;
         for (size_t j = 0; j < n; j++)
             if (p->recv_expert[j] == e)
-                rows[m++] = j;
+                rows[m++] = (int64_t)j;
         if (m == 0)
             continue;
-        for (size_t k = 0; k < m; k++) {
-            memcpy(xe + k * D, p->recv_x + rows[k] * D, D * sizeof *xe);
-            if (dy)
-                memcpy(ge + k * D, dy + rows[k] * D, D * sizeof *ge);
-        }
-        if (dy)
-            HX_CHECK_LIB(tm_expert_backward(rk->model, l, e, xe, ge, m, oe),
+        HX_CHECK(ops->copy_rows(rk, xe, NULL, p->recv_x, rows, m));
+        if (dy) {
+            HX_CHECK(ops->copy_rows(rk, ge, NULL, dy, rows, m));
+            HX_CHECK_LIB(ops->expert_backward(rk, l, e, xe, ge, m, oe),
                          "rank %d: layer %d: backward of expert %d", rk->rank, l, e);
-        else
-            HX_CHECK_LIB(tm_expert_forward(rk->model, l, e, xe, m, oe),
+        } else {
+            HX_CHECK_LIB(ops->expert_forward(rk, l, e, xe, m, oe),
                          "rank %d: layer %d: forward of expert %d", rk->rank, l, e);
-        for (size_t k = 0; k < m; k++)
-            memcpy(out + rows[k] * D, oe + k * D, D * sizeof *oe);
+        }
+        HX_CHECK(ops->copy_rows(rk, out, rows, oe, NULL, m));
     }
 fail:
     free(rows);
-    free(xe);
-    free(ge);
-    free(oe);
+    ops->release(rk, xe);
+    ops->release(rk, ge);
+    ops->release(rk, oe);
     return st;
 }
 
@@ -271,19 +273,19 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
                                size_t slots, bool backward, float *back)
 {
     seldp_status st = SELDP_OK;
+    const hx_compute_ops *ops = rk->ops;
     size_t D = (size_t)rk->run->opts.model.d_model;
-    float *send = hx_calloc(slots * D, sizeof *send);
-    float *recv = hx_calloc(p->n_recv * D, sizeof *recv);
-    float *result = hx_calloc(p->n_recv * D, sizeof *result);
-    float *returned = hx_calloc(slots * D, sizeof *returned);
+    float *send = ops->alloc(rk, slots * D);
+    float *recv = ops->alloc(rk, p->n_recv * D);
+    float *result = ops->alloc(rk, p->n_recv * D);
+    float *returned = ops->alloc(rk, slots * D);
     if (!send || !recv || !result || !returned)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    for (size_t i = 0; i < slots; i++)
-        memcpy(send + p->pos[i] * D, slot_rows + i * D, D * sizeof *send);
+    HX_CHECK(ops->copy_rows(rk, send, p->pos, slot_rows, NULL, slots));
     HX_CHECK(exchange(rk, send, p->send_rows, p->send_displs, recv, p->recv_rows, p->recv_displs, D,
-                      SELDP_F32, backward ? "gradient rows" : "token rows", l));
+                      SELDP_F32, rk->device, backward ? "gradient rows" : "token rows", l));
     if (!backward) {
-        free(p->recv_x);
+        ops->release(rk, p->recv_x);
         p->recv_x = recv;
         recv = NULL;
         HX_CHECK(run_experts(rk, l, p, NULL, result));
@@ -291,59 +293,60 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
         HX_CHECK(run_experts(rk, l, p, recv, result));
     }
     HX_CHECK(exchange(rk, result, p->recv_rows, p->recv_displs, returned, p->send_rows,
-                      p->send_displs, D, SELDP_F32, backward ? "input gradients" : "expert outputs",
-                      l));
-    for (size_t i = 0; i < slots; i++)
-        memcpy(back + i * D, returned + p->pos[i] * D, D * sizeof *back);
+                      p->send_displs, D, SELDP_F32, rk->device,
+                      backward ? "input gradients" : "expert outputs", l));
+    HX_CHECK(ops->copy_rows(rk, back, NULL, returned, p->pos, slots));
 fail:
-    free(send);
-    free(recv);
-    free(result);
-    free(returned);
+    ops->release(rk, send);
+    ops->release(rk, recv);
+    ops->release(rk, result);
+    ops->release(rk, returned);
     return st;
 }
 
 seldp_status hx_rank_compute(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
+    const hx_compute_ops *ops = rk->ops;
     hx_run *run = rk->run;
     const tm_config *cfg = &run->opts.model;
     int L = cfg->layers, K = cfg->top_k, E = run->layout->experts;
     size_t T = rk->T, D = (size_t)cfg->d_model, slots = T * (size_t)K;
     layer_plan *plans = hx_calloc((size_t)L, sizeof *plans);
     expert_route *routes = hx_calloc((size_t)E, sizeof *routes);
-    float *h = hx_calloc(T * D, sizeof *h);
-    float *dh = hx_calloc(T * D, sizeof *dh);
-    float *slot_in = hx_calloc(slots * D, sizeof *slot_in);
-    float *slot_out = hx_calloc(slots * D, sizeof *slot_out);
+    int64_t *token_of_slot = hx_calloc(slots, sizeof *token_of_slot);
+    float *h = ops->alloc(rk, T * D);
+    float *dh = ops->alloc(rk, T * D);
+    float *slot_in = ops->alloc(rk, slots * D);
+    float *slot_out = ops->alloc(rk, slots * D);
     int64_t *local_routed = hx_calloc((size_t)(L * E), sizeof *local_routed);
-    if (!plans || !routes || !h || !dh || !slot_in || !slot_out || !local_routed)
+    if (!plans || !routes || !token_of_slot || !h || !dh || !slot_in || !slot_out || !local_routed)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     HX_CHECK(plan_routes(rk, routes));
+    for (size_t i = 0; i < slots; i++)
+        token_of_slot[i] = (int64_t)(i / (size_t)K);
 
-    tm_begin_step(rk->model);
-    HX_CHECK_LIB(tm_embed_forward(rk->model, rk->tokens, T, h), "rank %d: embedding", rk->rank);
+    HX_CHECK_LIB(ops->begin_step(rk), "rank %d: starting the step", rk->rank);
+    HX_CHECK_LIB(ops->embed_forward(rk, h), "rank %d: embedding", rk->rank);
     for (int l = 0; l < L; l++) {
         tm_route route;
-        HX_CHECK_LIB(tm_route_forward(rk->model, l, h, &route), "rank %d: layer %d: router",
-                     rk->rank, l);
+        HX_CHECK_LIB(ops->route_forward(rk, l, h, &route), "rank %d: layer %d: router", rk->rank,
+                     l);
         HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
-        for (size_t i = 0; i < slots; i++)
-            memcpy(slot_in + i * D, route.x + (i / (size_t)K) * D, D * sizeof *slot_in);
+        HX_CHECK(ops->copy_rows(rk, slot_in, NULL, route.x, token_of_slot, slots));
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, false, slot_out));
-        HX_CHECK_LIB(tm_combine_forward(rk->model, l, slot_out, h), "rank %d: layer %d: combine",
+        HX_CHECK_LIB(ops->combine_forward(rk, l, slot_out, h), "rank %d: layer %d: combine",
                      rk->rank, l);
     }
-    HX_CHECK_LIB(tm_head_forward_backward(rk->model, h, rk->targets, &rk->loss_sum, dh),
-                 "rank %d: head", rk->rank);
+    HX_CHECK_LIB(ops->head(rk, h, &rk->loss_sum, dh), "rank %d: head", rk->rank);
     for (int l = L - 1; l >= 0; l--) {
-        HX_CHECK_LIB(tm_combine_backward(rk->model, l, dh, slot_in),
+        HX_CHECK_LIB(ops->combine_backward(rk, l, dh, slot_in),
                      "rank %d: layer %d: combine backward", rk->rank, l);
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, true, slot_out));
-        HX_CHECK_LIB(tm_route_backward(rk->model, l, slot_out, dh),
-                     "rank %d: layer %d: router backward", rk->rank, l);
+        HX_CHECK_LIB(ops->route_backward(rk, l, slot_out, dh), "rank %d: layer %d: router backward",
+                     rk->rank, l);
     }
-    HX_CHECK_LIB(tm_embed_backward(rk->model, dh), "rank %d: embedding backward", rk->rank);
+    HX_CHECK_LIB(ops->embed_backward(rk, dh), "rank %d: embedding backward", rk->rank);
 
     /* tokens per expert over the world: tells every owner which experts were reached */
     HX_CHECK_LIB(seldp_comm_allreduce(rk->world, local_routed, rk->routed, (size_t)(L * E),
@@ -351,15 +354,124 @@ seldp_status hx_rank_compute(hx_rank *rk)
                  "rank %d: allreduce of tokens per expert", rk->rank);
 fail:
     for (int l = 0; plans && l < L; l++)
-        plan_free(&plans[l]);
+        plan_free(rk, &plans[l]);
     for (int e = 0; routes && e < E; e++)
         free(routes[e].owners);
     free(plans);
     free(routes);
-    free(h);
-    free(dh);
-    free(slot_in);
-    free(slot_out);
+    free(token_of_slot);
+    ops->release(rk, h);
+    ops->release(rk, dh);
+    ops->release(rk, slot_in);
+    ops->release(rk, slot_out);
     free(local_routed);
     return st;
 }
+
+/* ---- the CPU ----------------------------------------------------------------------------- */
+
+static float *host_alloc(hx_rank *rk, size_t floats)
+{
+    (void)rk;
+    return hx_calloc(floats, sizeof(float));
+}
+
+static void host_release(hx_rank *rk, float *p)
+{
+    (void)rk;
+    free(p);
+}
+
+static seldp_status host_copy_rows(hx_rank *rk, float *dst, const int64_t *dst_rows,
+                                   const float *src, const int64_t *src_rows, size_t n)
+{
+    size_t D = (size_t)rk->run->opts.model.d_model;
+    for (size_t j = 0; j < n; j++) {
+        size_t to = dst_rows ? (size_t)dst_rows[j] : j;
+        size_t from = src_rows ? (size_t)src_rows[j] : j;
+        memcpy(dst + to * D, src + from * D, D * sizeof *dst);
+    }
+    return SELDP_OK;
+}
+
+static seldp_status host_begin_step(hx_rank *rk)
+{
+    tm_begin_step(rk->model);
+    return SELDP_OK;
+}
+
+static seldp_status host_embed_forward(hx_rank *rk, float *h)
+{
+    return tm_embed_forward(rk->model, rk->tokens, rk->T, h);
+}
+
+static seldp_status host_route_forward(hx_rank *rk, int l, const float *h, tm_route *route)
+{
+    return tm_route_forward(rk->model, l, h, route);
+}
+
+static seldp_status host_expert_forward(hx_rank *rk, int l, int e, const float *x, size_t n,
+                                        float *y)
+{
+    return tm_expert_forward(rk->model, l, e, x, n, y);
+}
+
+static seldp_status host_expert_backward(hx_rank *rk, int l, int e, const float *x, const float *dy,
+                                         size_t n, float *dx)
+{
+    return tm_expert_backward(rk->model, l, e, x, dy, n, dx);
+}
+
+static seldp_status host_combine_forward(hx_rank *rk, int l, const float *y, float *h)
+{
+    return tm_combine_forward(rk->model, l, y, h);
+}
+
+static seldp_status host_combine_backward(hx_rank *rk, int l, const float *dh, float *dy)
+{
+    return tm_combine_backward(rk->model, l, dh, dy);
+}
+
+static seldp_status host_route_backward(hx_rank *rk, int l, const float *dx, float *dh)
+{
+    return tm_route_backward(rk->model, l, dx, dh);
+}
+
+static seldp_status host_head(hx_rank *rk, const float *h, double *loss_sum, float *dh)
+{
+    return tm_head_forward_backward(rk->model, h, rk->targets, loss_sum, dh);
+}
+
+static seldp_status host_embed_backward(hx_rank *rk, const float *dh)
+{
+    return tm_embed_backward(rk->model, dh);
+}
+
+static seldp_status host_export_grads(hx_rank *rk, unsigned roles, double scale, bool fp32,
+                                      seldp_grads *out)
+{
+    return tm_export_grads(rk->model, roles, scale, fp32, out);
+}
+
+static bool host_expert_seen(const hx_rank *rk, int l, int e)
+{
+    return tm_expert_seen(rk->model, l, e);
+}
+
+const hx_compute_ops hx_host_compute = {
+    .alloc = host_alloc,
+    .release = host_release,
+    .copy_rows = host_copy_rows,
+    .begin_step = host_begin_step,
+    .embed_forward = host_embed_forward,
+    .route_forward = host_route_forward,
+    .expert_forward = host_expert_forward,
+    .expert_backward = host_expert_backward,
+    .combine_forward = host_combine_forward,
+    .combine_backward = host_combine_backward,
+    .route_backward = host_route_backward,
+    .head = host_head,
+    .embed_backward = host_embed_backward,
+    .export_grads = host_export_grads,
+    .expert_seen = host_expert_seen,
+};

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu.h"
+
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
 /* Wait until the world's rank threads and the main thread have all arrived. false when the
@@ -124,15 +126,54 @@ static seldp_status group_ids(const hx_rank *rk, int g, seldp_param_id **ids, si
     return SELDP_OK;
 }
 
+/* The storage of parameter p where the rank computes (the device mirror's on a GPU). */
+static const seldp_tensor *param_storage(const hx_rank *rk, const tm_param_info *p)
+{
+    return rk->gpu ? hx_gpu_param(rk, p->path) : &p->tensor;
+}
+
+/* The view the rank's sessions initialize and reduce. */
+static seldp_model *rank_view(hx_rank *rk)
+{
+    return rk->gpu ? hx_gpu_view(rk) : tm_model_view(rk->model);
+}
+
+/* Checksum of a tensor's bytes on the host or a GPU (read through a host copy). */
+static seldp_status tensor_checksum(const hx_rank *rk, const seldp_tensor *t, uint64_t *sum)
+{
+    if (!t)
+        return hx_fail(SELDP_ERR_INTERNAL, "rank %d: a parameter without device storage", rk->rank);
+    if (t->device.kind == SELDP_DEVICE_HOST) {
+        *sum = hx_checksum(t->data, seldp_tensor_nbytes(t));
+        return SELDP_OK;
+    }
+    seldp_tensor copy = *t;
+    copy.device = SELDP_HOST_DEVICE;
+    copy.data = NULL;
+    seldp_status st = seldp_tensor_alloc(&copy);
+    if (st == SELDP_OK)
+        st = seldp_tensor_copy(&copy, t);
+    if (st == SELDP_OK)
+        *sum = hx_checksum(copy.data, seldp_tensor_nbytes(&copy));
+    seldp_tensor_free(&copy);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: reading a tensor on cuda:%d", rk->rank, t->device.ordinal);
+    return SELDP_OK;
+}
+
 /* Checksums of the parameters outside group g's selection, by tm_param_at index. */
-static void outside_checksums(const hx_rank *rk, int g, uint64_t *sums)
+static seldp_status outside_checksums(const hx_rank *rk, int g, uint64_t *sums)
 {
     for (size_t i = 0; i < tm_param_count(rk->model); i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
-        sums[i] = hx_param_in_group(rk->run, p, g)
-                      ? 0
-                      : hx_checksum(p->tensor.data, seldp_tensor_nbytes(&p->tensor));
+        sums[i] = 0;
+        if (!hx_param_in_group(rk->run, p, g)) {
+            seldp_status st = tensor_checksum(rk, param_storage(rk, p), &sums[i]);
+            if (st != SELDP_OK)
+                return st;
+        }
     }
+    return SELDP_OK;
 }
 
 /* Initialize the session of group g from its root; check that nothing outside it moved. */
@@ -151,18 +192,17 @@ static seldp_status init_session(hx_rank *rk, int g, seldp_comm *comm, seldp_ses
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     HX_CHECK(group_ids(rk, g, &ids, &n_ids));
     int root = hx_group_rank(group, group->root);
-    outside_checksums(rk, g, before);
+    HX_CHECK(outside_checksums(rk, g, before));
     group_label(g, label, sizeof label);
     /* quantized bases (U8/I32 words) and the codebook need the buffer-aware entry point */
     if (run->opts.model.quant != TM_QUANT_NONE)
-        HX_CHECK_LIB(seldp_session_initialize_with_buffers(comm, tm_model_view(rk->model), root,
-                                                           ids, n_ids, NULL, out),
-                     "rank %d: initialize_with_buffers of %s", rk->rank, label);
-    else
         HX_CHECK_LIB(
-            seldp_session_initialize(comm, tm_model_view(rk->model), root, ids, n_ids, NULL, out),
-            "rank %d: initialize of %s", rk->rank, label);
-    outside_checksums(rk, g, after);
+            seldp_session_initialize_with_buffers(comm, rank_view(rk), root, ids, n_ids, NULL, out),
+            "rank %d: initialize_with_buffers of %s", rk->rank, label);
+    else
+        HX_CHECK_LIB(seldp_session_initialize(comm, rank_view(rk), root, ids, n_ids, NULL, out),
+                     "rank %d: initialize of %s", rk->rank, label);
+    HX_CHECK(outside_checksums(rk, g, after));
     for (size_t i = 0; i < n; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
         if (hx_param_in_group(run, p, g))
@@ -187,6 +227,11 @@ static seldp_status rank_setup(hx_rank *rk)
     if (!owned)
         return SELDP_ERR_NOMEM;
     int n_owned = hx_layout_owned(l, rk->rank, owned);
+    rk->device = hx_backend_device(run->backend, rk->rank);
+    rk->ops = rk->device.kind == SELDP_DEVICE_CUDA ? &hx_gpu_compute : &hx_host_compute;
+    /* a rank thread works on its GPU from here on: NCCL joins on the current device */
+    if (rk->device.kind == SELDP_DEVICE_CUDA)
+        HX_CHECK(hx_gpu_select(rk->device.ordinal));
     HX_CHECK(hx_backend_join(run->backend, rk->rank, &rk->world));
     HX_CHECK(hx_layout_split(l, rk->world, &rk->comms));
     HX_CHECK_LIB(
@@ -209,17 +254,23 @@ static seldp_status rank_setup(hx_rank *rk)
             HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
         memcpy(rk->pre_init[i], t->data, bytes);
     }
+    if (rk->device.kind == SELDP_DEVICE_CUDA)
+        HX_CHECK(hx_gpu_attach(rk));
 
     /* every rank initializes the groups in the same order: shared, then d0, d1, ... */
     HX_CHECK(init_session(rk, 0, rk->comms.shared, &rk->shared_session));
     for (int d = 0; d < l->n_data; d++)
         if (rk->comms.data[d])
             HX_CHECK(init_session(rk, 1 + d, rk->comms.data[d], &rk->data_sessions[d]));
+    if (rk->gpu)
+        HX_CHECK(hx_gpu_download(rk));
 
     if (run->opts.inject == HX_FAULT_REPLICA && rk->rank == run->opts.world - 1) {
         const tm_param_info *p = tm_param_find(rk->model, "embed.weight");
         if (p)
             ((unsigned char *)p->tensor.data)[0] ^= 1;
+        if (p && rk->gpu)
+            HX_CHECK(hx_gpu_upload(rk));
     }
 
     if (run->opts.fp32_master) {
@@ -279,7 +330,7 @@ static seldp_status draw_tokens(hx_rank *rk, int step)
 /* Under the error policy every active owner must hold a gradient of every expert that some
  * owner has one of: an owner whose rows all went elsewhere supplies zeros (the zero policy
  * lets the library do it). An expert no token reached stays absent on every rank. */
-static seldp_status add_zero_grads(hx_rank *rk)
+static seldp_status add_zero_grads(hx_rank *rk, seldp_grads *grads)
 {
     hx_run *run = rk->run;
     int E = run->layout->experts;
@@ -288,18 +339,19 @@ static seldp_status add_zero_grads(hx_rank *rk)
         if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen)
             continue;
         if (rk->routed[p->layer * E + p->expert] == 0 ||
-            tm_expert_seen(rk->model, p->layer, p->expert) ||
+            rk->ops->expert_seen(rk, p->layer, p->expert) ||
             hx_data_share(rk, run->layout->data_of[p->expert]) == 0)
             continue;
-        if (seldp_grads_get(rk->grads, p->id))
+        if (seldp_grads_get(grads, p->id))
             continue;
         seldp_tensor z = p->tensor;
         z.dtype = run->grad_dtype;
+        z.device = rk->device;
         z.data = NULL;
         seldp_status st = seldp_tensor_alloc(&z);
         if (st != SELDP_OK)
             return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
-        st = seldp_grads_put(rk->grads, p->id, &z, SELDP_OWNED);
+        st = seldp_grads_put(grads, p->id, &z, SELDP_OWNED);
         if (st != SELDP_OK) {
             seldp_tensor_free(&z);
             return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
@@ -323,12 +375,26 @@ static bool id_selected(const seldp_param_id *ids, size_t n, seldp_param_id id)
     return false;
 }
 
+/* One checksum over every parameter's bytes where the rank computes. */
+static seldp_status params_checksum(const hx_rank *rk, uint64_t *sum)
+{
+    *sum = 0;
+    for (size_t i = 0; i < rk->n_params; i++) {
+        uint64_t one = 0;
+        seldp_status st = tensor_checksum(rk, param_storage(rk, tm_param_at(rk->model, i)), &one);
+        if (st != SELDP_OK)
+            return st;
+        *sum ^= one + i;
+    }
+    return SELDP_OK;
+}
+
 typedef enum reduce_kind { REDUCE_MEAN, REDUCE_SUM } reduce_kind;
 
-/* One reduction of one session, with the check that gradients outside its selection come back
- * as they were: same tensor, same dtype, same bytes. */
+/* One reduction of `grads` by one session, with the check that gradients outside its
+ * selection come back as they were: same tensor, same dtype, same bytes. */
 static seldp_status reduce_session(hx_rank *rk, seldp_session *s, int g, reduce_kind kind,
-                                   uint64_t weight, uint64_t *global_weight)
+                                   uint64_t weight, seldp_grads *grads, uint64_t *global_weight)
 {
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
@@ -336,7 +402,7 @@ static seldp_status reduce_session(hx_rank *rk, seldp_session *s, int g, reduce_
     seldp_missing_policy policy = run->opts.policy;
     size_t n_sel = 0;
     const seldp_param_id *sel = seldp_session_selected(s, &n_sel);
-    size_t n = seldp_grads_count(rk->grads), kept = 0;
+    size_t n = seldp_grads_count(grads), kept = 0;
     kept_entry *before = hx_calloc(n, sizeof *before);
     char label[64];
     group_label(g, label, sizeof label);
@@ -345,39 +411,36 @@ static seldp_status reduce_session(hx_rank *rk, seldp_session *s, int g, reduce_
     for (size_t i = 0; i < n; i++) {
         seldp_param_id id;
         const seldp_tensor *t;
-        seldp_grads_at(rk->grads, i, &id, &t);
+        seldp_grads_at(grads, i, &id, &t);
         if (id_selected(sel, n_sel, id))
             continue;
-        before[kept++] =
-            (kept_entry){id, t->data, t->dtype, hx_checksum(t->data, seldp_tensor_nbytes(t))};
+        before[kept] = (kept_entry){id, t->data, t->dtype, 0};
+        HX_CHECK(tensor_checksum(rk, t, &before[kept].sum));
+        kept++;
     }
     /* a reduction never writes parameters, selected or not */
-    uint64_t params_before = 0;
-    for (size_t i = 0; i < rk->n_params; i++) {
-        const seldp_tensor *t = &tm_param_at(rk->model, i)->tensor;
-        params_before ^= hx_checksum(t->data, seldp_tensor_nbytes(t)) + i;
-    }
+    uint64_t params_before = 0, params_after = 0;
+    HX_CHECK(params_checksum(rk, &params_before));
     if (kind == REDUCE_MEAN)
-        st = fp32 ? seldp_session_reduce_fp32(s, rk->grads, weight, policy, global_weight)
-                  : seldp_session_reduce(s, rk->grads, weight, policy, global_weight);
+        st = fp32 ? seldp_session_reduce_fp32(s, grads, weight, policy, global_weight)
+                  : seldp_session_reduce(s, grads, weight, policy, global_weight);
     else
-        st = fp32 ? seldp_session_sum_fp32(s, rk->grads, weight > 0, policy, global_weight)
-                  : seldp_session_sum(s, rk->grads, weight > 0, policy, global_weight);
+        st = fp32 ? seldp_session_sum_fp32(s, grads, weight > 0, policy, global_weight)
+                  : seldp_session_sum(s, grads, weight > 0, policy, global_weight);
     if (st != SELDP_OK)
         HX_FAIL_LIB(st, "rank %d: %s%s over %s", rk->rank, kind == REDUCE_MEAN ? "reduce" : "sum",
                     fp32 ? "_fp32" : "", label);
-    uint64_t params_after = 0;
-    for (size_t i = 0; i < rk->n_params; i++) {
-        const seldp_tensor *t = &tm_param_at(rk->model, i)->tensor;
-        params_after ^= hx_checksum(t->data, seldp_tensor_nbytes(t)) + i;
-    }
+    HX_CHECK(params_checksum(rk, &params_after));
     record_local(&rk->reduce_untouched, params_after != params_before,
                  "rank %d: the reduction over %s changed a parameter", rk->rank, label);
     for (size_t i = 0; i < kept; i++) {
-        const seldp_tensor *t = seldp_grads_get(rk->grads, before[i].id);
+        const seldp_tensor *t = seldp_grads_get(grads, before[i].id);
         const seldp_param *p = seldp_model_find_id(tm_model_view(rk->model), before[i].id);
-        bool same = t && t->data == before[i].data && t->dtype == before[i].dtype &&
-                    hx_checksum(t->data, seldp_tensor_nbytes(t)) == before[i].sum;
+        uint64_t sum = 0;
+        if (t)
+            HX_CHECK(tensor_checksum(rk, t, &sum));
+        bool same =
+            t && t->data == before[i].data && t->dtype == before[i].dtype && sum == before[i].sum;
         record_local(&rk->reduce_untouched, !same,
                      "rank %d: the reduction over %s changed the gradient of %s, which it does "
                      "not select",
@@ -388,6 +451,30 @@ fail:
     return st;
 }
 
+/* rk->grads: host copies of the device gradients, under the same ids. */
+static seldp_status grads_to_host(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    seldp_tensor copy = {0};
+    for (size_t i = 0; i < seldp_grads_count(rk->device_grads); i++) {
+        seldp_param_id id;
+        const seldp_tensor *t;
+        seldp_grads_at(rk->device_grads, i, &id, &t);
+        copy = *t;
+        copy.device = SELDP_HOST_DEVICE;
+        copy.data = NULL;
+        HX_CHECK_LIB(seldp_tensor_alloc(&copy), "rank %d: host copy of a gradient", rk->rank);
+        HX_CHECK_LIB(seldp_tensor_copy(&copy, t), "rank %d: copying a gradient from cuda:%d",
+                     rk->rank, rk->device.ordinal);
+        HX_CHECK_LIB(seldp_grads_put(rk->grads, id, &copy, SELDP_OWNED),
+                     "rank %d: host copy of a gradient", rk->rank);
+        copy.data = NULL;
+    }
+fail:
+    seldp_tensor_free(&copy);
+    return st;
+}
+
 static seldp_status rank_reduce(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
@@ -395,27 +482,35 @@ static seldp_status rank_reduce(hx_rank *rk)
     bool fp32 = run->opts.fp32_master;
     double t0 = hx_now();
     seldp_grads_destroy(rk->grads);
-    rk->grads = NULL;
+    seldp_grads_destroy(rk->device_grads);
+    rk->grads = rk->device_grads = NULL;
     HX_CHECK_LIB(seldp_grads_create(&rk->grads), "rank %d: gradient container", rk->rank);
-    HX_CHECK_LIB(tm_export_grads(rk->model, TM_ROLE_SHARED, 1.0, fp32, rk->grads),
+    if (rk->gpu)
+        HX_CHECK_LIB(seldp_grads_create(&rk->device_grads), "rank %d: gradient container",
+                     rk->rank);
+    /* on a GPU the sessions reduce device tensors; the checks read their host copies */
+    seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
+    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_SHARED, 1.0, fp32, grads),
                  "rank %d: exporting the shared gradients", rk->rank);
     /* sum flow: normalize by the global token count here; mean flow: the reduce divides */
     double scale = run->opts.flow == HX_FLOW_SUM ? 1.0 / (double)rk->global_tokens : 1.0;
-    HX_CHECK_LIB(
-        tm_export_grads(rk->model, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, rk->grads),
-        "rank %d: exporting the expert gradients", rk->rank);
+    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
+                 "rank %d: exporting the expert gradients", rk->rank);
     if (run->opts.policy == SELDP_MISSING_ERROR)
-        HX_CHECK(add_zero_grads(rk));
+        HX_CHECK(add_zero_grads(rk, grads));
 
-    HX_CHECK(reduce_session(rk, rk->shared_session, 0, REDUCE_MEAN, rk->T, &rk->shared_weight));
+    HX_CHECK(
+        reduce_session(rk, rk->shared_session, 0, REDUCE_MEAN, rk->T, grads, &rk->shared_weight));
     for (int d = 0; d < run->layout->n_data; d++) {
         if (!rk->data_sessions[d])
             continue;
         uint64_t share = hx_data_share(rk, d);
         HX_CHECK(reduce_session(rk, rk->data_sessions[d], 1 + d,
                                 run->opts.flow == HX_FLOW_SUM ? REDUCE_SUM : REDUCE_MEAN, share,
-                                &rk->data_weights[d]));
+                                grads, &rk->data_weights[d]));
     }
+    if (rk->gpu)
+        HX_CHECK(grads_to_host(rk));
 fail:
     rk->t_reduce = hx_now() - t0;
     return st;
@@ -486,7 +581,8 @@ fail:
 }
 
 /* Plain SGD on every trainable parameter that has a reduced gradient (FP32 master weights
- * with --fp32-master), so that the next step runs on changed weights. */
+ * with --fp32-master), so that the next step runs on changed weights: on the host model,
+ * then copied to the GPU of a rank that computes there. */
 static seldp_status rank_update(hx_rank *rk)
 {
     double lr = rk->run->opts.lr;
@@ -517,7 +613,7 @@ static seldp_status rank_update(hx_rank *rk)
             free(w);
         free(gf);
     }
-    return SELDP_OK;
+    return rk->gpu ? hx_gpu_upload(rk) : SELDP_OK;
 }
 
 static void rank_fail(hx_rank *rk, seldp_status st)
@@ -540,6 +636,11 @@ static void rank_cleanup(hx_rank *rk)
     hx_rank_comms_destroy(&rk->comms);
     seldp_comm_destroy(rk->world);
     rk->world = NULL;
+    /* device memory goes on the rank's own thread, before the main thread takes over */
+    seldp_grads_destroy(rk->device_grads);
+    rk->device_grads = NULL;
+    if (rk->gpu)
+        hx_gpu_detach(rk);
 }
 
 static void *rank_main(void *arg)

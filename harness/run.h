@@ -164,12 +164,47 @@ void hx_run_destroy(hx_run *run);
 
 /* ---- used by checks.c, report.c and dump.c ----------------------------------------------- */
 
+/* What computes a rank's step, and where its activations live (dispatch.c drives it): the
+ * CPU model (hx_host_compute) or its GPU mirror (hx_gpu_compute). Buffers are counts of
+ * floats on the rank's device; row copies move rows of d_model floats, dst[dst_rows[j]] =
+ * src[src_rows[j]] for j < n with host index arrays (NULL: 0..n-1). The model calls are
+ * tinymoe.h's (tm_route's expert and gate on the host, x on the device). */
+typedef struct hx_compute_ops {
+    float *(*alloc)(hx_rank *rk, size_t floats); /* zeroed; NULL on failure */
+    void (*release)(hx_rank *rk, float *p);      /* NULL is a no-op */
+    seldp_status (*copy_rows)(hx_rank *rk, float *dst, const int64_t *dst_rows, const float *src,
+                              const int64_t *src_rows, size_t n);
+    seldp_status (*begin_step)(hx_rank *rk);
+    seldp_status (*embed_forward)(hx_rank *rk, float *h); /* rk->tokens */
+    seldp_status (*route_forward)(hx_rank *rk, int l, const float *h, tm_route *route);
+    seldp_status (*expert_forward)(hx_rank *rk, int l, int e, const float *x, size_t n, float *y);
+    seldp_status (*expert_backward)(hx_rank *rk, int l, int e, const float *x, const float *dy,
+                                    size_t n, float *dx);
+    seldp_status (*combine_forward)(hx_rank *rk, int l, const float *y, float *h);
+    seldp_status (*combine_backward)(hx_rank *rk, int l, const float *dh, float *dy);
+    seldp_status (*route_backward)(hx_rank *rk, int l, const float *dx, float *dh);
+    seldp_status (*head)(hx_rank *rk, const float *h, double *loss_sum, float *dh); /* targets */
+    seldp_status (*embed_backward)(hx_rank *rk, const float *dh);
+    /* this step's gradients into `out`, tensors on the rank's device (tm_export_grads) */
+    seldp_status (*export_grads)(hx_rank *rk, unsigned roles, double scale, bool fp32,
+                                 seldp_grads *out);
+    bool (*expert_seen)(const hx_rank *rk, int l, int e);
+} hx_compute_ops;
+
+extern const hx_compute_ops hx_host_compute;
+
+struct tmc_model;
+
 /* What the main thread may read of a rank between phases. */
 struct hx_rank {
     int rank;
     hx_run *run;
     pthread_t thread;
     bool started;
+    seldp_device device;       /* where the rank computes */
+    const hx_compute_ops *ops; /* how */
+    struct tmc_model *gpu;     /* on a GPU: the device mirror of `model` (gpu.c) */
+    seldp_grads *device_grads; /* on a GPU: the gradients the sessions reduce */
     seldp_comm *world;
     hx_rank_comms comms;
     tm_model *model;
@@ -188,8 +223,8 @@ struct hx_rank {
     uint64_t *counts; /* [world] every rank's token count */
     uint64_t global_tokens;
     double loss_sum;
-    int64_t *routed; /* [L * E] tokens routed to each expert over the world (allreduced) */
-    seldp_grads *grads;
+    int64_t *routed;    /* [L * E] tokens routed to each expert over the world (allreduced) */
+    seldp_grads *grads; /* reduced gradients on the host (on a GPU: copies of device_grads) */
     uint64_t shared_weight;
     uint64_t *data_weights; /* [n_data] global weights returned by the data reductions */
     double t_compute;
@@ -211,6 +246,21 @@ seldp_status hx_rank_compute(hx_rank *rk);
 /* Rank rk's share of its EP group's tokens in expert-data group d this step: the weight it
  * reduces with in the mean flow; 0 when it serves no row (dispatch.c). */
 uint64_t hx_data_share(const hx_rank *rk, int d);
+
+/* A rank on a GPU (gpu.c; without CUDA each returns SELDP_ERR_UNSUPPORTED). The host model
+ * stays the rank's record: the checks, the gather, the dumps and the SGD update read and
+ * write it, and these functions keep the device mirror in step with it. */
+extern const hx_compute_ops hx_gpu_compute;
+/* Mirror rk->model on rk->device (the calling thread's current device). */
+seldp_status hx_gpu_attach(hx_rank *rk);
+void hx_gpu_detach(hx_rank *rk);
+/* The device view the sessions initialize and reduce. */
+seldp_model *hx_gpu_view(hx_rank *rk);
+/* The device storage of the parameter at `path`. */
+const seldp_tensor *hx_gpu_param(const hx_rank *rk, const char *path);
+/* Device parameters into the host model, and back. */
+seldp_status hx_gpu_download(hx_rank *rk);
+seldp_status hx_gpu_upload(hx_rank *rk);
 
 /* Main-thread checks (checks.c). */
 void hx_check_init(hx_run *run);
