@@ -57,8 +57,14 @@ typedef struct option_doc {
 } option_doc;
 
 static const option_doc docs[] = {
-    {{"world", required_argument, NULL, OPT_WORLD}, "N", "number of simulated ranks"},
-    {{"ep", required_argument, NULL, OPT_EP}, "N", "expert-parallel group size (divides --world)"},
+    {{"world", required_argument, NULL, OPT_WORLD},
+     "N",
+     "number of ranks (under mpirun: the number of processes, which it defaults to)"},
+    {{"ep", required_argument, NULL, OPT_EP},
+     "N",
+     "expert-parallel group size (divides --world; under mpirun without --world the default "
+     "shrinks "
+     "to divide the process count)"},
     {{"order", required_argument, NULL, OPT_ORDER},
      "ep-dp|dp-ep",
      "ep-dp: EP groups are consecutive ranks (DeepSpeed, Megatron-Core); dp-ep: strided"},
@@ -88,7 +94,10 @@ static const option_doc docs[] = {
      "each rank draws tokens +- up to N (default tokens/4; 0: equal counts)"},
     {{"lr", required_argument, NULL, OPT_LR}, "X", "SGD learning rate"},
     {{"seed", required_argument, NULL, OPT_SEED}, "N", "seed of weights and tokens"},
-    {{"backend", required_argument, NULL, OPT_BACKEND}, "auto|host|nccl|mpi", "transport"},
+    {{"backend", required_argument, NULL, OPT_BACKEND},
+     "auto|host|nccl|mpi",
+     "transport; auto: under mpirun nccl (bootstrapped over MPI) when every process has a GPU of "
+     "its own, else mpi; otherwise nccl when every rank has a GPU of its own, else host"},
     {{"out", required_argument, NULL, OPT_OUT},
      "DIR",
      "report.json and report.md go here (\"\" or none: no files)"},
@@ -311,16 +320,16 @@ static void print_wrapped(FILE *out, const char *text, int at, int indent)
 
 void hx_options_usage(FILE *out)
 {
-    fprintf(
-        out,
-        "usage: seldp-harness [options]\n"
-        "\n"
-        "Runs tiny-moe training steps on simulated ranks (one thread each): the shared\n"
-        "parameters replicated over the world, each expert over its expert-data group, tokens\n"
-        "dispatched to expert owners by alltoallv. Checks every reduced gradient on every rank\n"
-        "against an FP64 reference of the global loss, and the replicas (SPEC section 5).\n"
-        "Exit status: 0 every check passed, 1 a check or the run failed, 2 bad options or "
-        "layout.\n\n");
+    fprintf(out,
+            "usage: seldp-harness [options]\n"
+            "\n"
+            "Runs tiny-moe training steps on simulated ranks (one thread each; under mpirun one\n"
+            "process each, e.g. mpirun -np 4 seldp-harness): the shared parameters replicated\n"
+            "over the world, each expert over its expert-data group, tokens dispatched to expert\n"
+            "owners by alltoallv. Checks every reduced gradient on every rank against an FP64\n"
+            "reference of the global loss, and the replicas (SPEC section 5).\n"
+            "Exit status: 0 every check passed, 1 a check or the run failed, 2 bad options or "
+            "layout.\n\n");
     for (size_t i = 0; i < N_DOCS; i++) {
         char left[64], def[128], text[512];
         snprintf(left, sizeof left, "--%s%s%s", docs[i].opt.name, docs[i].metavar ? " " : "",
