@@ -112,8 +112,9 @@ static const option_doc docs[] = {
      "S",
      "seconds a collective may wait for a rank"},
     {{"inject", required_argument, NULL, OPT_INJECT},
-     "none|grad|replica|absent",
-     "self-test: plant a defect on the last rank that the checks must catch (exit 1)"},
+     "none|grad|replica|absent|fail",
+     "self-test: plant a defect on the last rank that the checks must catch, or (fail) an error "
+     "in its first step that must stop every rank (exit 1)"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
@@ -177,8 +178,8 @@ const char *hx_order_name(hx_order order)
 
 const char *hx_fault_name(hx_fault fault)
 {
-    static const char *const names[] = {"none", "grad", "replica", "absent"};
-    return (unsigned)fault < 4 ? names[fault] : "invalid";
+    static const char *const names[] = {"none", "grad", "replica", "absent", "fail"};
+    return (unsigned)fault < 5 ? names[fault] : "invalid";
 }
 
 const char *hx_roots_name(hx_roots roots)
@@ -521,9 +522,9 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             o->timeout_s = x;
             break;
         case OPT_INJECT:
-            expected = "none, grad, replica or absent";
+            expected = "none, grad, replica, absent or fail";
             ok = false;
-            for (int f = 0; f < 4; f++) {
+            for (int f = 0; f < 5; f++) {
                 if (strcasecmp(arg, hx_fault_name((hx_fault)f)) == 0) {
                     o->inject = (hx_fault)f;
                     ok = true;

@@ -23,7 +23,8 @@ typedef enum hx_fault {
     HX_FAULT_NONE = 0,
     HX_FAULT_GRAD = 1,    /* double one reduced gradient after the reductions */
     HX_FAULT_REPLICA = 2, /* flip a bit of embed.weight after initialize */
-    HX_FAULT_ABSENT = 3   /* give an expert no token reached a zero gradient */
+    HX_FAULT_ABSENT = 3,  /* give an expert no token reached a zero gradient */
+    HX_FAULT_FAIL = 4     /* fail in the first step: every other rank must stop, none hang */
 } hx_fault;
 
 typedef struct hx_options {

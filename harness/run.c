@@ -573,6 +573,10 @@ static seldp_status rank_step(hx_rank *rk, int step)
     double t0 = hx_now();
     HX_CHECK(hx_rank_compute(rk));
     rk->t_compute = hx_now() - t0;
+    /* the others are on their way into the reductions: they must return, not wait */
+    if (run->opts.inject == HX_FAULT_FAIL && rk->rank == run->opts.world - 1 && step == 0)
+        HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: --inject fail: a planted failure in step 1",
+                rk->rank);
     HX_CHECK(rank_reduce(rk));
     if (run->opts.inject != HX_FAULT_NONE)
         HX_CHECK(plant_fault(rk));
@@ -781,7 +785,10 @@ static void print_header(const hx_run *run, FILE *out)
     fprintf(out, "  steps   %d, %d +- %d tokens per rank, SGD lr %g%s, seed %llu\n", o->steps,
             o->tokens, hx_options_spread(o), o->lr, o->fp32_master ? " on FP32 master weights" : "",
             (unsigned long long)m->seed);
-    if (o->inject != HX_FAULT_NONE)
+    if (o->inject == HX_FAULT_FAIL)
+        fprintf(out, "  inject  fail: rank %d fails in step 1; every rank must stop\n",
+                o->world - 1);
+    else if (o->inject != HX_FAULT_NONE)
         fprintf(out, "  inject  %s: a planted defect on rank %d; the checks must fail\n",
                 hx_fault_name(o->inject), o->world - 1);
     const char **devices = hx_calloc((size_t)o->world, sizeof *devices);

@@ -1,8 +1,8 @@
 /* seldp-harness under mpirun, one rank per process: entries of the regression matrix on as
  * many ranks as processes pass every check (and the checks tested something); --backend
  * auto picks a multi-process transport under mpirun; only rank 0 prints; a planted defect
- * fails on every rank (exit 1); a world other than the process count is a usage error on
- * every rank. */
+ * fails on every rank (exit 1); a rank that fails stops every rank at once; a world other
+ * than the process count is a usage error on every rank. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -123,6 +123,26 @@ static void test_planted_defects_fail_everywhere(void **state)
     }
 }
 
+/* The last rank fails in its first step: every rank stops at once (long before the
+ * timeout) with exit 1, the failing rank with its own reason, the others with the abort. */
+static void test_failing_rank_stops_everyone(void **state)
+{
+    (void)state;
+    hx_test_run run;
+    double t0 = mt_now();
+    hx_test_harness(&run, "--backend mpi --inject fail --steps 2 --tokens 16 --timeout 30 "
+                          "--quiet --out none");
+    double took = mt_now() - t0;
+    hm_expect_status(&run, HX_EXIT_FAIL, "--inject fail");
+    const char *want =
+        mt_rank == mt_size - 1 ? "--inject fail: a planted failure in step 1" : "aborted the world";
+    bool ok = strstr(run.err, want) != NULL && took < 15.0;
+    if (!ok)
+        print_error("rank %d: after %.1f s printed '%s', expected '%s'\n", mt_rank, took, run.err,
+                    want);
+    hm_expect_everywhere(ok, "a failing rank stops every rank");
+}
+
 static void test_world_must_match_processes(void **state)
 {
     (void)state;
@@ -144,6 +164,7 @@ int main(int argc, char **argv)
         MT_TEST(test_matrix_entries),
         MT_TEST(test_auto_under_mpirun),
         MT_TEST(test_planted_defects_fail_everywhere),
+        MT_TEST(test_failing_rank_stops_everyone),
         MT_TEST(test_world_must_match_processes),
     };
     return mt_main(argc, argv, "mpi_harness", tests, sizeof tests / sizeof tests[0]);
