@@ -125,10 +125,11 @@ static seldp_status mpi_wait(MPI_Request *req, double timeout_s, const char *wha
     }
 }
 
-/* Agree on the transport and learn every rank's device. Buffers MPI may still hold after a
- * timeout are never freed (the process ends soon after). */
+/* Agree on the transport and learn every rank's device. After a timeout MPI may still
+ * write into the buffers: they are abandoned, not freed (the process ends soon after). */
 static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
 {
+    seldp_status st = SELDP_OK;
     int size = 0, rank = 0, local = 0, local_size = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -138,27 +139,21 @@ static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
                        "--world %d: mpirun started %d processes, and each runs one rank (leave "
                        "--world out, or start %d)",
                        b->world, size, b->world);
+    MPI_Request *req = hx_calloc(1, sizeof *req);
+    int *flags = hx_calloc(2, sizeof *flags);
+    device_name *mine = hx_calloc(1, sizeof *mine);
+    if (!req || !flags || !mine)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rank);
 
     /* Every process has arrived once the barrier completes, so the blocking split below
      * only waits for processes already on their way into it. */
-    MPI_Request *req = malloc(sizeof *req);
-    int *flags = malloc(2 * sizeof *flags);
-    device_name *mine = malloc(sizeof *mine);
-    if (!req || !flags || !mine) {
-        free(req);
-        free(flags);
-        free(mine);
-        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rank);
-    }
     if (MPI_Ibarrier(MPI_COMM_WORLD, req) != MPI_SUCCESS)
-        return hx_fail(SELDP_ERR_TRANSPORT, "rank %d: MPI_Ibarrier failed", rank);
-    seldp_status st = mpi_wait(req, b->timeout_s, "starting the ranks");
-    if (st != SELDP_OK)
-        return st;
+        HX_FAIL(SELDP_ERR_TRANSPORT, "rank %d: MPI_Ibarrier failed", rank);
+    HX_CHECK(mpi_wait(req, b->timeout_s, "starting the ranks"));
     MPI_Comm node = MPI_COMM_NULL;
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) !=
         MPI_SUCCESS)
-        return hx_fail(SELDP_ERR_TRANSPORT, "rank %d: MPI_Comm_split_type failed", rank);
+        HX_FAIL(SELDP_ERR_TRANSPORT, "rank %d: MPI_Comm_split_type failed", rank);
     MPI_Comm_rank(node, &local);
     MPI_Comm_size(node, &local_size);
     MPI_Comm_free(&node);
@@ -167,20 +162,18 @@ static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
     int gpus = hx_gpu_count();
     flags[0] = seldp_has_feature("nccl") && gpus >= local_size;
     if (MPI_Iallreduce(flags, flags + 1, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, req) != MPI_SUCCESS)
-        return hx_fail(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallreduce failed", rank);
-    st = mpi_wait(req, b->timeout_s, "agreeing on the transport");
-    if (st != SELDP_OK)
-        return st;
+        HX_FAIL(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallreduce failed", rank);
+    HX_CHECK(mpi_wait(req, b->timeout_s, "agreeing on the transport"));
     bool every_gpu_own = flags[1] != 0;
     if (kind == HX_BACKEND_NCCL && !seldp_has_feature("nccl"))
-        return hx_fail(SELDP_ERR_UNSUPPORTED,
-                       "--backend nccl: not available: this build has no NCCL transport "
-                       "(configure with -DSELDP_WITH_NCCL=ON on a machine with CUDA and NCCL)");
+        HX_FAIL(SELDP_ERR_UNSUPPORTED,
+                "--backend nccl: not available: this build has no NCCL transport (configure with "
+                "-DSELDP_WITH_NCCL=ON on a machine with CUDA and NCCL)");
     if (kind == HX_BACKEND_NCCL && !every_gpu_own)
-        return hx_fail(SELDP_ERR_UNSUPPORTED,
-                       "--backend nccl: needs a GPU per process: a node runs more processes than "
-                       "it has GPUs (here %d processes, %d GPU(s)); use --backend mpi",
-                       local_size, gpus);
+        HX_FAIL(SELDP_ERR_UNSUPPORTED,
+                "--backend nccl: needs a GPU per process: a node runs more processes than it has "
+                "GPUs (here %d processes, %d GPU(s)); use --backend mpi",
+                local_size, gpus);
     b->kind = kind == HX_BACKEND_AUTO ? (every_gpu_own ? HX_BACKEND_NCCL : HX_BACKEND_MPI) : kind;
 
     seldp_device device = SELDP_HOST_DEVICE;
@@ -192,19 +185,20 @@ static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
     *mine = b->names[rank];
     if (MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, b->names, (int)sizeof *mine, MPI_BYTE,
                        MPI_COMM_WORLD, req) != MPI_SUCCESS)
-        return hx_fail(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallgather failed", rank);
-    st = mpi_wait(req, b->timeout_s, "exchanging the ranks' devices");
-    if (st != SELDP_OK)
-        return st;
+        HX_FAIL(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallgather failed", rank);
+    HX_CHECK(mpi_wait(req, b->timeout_s, "exchanging the ranks' devices"));
     for (int r = 0; r < size; r++) {
         int ordinal = 0;
         b->devices[r] = sscanf(b->names[r].text, "cuda:%d", &ordinal) == 1 ? cuda_device(ordinal)
                                                                            : SELDP_HOST_DEVICE;
     }
+fail:
+    if (st == SELDP_ERR_TIMEOUT)
+        return st;
     free(req);
     free(flags);
     free(mine);
-    return SELDP_OK;
+    return st;
 }
 #endif
 

@@ -123,7 +123,7 @@ fail:
     return st;
 }
 
-/* Read the bytes of every parameter, in tm_param_at order; false on a size mismatch. */
+/* Every parameter's size and bytes, in tm_param_at order (the mirror has the same order). */
 static void put_params(hx_buf *b, const hx_rank *rk)
 {
     put_u64(b, rk->n_params);
@@ -134,6 +134,7 @@ static void put_params(hx_buf *b, const hx_rank *rk)
     }
 }
 
+/* Into the mirror's parameters, or into `pre_init` when given. */
 static seldp_status get_params(reader *r, hx_rank *rk, void **pre_init)
 {
     if (get_u64(r) != rk->n_params)
