@@ -522,7 +522,8 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             o->timeout_s = x;
             break;
         case OPT_INJECT:
-            expected = "none, grad, replica, absent or fail";
+            expected = "none, grad, replica or absent (defects the checks must catch) or fail (an "
+                       "error that must stop every rank)";
             ok = false;
             for (int f = 0; f < 5; f++) {
                 if (strcasecmp(arg, hx_fault_name((hx_fault)f)) == 0) {
