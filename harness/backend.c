@@ -74,13 +74,11 @@ bool hx_backend_under_mpirun(void)
 
 bool hx_backend_uses_processes(hx_backend_kind kind)
 {
+    /* without MPI in the build this still says yes under mpirun, so that the run is refused
+     * instead of every process running the whole world */
     if (kind == HX_BACKEND_MPI)
         return true;
-#ifdef SELDP_HAVE_MPI
     return (kind == HX_BACKEND_AUTO || kind == HX_BACKEND_NCCL) && hx_backend_under_mpirun();
-#else
-    return false;
-#endif
 }
 
 static seldp_device cuda_device(int ordinal)
@@ -208,8 +206,9 @@ seldp_status hx_backend_processes(int *count, int *rank)
     (void)count;
     (void)rank;
     return hx_fail(SELDP_ERR_UNSUPPORTED,
-                   "--backend mpi: not available: this build has no MPI transport (install "
-                   "libopenmpi-dev and configure with -DSELDP_WITH_MPI=ON)");
+                   "--backend mpi: not available: this build has no MPI transport, so it cannot "
+                   "run one rank per process under mpirun (install libopenmpi-dev and configure "
+                   "with -DSELDP_WITH_MPI=ON)");
 #else
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);

@@ -41,8 +41,7 @@ bool hx_backend_parse(const char *name, hx_backend_kind *out);
 /* True when this process was started by mpirun. */
 bool hx_backend_under_mpirun(void);
 
-/* True when `kind` runs one rank per MPI process: mpi, or auto and nccl under mpirun (in a
- * build with MPI). */
+/* True when `kind` runs one rank per MPI process: mpi, or auto and nccl under mpirun. */
 bool hx_backend_uses_processes(hx_backend_kind kind);
 
 /* For a launch with one rank per process: start MPI unless this process already has, and
