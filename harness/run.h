@@ -11,6 +11,11 @@
  *   main:   FP64 reference, checks, progress line, dump (last step)        | gate
  *   ranks:  SGD update
  *
+ * Under mpirun each process runs one rank through the same phases on its main thread; in
+ * place of the gate, rank 0 gathers mirrors of the other ranks (gather.c) and plays the
+ * main thread's part, and after each step every process learns whether all could go on.
+ * A rank computes on the host or on a GPU (hx_compute_ops); the host model stays its record.
+ *
  * Checks never stop a run: every step runs and every failure is counted. A rank that fails
  * (a library error) aborts the world so every rank returns instead of hanging; the run
  * then reports that rank's error. */
