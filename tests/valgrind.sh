@@ -18,31 +18,36 @@ jobs=${VALGRIND_JOBS:-2}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Debug -DSELDP_WITH_CUDA=OFF \
     -DSELDP_WITH_NCCL=OFF -DSELDP_WITH_MPI=OFF >/dev/null
 mkdir -p "$build/valgrind"
-# name, then the command line, one test per line (tab-separated) as ctest would run it
-ctest --test-dir "$build" -L "$labels" --show-only=json-v1 | python3 -c '
+list_tests() {
+    ctest --test-dir "$build" -L "$labels" --show-only=json-v1 | python3 -c '
 import json, sys
 for t in json.load(sys.stdin)["tests"]:
-    timeout = next((int(float(p["value"])) for p in t.get("properties", [])
-                    if p["name"] == "TIMEOUT"), 300)
-    print("\t".join([t["name"], str(timeout)] + t["command"]))
-' >"$build/valgrind/tests.tsv"
-# every test of these labels is a program of the same name
-cmake --build "$build" -j "$jobs" --target $(cut -f1 "$build/valgrind/tests.tsv") >/dev/null
+    props = {p["name"]: p["value"] for p in t.get("properties", [])}
+    print("\t".join([t["name"], str(int(float(props.get("TIMEOUT", 300)))),
+                     props.get("WORKING_DIRECTORY", ".")] + t.get("command", [])))
+'
+}
+# every test of these labels is a program of the same name: build them, then list the
+# tests again with their command lines (ctest names a command only once it exists)
+cmake --build "$build" -j "$jobs" --target $(list_tests | cut -f1) >/dev/null
+list_tests >"$build/valgrind/tests.tsv"
 
 run_one() {
-    local name=$1 timeout=$2
-    shift 2
+    local name=$1 timeout=$2 dir=$3
+    shift 3
     local log="$build/valgrind/$name.log" start=$SECONDS rc=0
     # memcheck runs programs 10-50 times slower: scale each test's ctest timeout
-    timeout $((timeout * 20)) valgrind --tool=memcheck --error-exitcode=99 --leak-check=full \
-        --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect \
-        --fair-sched=yes --num-callers=30 --log-file="$log" "$@" >"$log.out" 2>&1 || rc=$?
+    (cd "$dir" && timeout $((timeout * 20)) valgrind --tool=memcheck --error-exitcode=99 \
+        --leak-check=full --show-leak-kinds=definite,indirect \
+        --errors-for-leak-kinds=definite,indirect --fair-sched=yes --num-callers=30 \
+        --log-file="$log" "$@" </dev/null >"$log.out" 2>&1) || rc=$?
     local errors
     errors=$(grep -o 'ERROR SUMMARY: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo '?')
     printf '%-32s %5ss  exit %-3s  memcheck errors %s\n' "$name" $((SECONDS - start)) "$rc" \
         "$errors"
     [ "$rc" -eq 0 ] && [ "$errors" = 0 ]
 }
+
 failed=0
 total=0
 while IFS=$'\t' read -r -a test; do
