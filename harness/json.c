@@ -378,10 +378,50 @@ fail:
     return st;
 }
 
+/* The member names of one object, hashed (open addressing, slots hold index + 1), so that
+ * a duplicate is found in constant time: a safetensors header may name 10^5 tensors, and
+ * comparing each name with every earlier one took minutes. */
+typedef struct key_set {
+    size_t *slots;
+    size_t cap; /* a power of two, at least twice the keys held */
+} key_set;
+
+/* Where keys[n] goes in the set: an empty slot, or the slot of an equal earlier key. */
+static size_t key_slot(const key_set *set, char *const *keys, size_t n)
+{
+    size_t mask = set->cap - 1;
+    size_t at = (size_t)hx_checksum(keys[n], strlen(keys[n])) & mask;
+    while (set->slots[at] && strcmp(keys[set->slots[at] - 1], keys[n]) != 0)
+        at = (at + 1) & mask;
+    return at;
+}
+
+/* Add keys[n] (keys[0..n-1] are in the set). Returns false when out of memory; otherwise
+ * *dup is the index of an earlier equal key, or n when keys[n] is new (and now held). */
+static bool key_set_add(key_set *set, char *const *keys, size_t n, size_t *dup)
+{
+    if (2 * (n + 1) > set->cap) {
+        key_set bigger = {NULL, set->cap ? 2 * set->cap : 16};
+        bigger.slots = calloc(bigger.cap, sizeof *bigger.slots);
+        if (!bigger.slots)
+            return false;
+        for (size_t i = 0; i < n; i++)
+            bigger.slots[key_slot(&bigger, keys, i)] = i + 1;
+        free(set->slots);
+        *set = bigger;
+    }
+    size_t at = key_slot(set, keys, n);
+    *dup = set->slots[at] ? set->slots[at] - 1 : n;
+    if (!set->slots[at])
+        set->slots[at] = n + 1;
+    return true;
+}
+
 static seldp_status parse_object(parser *p, hx_json *out, int depth)
 {
     seldp_status st = SELDP_OK;
     size_t cap = 0;
+    key_set seen = {NULL, 0};
     out->type = HX_JSON_OBJECT;
     p->pos++;
     skip_whitespace(p);
@@ -407,20 +447,23 @@ static seldp_status parse_object(parser *p, hx_json *out, int depth)
             out->keys = keys;
             cap = ncap;
         }
-        size_t key_pos = p->pos;
+        size_t key_pos = p->pos, dup;
         char *key = NULL;
         HX_CHECK(parse_string(p, &key));
-        for (size_t i = 0; i < out->count; i++) {
-            if (strcmp(out->keys[i], key) == 0) {
-                st = parse_error(p, key_pos, "duplicate member \"%s\"", key);
-                free(key);
-                goto fail;
-            }
+        /* in place but not yet counted: a failure here frees the key alone */
+        out->keys[out->count] = key;
+        if (!key_set_add(&seen, out->keys, out->count, &dup)) {
+            free(key);
+            HX_FAIL(SELDP_ERR_NOMEM, "%s: out of memory", p->what);
+        }
+        if (dup != out->count) {
+            st = parse_error(p, key_pos, "duplicate member \"%s\"", key);
+            free(key);
+            goto fail;
         }
         /* counted before its value is parsed, so a failure frees the key and the value */
-        hx_json *item = &out->items[out->count];
+        hx_json *item = &out->items[out->count++];
         *item = (hx_json){0};
-        out->keys[out->count++] = key;
         skip_whitespace(p);
         if (peek(p) != ':')
             HX_CHECK(parse_error(p, p->pos, "expected ':' after member \"%s\"", key));
@@ -438,12 +481,14 @@ static seldp_status parse_object(parser *p, hx_json *out, int depth)
         }
         if (c == '}') {
             p->pos++;
+            free(seen.slots);
             return SELDP_OK;
         }
         HX_CHECK(parse_error(p, p->pos, "expected ',' or '}' in an object, found %s",
                              describe(c, d, sizeof d)));
     }
 fail:
+    free(seen.slots);
     return st;
 }
 
