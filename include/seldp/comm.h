@@ -1,4 +1,5 @@
-/* Communicators: one interface over every transport (host-staged, NCCL, MPI).
+/** @file
+ * Communicators: one interface over every transport (host-staged, NCCL, MPI).
  *
  * A communicator is one rank's handle on a group. Every call below is collective
  * over the group unless marked local: every rank of the group must make it, in the
@@ -22,6 +23,7 @@
 extern "C" {
 #endif
 
+/** One rank's handle on a group, over any transport (opaque). */
 typedef struct seldp_comm seldp_comm;
 
 /** Passed as `color` to seldp_comm_split by a rank that joins no group. */
@@ -32,6 +34,7 @@ typedef struct seldp_comm_config {
     double timeout_s; /**< every blocking wait gives up after this many seconds */
 } seldp_comm_config;
 
+/** Initializer of seldp_comm_config with the defaults (a 300 s timeout). */
 #define SELDP_COMM_CONFIG_INIT {300.0}
 
 /** Rank of the caller within the group (local). */
@@ -90,13 +93,13 @@ seldp_status seldp_comm_split(seldp_comm *comm, int color, int key, seldp_comm *
 /** Counts of the collectives this rank's handle has issued (local), for tests and
  * benchmarks. Split communicators count separately. */
 typedef struct seldp_comm_stats {
-    uint64_t barriers;
-    uint64_t broadcasts;
-    uint64_t allreduces;
+    uint64_t barriers;   /**< seldp_comm_barrier calls */
+    uint64_t broadcasts; /**< seldp_comm_broadcast calls */
+    uint64_t allreduces; /**< seldp_comm_allreduce calls */
     uint64_t allgathers; /**< fixed-size and variable-length */
-    uint64_t alltoallvs;
-    uint64_t splits;
-    uint64_t bytes; /**< payload bytes this rank passed in (send side) */
+    uint64_t alltoallvs; /**< seldp_comm_alltoallv calls */
+    uint64_t splits;     /**< seldp_comm_split calls */
+    uint64_t bytes;      /**< payload bytes this rank passed in (send side) */
 } seldp_comm_stats;
 
 /** Read the counters (local). */

@@ -1,4 +1,5 @@
-/* Gradient container: a map ParamId -> gradient tensor.
+/** @file
+ * Gradient container: a map ParamId -> gradient tensor.
  *
  * Each entry is either borrowed (the caller owns the bytes; the container only
  * refers to them) or owned (allocated by seldp with seldp_tensor_alloc and freed
@@ -17,6 +18,7 @@
 extern "C" {
 #endif
 
+/** A gradient container: ParamId -> gradient tensor, borrowed or owned (opaque). */
 typedef struct seldp_grads seldp_grads;
 
 /** Ownership of an entry's bytes. */

@@ -1,4 +1,5 @@
-/* The host-staged transport: N in-process ranks, one pthread each.
+/** @file
+ * The host-staged transport: N in-process ranks, one pthread each.
  *
  * The main thread creates a world; each rank thread then joins it with
  * seldp_host_comm_init (collective over the world, like ncclCommInitRank). Ranks
@@ -12,6 +13,7 @@
 extern "C" {
 #endif
 
+/** The shared state of an in-process world of host-staged ranks (opaque). */
 typedef struct seldp_host_world seldp_host_world;
 
 /** Create a world of `nranks` >= 1 ranks. cfg may be NULL for the defaults. */

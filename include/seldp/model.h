@@ -1,4 +1,5 @@
-/* Model view: a rank-local model described as parameter occurrences.
+/** @file
+ * Model view: a rank-local model described as parameter occurrences.
  *
  * The caller registers each occurrence (full path, ParamId, tensor, frozen flag,
  * opaque tag). seldp copies the path and the tensor descriptor but never the
@@ -24,13 +25,14 @@ typedef uint64_t seldp_param_id;
 
 /** One registered occurrence. Owned by the model view; valid until it is destroyed. */
 typedef struct seldp_param {
-    const char *path;
-    seldp_param_id id;
-    seldp_tensor tensor;
-    bool frozen;
-    void *tag;
+    const char *path;    /**< full path, e.g. "layers.0.experts.3.w1.weight" (a copy) */
+    seldp_param_id id;   /**< the ParamId; shared by every path of a tied alias */
+    seldp_tensor tensor; /**< the caller's tensor (a copy of the descriptor only) */
+    bool frozen;         /**< never reduced; a gradient supplied for it is an error */
+    void *tag;           /**< the caller's opaque value, returned as given */
 } seldp_param;
 
+/** A rank-local model view: the registered parameter occurrences (opaque). */
 typedef struct seldp_model seldp_model;
 
 /** Create an empty view. `rank` is used only to name the rank in error messages

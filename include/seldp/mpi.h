@@ -1,4 +1,5 @@
-/* The MPI transport: one process per rank, launched by mpirun.
+/** @file
+ * The MPI transport: one process per rank, launched by mpirun.
  *
  * Each process initializes MPI itself (MPI_Init or MPI_Init_thread), then joins with
  * seldp_mpi_comm_init over a communicator such as MPI_COMM_WORLD. The result is a seldp

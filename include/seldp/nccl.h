@@ -1,4 +1,5 @@
-/* The NCCL transport: one rank per GPU, real NCCL collectives.
+/** @file
+ * The NCCL transport: one rank per GPU, real NCCL collectives.
  *
  * In one process, the main thread creates a world (it holds one ncclUniqueId); each rank
  * thread then selects its GPU with cudaSetDevice and joins with seldp_nccl_comm_init
@@ -29,6 +30,7 @@ extern "C" {
 /** Size of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
 #define SELDP_NCCL_UNIQUE_ID_BYTES 128
 
+/** An in-process NCCL world: its unique id and its ranks' rendezvous (opaque). */
 typedef struct seldp_nccl_world seldp_nccl_world;
 
 /** Number of CUDA devices this process can use (0 without a GPU or a driver). Local. */

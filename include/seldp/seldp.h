@@ -1,4 +1,5 @@
-/* seldp: selected data parallelism for mixture-of-experts training.
+/** @file
+ * seldp: selected data parallelism for mixture-of-experts training.
  * Include this one header for the whole public API. */
 #ifndef SELDP_H
 #define SELDP_H

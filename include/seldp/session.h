@@ -1,4 +1,5 @@
-/* Selected data parallelism: explicit replica groups over chosen parameters.
+/** @file
+ * Selected data parallelism: explicit replica groups over chosen parameters.
  *
  * A session binds one communicator (a replica group) to a selection of ParamIds of
  * the caller's rank-local model. Initialize validates the selection collectively and
@@ -26,6 +27,7 @@
 extern "C" {
 #endif
 
+/** A replica group bound to a selection of parameters (opaque). */
 typedef struct seldp_session seldp_session;
 
 /** What a rank that lacks a selected gradient means. Must be the same on every rank. */
@@ -44,9 +46,11 @@ typedef struct seldp_session_config {
                               non-finite input gradient (by path and rank) */
 } seldp_session_config;
 
+/** Initializer of seldp_session_config with the defaults: 25 MiB buckets, no finiteness
+ * check. */
 #define SELDP_SESSION_CONFIG_INIT {(size_t)25 << 20, false}
 
-/** Collective. Validate the selection on every rank of `comm`, then broadcast every
+/** Collective: validate the selection on every rank of `comm`, then broadcast every
  * selected parameter from group rank `root` into the other ranks' storage, in place.
  * Floating selections only (F32, F16, BF16). The model view and comm are borrowed and
  * must outlive the session; `ids` is copied. cfg may be NULL for the defaults.
@@ -59,7 +63,7 @@ seldp_status seldp_session_initialize(seldp_comm *comm, seldp_model *model, int 
                                       const seldp_param_id *ids, size_t n_ids,
                                       const seldp_session_config *cfg, seldp_session **out);
 
-/** Collective. As seldp_session_initialize, but native integer and bool buffers (quantized
+/** Collective: as seldp_session_initialize, but native integer and bool buffers (quantized
  * bases: NF4 bytes, AWQ words, their scales and zeros) may be selected too; they are
  * broadcast bit-exactly in their own width and never reduced. */
 seldp_status seldp_session_initialize_with_buffers(seldp_comm *comm, seldp_model *model, int root,
@@ -67,7 +71,8 @@ seldp_status seldp_session_initialize_with_buffers(seldp_comm *comm, seldp_model
                                                    const seldp_session_config *cfg,
                                                    seldp_session **out);
 
-/** Collective. Weighted mean: `grads` holds this rank's derivatives of its local loss sum
+/** Collective: replace this rank's selected gradients by the group's weighted mean.
+ * `grads` holds this rank's derivatives of its local loss sum
  * and may also hold gradients of unselected parameters, which stay as they are (same
  * tensor, same ownership). `local_weight` is the window's token count; 0 means inactive.
  * On success each selected gradient is sum_r g_r / sum_r w_r in the parameter dtype
@@ -83,20 +88,20 @@ seldp_status seldp_session_reduce(seldp_session *session, seldp_grads *grads,
                                   uint64_t local_weight, seldp_missing_policy policy,
                                   uint64_t *global_weight);
 
-/** Collective. seldp_session_reduce with FP32 results for FP32 master weights: inputs may be
+/** Collective: seldp_session_reduce with FP32 results, for FP32 master weights. Inputs may be
  * the parameter dtype or F32; a half input is replaced by an owned F32 entry. */
 seldp_status seldp_session_reduce_fp32(seldp_session *session, seldp_grads *grads,
                                        uint64_t local_weight, seldp_missing_policy policy,
                                        uint64_t *global_weight);
 
-/** Collective. Sum without any division, for gradients already normalized by a global
+/** Collective: sum without any division, for gradients already normalized by a global
  * objective. `local_active` decides eligibility, not scale: inactive ranks contribute
  * zero; *global_weight receives the number of active ranks. With no active rank only the
  * unselected gradients remain. Errors as seldp_session_reduce. */
 seldp_status seldp_session_sum(seldp_session *session, seldp_grads *grads, bool local_active,
                                seldp_missing_policy policy, uint64_t *global_weight);
 
-/** Collective. seldp_session_sum with FP32 results, as seldp_session_reduce_fp32. */
+/** Collective: seldp_session_sum with FP32 results, as seldp_session_reduce_fp32. */
 seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grads *grads, bool local_active,
                                     seldp_missing_policy policy, uint64_t *global_weight);
 

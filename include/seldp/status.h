@@ -1,4 +1,5 @@
-/* Status codes and the per-thread error message of the last failing call.
+/** @file
+ * Status codes and the per-thread error message of the last failing call.
  *
  * Every seldp function that can fail returns a seldp_status. When it is not
  * SELDP_OK, seldp_last_error() on the same thread holds a message that names the
@@ -12,7 +13,7 @@ extern "C" {
 
 /** Result of every fallible seldp call. */
 typedef enum seldp_status {
-    SELDP_OK = 0,
+    SELDP_OK = 0,               /**< success */
     SELDP_ERR_INVALID_ARGUMENT, /**< null pointer, bad count, root outside the group... */
     SELDP_ERR_NOMEM,            /**< an allocation failed */
     SELDP_ERR_NOT_FOUND,        /**< a selected id or path is absent from the model */

@@ -1,4 +1,5 @@
-/* Tensors: a dtype, a shape, a device and a data pointer.
+/** @file
+ * Tensors: a dtype, a shape, a device and a data pointer.
  *
  * A seldp_tensor is a plain descriptor. seldp never takes ownership of a tensor
  * the caller describes; it owns only what it allocates itself (seldp_tensor_alloc,
@@ -17,28 +18,31 @@
 extern "C" {
 #endif
 
+/** Most dimensions a tensor may have. */
 #define SELDP_MAX_DIMS 8
 
 /** Where a tensor's bytes live. */
 typedef enum seldp_device_kind {
-    SELDP_DEVICE_HOST = 0,
-    SELDP_DEVICE_CUDA = 1
+    SELDP_DEVICE_HOST = 0, /**< host memory (pageable or pinned) */
+    SELDP_DEVICE_CUDA = 1  /**< memory of one CUDA device */
 } seldp_device_kind;
 
+/** A device: the host, or one CUDA device by ordinal. */
 typedef struct seldp_device {
-    seldp_device_kind kind;
-    int ordinal; /**< CUDA device ordinal; 0 for the host */
+    seldp_device_kind kind; /**< host or CUDA */
+    int ordinal;            /**< CUDA device ordinal; 0 for the host */
 } seldp_device;
 
+/** The host device, as a value of type seldp_device. */
 #define SELDP_HOST_DEVICE ((seldp_device){SELDP_DEVICE_HOST, 0})
 
 /** Descriptor of a dense, contiguous, row-major tensor. ndim 0 is a scalar. */
 typedef struct seldp_tensor {
-    seldp_dtype dtype;
-    int ndim;
-    int64_t shape[SELDP_MAX_DIMS];
-    seldp_device device;
-    void *data;
+    seldp_dtype dtype;             /**< element type */
+    int ndim;                      /**< number of dimensions, 0..SELDP_MAX_DIMS */
+    int64_t shape[SELDP_MAX_DIMS]; /**< extents; entries past ndim are ignored */
+    seldp_device device;           /**< where the bytes live */
+    void *data;                    /**< the first element; not owned by the descriptor */
 } seldp_tensor;
 
 /** A descriptor over caller memory (nothing is allocated or copied). */

@@ -1,4 +1,5 @@
-/* Library version and the transports compiled in. */
+/** @file
+ * Library version and the transports compiled in. */
 #ifndef SELDP_VERSION_H
 #define SELDP_VERSION_H
 
