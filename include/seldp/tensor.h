@@ -34,7 +34,11 @@ typedef struct seldp_device {
 } seldp_device;
 
 /** The host device, as a value of type seldp_device. */
+#ifdef __cplusplus
+#define SELDP_HOST_DEVICE (seldp_device{SELDP_DEVICE_HOST, 0})
+#else
 #define SELDP_HOST_DEVICE ((seldp_device){SELDP_DEVICE_HOST, 0})
+#endif
 
 /** Descriptor of a dense, contiguous, row-major tensor. ndim 0 is a scalar. */
 typedef struct seldp_tensor {
