@@ -36,6 +36,13 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+/* AVX2 and AVX-512 kernels compiled beside the baseline ones and chosen at run time. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HOST_AVX2 1
+#include <immintrin.h>
+#else
+#define HOST_AVX2 0
+#endif
 
 #include "comm/comm_impl.h"
 #include "comm/host_fault.h"
@@ -692,8 +699,8 @@ static seldp_status host_broadcast(seldp_comm *comm, void *buf, size_t bytes, in
 
 /* ---- allreduce ------------------------------------------------------------------------ */
 
-/* Groups up to this size gather the ranks' pointers on the stack for the F32 kernel;
- * larger ones take the chunked path. */
+/* Groups up to this size gather the ranks' pointers on the stack for the register
+ * kernel; larger ones take the chunked path. */
 #define FAST_RANKS 64
 
 /* Elements per chunk of the chunked path: fully read from every rank before any output
@@ -712,13 +719,31 @@ static float sum_scale(float x, const sum_mode *m)
     return m->scaled ? (float)((double)x * m->scale) : x;
 }
 
-/* Element i summed over the ranks in order; a NULL input counts as +0. */
-static float sum_f32_at(int size, const float *const *in, size_t i)
+/* Element i of one rank's input (F32 or BF16; NULL counts as +0), exactly in F32. */
+static float input_at(const void *in, seldp_dtype dtype, size_t i)
 {
-    float acc = in[0] ? in[0][i] : 0.0f;
+    if (!in)
+        return 0.0f;
+    return dtype == SELDP_F32 ? ((const float *)in)[i]
+                              : seldp_bf16_to_f32(((const uint16_t *)in)[i]);
+}
+
+/* Element i summed over the ranks in rank order, then scaled. */
+static float sum_at(int size, const void *const *in, const seldp_dtype *in_dtype, size_t i,
+                    const sum_mode *m)
+{
+    float acc = input_at(in[0], in_dtype[0], i);
     for (int r = 1; r < size; r++)
-        acc += in[r] ? in[r][i] : 0.0f;
-    return acc;
+        acc += input_at(in[r], in_dtype[r], i);
+    return sum_scale(acc, m);
+}
+
+static void output_at(void *out, seldp_dtype dtype, size_t i, float v)
+{
+    if (dtype == SELDP_F32)
+        ((float *)out)[i] = v;
+    else
+        ((uint16_t *)out)[i] = seldp_f32_to_bf16(v);
 }
 
 #if defined(__SSE2__)
@@ -732,65 +757,334 @@ static __m128 sum_scale4(__m128 x, const sum_mode *m)
     return _mm_movelh_ps(_mm_cvtpd_ps(lo), _mm_cvtpd_ps(hi));
 }
 
-static __m128 load4(const float *p, size_t i)
+/* Elements i..i+15 of one rank's input as four F32 vectors: a BF16's bits are the top
+ * half of its F32's, so widening is exact; NULL gives +0. */
+static void load16(const void *in, seldp_dtype dtype, size_t i, __m128 v[4])
 {
-    return p ? _mm_loadu_ps(p + i) : _mm_setzero_ps();
+    if (!in) {
+        v[0] = v[1] = v[2] = v[3] = _mm_setzero_ps();
+    } else if (dtype == SELDP_F32) {
+        const float *f = (const float *)in + i;
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm_loadu_ps(f + 4 * k);
+    } else {
+        const uint16_t *h = (const uint16_t *)in + i;
+        __m128i z = _mm_setzero_si128();
+        __m128i lo = _mm_loadu_si128((const __m128i *)h);
+        __m128i hi = _mm_loadu_si128((const __m128i *)(h + 8));
+        v[0] = _mm_castsi128_ps(_mm_unpacklo_epi16(z, lo));
+        v[1] = _mm_castsi128_ps(_mm_unpackhi_epi16(z, lo));
+        v[2] = _mm_castsi128_ps(_mm_unpacklo_epi16(z, hi));
+        v[3] = _mm_castsi128_ps(_mm_unpackhi_epi16(z, hi));
+    }
+}
+
+/* seldp_f32_to_bf16 on four lanes: round to nearest even, a NaN stays a quiet NaN. The
+ * result is sign-extended to 32 bits so that _mm_packs_epi32 keeps it exactly. */
+static __m128i bf16x4(__m128 x)
+{
+    __m128i b = _mm_castps_si128(x);
+    __m128i lsb = _mm_and_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(1));
+    __m128i rounded =
+        _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(b, _mm_set1_epi32(0x7fff)), lsb), 16);
+    __m128i nan =
+        _mm_cmpgt_epi32(_mm_and_si128(b, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
+    __m128i quiet = _mm_or_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(0x40));
+    __m128i r = _mm_or_si128(_mm_and_si128(nan, quiet), _mm_andnot_si128(nan, rounded));
+    return _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);
+}
+
+static void store16(void *out, seldp_dtype dtype, size_t i, const __m128 v[4], bool stream)
+{
+    if (dtype == SELDP_F32) {
+        float *f = (float *)out + i;
+        for (int k = 0; k < 4; k++) {
+            if (stream)
+                _mm_stream_ps(f + 4 * k, v[k]);
+            else
+                _mm_storeu_ps(f + 4 * k, v[k]);
+        }
+        return;
+    }
+    uint16_t *h = (uint16_t *)out + i;
+    __m128i lo = _mm_packs_epi32(bf16x4(v[0]), bf16x4(v[1]));
+    __m128i hi = _mm_packs_epi32(bf16x4(v[2]), bf16x4(v[3]));
+    if (stream) {
+        _mm_stream_si128((__m128i *)h, lo);
+        _mm_stream_si128((__m128i *)(h + 8), hi);
+    } else {
+        _mm_storeu_si128((__m128i *)h, lo);
+        _mm_storeu_si128((__m128i *)(h + 8), hi);
+    }
+}
+/* Blocks of 16 elements from i while i + 16 <= n: 16 elements of every input in registers,
+ * then the same 16 of every output, so that memory is read and written once. Returns the
+ * first element left. */
+static size_t sum_blocks_sse2(int size, const void *const *in, const seldp_dtype *in_dtype,
+                              int outs, void *const *out, seldp_dtype out_dtype, size_t i, size_t n,
+                              const sum_mode *m, bool stream)
+{
+    for (; i + 16 <= n; i += 16) {
+        __m128 acc[4], x[4];
+        load16(in[0], in_dtype[0], i, acc);
+        for (int r = 1; r < size; r++) {
+            load16(in[r], in_dtype[r], i, x);
+            for (int k = 0; k < 4; k++)
+                acc[k] = _mm_add_ps(acc[k], x[k]);
+        }
+        for (int k = 0; k < 4; k++)
+            acc[k] = sum_scale4(acc[k], m);
+        for (int r = 0; r < outs; r++)
+            store16(out[r], out_dtype, i, acc, stream);
+    }
+    return i;
 }
 #endif
 
-/* out[r][i] = scale(sum over r of in[r][i]) for i < n, F32, size <= FAST_RANKS: one
- * cache line of every input in registers, then the line of every output, so that
- * memory is read and written once. The order of the sums is the scalar one. */
-static void sum_f32(int size, const float *const *in, float *const *out, size_t n,
-                    const sum_mode *m)
+#if HOST_AVX2
+/* The same blocks with 256-bit vectors, for CPUs with AVX2 (half the instructions: the
+ * scaling through doubles and the BF16 rounding make the 128-bit kernel compute-bound). */
+#define AVX2 __attribute__((target("avx2")))
+
+AVX2 static void load16_avx2(const void *in, seldp_dtype dtype, size_t i, __m256 v[2])
+{
+    if (!in) {
+        v[0] = v[1] = _mm256_setzero_ps();
+    } else if (dtype == SELDP_F32) {
+        const float *f = (const float *)in + i;
+        v[0] = _mm256_loadu_ps(f);
+        v[1] = _mm256_loadu_ps(f + 8);
+    } else {
+        const uint16_t *h = (const uint16_t *)in + i;
+        __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
+        __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + 8)));
+        v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16));
+        v[1] = _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16));
+    }
+}
+
+AVX2 static __m256 sum_scale8(__m256 x, const sum_mode *m)
+{
+    if (!m->scaled)
+        return x;
+    __m256d s = _mm256_set1_pd(m->scale);
+    __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), s));
+    __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), s));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+}
+
+/* bf16x4 on eight lanes, the result zero-extended (for _mm256_packus_epi32). */
+AVX2 static __m256i bf16x8(__m256 x)
+{
+    __m256i b = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+AVX2 static void store16_avx2(void *out, seldp_dtype dtype, size_t i, const __m256 v[2],
+                              bool stream)
+{
+    if (dtype == SELDP_F32) {
+        float *f = (float *)out + i;
+        if (stream) {
+            _mm256_stream_ps(f, v[0]);
+            _mm256_stream_ps(f + 8, v[1]);
+        } else {
+            _mm256_storeu_ps(f, v[0]);
+            _mm256_storeu_ps(f + 8, v[1]);
+        }
+        return;
+    }
+    /* packus works within 128-bit lanes: put the four quarters back in order */
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16x8(v[0]), bf16x8(v[1])), 0xd8);
+    __m256i *h = (__m256i *)((uint16_t *)out + i);
+    if (stream)
+        _mm256_stream_si256(h, p);
+    else
+        _mm256_storeu_si256(h, p);
+}
+
+AVX2 static size_t sum_blocks_avx2(int size, const void *const *in, const seldp_dtype *in_dtype,
+                                   int outs, void *const *out, seldp_dtype out_dtype, size_t i,
+                                   size_t n, const sum_mode *m, bool stream)
+{
+    for (; i + 16 <= n; i += 16) {
+        __m256 acc[2], x[2];
+        load16_avx2(in[0], in_dtype[0], i, acc);
+        for (int r = 1; r < size; r++) {
+            load16_avx2(in[r], in_dtype[r], i, x);
+            acc[0] = _mm256_add_ps(acc[0], x[0]);
+            acc[1] = _mm256_add_ps(acc[1], x[1]);
+        }
+        acc[0] = sum_scale8(acc[0], m);
+        acc[1] = sum_scale8(acc[1], m);
+        for (int r = 0; r < outs; r++)
+            store16_avx2(out[r], out_dtype, i, acc, stream);
+    }
+    return i;
+}
+#endif
+#if HOST_AVX2
+/* The same blocks with 512-bit vectors for CPUs with AVX-512F: a block of 16 is one vector. */
+#define AVX512 __attribute__((target("avx512f")))
+
+AVX512 static __m512 load16_avx512(const void *in, seldp_dtype dtype, size_t i)
+{
+    if (!in)
+        return _mm512_setzero_ps();
+    if (dtype == SELDP_F32)
+        return _mm512_loadu_ps((const float *)in + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)in + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AVX512 static __m512 sum_scale16(__m512 x, const sum_mode *m)
+{
+    if (!m->scaled)
+        return x;
+    __m512d s = _mm512_set1_pd(m->scale);
+    __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), s));
+    __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))), s));
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+AVX512 static void store16_avx512(void *out, seldp_dtype dtype, size_t i, __m512 v, bool stream)
+{
+    if (dtype == SELDP_F32) {
+        float *f = (float *)out + i;
+        if (stream)
+            _mm512_stream_ps(f, v);
+        else
+            _mm512_storeu_ps(f, v);
+        return;
+    }
+    /* bf16x4 on sixteen lanes */
+    __m512i b = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+    __m256i *to = (__m256i *)((uint16_t *)out + i);
+    if (stream)
+        _mm256_stream_si256(to, h);
+    else
+        _mm256_storeu_si256(to, h);
+}
+
+AVX512 static size_t sum_blocks_avx512(int size, const void *const *in, const seldp_dtype *in_dtype,
+                                       int outs, void *const *out, seldp_dtype out_dtype, size_t i,
+                                       size_t n, const sum_mode *m, bool stream)
+{
+    for (; i + 16 <= n; i += 16) {
+        __m512 acc = load16_avx512(in[0], in_dtype[0], i);
+        for (int r = 1; r < size; r++)
+            acc = _mm512_add_ps(acc, load16_avx512(in[r], in_dtype[r], i));
+        acc = sum_scale16(acc, m);
+        for (int r = 0; r < outs; r++)
+            store16_avx512(out[r], out_dtype, i, acc, stream);
+    }
+    return i;
+}
+#endif
+
+#if defined(__SSE2__)
+/* The widest vectors this CPU has. */
+typedef enum simd_width { SIMD_128, SIMD_256, SIMD_512 } simd_width;
+
+static simd_width simd_of_cpu(void)
+{
+#if HOST_AVX2
+    if (__builtin_cpu_supports("avx512f"))
+        return SIMD_512;
+    if (__builtin_cpu_supports("avx2"))
+        return SIMD_256;
+#endif
+    return SIMD_128;
+}
+
+static size_t sum_blocks(simd_width simd, int size, const void *const *in,
+                         const seldp_dtype *in_dtype, int outs, void *const *out,
+                         seldp_dtype out_dtype, size_t i, size_t n, const sum_mode *m, bool stream)
+{
+#if HOST_AVX2
+    if (simd == SIMD_512)
+        i = sum_blocks_avx512(size, in, in_dtype, outs, out, out_dtype, i, n, m, stream);
+    else if (simd == SIMD_256)
+        i = sum_blocks_avx2(size, in, in_dtype, outs, out, out_dtype, i, n, m, stream);
+#endif
+    (void)simd;
+    return sum_blocks_sse2(size, in, in_dtype, outs, out, out_dtype, i, n, m, stream);
+}
+
+/* Elements [i, i + n), n < 16, through zero-padded copies of the inputs and one of the
+ * output, so that the ends of a range go through the same kernel as its middle. */
+static void sum_partial(simd_width simd, int size, const void *const *in,
+                        const seldp_dtype *in_dtype, void *const *out, seldp_dtype out_dtype,
+                        size_t i, size_t n, const sum_mode *m)
+{
+    _Alignas(64) unsigned char pad[FAST_RANKS][16 * sizeof(float)], result[16 * sizeof(float)];
+    const void *from[FAST_RANKS];
+    void *to[1] = {result};
+    size_t esize = seldp_dtype_size(out_dtype);
+    for (int r = 0; r < size; r++) {
+        from[r] = in[r] ? pad[r] : NULL;
+        if (in[r]) {
+            size_t isize = seldp_dtype_size(in_dtype[r]);
+            memset(pad[r], 0, sizeof pad[r]);
+            memcpy(pad[r], (const char *)in[r] + i * isize, n * isize);
+        }
+    }
+    sum_blocks(simd, size, from, in_dtype, 1, to, out_dtype, 0, 16, m, false);
+    for (int r = 0; r < size; r++)
+        memcpy((char *)out[r] + i * esize, result, n * esize);
+}
+#endif
+
+/* out[r][i] = convert(scale(sum over r of in[r][i])) for i < n, inputs F32 or BF16 (NULL:
+ * zeros), outputs F32 or BF16, size <= FAST_RANKS. The sums, the scaling and the rounding
+ * are the scalar ones, bit for bit; only the vector width depends on the CPU. */
+static void sum_fast(int size, const void *const *in, const seldp_dtype *in_dtype, void *const *out,
+                     seldp_dtype out_dtype, size_t n, const sum_mode *m)
 {
     size_t i = 0;
 #if defined(__SSE2__)
-    /* Peel to the first output's 16-byte boundary; stream only if every output is there. */
-    size_t head = ((16 - ((uintptr_t)out[0] & 15)) & 15) / sizeof(float);
-    if ((uintptr_t)out[0] % sizeof(float) || head > n)
-        head = n;
-    for (; i < head; i++) {
-        float v = sum_scale(sum_f32_at(size, in, i), m);
-        for (int r = 0; r < size; r++)
-            out[r][i] = v;
+    size_t esize = seldp_dtype_size(out_dtype);
+    simd_width simd = simd_of_cpu();
+    /* a stream store writes a whole vector: 16 bytes, 32, or a 16-element block */
+    size_t align = simd == SIMD_128 ? 16 : simd == SIMD_256 ? 32 : 16 * esize;
+    /* Up to the first output's boundary, then whole blocks, streamed if every output is
+     * on a boundary there, then the rest. */
+    size_t head = ((align - ((uintptr_t)out[0] & (align - 1))) & (align - 1)) / esize;
+    if ((uintptr_t)out[0] % esize || head > n)
+        head = n < 16 ? n : 0;
+    if (head) {
+        sum_partial(simd, size, in, in_dtype, out, out_dtype, 0, head, m);
+        i = head;
     }
     bool stream = m->stream;
     for (int r = 0; r < size && stream; r++)
-        stream = ((uintptr_t)(out[r] + i) & 15) == 0;
-    for (; i + 16 <= n; i += 16) {
-        __m128 a0 = load4(in[0], i), a1 = load4(in[0], i + 4);
-        __m128 a2 = load4(in[0], i + 8), a3 = load4(in[0], i + 12);
-        for (int r = 1; r < size; r++) {
-            a0 = _mm_add_ps(a0, load4(in[r], i));
-            a1 = _mm_add_ps(a1, load4(in[r], i + 4));
-            a2 = _mm_add_ps(a2, load4(in[r], i + 8));
-            a3 = _mm_add_ps(a3, load4(in[r], i + 12));
-        }
-        a0 = sum_scale4(a0, m);
-        a1 = sum_scale4(a1, m);
-        a2 = sum_scale4(a2, m);
-        a3 = sum_scale4(a3, m);
-        for (int r = 0; r < size; r++) {
-            float *o = out[r] + i;
-            if (stream) {
-                _mm_stream_ps(o, a0);
-                _mm_stream_ps(o + 4, a1);
-                _mm_stream_ps(o + 8, a2);
-                _mm_stream_ps(o + 12, a3);
-            } else {
-                _mm_storeu_ps(o, a0);
-                _mm_storeu_ps(o + 4, a1);
-                _mm_storeu_ps(o + 8, a2);
-                _mm_storeu_ps(o + 12, a3);
-            }
-        }
+        stream = ((uintptr_t)((char *)out[r] + i * esize) & (align - 1)) == 0;
+    i = sum_blocks(simd, size, in, in_dtype, size, out, out_dtype, i, n, m, stream);
+    while (i < n) {
+        size_t left = n - i < 16 ? n - i : 15;
+        sum_partial(simd, size, in, in_dtype, out, out_dtype, i, left, m);
+        i += left;
     }
 #endif
     for (; i < n; i++) {
-        float v = sum_scale(sum_f32_at(size, in, i), m);
+        float v = sum_at(size, in, in_dtype, i, m);
         for (int r = 0; r < size; r++)
-            out[r][i] = v;
+            output_at(out[r], out_dtype, i, v);
     }
 }
 
@@ -856,22 +1150,27 @@ static void sum_chunked(const host_slot *s, int size, size_t seg, size_t begin, 
     }
 }
 
-/* Elements [begin, end) of segment seg: the F32 kernel when every side is F32 and the
- * group is small enough, else the chunked path. */
+/* Elements [begin, end) of segment seg: the register kernel for F32 and BF16 in groups
+ * of at most FAST_RANKS, else the chunked path (F16, larger groups). */
 static void sum_range(const host_slot *s, int size, size_t seg, size_t begin, size_t end,
                       const sum_mode *m)
 {
-    const float *in[FAST_RANKS];
-    float *out[FAST_RANKS];
-    bool f32 = size <= FAST_RANKS;
-    for (int r = 0; r < size && f32; r++) {
+    const void *in[FAST_RANKS];
+    seldp_dtype in_dtype[FAST_RANKS];
+    void *out[FAST_RANKS];
+    seldp_dtype out_dtype = SELDP_F32;
+    bool fast = size <= FAST_RANKS;
+    for (int r = 0; r < size && fast; r++) {
         sum_side d = side_of(&s[r], seg, begin);
-        f32 = (!d.in || d.in_dtype == SELDP_F32) && d.out_dtype == SELDP_F32;
+        fast = (!d.in || d.in_dtype == SELDP_F32 || d.in_dtype == SELDP_BF16) &&
+               (d.out_dtype == SELDP_F32 || d.out_dtype == SELDP_BF16);
         in[r] = d.in;
+        in_dtype[r] = d.in_dtype;
         out[r] = d.out;
+        out_dtype = d.out_dtype;
     }
-    if (f32)
-        sum_f32(size, in, out, end - begin, m);
+    if (fast)
+        sum_fast(size, in, in_dtype, out, out_dtype, end - begin, m);
     else
         sum_chunked(s, size, seg, begin, end, m);
 }
