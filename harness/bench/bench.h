@@ -1,0 +1,108 @@
+/* seldp-bench: what the benchmark (seldp-bench) and its MPI comparison program
+ * (seldp-bench-mpi) share: options, the timing rule, input patterns and the rows they print
+ * (a terminal table, JSON lines, CSV).
+ *
+ * Conventions are those of nccl-tests: sizes are bytes per rank; algbw = bytes / time;
+ * busbw = algbw * 2(n-1)/n for an allreduce (and a reduce) and algbw for a broadcast.
+ * On the host, bound_fraction = (the time the memory-bandwidth bound allows) / (the time
+ * measured), the bound coming from a memcpy of the same size by every rank at once,
+ * measured in the same run (SPEC §6). */
+#ifndef SELDP_BENCH_H
+#define SELDP_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum bench_op { BENCH_ALLREDUCE, BENCH_BROADCAST, BENCH_REDUCE } bench_op;
+
+#define BENCH_MAX_LIST 64
+
+typedef struct bench_opts {
+    size_t min_bytes, max_bytes; /* -b, -e */
+    double factor;               /* -f */
+    int iters, warmup;           /* -n: timed samples per size; -w: untimed iterations */
+    bench_op op;
+    int ranks[BENCH_MAX_LIST]; /* --ranks, in order */
+    int n_ranks;
+    size_t buckets[BENCH_MAX_LIST]; /* --bucket, in order */
+    int n_buckets;
+    char dtype[8];      /* --dtype: f32 (allreduce), mixed/f32/bf16/f16 (reduce) */
+    int tensors;        /* --tensors: the reduce's selection */
+    bool compare_mpi;   /* --compare mpi */
+    bool json;          /* --json: JSON lines instead of the table */
+    bool gpu;           /* --gpu: the GPU rows only */
+    bool bound;         /* the memcpy rows and bound fractions (--no-bound turns them off) */
+    const char *out;    /* --out PREFIX: also PREFIX.jsonl and PREFIX.csv */
+    const char *mpirun; /* --mpirun: the launcher for --compare mpi */
+} bench_opts;
+
+/* One measurement: a line of the table, a JSON object, a CSV row. */
+typedef struct bench_row {
+    char op[16];   /* allreduce, broadcast, reduce */
+    char impl[16]; /* seldp-host, seldp-nccl, nccl, mpi, memcpy */
+    int ranks;
+    size_t bytes;          /* per rank */
+    double time_us;        /* median of the samples, per operation */
+    double algbw, busbw;   /* GB/s; for a memcpy row busbw is the aggregate copy bandwidth B */
+    double bound_fraction; /* NAN when there is no bound */
+    long long wrong;       /* elements that differ from the expected result */
+    /* optional, shown when set */
+    char dtype[8];
+    size_t bucket_bytes;
+    int tensors;
+    double raw_time_us;            /* reduce: one raw allreduce of the same bytes (NAN: none) */
+    long long peak_rss;            /* reduce: bytes (-1: none) */
+    long long rss_extra_per_rank;  /* reduce: peak minus the RSS before the reductions, per rank */
+    long long rss_budget_per_rank; /* reduce: one bucket plus FP32 staging of the half inputs */
+    char note[48];
+} bench_row;
+
+/* Parse argv into opts. Returns 0 to run, 1 when --help was printed, 2 on an error (printed
+ * to stderr). `mpi` selects the options of seldp-bench-mpi. */
+int bench_parse(int argc, char **argv, bench_opts *opts, bool mpi);
+
+/* "256M" -> 268435456; K, M, G (powers of 1024), an optional B. false when malformed. */
+bool bench_parse_size(const char *text, size_t *out);
+
+/* The next size after `bytes`: bytes * factor, at least bytes + 1. */
+size_t bench_next_size(size_t bytes, double factor);
+
+/* Iterations in one timed sample: one for 1 MiB and more, so that a sample of a small
+ * message lasts about as long as one of a megabyte (at most 1000). */
+int bench_batch(size_t bytes);
+
+/* The median of n samples (sorts them). */
+double bench_median(double *samples, int n);
+
+/* Seconds on CLOCK_MONOTONIC. */
+double bench_now(void);
+
+/* Element i of rank r's allreduce input: a small integer, so that every sum of up to 64
+ * ranks is exact in F32 whatever the order. */
+float bench_pattern(int rank, size_t i);
+
+/* Fill n floats with rank r's pattern, starting at element `first`. */
+void bench_fill(float *x, size_t n, int rank, size_t first);
+
+/* algbw and busbw from bytes and time_us; bound_fraction from the copy bandwidth
+ * `copy_GBps` of the same ranks and size (<= 0: none). */
+void bench_row_finish(bench_row *row, double copy_GBps);
+
+/* A row with its identity filled and the rest empty. */
+bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t bytes);
+
+/* Output. */
+void bench_print_header(FILE *f, const char *title);
+void bench_print_row(FILE *f, const bench_row *row);
+void bench_print_json(FILE *f, const bench_row *row);
+void bench_print_csv_header(FILE *f);
+void bench_print_csv(FILE *f, const bench_row *row);
+
+/* "16.0 MiB" */
+const char *bench_size_str(size_t bytes, char *buf, size_t size);
+
+const char *bench_op_name(bench_op op);
+
+#endif

@@ -1,0 +1,551 @@
+/* seldp-bench: options, timing rule, patterns and output shared by seldp-bench and
+ * seldp-bench-mpi (see bench.h). */
+#define _GNU_SOURCE /* getopt_long */
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+
+static const char *const op_names[] = {
+    [BENCH_ALLREDUCE] = "allreduce", [BENCH_BROADCAST] = "broadcast", [BENCH_REDUCE] = "reduce"};
+
+const char *bench_op_name(bench_op op)
+{
+    return op_names[op];
+}
+
+static void usage(FILE *f, bool mpi)
+{
+    if (mpi) {
+        fputs("usage: mpirun -np P seldp-bench-mpi [options]\n"
+              "Open MPI's MPI_Allreduce (F32 SUM) or MPI_Bcast over P processes, timed and\n"
+              "validated like seldp-bench (which launches it with --compare mpi).\n\n"
+              "  -b, --minbytes SIZE   smallest size per rank (default 1M)\n"
+              "  -e, --maxbytes SIZE   largest size per rank (default 64M)\n"
+              "  -f, --stepfactor F    size factor from one row to the next (default 2)\n"
+              "  -n, --iters N         timed samples per size, reported as their median "
+              "(default 10)\n"
+              "  -w, --warmup N        untimed iterations first (default 2)\n"
+              "  -o, --op OP           allreduce | broadcast (default allreduce)\n"
+              "      --json            one JSON object per line instead of the table\n"
+              "  -h, --help            this text\n",
+              f);
+        return;
+    }
+    fputs(
+        "usage: seldp-bench [options]\n"
+        "Times seldp's host-staged collectives (one thread per simulated rank) with nccl-tests\n"
+        "conventions, validates every result, and sets them against the memory-bandwidth bound:\n"
+        "the aggregate copy bandwidth B of every rank memcpy'ing its own buffer of the same size\n"
+        "at once (bytes read + written per second), measured in the same run.\n\n"
+        "  -b, --minbytes SIZE   smallest size per rank (default 1M; reduce: 512M)\n"
+        "  -e, --maxbytes SIZE   largest size per rank (default 64M; reduce: 512M)\n"
+        "  -f, --stepfactor F    size factor from one row to the next (default 2)\n"
+        "  -n, --iters N         timed samples per size, reported as their median (default 10)\n"
+        "  -w, --warmup N        untimed iterations before the samples (default 2)\n"
+        "  -o, --op OP           allreduce | broadcast | reduce (default allreduce)\n"
+        "                        reduce: seldp_session_reduce of a selection of --tensors\n"
+        "                        tensors totalling SIZE bytes per rank, beside one raw F32\n"
+        "                        allreduce of the same bytes; peak RSS reported\n"
+        "  -r, --ranks LIST      simulated ranks: 2, or 2,4, or 1-16 (default 2)\n"
+        "  -d, --dtype DTYPE     allreduce: f32; reduce: mixed | f32 | bf16 | f16 (default\n"
+        "                        mixed: half the tensors BF16, half F32)\n"
+        "      --bucket LIST     reduce: session bucket sizes, e.g. 25M or 1M-256M (doubling);\n"
+        "                        a list sweeps, each with a bucketed raw allreduce beside it\n"
+        "                        (default 25M)\n"
+        "      --tensors N       reduce: tensors in the selection (default 10000)\n"
+        "      --compare mpi     also run seldp-bench-mpi under mpirun (--oversubscribe; as root\n"
+        "                        --allow-run-as-root) with the same ranks and sizes\n"
+        "      --mpirun PATH     the MPI launcher (default mpirun)\n"
+        "      --no-bound        no memcpy rows and no bound fractions\n"
+        "      --gpu             the GPU rows: NCCL (raw ncclAllReduce, seldp's allreduce and\n"
+        "                        reduce) and host-staged with device buffers; says so and skips\n"
+        "                        when there is no GPU\n"
+        "      --json            one JSON object per line instead of the table\n"
+        "      --out PREFIX      also write PREFIX.jsonl and PREFIX.csv\n"
+        "  -h, --help            this text\n\n"
+        "SIZE takes K, M and G (powers of 1024). A sample is one operation from 1 MiB up and a\n"
+        "batch of up to 1000 below (1 MiB / size); time is the median sample per operation.\n"
+        "Columns: size, time, algbw = size / time, busbw (allreduce and reduce: algbw * 2(n-1)/n;\n"
+        "broadcast: algbw; memcpy rows: B), bound % = bound time / time where the bound time is\n"
+        "2*n*size / B for an allreduce and n*size / B for a broadcast, #wrong = elements that\n"
+        "differ from the expected result on any rank. JSON keys: op, impl (seldp-host,\n"
+        "seldp-nccl, nccl, mpi, memcpy), ranks, bytes, time_us, algbw_GBps, busbw_GBps,\n"
+        "bound_fraction, wrong, and for reduce rows dtype, bucket_bytes, tensors, raw_time_us,\n"
+        "peak_rss, rss_extra_per_rank, rss_budget_per_rank.\n",
+        f);
+}
+
+bool bench_parse_size(const char *text, size_t *out)
+{
+    char *end = NULL;
+    double v = strtod(text, &end);
+    if (end == text || !(v >= 0))
+        return false;
+    double scale = 1;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        scale = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        scale = 1024.0 * 1024.0;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        scale = 1024.0 * 1024.0 * 1024.0;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end != '\0' || v * scale > 1e15)
+        return false;
+    *out = (size_t)(v * scale);
+    return true;
+}
+
+/* "2", "2,4", "1-16" (every value) into out; false when malformed or too long. */
+static bool parse_ranks(const char *text, int *out, int *n)
+{
+    *n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end = NULL;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p || a < 1 || a > 1024)
+            return false;
+        if (*end == '-') {
+            p = end + 1;
+            b = strtol(p, &end, 10);
+            if (end == p || b < a || b > 1024)
+                return false;
+        }
+        for (long v = a; v <= b; v++) {
+            if (*n == BENCH_MAX_LIST)
+                return false;
+            out[(*n)++] = (int)v;
+        }
+        if (*end == ',')
+            end++;
+        else if (*end != '\0')
+            return false;
+        p = end;
+    }
+    return *n > 0;
+}
+
+/* "25M", "1M,4M", "1M-256M" (doubling) into out. */
+static bool parse_buckets(const char *text, size_t *out, int *n)
+{
+    char buf[256];
+    *n = 0;
+    if (strlen(text) >= sizeof buf)
+        return false;
+    strcpy(buf, text);
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item;
+         item = strtok_r(NULL, ",", &save)) {
+        char *dash = strchr(item, '-');
+        size_t a = 0, b = 0;
+        if (dash)
+            *dash = '\0';
+        if (!bench_parse_size(item, &a) || a == 0)
+            return false;
+        b = a;
+        if (dash && (!bench_parse_size(dash + 1, &b) || b < a))
+            return false;
+        for (size_t v = a; v <= b; v *= 2) {
+            if (*n == BENCH_MAX_LIST)
+                return false;
+            out[(*n)++] = v;
+        }
+    }
+    return *n > 0;
+}
+
+int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
+{
+    enum {
+        OPT_BUCKET = 256,
+        OPT_TENSORS,
+        OPT_COMPARE,
+        OPT_MPIRUN,
+        OPT_NO_BOUND,
+        OPT_GPU,
+        OPT_JSON,
+        OPT_OUT
+    };
+    static const struct option longs[] = {
+        {"minbytes", required_argument, NULL, 'b'},
+        {"maxbytes", required_argument, NULL, 'e'},
+        {"stepfactor", required_argument, NULL, 'f'},
+        {"iters", required_argument, NULL, 'n'},
+        {"warmup", required_argument, NULL, 'w'},
+        {"op", required_argument, NULL, 'o'},
+        {"ranks", required_argument, NULL, 'r'},
+        {"dtype", required_argument, NULL, 'd'},
+        {"bucket", required_argument, NULL, OPT_BUCKET},
+        {"tensors", required_argument, NULL, OPT_TENSORS},
+        {"compare", required_argument, NULL, OPT_COMPARE},
+        {"mpirun", required_argument, NULL, OPT_MPIRUN},
+        {"no-bound", no_argument, NULL, OPT_NO_BOUND},
+        {"gpu", no_argument, NULL, OPT_GPU},
+        {"json", no_argument, NULL, OPT_JSON},
+        {"out", required_argument, NULL, OPT_OUT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *prog = mpi ? "seldp-bench-mpi" : "seldp-bench";
+    bool sizes_given = false;
+    int c;
+
+    memset(o, 0, sizeof *o);
+    o->min_bytes = (size_t)1 << 20;
+    o->max_bytes = (size_t)64 << 20;
+    o->factor = 2;
+    o->iters = 10;
+    o->warmup = 2;
+    o->op = BENCH_ALLREDUCE;
+    o->ranks[0] = 2;
+    o->n_ranks = 1;
+    o->buckets[0] = (size_t)25 << 20;
+    o->n_buckets = 1;
+    o->tensors = 10000;
+    o->bound = true;
+    o->mpirun = "mpirun";
+    strcpy(o->dtype, "");
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "b:e:f:n:w:o:r:d:h", longs, NULL)) != -1) {
+        bool mpi_ok = c == 'b' || c == 'e' || c == 'f' || c == 'n' || c == 'w' || c == 'o' ||
+                      c == 'h' || c == OPT_JSON;
+        if (mpi && !mpi_ok)
+            c = '?';
+        switch (c) {
+        case 'b':
+        case 'e':
+            if (!bench_parse_size(optarg, c == 'b' ? &o->min_bytes : &o->max_bytes)) {
+                fprintf(stderr, "%s: -%c %s: expected a size such as 8, 64K or 256M\n", prog, c,
+                        optarg);
+                return 2;
+            }
+            sizes_given = true;
+            break;
+        case 'f':
+            o->factor = strtod(optarg, NULL);
+            if (!(o->factor > 1)) {
+                fprintf(stderr, "%s: -f %s: expected a factor > 1\n", prog, optarg);
+                return 2;
+            }
+            break;
+        case 'n':
+        case 'w': {
+            char *end = NULL;
+            long v = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || v < (c == 'n' ? 1 : 0) || v > 1000000) {
+                fprintf(stderr, "%s: -%c %s: expected a count (%s)\n", prog, c, optarg,
+                        c == 'n' ? ">= 1" : ">= 0");
+                return 2;
+            }
+            *(c == 'n' ? &o->iters : &o->warmup) = (int)v;
+            break;
+        }
+        case 'o':
+            if (strcmp(optarg, "allreduce") == 0)
+                o->op = BENCH_ALLREDUCE;
+            else if (strcmp(optarg, "broadcast") == 0)
+                o->op = BENCH_BROADCAST;
+            else if (strcmp(optarg, "reduce") == 0 && !mpi)
+                o->op = BENCH_REDUCE;
+            else {
+                fprintf(stderr, "%s: --op %s: expected allreduce, broadcast%s\n", prog, optarg,
+                        mpi ? "" : " or reduce");
+                return 2;
+            }
+            break;
+        case 'r':
+            if (!parse_ranks(optarg, o->ranks, &o->n_ranks)) {
+                fprintf(stderr, "%s: --ranks %s: expected 2, 2,4 or 1-16 (1 to 1024 ranks)\n", prog,
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'd':
+            if (strlen(optarg) >= sizeof o->dtype) {
+                fprintf(stderr, "%s: --dtype %s: unknown\n", prog, optarg);
+                return 2;
+            }
+            strcpy(o->dtype, optarg);
+            break;
+        case OPT_BUCKET:
+            if (!parse_buckets(optarg, o->buckets, &o->n_buckets)) {
+                fprintf(stderr, "%s: --bucket %s: expected sizes such as 25M, 1M,4M or 1M-256M\n",
+                        prog, optarg);
+                return 2;
+            }
+            break;
+        case OPT_TENSORS: {
+            char *end = NULL;
+            long v = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || v < 1 || v > 10000000) {
+                fprintf(stderr, "%s: --tensors %s: expected 1 to 10000000\n", prog, optarg);
+                return 2;
+            }
+            o->tensors = (int)v;
+            break;
+        }
+        case OPT_COMPARE:
+            if (strcmp(optarg, "mpi") != 0) {
+                fprintf(stderr, "%s: --compare %s: only 'mpi' is known\n", prog, optarg);
+                return 2;
+            }
+            o->compare_mpi = true;
+            break;
+        case OPT_MPIRUN:
+            o->mpirun = optarg;
+            break;
+        case OPT_NO_BOUND:
+            o->bound = false;
+            break;
+        case OPT_GPU:
+            o->gpu = true;
+            break;
+        case OPT_JSON:
+            o->json = true;
+            break;
+        case OPT_OUT:
+            o->out = optarg;
+            break;
+        case 'h':
+            usage(stdout, mpi);
+            return 1;
+        default:
+            fprintf(stderr, "%s: unknown option (see %s --help)\n", prog, prog);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s' (see %s --help)\n", prog, argv[optind], prog);
+        return 2;
+    }
+    if (o->op == BENCH_REDUCE && !sizes_given)
+        o->min_bytes = o->max_bytes = (size_t)512 << 20;
+    if (o->dtype[0] == '\0')
+        strcpy(o->dtype, o->op == BENCH_REDUCE ? "mixed" : "f32");
+    if (o->op == BENCH_REDUCE ? strcmp(o->dtype, "mixed") && strcmp(o->dtype, "f32") &&
+                                    strcmp(o->dtype, "bf16") && strcmp(o->dtype, "f16")
+                              : strcmp(o->dtype, "f32") != 0) {
+        fprintf(stderr, "%s: --dtype %s: expected %s\n", prog, o->dtype,
+                o->op == BENCH_REDUCE ? "mixed, f32, bf16 or f16" : "f32 (F32 SUM)");
+        return 2;
+    }
+    if (o->min_bytes > o->max_bytes) {
+        fprintf(stderr, "%s: -b is larger than -e\n", prog);
+        return 2;
+    }
+    if (o->min_bytes < 4)
+        o->min_bytes = 4;
+    return 0;
+}
+
+size_t bench_next_size(size_t bytes, double factor)
+{
+    double next = (double)bytes * factor;
+    return next > (double)bytes + 1 ? (size_t)next : bytes + 1;
+}
+
+int bench_batch(size_t bytes)
+{
+    size_t k = ((size_t)1 << 20) / (bytes ? bytes : 1);
+    return k < 1 ? 1 : k > 1000 ? 1000 : (int)k;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(double *samples, int n)
+{
+    qsort(samples, (size_t)n, sizeof *samples, cmp_double);
+    return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+}
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+float bench_pattern(int rank, size_t i)
+{
+    uint32_t h = (uint32_t)i * 2654435761u ^ (uint32_t)(rank + 1) * 40503u;
+    h ^= h >> 15;
+    return (float)((int)(h & 127u) - 64);
+}
+
+void bench_fill(float *x, size_t n, int rank, size_t first)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = bench_pattern(rank, first + i);
+}
+
+bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t bytes)
+{
+    bench_row row;
+    memset(&row, 0, sizeof row);
+    snprintf(row.op, sizeof row.op, "%s", op);
+    snprintf(row.impl, sizeof row.impl, "%s", impl);
+    row.ranks = ranks;
+    row.bytes = bytes;
+    row.bound_fraction = NAN;
+    row.raw_time_us = NAN;
+    row.peak_rss = row.rss_extra_per_rank = row.rss_budget_per_rank = -1;
+    return row;
+}
+
+void bench_row_finish(bench_row *row, double copy_GBps)
+{
+    double n = row->ranks, seconds = row->time_us * 1e-6;
+    bool broadcast = strcmp(row->op, "broadcast") == 0;
+    row->algbw = seconds > 0 ? (double)row->bytes / seconds / 1e9 : 0;
+    if (strcmp(row->impl, "memcpy") == 0) {
+        row->busbw = seconds > 0 ? 2.0 * n * (double)row->bytes / seconds / 1e9 : 0;
+        return;
+    }
+    row->busbw = broadcast ? row->algbw : row->algbw * 2.0 * (n - 1) / n;
+    if (copy_GBps > 0 && seconds > 0) {
+        double moved = (broadcast ? 1.0 : 2.0) * n * (double)row->bytes;
+        row->bound_fraction = moved / (copy_GBps * 1e9) / seconds;
+    }
+}
+
+const char *bench_size_str(size_t bytes, char *buf, size_t size)
+{
+    if (bytes >= (size_t)1 << 30)
+        snprintf(buf, size, "%.1f GiB", (double)bytes / (double)((size_t)1 << 30));
+    else if (bytes >= (size_t)1 << 20)
+        snprintf(buf, size, "%.1f MiB", (double)bytes / (double)((size_t)1 << 20));
+    else if (bytes >= 1024)
+        snprintf(buf, size, "%.1f KiB", (double)bytes / 1024.0);
+    else
+        snprintf(buf, size, "%zu B", bytes);
+    return buf;
+}
+
+void bench_print_header(FILE *f, const char *title)
+{
+    fprintf(f, "# %s\n", title);
+    fprintf(f, "# %-9s %5s %11s %-11s %11s %11s %11s %7s %7s  %s\n", "op", "ranks", "size", "impl",
+            "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound%", "#wrong", "note");
+}
+
+void bench_print_row(FILE *f, const bench_row *r)
+{
+    char size[32], bound[16], note[160] = "";
+    bench_size_str(r->bytes, size, sizeof size);
+    if (isnan(r->bound_fraction))
+        snprintf(bound, sizeof bound, "%s", "-");
+    else
+        snprintf(bound, sizeof bound, "%.1f", 100.0 * r->bound_fraction);
+    size_t used = 0;
+    if (r->note[0])
+        used += (size_t)snprintf(note + used, sizeof note - used, "%s ", r->note);
+    if (r->bucket_bytes && used < sizeof note)
+        used += (size_t)snprintf(note + used, sizeof note - used, "bucket %zu MiB ",
+                                 r->bucket_bytes >> 20);
+    if (!isnan(r->raw_time_us) && used < sizeof note)
+        used += (size_t)snprintf(note + used, sizeof note - used, "%.2fx raw ",
+                                 r->time_us / r->raw_time_us);
+    if (r->rss_extra_per_rank >= 0 && used < sizeof note)
+        snprintf(note + used, sizeof note - used, "+%.1f MiB/rank (budget %.1f)",
+                 (double)r->rss_extra_per_rank / 1048576.0,
+                 (double)r->rss_budget_per_rank / 1048576.0);
+    fprintf(f, "  %-9s %5d %11s %-11s %11.1f %11.2f %11.2f %7s %7lld  %s\n", r->op, r->ranks, size,
+            r->impl, r->time_us, r->algbw, r->busbw, bound, r->wrong, note);
+}
+
+static void json_number(FILE *f, const char *key, double v)
+{
+    if (isnan(v) || isinf(v))
+        fprintf(f, ",\"%s\":null", key);
+    else
+        fprintf(f, ",\"%s\":%.6g", key, v);
+}
+
+void bench_print_json(FILE *f, const bench_row *r)
+{
+    fprintf(f, "{\"op\":\"%s\",\"impl\":\"%s\",\"ranks\":%d,\"bytes\":%zu", r->op, r->impl,
+            r->ranks, r->bytes);
+    json_number(f, "time_us", r->time_us);
+    json_number(f, "algbw_GBps", r->algbw);
+    json_number(f, "busbw_GBps", r->busbw);
+    json_number(f, "bound_fraction", r->bound_fraction);
+    fprintf(f, ",\"wrong\":%lld", r->wrong);
+    if (r->dtype[0])
+        fprintf(f, ",\"dtype\":\"%s\"", r->dtype);
+    if (r->bucket_bytes)
+        fprintf(f, ",\"bucket_bytes\":%zu", r->bucket_bytes);
+    if (r->tensors)
+        fprintf(f, ",\"tensors\":%d", r->tensors);
+    if (!isnan(r->raw_time_us))
+        json_number(f, "raw_time_us", r->raw_time_us);
+    if (r->peak_rss >= 0)
+        fprintf(f, ",\"peak_rss\":%lld", r->peak_rss);
+    if (r->rss_extra_per_rank >= 0)
+        fprintf(f, ",\"rss_extra_per_rank\":%lld,\"rss_budget_per_rank\":%lld",
+                r->rss_extra_per_rank, r->rss_budget_per_rank);
+    if (r->note[0])
+        fprintf(f, ",\"note\":\"%s\"", r->note);
+    fputs("}\n", f);
+}
+
+void bench_print_csv_header(FILE *f)
+{
+    fputs("op,impl,ranks,bytes,time_us,algbw_GBps,busbw_GBps,bound_fraction,wrong,dtype,"
+          "bucket_bytes,tensors,raw_time_us,peak_rss,rss_extra_per_rank,rss_budget_per_rank,"
+          "note\n",
+          f);
+}
+
+static void csv_number(FILE *f, double v)
+{
+    if (!isnan(v))
+        fprintf(f, "%.6g", v);
+    fputc(',', f);
+}
+
+static void csv_count(FILE *f, long long v)
+{
+    if (v >= 0)
+        fprintf(f, "%lld", v);
+    fputc(',', f);
+}
+
+void bench_print_csv(FILE *f, const bench_row *r)
+{
+    fprintf(f, "%s,%s,%d,%zu,", r->op, r->impl, r->ranks, r->bytes);
+    csv_number(f, r->time_us);
+    csv_number(f, r->algbw);
+    csv_number(f, r->busbw);
+    csv_number(f, r->bound_fraction);
+    fprintf(f, "%lld,%s,", r->wrong, r->dtype);
+    csv_count(f, r->bucket_bytes ? (long long)r->bucket_bytes : -1);
+    csv_count(f, r->tensors ? r->tensors : -1);
+    csv_number(f, r->raw_time_us);
+    csv_count(f, r->peak_rss);
+    csv_count(f, r->rss_extra_per_rank);
+    csv_count(f, r->rss_budget_per_rank);
+    fprintf(f, "%s\n", r->note);
+}

@@ -1,0 +1,77 @@
+/* seldp-bench's own parts (not seldp-bench-mpi's): rank threads, the host-staged rows, the
+ * session reduce rows, the MPI comparison and the GPU rows. */
+#ifndef SELDP_BENCH_DRIVER_H
+#define SELDP_BENCH_DRIVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "bench.h"
+#include "seldp/seldp.h"
+
+/* ---- rank threads (team.c) ---- */
+
+typedef struct bench_team bench_team;
+
+typedef struct bench_rank {
+    bench_team *team;
+    int rank, size;
+    seldp_comm *comm; /* this rank on the team's host world */
+    void *arg;        /* shared by every rank */
+} bench_rank;
+
+typedef int (*bench_rank_fn)(bench_rank *r);
+
+/* Run fn on `size` threads, each joined to one host world of `size` ranks. Returns 0 when
+ * every rank returned 0; else prints the first failure to stderr and returns 1. */
+int bench_team_run(int size, bench_rank_fn fn, void *arg);
+
+/* Wait for every rank of the team; false when a rank failed (bench_team_fail), in which
+ * case the caller returns at once. Spins, yielding when ranks outnumber the cores. */
+bool bench_team_barrier(bench_rank *r);
+
+/* Record this rank's failure (printf-style), abort the world so that no rank waits for
+ * it, and return 1 for the rank function to return. */
+int bench_team_fail(bench_rank *r, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Time `k` calls of op on every rank per sample, `warmup` untimed first: samples[s] is the
+ * time per call of sample s on rank 0 between barriers. op returns 0 or a failure. Returns
+ * 0, or 1 after a failure. */
+typedef int (*bench_op_fn)(bench_rank *r, void *ctx);
+int bench_team_time(bench_rank *r, bench_op_fn op, void *ctx, int warmup, int iters, int k,
+                    double *samples);
+
+/* ---- rows (host.c, reduce.c, compare.c, gpu.c) ---- */
+
+/* A growable list of rows. */
+typedef struct bench_rows {
+    bench_row *at;
+    int n, cap;
+} bench_rows;
+
+bench_row *bench_rows_add(bench_rows *rows, const bench_row *row);
+void bench_rows_free(bench_rows *rows);
+
+/* Allreduce or broadcast on P simulated ranks over every size of o: a memcpy row (unless
+ * --no-bound) and a seldp-host row per size. Returns 0, or 1 after a failure. */
+int bench_host_rows(const bench_opts *o, int P, bench_rows *rows);
+
+/* The session reduce of a realistic selection on P simulated ranks, for every size of o and
+ * every bucket: reduce rows, the raw allreduce of the same bytes and the memcpy bound. */
+int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows);
+
+/* Run seldp-bench-mpi under mpirun with P processes over the sizes of o; its rows are
+ * appended with bound fractions from the memcpy rows already in `rows`. */
+int bench_mpi_rows(const bench_opts *o, const char *self_dir, int P, bench_rows *rows);
+
+/* The GPU rows, or a "no GPU" line. Returns 0 unless a measurement failed. */
+int bench_gpu_rows(const bench_opts *o, bench_rows *rows);
+
+/* The copy bandwidth (GB/s) of the memcpy row for P ranks and `bytes`, or 0. */
+double bench_rows_copy_bw(const bench_rows *rows, int P, size_t bytes);
+
+#endif

@@ -1,0 +1,177 @@
+/* seldp-bench: the benchmark of SPEC §6. One driver over the rows of host.c (allreduce and
+ * broadcast on simulated ranks), reduce.c (a session reduce of a realistic selection),
+ * compare.c (Open MPI through seldp-bench-mpi) and gpu.c (NCCL), printed as a table, JSON
+ * lines and CSV. Exit status: 0; 1 when a measurement failed or a result was wrong; 2 on a
+ * usage error. */
+#define _GNU_SOURCE /* readlink */
+
+#include <libgen.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "driver.h"
+
+/* The directory of this executable, where seldp-bench-mpi lives too. */
+static void self_dir(char *buf, size_t size)
+{
+    char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    if (n <= 0) {
+        snprintf(buf, size, ".");
+        return;
+    }
+    path[n] = '\0';
+    snprintf(buf, size, "%s", dirname(path));
+}
+
+static double load_average(void)
+{
+    double load = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &load) != 1)
+            load = -1;
+        fclose(f);
+    }
+    return load;
+}
+
+static int impl_order(const char *impl)
+{
+    static const char *const order[] = {"memcpy", "seldp-host", "seldp-nccl", "nccl", "mpi"};
+    for (int i = 0; i < 5; i++)
+        if (strcmp(impl, order[i]) == 0)
+            return i;
+    return 5;
+}
+
+/* Rows [from, n) by size, then implementation; stable, so a reduce's raw allreduce stays
+ * before its reduce rows. */
+static void sort_rows(bench_rows *rows, int from)
+{
+    for (int i = from + 1; i < rows->n; i++) {
+        bench_row x = rows->at[i];
+        int j = i;
+        while (j > from && (rows->at[j - 1].bytes > x.bytes ||
+                            (rows->at[j - 1].bytes == x.bytes &&
+                             impl_order(rows->at[j - 1].impl) > impl_order(x.impl)))) {
+            rows->at[j] = rows->at[j - 1];
+            j--;
+        }
+        rows->at[j] = x;
+    }
+}
+
+/* seldp beside MPI, size by size, for the rows [from, n) of one rank count. */
+static void print_comparison(const bench_rows *rows, int from)
+{
+    bool header = false;
+    for (int i = from; i < rows->n; i++) {
+        const bench_row *s = &rows->at[i];
+        if (strcmp(s->impl, "seldp-host") != 0)
+            continue;
+        for (int j = from; j < rows->n; j++) {
+            const bench_row *m = &rows->at[j];
+            if (strcmp(m->impl, "mpi") != 0 || m->bytes != s->bytes || strcmp(m->op, s->op))
+                continue;
+            if (!header) {
+                printf("# seldp-host beside Open MPI, %d ranks, %s\n", s->ranks, s->op);
+                printf("# %11s %13s %13s %9s %13s %13s %9s %8s\n", "size", "seldp busbw",
+                       "mpi busbw", "ratio", "seldp us", "mpi us", "time x", "bound%");
+                header = true;
+            }
+            char size[32], bound[16] = "-";
+            if (!isnan(s->bound_fraction))
+                snprintf(bound, sizeof bound, "%.1f", 100 * s->bound_fraction);
+            printf("  %11s %13.2f %13.2f %9.2f %13.2f %13.2f %9.2f %8s\n",
+                   bench_size_str(s->bytes, size, sizeof size), s->busbw, m->busbw,
+                   m->busbw > 0 ? s->busbw / m->busbw : NAN, s->time_us, m->time_us,
+                   m->time_us > 0 ? s->time_us / m->time_us : NAN, bound);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts o;
+    int rc = bench_parse(argc, argv, &o, false);
+    if (rc)
+        return rc == 1 ? 0 : 2;
+    char dir[4096];
+    self_dir(dir, sizeof dir);
+    FILE *jsonl = NULL, *csv = NULL;
+    if (o.out) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.jsonl", o.out);
+        jsonl = fopen(path, "w");
+        snprintf(path, sizeof path, "%s.csv", o.out);
+        csv = fopen(path, "w");
+        if (!jsonl || !csv) {
+            fprintf(stderr, "seldp-bench: cannot write %s.jsonl and %s.csv\n", o.out, o.out);
+            return 2;
+        }
+        bench_print_csv_header(csv);
+    }
+
+    bench_rows rows = {0};
+    int failed = 0;
+    long long wrong = 0;
+    double load = load_average();
+    if (!o.json) {
+        char title[512];
+        if (o.gpu)
+            snprintf(title, sizeof title, "seldp-bench --gpu: %s", seldp_version());
+        else
+            snprintf(title, sizeof title,
+                     "seldp-bench: %s %s, host-staged (a thread per rank), %ld CPUs, load average "
+                     "%.2f at start, %s; time = median of %d samples after %d warm-up",
+                     bench_op_name(o.op), o.op == BENCH_REDUCE ? o.dtype : "f32 sum",
+                     sysconf(_SC_NPROCESSORS_ONLN), load, seldp_version(), o.iters, o.warmup);
+        bench_print_header(stdout, title);
+        fflush(stdout);
+    }
+    for (int p = 0; p < (o.gpu ? 1 : o.n_ranks) && !failed; p++) {
+        int from = rows.n;
+        if (o.gpu)
+            failed = bench_gpu_rows(&o, &rows);
+        else if (o.op == BENCH_REDUCE)
+            failed = bench_reduce_rows(&o, o.ranks[p], &rows);
+        else
+            failed = bench_host_rows(&o, o.ranks[p], &rows);
+        if (!failed && o.compare_mpi && !o.gpu) {
+            if (o.op == BENCH_REDUCE)
+                fprintf(stderr, "seldp-bench: --compare mpi has no reduce; compare the raw "
+                                "allreduce rows with --op allreduce\n");
+            else
+                failed = bench_mpi_rows(&o, dir, o.ranks[p], &rows);
+        }
+        sort_rows(&rows, from);
+        for (int i = from; i < rows.n; i++) {
+            const bench_row *r = &rows.at[i];
+            wrong += r->wrong;
+            if (o.json)
+                bench_print_json(stdout, r);
+            else
+                bench_print_row(stdout, r);
+            if (jsonl)
+                bench_print_json(jsonl, r);
+            if (csv)
+                bench_print_csv(csv, r);
+        }
+        if (!o.json && o.compare_mpi)
+            print_comparison(&rows, from);
+        fflush(stdout);
+    }
+    if (!o.json && !o.gpu)
+        printf("# load average at end %.2f\n", load_average());
+    if (wrong)
+        fprintf(stderr, "seldp-bench: %lld wrong elements\n", wrong);
+    if (jsonl)
+        fclose(jsonl);
+    if (csv)
+        fclose(csv);
+    bench_rows_free(&rows);
+    return failed || wrong ? 1 : 0;
+}

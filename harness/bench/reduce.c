@@ -1,0 +1,493 @@
+/* seldp-bench --op reduce: seldp_session_reduce of a realistic selection on the host-staged
+ * transport, beside one raw F32 allreduce of the same bytes and the memcpy bound.
+ *
+ * The selection: --tensors tensors of mixed sizes (many small vectors, mid-size matrices, a
+ * few large ones) scaled to SIZE bytes per rank, half of them BF16 and half F32 for --dtype
+ * mixed. Every rank keeps its gradients in one arena (each tensor 64-byte aligned) and a
+ * pristine copy it restores before each reduction (untimed), since a reduction overwrites
+ * its inputs. The pristine arena also holds the parameters the session initializes: a
+ * reduction never reads or writes parameters, and it saves a buffer per rank.
+ *
+ * Weights are token counts (1000 + 37 r): W is not a power of two, so the 1/W scale rounds as
+ * it does in training. Gradients are small integers, so every sum is exact in F32 whatever
+ * the order, and the expected result is exactly (float)((double)S * (1/W)) rounded to the
+ * tensor's dtype.
+ *
+ * Timing: the load of a shared machine drifts, so the raw allreduce and the reduction are
+ * sampled in turns (raw, reduce, raw, reduce...) and each reported as its median. Extra
+ * memory: VmHWM is reset (/proc/self/clear_refs) before the first reduction and read after
+ * the last; the budget per rank is one bucket plus FP32 staging for the half inputs. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver.h"
+
+typedef struct selection {
+    int n;
+    size_t *count;      /* elements */
+    seldp_dtype *dtype; /* F32, BF16 or F16 */
+    size_t *offset;     /* bytes into the arena */
+    size_t *first;      /* pattern index of element 0 */
+    size_t bytes;       /* gradient bytes per rank */
+    size_t arena;       /* arena bytes, with alignment */
+    size_t half_elems;
+} selection;
+
+static uint32_t mix(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+static void selection_free(selection *s)
+{
+    free(s->count);
+    free(s->dtype);
+    free(s->offset);
+    free(s->first);
+    memset(s, 0, sizeof *s);
+}
+
+/* n tensors of about `bytes` in total: 40% vectors (256 to 4K elements), 50% matrices (16K
+ * to 256K), 10% large (1M to 4M), scaled to the total. */
+static bool selection_make(selection *s, int n, size_t bytes, const char *dtype)
+{
+    memset(s, 0, sizeof *s);
+    s->n = n;
+    s->count = calloc((size_t)n, sizeof *s->count);
+    s->dtype = calloc((size_t)n, sizeof *s->dtype);
+    s->offset = calloc((size_t)n, sizeof *s->offset);
+    s->first = calloc((size_t)n, sizeof *s->first);
+    double *weight = calloc((size_t)n, sizeof *weight);
+    if (!s->count || !s->dtype || !s->offset || !s->first || !weight) {
+        free(weight);
+        selection_free(s);
+        return false;
+    }
+    double sum = 0;
+    for (int t = 0; t < n; t++) {
+        uint32_t h = mix((uint32_t)t * 2u + 1u);
+        uint32_t c = h % 100u, f = mix(h) % 1024u;
+        double lo = c < 40 ? 256 : c < 90 ? 16384 : 1048576;
+        s->dtype[t] = strcmp(dtype, "f32") == 0     ? SELDP_F32
+                      : strcmp(dtype, "bf16") == 0  ? SELDP_BF16
+                      : strcmp(dtype, "f16") == 0   ? SELDP_F16
+                      : (mix(h ^ 0x9e3779b9u) & 1u) ? SELDP_BF16
+                                                    : SELDP_F32;
+        weight[t] = lo * (1.0 + 15.0 * f / 1024.0) * (double)seldp_dtype_size(s->dtype[t]);
+        sum += weight[t];
+    }
+    /* counts in multiples of 16 elements, the last tensor absorbing the rounding */
+    size_t total = 0;
+    for (int t = 0; t < n; t++) {
+        size_t esize = seldp_dtype_size(s->dtype[t]);
+        size_t c = (size_t)((double)bytes * weight[t] / sum / (double)esize) / 16 * 16;
+        s->count[t] = c ? c : 16;
+        total += s->count[t] * esize;
+    }
+    size_t last_esize = seldp_dtype_size(s->dtype[n - 1]);
+    if (total < bytes)
+        s->count[n - 1] += (bytes - total) / last_esize;
+    else if (total - bytes < (s->count[n - 1] - 1) * last_esize)
+        s->count[n - 1] -= (total - bytes + last_esize - 1) / last_esize;
+    size_t at = 0, first = 0;
+    s->bytes = 0;
+    for (int t = 0; t < n; t++) {
+        size_t nbytes = s->count[t] * seldp_dtype_size(s->dtype[t]);
+        s->offset[t] = at;
+        s->first[t] = first;
+        at += (nbytes + 63) / 64 * 64;
+        first += s->count[t];
+        s->bytes += nbytes;
+        if (s->dtype[t] != SELDP_F32)
+            s->half_elems += s->count[t];
+    }
+    s->arena = at;
+    free(weight);
+    return true;
+}
+
+/* Rank r's weight (a token count) and, in *total, the global weight of P ranks. */
+static uint64_t weight_of(int rank, int P, uint64_t *total)
+{
+    *total = 0;
+    for (int r = 0; r < P; r++)
+        *total += 1000 + 37 * (uint64_t)r;
+    return 1000 + 37 * (uint64_t)rank;
+}
+
+static void fill_gradients(const selection *s, char *arena, int rank)
+{
+    for (int t = 0; t < s->n; t++) {
+        char *data = arena + s->offset[t];
+        for (size_t i = 0; i < s->count[t]; i++) {
+            float v = bench_pattern(rank, s->first[t] + i);
+            if (s->dtype[t] == SELDP_F32)
+                ((float *)data)[i] = v;
+            else if (s->dtype[t] == SELDP_BF16)
+                ((uint16_t *)data)[i] = seldp_f32_to_bf16(v);
+            else
+                ((uint16_t *)data)[i] = seldp_f32_to_f16(v);
+        }
+    }
+}
+
+static long long read_status_kb(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kb = -1;
+    size_t len = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, key, len) == 0)
+            kb = strtoll(line + len, NULL, 10);
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+/* Reset the peak RSS to the current one; false when the kernel refuses. */
+static bool reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f)
+        return false;
+    bool ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+typedef struct reduce_ctx {
+    const bench_opts *o;
+    const selection *sel;
+    char **grads; /* per rank: the arena reduced in place */
+    float **raw_send, **raw_recv;
+    double *samples, *raw_samples; /* rank 0 */
+    atomic_llong wrong, raw_wrong;
+    long long rss_before_kb;
+    bool rss_reset;
+    bench_rows *rows;
+} reduce_ctx;
+
+typedef struct raw_args {
+    float *send, *recv;
+    size_t count, bucket_count; /* 0: one allreduce */
+} raw_args;
+
+static int run_memcpy(bench_rank *r, void *arg)
+{
+    (void)r;
+    raw_args *a = arg;
+    memcpy(a->recv, a->send, a->count * sizeof(float));
+    return 0;
+}
+
+static int run_raw(bench_rank *r, void *arg)
+{
+    raw_args *a = arg;
+    size_t step = a->bucket_count ? a->bucket_count : a->count;
+    for (size_t at = 0; at < a->count; at += step) {
+        size_t n = a->count - at < step ? a->count - at : step;
+        if (seldp_comm_allreduce(r->comm, a->send + at, a->recv + at, n, SELDP_F32,
+                                 SELDP_HOST_DEVICE) != SELDP_OK)
+            return bench_team_fail(r, "allreduce: %s", seldp_last_error());
+    }
+    return 0;
+}
+
+/* Wrong elements of this rank's share of the raw allreduce's output, on every rank. */
+static long long raw_wrong(const bench_rank *r, const reduce_ctx *c, size_t count)
+{
+    size_t share = (count + (size_t)r->size - 1) / (size_t)r->size;
+    size_t lo = share * (size_t)r->rank, hi = lo + share < count ? lo + share : count;
+    long long wrong = 0;
+    for (size_t i = lo; i < hi; i++) {
+        int sum = 0;
+        for (int q = 0; q < r->size; q++)
+            sum += (int)bench_pattern(q, i);
+        float expect = (float)sum;
+        for (int q = 0; q < r->size; q++)
+            wrong += memcmp(&c->raw_recv[q][i], &expect, sizeof expect) != 0;
+    }
+    return wrong;
+}
+
+/* Wrong elements of this rank's share of the tensors, on every rank. */
+static long long reduce_wrong(const bench_rank *r, const reduce_ctx *c)
+{
+    const selection *s = c->sel;
+    uint64_t W = 0;
+    weight_of(0, r->size, &W);
+    double scale = 1.0 / (double)W;
+    long long wrong = 0;
+    for (int t = r->rank; t < s->n; t += r->size) {
+        for (size_t i = 0; i < s->count[t]; i++) {
+            int sum = 0;
+            for (int q = 0; q < r->size; q++)
+                sum += (int)bench_pattern(q, s->first[t] + i);
+            float mean = (float)((double)(float)sum * scale);
+            uint32_t expect = 0, got = 0;
+            size_t esize = seldp_dtype_size(s->dtype[t]);
+            if (s->dtype[t] == SELDP_F32)
+                memcpy(&expect, &mean, sizeof mean);
+            else
+                expect =
+                    s->dtype[t] == SELDP_BF16 ? seldp_f32_to_bf16(mean) : seldp_f32_to_f16(mean);
+            for (int q = 0; q < r->size; q++) {
+                memcpy(&got, c->grads[q] + s->offset[t] + i * esize, esize);
+                wrong += got != expect;
+            }
+        }
+    }
+    return wrong;
+}
+
+/* One session over the selection with this bucket size: its reduce samples, validated,
+ * and the peak RSS around them. */
+static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
+                              const seldp_param_id *ids, char *pristine, char *grads,
+                              seldp_grads *container, size_t bucket, raw_args *raw)
+{
+    const bench_opts *o = c->o;
+    const selection *s = c->sel;
+    seldp_session *session = NULL;
+    seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
+    uint64_t W = 0, weight = weight_of(r->rank, r->size, &W), got_weight = 0;
+    int failed = 0;
+
+    cfg.bucket_bytes = bucket;
+    if (seldp_session_initialize(r->comm, model, 0, ids, (size_t)s->n, &cfg, &session) != SELDP_OK)
+        return bench_team_fail(r, "seldp_session_initialize: %s", seldp_last_error());
+    fill_gradients(s, pristine, r->rank);
+    atomic_store(&c->wrong, 0);
+    atomic_store(&c->raw_wrong, 0);
+    if (!bench_team_barrier(r))
+        goto out;
+    if (r->rank == 0) {
+        c->rss_reset = reset_peak_rss();
+        c->rss_before_kb = read_status_kb("VmRSS:");
+    }
+    if (raw)
+        memset(raw->recv, 0xff, raw->count * sizeof(float));
+    for (int it = 0; it < o->warmup + o->iters; it++) {
+        if (raw) {
+            if (!bench_team_barrier(r))
+                goto out;
+            double t0 = bench_now();
+            if (run_raw(r, raw))
+                goto out;
+            if (!bench_team_barrier(r))
+                goto out;
+            if (r->rank == 0 && it >= o->warmup)
+                c->raw_samples[it - o->warmup] = bench_now() - t0;
+        }
+        memcpy(grads, pristine, s->arena);
+        if (!bench_team_barrier(r))
+            goto out;
+        double t0 = bench_now();
+        if (seldp_session_reduce(session, container, weight, SELDP_MISSING_ERROR, &got_weight) !=
+            SELDP_OK) {
+            failed = bench_team_fail(r, "seldp_session_reduce: %s", seldp_last_error());
+            goto out;
+        }
+        if (!bench_team_barrier(r))
+            goto out;
+        if (r->rank == 0 && it >= o->warmup)
+            c->samples[it - o->warmup] = bench_now() - t0;
+    }
+    if (got_weight != W) {
+        failed = bench_team_fail(r, "global weight %" PRIu64 ", expected %" PRIu64, got_weight, W);
+        goto out;
+    }
+    atomic_fetch_add(&c->wrong, reduce_wrong(r, c));
+    if (raw)
+        atomic_fetch_add(&c->raw_wrong, raw_wrong(r, c, raw->count));
+    if (!bench_team_barrier(r))
+        goto out;
+    if (r->rank == 0 && raw) {
+        bench_row row = bench_row_make("allreduce", "seldp-host", r->size, s->bytes);
+        row.time_us = 1e6 * bench_median(c->raw_samples, o->iters);
+        row.wrong = atomic_load(&c->raw_wrong);
+        snprintf(row.dtype, sizeof row.dtype, "f32");
+        snprintf(row.note, sizeof row.note, "raw, same bytes");
+        bench_row_finish(&row, bench_rows_copy_bw(c->rows, r->size, s->bytes));
+        bench_rows_add(c->rows, &row);
+    }
+    if (r->rank == 0) {
+        long long peak_kb = read_status_kb("VmHWM:");
+        bench_row row = bench_row_make("reduce", "seldp-host", r->size, s->bytes);
+        row.time_us = 1e6 * bench_median(c->samples, o->iters);
+        row.wrong = atomic_load(&c->wrong);
+        snprintf(row.dtype, sizeof row.dtype, "%s", o->dtype);
+        row.bucket_bytes = bucket;
+        row.tensors = s->n;
+        row.raw_time_us = NAN;
+        for (int i = c->rows->n - 1; i >= 0; i--) {
+            const bench_row *prev = &c->rows->at[i];
+            if (strcmp(prev->op, "allreduce") == 0 && prev->ranks == r->size &&
+                prev->bytes == s->bytes && prev->bucket_bytes == 0 &&
+                strcmp(prev->impl, "seldp-host") == 0) {
+                row.raw_time_us = prev->time_us;
+                break;
+            }
+        }
+        if (c->rss_reset && peak_kb >= 0 && c->rss_before_kb >= 0) {
+            long long extra = (peak_kb - c->rss_before_kb) * 1024;
+            row.peak_rss = peak_kb * 1024;
+            row.rss_extra_per_rank = (extra > 0 ? extra : 0) / r->size;
+            row.rss_budget_per_rank = (long long)(bucket + s->half_elems * sizeof(float));
+        }
+        bench_row_finish(&row, bench_rows_copy_bw(c->rows, r->size, s->bytes));
+        bench_rows_add(c->rows, &row);
+    }
+out:
+    bench_team_barrier(r); /* nobody destroys a session another rank still reduces through */
+    seldp_session_destroy(session);
+    return failed;
+}
+
+static int reduce_rank(bench_rank *r)
+{
+    reduce_ctx *c = r->arg;
+    const bench_opts *o = c->o;
+    const selection *s = c->sel;
+    size_t count = s->bytes / sizeof(float);
+    size_t raw_alloc = (count * sizeof(float) + 63) / 64 * 64;
+    char *pristine = aligned_alloc(64, s->arena), *grads = aligned_alloc(64, s->arena);
+    float *send = aligned_alloc(64, raw_alloc), *recv = aligned_alloc(64, raw_alloc);
+    seldp_param_id *ids = calloc((size_t)s->n, sizeof *ids);
+    seldp_model *model = NULL;
+    seldp_grads *container = NULL;
+    int failed = 0;
+
+    if (!pristine || !grads || !send || !recv || !ids) {
+        failed = bench_team_fail(r, "out of memory for 4 x %zu bytes", s->arena);
+        goto out;
+    }
+    memset(pristine, 0, s->arena);
+    memset(grads, 0, s->arena);
+    bench_fill(send, count, r->rank, 0);
+    memset(recv, 0, raw_alloc);
+    c->grads[r->rank] = grads;
+    c->raw_send[r->rank] = send;
+    c->raw_recv[r->rank] = recv;
+    if (seldp_model_create(r->rank, &model) != SELDP_OK ||
+        seldp_grads_create(&container) != SELDP_OK) {
+        failed = bench_team_fail(r, "model or gradient container: %s", seldp_last_error());
+        goto out;
+    }
+    for (int t = 0; t < s->n; t++) {
+        char path[64];
+        int64_t shape[1] = {(int64_t)s->count[t]};
+        seldp_tensor p =
+            seldp_tensor_view(s->dtype[t], SELDP_HOST_DEVICE, pristine + s->offset[t], 1, shape);
+        seldp_tensor g =
+            seldp_tensor_view(s->dtype[t], SELDP_HOST_DEVICE, grads + s->offset[t], 1, shape);
+        snprintf(path, sizeof path, "layers.%03d.p%06d.weight", t / 100, t);
+        ids[t] = (seldp_param_id)t + 1;
+        if (seldp_model_add(model, path, ids[t], &p, false, NULL) != SELDP_OK ||
+            seldp_grads_put(container, ids[t], &g, SELDP_BORROWED) != SELDP_OK) {
+            failed = bench_team_fail(r, "'%s': %s", path, seldp_last_error());
+            goto out;
+        }
+    }
+    if (!bench_team_barrier(r))
+        goto out;
+
+    /* the bound and one raw allreduce of the same bytes */
+    raw_args a = {send, recv, count, 0};
+    if (o->bound) {
+        if (bench_team_time(r, run_memcpy, &a, o->warmup, o->iters, 1, c->samples))
+            goto out;
+        if (r->rank == 0) {
+            bench_row m = bench_row_make("reduce", "memcpy", r->size, s->bytes);
+            m.time_us = 1e6 * bench_median(c->samples, o->iters);
+            bench_row_finish(&m, 0);
+            bench_rows_add(c->rows, &m);
+        }
+    }
+    /* the reductions, the first with one raw allreduce of the same bytes in turns */
+    for (int b = 0; b < o->n_buckets && !failed; b++)
+        failed = reduce_with_bucket(r, c, model, ids, pristine, grads, container, o->buckets[b],
+                                    b == 0 ? &a : NULL);
+    /* for a bucket sweep, the same bytes in bucketed allreduces */
+    for (int b = 0; b < (o->n_buckets > 1 ? o->n_buckets : 0) && !failed; b++) {
+        a.bucket_count = o->buckets[b] / sizeof(float);
+        memset(recv, 0xff, count * sizeof(float));
+        atomic_store(&c->wrong, 0);
+        if (!bench_team_barrier(r))
+            goto out;
+        if (bench_team_time(r, run_raw, &a, o->warmup, o->iters, 1, c->samples))
+            goto out;
+        atomic_fetch_add(&c->wrong, raw_wrong(r, c, count));
+        if (!bench_team_barrier(r))
+            goto out;
+        if (r->rank == 0) {
+            bench_row row = bench_row_make("allreduce", "seldp-host", r->size, s->bytes);
+            row.time_us = 1e6 * bench_median(c->samples, o->iters);
+            row.wrong = atomic_load(&c->wrong);
+            snprintf(row.dtype, sizeof row.dtype, "f32");
+            row.bucket_bytes = o->buckets[b];
+            snprintf(row.note, sizeof row.note, "raw, bucketed");
+            bench_row_finish(&row, bench_rows_copy_bw(c->rows, r->size, s->bytes));
+            bench_rows_add(c->rows, &row);
+        }
+    }
+out:
+    bench_team_barrier(r);
+    seldp_grads_destroy(container);
+    seldp_model_destroy(model);
+    free(ids);
+    free(pristine);
+    free(grads);
+    free(send);
+    free(recv);
+    return failed;
+}
+
+int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows)
+{
+    int failed = 0;
+    for (size_t bytes = o->min_bytes; bytes <= o->max_bytes && !failed;
+         bytes = bench_next_size(bytes, o->factor)) {
+        reduce_ctx c;
+        selection s;
+        memset(&c, 0, sizeof c);
+        if (bytes < (size_t)o->tensors * 64) {
+            fprintf(stderr, "seldp-bench: --op reduce: %zu bytes is too small for %d tensors\n",
+                    bytes, o->tensors);
+            return 1;
+        }
+        if (!selection_make(&s, o->tensors, bytes, o->dtype)) {
+            fprintf(stderr, "seldp-bench: out of memory for the selection\n");
+            return 1;
+        }
+        c.o = o;
+        c.sel = &s;
+        c.rows = rows;
+        atomic_init(&c.wrong, 0);
+        atomic_init(&c.raw_wrong, 0);
+        c.grads = calloc((size_t)P, sizeof *c.grads);
+        c.raw_send = calloc((size_t)P, sizeof *c.raw_send);
+        c.raw_recv = calloc((size_t)P, sizeof *c.raw_recv);
+        c.samples = calloc((size_t)o->iters, sizeof *c.samples);
+        c.raw_samples = calloc((size_t)o->iters, sizeof *c.raw_samples);
+        if (c.grads && c.raw_send && c.raw_recv && c.samples && c.raw_samples)
+            failed = bench_team_run(P, reduce_rank, &c);
+        else
+            failed = 1;
+        free(c.grads);
+        free(c.raw_send);
+        free(c.raw_recv);
+        free(c.samples);
+        free(c.raw_samples);
+        selection_free(&s);
+    }
+    return failed;
+}
