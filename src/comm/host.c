@@ -11,13 +11,14 @@
  *      same over many tensors, with half upcasts and the 1/W scale in the same pass;
  *   3. leave: wait once more (phase "leave") so that no rank returns, and reuses or
  *      frees a buffer, while another is still reading or writing it.
- * Phases are generation-counted: the last rank to arrive bumps the generation and
- * wakes the others; in a group with a core per rank the others spin briefly first. Every wait has a
+ * Phases are counted without the lock (see phase_wait): the last rank to arrive
+ * completes the phase and wakes sleepers; in a group with a core per rank the others
+ * spin briefly before sleeping. Every wait has a
  * deadline on CLOCK_MONOTONIC; a rank that times out marks the whole world aborted so that every
  * rank of every group returns.
  *
- * One mutex per world guards all rendezvous state (slots, generations, abort state,
- * reference counts); each group has its own condition variable. Data moves outside
+ * One mutex per world guards the rest of the rendezvous state (abort reason, reference
+ * counts, sleeping); each group has its own condition variable. Data moves outside
  * the lock. Device buffers are staged through pinned host memory before "arrive"
  * and copied back after "leave", so the execute step only ever touches host memory. */
 #define _POSIX_C_SOURCE 200809L /* pthread_condattr_setclock, clock_gettime */
@@ -92,11 +93,11 @@ struct host_group {
     int size;
     int *world_ranks; /* group rank -> world rank */
     host_slot *slots;
-    uint64_t *entered; /* phases each rank has entered, to name those missing */
-    /* phases completed; written under the lock, read without it by spinning waiters */
-    _Atomic uint64_t generation;
-    int arrived; /* ranks waiting in the current phase */
-    int refs;    /* communicators holding the group */
+    /* phases each rank has entered (written by that rank only), to name those missing */
+    _Atomic uint64_t *entered;
+    _Atomic uint64_t arrivals; /* every rank's arrivals in every phase, less those taken back */
+    atomic_int sleepers;       /* ranks waiting on cond */
+    int refs;                  /* communicators holding the group */
     pthread_cond_t cond;
     host_group *next; /* the world's list of groups */
 };
@@ -108,7 +109,7 @@ struct seldp_host_world {
     pthread_condattr_t condattr;
     host_group *groups; /* the world group first, then every split group alive */
     bool *joined;
-    bool aborted;
+    atomic_bool aborted;       /* written under the lock, read without it */
     seldp_status abort_status; /* SELDP_ERR_ABORTED or SELDP_ERR_TIMEOUT */
     char abort_reason[512];
     int spin_size;             /* groups of at most this many ranks (one core each) spin */
@@ -189,8 +190,8 @@ static void group_release_locked(host_group *g)
 /* Mark the world aborted (first reason wins) and wake every waiter. Caller holds w->lock. */
 static void world_abort_locked(seldp_host_world *w, seldp_status status, const char *reason)
 {
-    if (!w->aborted) {
-        w->aborted = true;
+    if (!atomic_load(&w->aborted)) {
+        atomic_store(&w->aborted, true);
         w->abort_status = status;
         snprintf(w->abort_reason, sizeof w->abort_reason, "%s", reason);
     }
@@ -232,7 +233,7 @@ static int missing_ranks(const host_group *g, uint64_t gen, bool world_numbering
     int n = 0;
     size_t used = strlen(buf);
     for (int r = 0; r < g->size; r++) {
-        if (g->entered[r] > gen)
+        if (atomic_load_explicit(&g->entered[r], memory_order_relaxed) > gen)
             continue;
         int wr = g->world_ranks[r];
         if (used < size) {
@@ -266,15 +267,15 @@ static void cpu_relax(void)
 #endif
 }
 
-/* Spin, without the lock, until the group's generation moves past gen (true) or
- * SPIN_NS have passed (false). */
-static bool spin_past(host_group *g, uint64_t gen)
+/* Spin, without the lock, until `target` arrivals are counted (true) or SPIN_NS have
+ * passed (false). */
+static bool spin_until(host_group *g, uint64_t target)
 {
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(&g->generation, memory_order_acquire) != gen)
+            if (atomic_load_explicit(&g->arrivals, memory_order_acquire) >= target)
                 return true;
             cpu_relax();
         }
@@ -284,9 +285,29 @@ static bool spin_past(host_group *g, uint64_t gen)
     }
 }
 
+/* Take this rank's arrival back out of a phase that has not completed: true when it was
+ * taken back, false when the phase completed first (the last rank arrived meanwhile). */
+static bool retract_arrival(host_group *g, uint64_t target)
+{
+    uint64_t v = atomic_load(&g->arrivals);
+    while (v < target)
+        if (atomic_compare_exchange_weak(&g->arrivals, &v, v - 1))
+            return true;
+    return false;
+}
+
 /* Enter one phase of the group's rendezvous and wait for every rank of the group.
  * Under WAIT_FOR_ALL an abort does not stop the wait: a rank leaving early could
- * free a buffer that another rank is still reading. */
+ * free a buffer that another rank is still reading.
+ *
+ * Arrivals are counted without the lock: phase k of the group (each rank counts its own
+ * phases in entered[], and every rank goes through the same ones) completes when
+ * g->arrivals reaches (k + 1) * size. A rank that gives up (timeout, abort) takes its
+ * arrival back with a compare-and-swap that fails once the phase has completed, so that
+ * either every rank sees the phase complete or none does. Waiters spin first when the
+ * group has a core per rank, then sleep on the condition variable under the lock; the
+ * last rank to arrive wakes sleepers, if any. Seeing the count complete (acquire) orders
+ * a rank after every write the others made before arriving (release). */
 static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
 {
     host_comm *hc = impl_of(comm);
@@ -294,41 +315,41 @@ static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
     host_group *g = hc->group;
     seldp_status st = SELDP_OK;
 
-    pthread_mutex_lock(&w->lock);
-    if (mode == WAIT_UNLESS_ABORTED && w->aborted) {
-        st = aborted_error_locked(comm, op);
-        goto out;
-    }
-    uint64_t gen = g->generation;
-    g->entered[comm->rank] = gen + 1;
-    if (++g->arrived == g->size) {
-        g->arrived = 0;
-        g->generation++;
-        pthread_cond_broadcast(&g->cond);
-        goto out;
-    }
-    /* A group with a core per rank spins first: the others are probably about to arrive.
-     * Seeing the new generation (acquire) orders this rank after every write made before
-     * the others arrived, as taking the lock would. */
-    if (g->size <= w->spin_size) {
-        pthread_mutex_unlock(&w->lock);
-        if (spin_past(g, gen))
-            return SELDP_OK;
+    if (mode == WAIT_UNLESS_ABORTED && atomic_load(&w->aborted)) {
         pthread_mutex_lock(&w->lock);
+        st = aborted_error_locked(comm, op);
+        pthread_mutex_unlock(&w->lock);
+        return st;
     }
+    uint64_t phase = atomic_load_explicit(&g->entered[comm->rank], memory_order_relaxed);
+    uint64_t target = (phase + 1) * (uint64_t)g->size;
+    atomic_store_explicit(&g->entered[comm->rank], phase + 1, memory_order_relaxed);
+    if (atomic_fetch_add(&g->arrivals, 1) + 1 == target) {
+        if (atomic_load(&g->sleepers)) {
+            pthread_mutex_lock(&w->lock);
+            pthread_cond_broadcast(&g->cond);
+            pthread_mutex_unlock(&w->lock);
+        }
+        return SELDP_OK;
+    }
+    if (g->size <= w->spin_size && spin_until(g, target))
+        return SELDP_OK;
+
+    pthread_mutex_lock(&w->lock);
+    atomic_fetch_add(&g->sleepers, 1);
     struct timespec deadline = deadline_after(w->timeout_s);
-    while (g->generation == gen && (mode == WAIT_FOR_ALL || !w->aborted)) {
+    while (atomic_load(&g->arrivals) < target &&
+           (mode == WAIT_FOR_ALL || !atomic_load(&w->aborted))) {
         int rc = pthread_cond_timedwait(&g->cond, &w->lock, &deadline);
-        if (rc == ETIMEDOUT && g->generation == gen) {
+        if (rc == ETIMEDOUT && retract_arrival(g, target)) {
+            /* The phase will never complete: this rank is out of it. */
             char who[256] = "", reason[512];
-            int missing = missing_ranks(g, gen, false, who, sizeof who);
+            int missing = missing_ranks(g, phase, false, who, sizeof who);
             char world_who[200] = "";
-            missing_ranks(g, gen, true, world_who, sizeof world_who);
+            missing_ranks(g, phase, true, world_who, sizeof world_who);
             snprintf(reason, sizeof reason, "rank %d timed out after %g s in %s waiting for %s %s",
                      comm->world_rank, w->timeout_s, op_names[op], missing > 1 ? "ranks" : "rank",
                      world_who);
-            /* The phase will never complete: take this rank back out of it. */
-            g->arrived--;
             world_abort_locked(w, SELDP_ERR_TIMEOUT, reason);
             st = seldp__fail(SELDP_ERR_TIMEOUT,
                              "rank %d: %s timed out after %g s: %s %s had not arrived (%d of %d "
@@ -338,11 +359,10 @@ static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
             goto out;
         }
     }
-    if (g->generation == gen) {
-        g->arrived--;
+    if (atomic_load(&g->arrivals) < target && retract_arrival(g, target))
         st = aborted_error_locked(comm, op);
-    }
 out:
+    atomic_fetch_sub(&g->sleepers, 1);
     pthread_mutex_unlock(&w->lock);
     return st;
 }
@@ -527,9 +547,9 @@ static seldp_status collective_enter(seldp_comm *comm, const host_slot *slot)
     if (atomic_load_explicit(&hc->world->faults_on, memory_order_relaxed) &&
         fault_strike(comm, slot->op, &struck))
         return struck;
-    pthread_mutex_lock(&hc->world->lock);
+    /* No other rank reads this slot before the arrival below publishes it, and every rank
+     * finished reading its previous contents before the previous "leave" completed. */
     hc->group->slots[comm->rank] = *slot;
-    pthread_mutex_unlock(&hc->world->lock);
     return phase_wait(comm, slot->op, WAIT_UNLESS_ABORTED);
 }
 
