@@ -17,6 +17,7 @@ jobs=${VALGRIND_JOBS:-2}
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Debug -DSELDP_WITH_CUDA=OFF \
     -DSELDP_WITH_NCCL=OFF -DSELDP_WITH_MPI=OFF >/dev/null
+build=$(cd "$build" && pwd) # each test runs in its own working directory
 mkdir -p "$build/valgrind"
 list_tests() {
     ctest --test-dir "$build" -L "$labels" --show-only=json-v1 | python3 -c '
