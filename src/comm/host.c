@@ -71,9 +71,10 @@ static const char *const op_names[] = {
 
 typedef struct host_group host_group;
 
-/* What one rank publishes for one collective. Pointers are host memory (staged). */
+/* What one rank publishes for one collective. Pointers are host memory (staged). Each
+ * slot has cache lines of its own, so that ranks publishing at once do not contend. */
 typedef struct host_slot {
-    host_op op;
+    _Alignas(64) host_op op;
     seldp_status staged; /* SELDP_OK, or why this rank could not prepare its buffers */
     const void *send;
     void *recv;
@@ -88,16 +89,30 @@ typedef struct host_slot {
     const size_t *seg_starts;              /* fused: n_segs + 1 prefix sums of the counts */
 } host_slot;
 
+/* A counter written by one rank, on a cache line of its own. */
+typedef struct rank_counter {
+    _Alignas(64) _Atomic uint64_t value;
+} rank_counter;
+
+/* Collectives of at most this many bytes per rank take one phase instead of two: every
+ * rank copies its input into its eager buffer before arriving and reads the others'
+ * eager buffers, never their own buffers, so no rank waits for the others to leave. */
+#define EAGER_MAX ((size_t)8 << 10)
+
 struct host_group {
     seldp_host_world *world;
     int size;
     int *world_ranks; /* group rank -> world rank */
+    /* [2][size]: a collective uses the half of its parity (each rank counts its
+     * collectives on the group), so a rank publishing its next collective never
+     * overwrites a slot another rank may still read */
     host_slot *slots;
-    /* phases each rank has entered (written by that rank only), to name those missing */
-    _Atomic uint64_t *entered;
-    _Atomic uint64_t arrivals; /* every rank's arrivals in every phase, less those taken back */
-    atomic_int sleepers;       /* ranks waiting on cond */
-    int refs;                  /* communicators holding the group */
+    unsigned char *eager;  /* [2][size][EAGER_MAX], by parity like the slots */
+    rank_counter *entered; /* phases each rank has entered, to name those missing */
+    /* every rank's arrivals in every phase, less those taken back */
+    _Alignas(64) _Atomic uint64_t arrivals;
+    atomic_int sleepers;   /* ranks waiting on cond */
+    _Alignas(64) int refs; /* communicators holding the group */
     pthread_cond_t cond;
     host_group *next; /* the world's list of groups */
 };
@@ -120,6 +135,7 @@ struct seldp_host_world {
 typedef struct host_comm {
     seldp_host_world *world;
     host_group *group;
+    uint64_t collectives; /* entered on this group: the parity of the current one */
 } host_comm;
 
 static const seldp_comm_ops host_ops;
@@ -129,28 +145,49 @@ static host_comm *impl_of(const seldp_comm *comm)
     return comm->impl;
 }
 
+/* The slots of the group's current collective (see host_group). */
+static host_slot *slots_of(const seldp_comm *comm)
+{
+    const host_comm *hc = impl_of(comm);
+    return hc->group->slots + (size_t)((hc->collectives - 1) & 1) * (size_t)hc->group->size;
+}
+
+/* Rank r's eager buffer in the group's current collective. */
+static unsigned char *eager_of(const seldp_comm *comm, int r)
+{
+    const host_comm *hc = impl_of(comm);
+    size_t at = (size_t)((hc->collectives - 1) & 1) * (size_t)hc->group->size + (size_t)r;
+    return hc->group->eager + at * EAGER_MAX;
+}
+
 /* ---- groups ------------------------------------------------------------------ */
 
 /* A group of `size` ranks with `refs` holders, linked into the world. Caller holds no lock. */
 static host_group *group_new(seldp_host_world *w, int size, const int *world_ranks, int refs)
 {
-    host_group *g = calloc(1, sizeof *g);
+    /* aligned_alloc: the counters and slots have cache lines of their own */
+    host_group *g = aligned_alloc(64, (sizeof *g + 63) / 64 * 64);
     if (!g)
         return NULL;
+    memset(g, 0, sizeof *g);
     g->world = w;
     g->size = size;
     g->refs = refs;
     g->world_ranks = malloc((size_t)size * sizeof *g->world_ranks);
-    g->slots = calloc((size_t)size, sizeof *g->slots);
-    g->entered = calloc((size_t)size, sizeof *g->entered);
-    if (!g->world_ranks || !g->slots || !g->entered ||
+    g->slots = aligned_alloc(64, 2 * (size_t)size * sizeof *g->slots);
+    g->eager = aligned_alloc(64, 2 * (size_t)size * EAGER_MAX);
+    g->entered = aligned_alloc(64, (size_t)size * sizeof *g->entered);
+    if (!g->world_ranks || !g->slots || !g->eager || !g->entered ||
         pthread_cond_init(&g->cond, &w->condattr) != 0) {
         free(g->world_ranks);
         free(g->slots);
+        free(g->eager);
         free(g->entered);
         free(g);
         return NULL;
     }
+    memset(g->slots, 0, 2 * (size_t)size * sizeof *g->slots);
+    memset(g->entered, 0, (size_t)size * sizeof *g->entered);
     memcpy(g->world_ranks, world_ranks, (size_t)size * sizeof *g->world_ranks);
     pthread_mutex_lock(&w->lock);
     /* Keep the world group at the head. */
@@ -166,6 +203,7 @@ static void group_free(host_group *g)
     pthread_cond_destroy(&g->cond);
     free(g->world_ranks);
     free(g->slots);
+    free(g->eager);
     free(g->entered);
     free(g);
 }
@@ -233,7 +271,7 @@ static int missing_ranks(const host_group *g, uint64_t gen, bool world_numbering
     int n = 0;
     size_t used = strlen(buf);
     for (int r = 0; r < g->size; r++) {
-        if (atomic_load_explicit(&g->entered[r], memory_order_relaxed) > gen)
+        if (atomic_load_explicit(&g->entered[r].value, memory_order_relaxed) > gen)
             continue;
         int wr = g->world_ranks[r];
         if (used < size) {
@@ -321,9 +359,9 @@ static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
         pthread_mutex_unlock(&w->lock);
         return st;
     }
-    uint64_t phase = atomic_load_explicit(&g->entered[comm->rank], memory_order_relaxed);
+    uint64_t phase = atomic_load_explicit(&g->entered[comm->rank].value, memory_order_relaxed);
     uint64_t target = (phase + 1) * (uint64_t)g->size;
-    atomic_store_explicit(&g->entered[comm->rank], phase + 1, memory_order_relaxed);
+    atomic_store_explicit(&g->entered[comm->rank].value, phase + 1, memory_order_relaxed);
     if (atomic_fetch_add(&g->arrivals, 1) + 1 == target) {
         if (atomic_load(&g->sleepers)) {
             pthread_mutex_lock(&w->lock);
@@ -462,7 +500,7 @@ uint64_t seldp__host_fault_count(seldp_host_world *world, int rank)
 static seldp_status slots_agree(const seldp_comm *comm)
 {
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = g->slots;
+    const host_slot *s = slots_of(comm);
     const host_slot *mine = &s[comm->rank];
     for (int r = 0; r < g->size; r++) {
         if (s[r].op != mine->op)
@@ -538,6 +576,32 @@ static seldp_status slots_agree(const seldp_comm *comm)
     return SELDP_OK;
 }
 
+/* Whether a collective takes one phase, and the bytes of its eager buffers (see
+ * EAGER_MAX): this rank's input, or the root's for a broadcast. Every rank computes the
+ * same answer once the slots agree. */
+static bool eager_op(const host_slot *slot)
+{
+    switch (slot->op) {
+    case OP_INIT:
+    case OP_BARRIER:
+        return true;
+    case OP_BROADCAST:
+    case OP_ALLGATHER:
+        return slot->bytes <= EAGER_MAX;
+    case OP_ALLREDUCE:
+        return slot->count <= EAGER_MAX / seldp_dtype_size(slot->dtype);
+    default:
+        return false;
+    }
+}
+
+static size_t eager_bytes(const host_slot *slot)
+{
+    if (!eager_op(slot) || slot->staged != SELDP_OK)
+        return 0;
+    return slot->op == OP_ALLREDUCE ? slot->count * seldp_dtype_size(slot->dtype) : slot->bytes;
+}
+
 /* The one place every collective of this transport enters: publish this rank's slot
  * and wait for the group. A fault-injection point for a collective belongs here. */
 static seldp_status collective_enter(seldp_comm *comm, const host_slot *slot)
@@ -548,8 +612,12 @@ static seldp_status collective_enter(seldp_comm *comm, const host_slot *slot)
         fault_strike(comm, slot->op, &struck))
         return struck;
     /* No other rank reads this slot before the arrival below publishes it, and every rank
-     * finished reading its previous contents before the previous "leave" completed. */
-    hc->group->slots[comm->rank] = *slot;
+     * finished reading its contents of two collectives ago before arriving at the last. */
+    hc->collectives++;
+    slots_of(comm)[comm->rank] = *slot;
+    size_t eager = eager_bytes(slot);
+    if (eager && (slot->op != OP_BROADCAST || comm->rank == slot->root))
+        memcpy(eager_of(comm, comm->rank), slot->send, eager);
     return phase_wait(comm, slot->op, WAIT_UNLESS_ABORTED);
 }
 
@@ -561,7 +629,10 @@ static seldp_status collective_leave(seldp_comm *comm, host_op op)
 
 typedef void (*execute_fn)(const seldp_comm *comm, void *arg);
 
-/* Enter, check agreement, execute, leave. Returns the first failure. */
+static void eager_execute(const seldp_comm *comm);
+
+/* Enter, check agreement, execute, leave. Returns the first failure. A small collective
+ * that every rank agrees on runs from the eager buffers and needs no "leave". */
 static seldp_status collective_run(seldp_comm *comm, const host_slot *slot, execute_fn execute,
                                    void *arg)
 {
@@ -570,6 +641,10 @@ static seldp_status collective_run(seldp_comm *comm, const host_slot *slot, exec
         return st;
     char why[1024] = "";
     seldp_status agreed = slots_agree(comm);
+    if (agreed == SELDP_OK && eager_op(slot)) {
+        eager_execute(comm);
+        return SELDP_OK;
+    }
     if (agreed == SELDP_OK && execute)
         execute(comm, arg);
     else if (agreed != SELDP_OK)
@@ -682,7 +757,7 @@ static void broadcast_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = g->slots;
+    const host_slot *s = slots_of(comm);
     size_t bytes = s[comm->rank].bytes;
     int root = s[comm->rank].root;
     size_t slice = slice_elems(bytes, g->size, 1);
@@ -1049,8 +1124,8 @@ static size_t sum_blocks(simd_width simd, int size, const void *const *in,
 /* Elements [i, i + n), n < 16, through zero-padded copies of the inputs and one of the
  * output, so that the ends of a range go through the same kernel as its middle. */
 static void sum_partial(simd_width simd, int size, const void *const *in,
-                        const seldp_dtype *in_dtype, void *const *out, seldp_dtype out_dtype,
-                        size_t i, size_t n, const sum_mode *m)
+                        const seldp_dtype *in_dtype, int outs, void *const *out,
+                        seldp_dtype out_dtype, size_t i, size_t n, const sum_mode *m)
 {
     _Alignas(64) unsigned char pad[FAST_RANKS][16 * sizeof(float)], result[16 * sizeof(float)];
     const void *from[FAST_RANKS];
@@ -1065,7 +1140,7 @@ static void sum_partial(simd_width simd, int size, const void *const *in,
         }
     }
     sum_blocks(simd, size, from, in_dtype, 1, to, out_dtype, 0, 16, m, false);
-    for (int r = 0; r < size; r++)
+    for (int r = 0; r < outs; r++)
         memcpy((char *)out[r] + i * esize, result, n * esize);
 }
 #endif
@@ -1073,8 +1148,8 @@ static void sum_partial(simd_width simd, int size, const void *const *in,
 /* out[r][i] = convert(scale(sum over r of in[r][i])) for i < n, inputs F32 or BF16 (NULL:
  * zeros), outputs F32 or BF16, size <= FAST_RANKS. The sums, the scaling and the rounding
  * are the scalar ones, bit for bit; only the vector width depends on the CPU. */
-static void sum_fast(int size, const void *const *in, const seldp_dtype *in_dtype, void *const *out,
-                     seldp_dtype out_dtype, size_t n, const sum_mode *m)
+static void sum_fast(int size, const void *const *in, const seldp_dtype *in_dtype, int outs,
+                     void *const *out, seldp_dtype out_dtype, size_t n, const sum_mode *m)
 {
     size_t i = 0;
 #if defined(__SSE2__)
@@ -1088,22 +1163,22 @@ static void sum_fast(int size, const void *const *in, const seldp_dtype *in_dtyp
     if ((uintptr_t)out[0] % esize || head > n)
         head = n < 16 ? n : 0;
     if (head) {
-        sum_partial(simd, size, in, in_dtype, out, out_dtype, 0, head, m);
+        sum_partial(simd, size, in, in_dtype, outs, out, out_dtype, 0, head, m);
         i = head;
     }
     bool stream = m->stream;
-    for (int r = 0; r < size && stream; r++)
+    for (int r = 0; r < outs && stream; r++)
         stream = ((uintptr_t)((char *)out[r] + i * esize) & (align - 1)) == 0;
-    i = sum_blocks(simd, size, in, in_dtype, size, out, out_dtype, i, n, m, stream);
+    i = sum_blocks(simd, size, in, in_dtype, outs, out, out_dtype, i, n, m, stream);
     while (i < n) {
         size_t left = n - i < 16 ? n - i : 15;
-        sum_partial(simd, size, in, in_dtype, out, out_dtype, i, left, m);
+        sum_partial(simd, size, in, in_dtype, outs, out, out_dtype, i, left, m);
         i += left;
     }
 #endif
     for (; i < n; i++) {
         float v = sum_at(size, in, in_dtype, i, m);
-        for (int r = 0; r < size; r++)
+        for (int r = 0; r < outs; r++)
             output_at(out[r], out_dtype, i, v);
     }
 }
@@ -1190,7 +1265,7 @@ static void sum_range(const host_slot *s, int size, size_t seg, size_t begin, si
         out_dtype = d.out_dtype;
     }
     if (fast)
-        sum_fast(size, in, in_dtype, out, out_dtype, end - begin, m);
+        sum_fast(size, in, in_dtype, size, out, out_dtype, end - begin, m);
     else
         sum_chunked(s, size, seg, begin, end, m);
 }
@@ -1225,7 +1300,7 @@ static void allreduce_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = g->slots;
+    const host_slot *s = slots_of(comm);
     size_t count = s[comm->rank].count;
     seldp_dtype dtype = s[comm->rank].dtype;
     size_t slice = slice_elems(count, g->size, seldp_dtype_size(dtype));
@@ -1274,6 +1349,68 @@ static seldp_status host_allreduce(seldp_comm *comm, const void *send, void *rec
     return st;
 }
 
+/* ---- small collectives in one phase ---------------------------------------------------- */
+
+/* Sum n elements of every rank's eager buffer in rank order into out. */
+#define DEFINE_EAGER_SUM(name, type)                                                               \
+    static void name(const seldp_comm *comm, void *out, size_t n)                                  \
+    {                                                                                              \
+        type *o = out;                                                                             \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            type acc = ((const type *)eager_of(comm, 0))[i];                                       \
+            for (int r = 1; r < comm->size; r++)                                                   \
+                acc += ((const type *)eager_of(comm, r))[i];                                       \
+            o[i] = acc;                                                                            \
+        }                                                                                          \
+    }
+
+DEFINE_EAGER_SUM(eager_sum_f32, float)
+DEFINE_EAGER_SUM(eager_sum_f64, double)
+DEFINE_EAGER_SUM(eager_sum_u64, uint64_t)
+
+/* A collective that eager_op accepts, from the eager buffers into this rank's own: the
+ * same results as the two-phase path, bit for bit. */
+static void eager_execute(const seldp_comm *comm)
+{
+    const host_slot *s = slots_of(comm);
+    const host_slot *mine = &s[comm->rank];
+    switch (mine->op) {
+    case OP_BROADCAST:
+        if (comm->rank != mine->root && mine->bytes)
+            memcpy(mine->recv, eager_of(comm, mine->root), mine->bytes);
+        break;
+    case OP_ALLGATHER:
+        for (int r = 0; r < comm->size && mine->bytes; r++) {
+            char *dst = (char *)mine->recv + (size_t)r * mine->bytes;
+            /* a rank may gather in place, its send block already at its own offset */
+            if (dst != (const char *)s[r].send || r != comm->rank)
+                memcpy(dst, eager_of(comm, r), mine->bytes);
+        }
+        break;
+    case OP_ALLREDUCE:
+        if (mine->dtype == SELDP_F32 && comm->size <= FAST_RANKS) {
+            const void *in[FAST_RANKS];
+            seldp_dtype in_dtype[FAST_RANKS];
+            void *out[1] = {mine->recv};
+            sum_mode m = {false, 1.0, false};
+            for (int r = 0; r < comm->size; r++) {
+                in[r] = eager_of(comm, r);
+                in_dtype[r] = SELDP_F32;
+            }
+            sum_fast(comm->size, in, in_dtype, 1, out, SELDP_F32, mine->count, &m);
+        } else if (mine->dtype == SELDP_F32) {
+            eager_sum_f32(comm, mine->recv, mine->count);
+        } else if (mine->dtype == SELDP_F64) {
+            eager_sum_f64(comm, mine->recv, mine->count);
+        } else {
+            eager_sum_u64(comm, mine->recv, mine->count);
+        }
+        break;
+    default:
+        break; /* init, barrier: the rendezvous is all */
+    }
+}
+
 /* ---- fused reduction ------------------------------------------------------------------ */
 
 /* The segment holding stream element `at` (< the stream's length): the last one that
@@ -1297,7 +1434,7 @@ static void fused_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = g->slots;
+    const host_slot *s = slots_of(comm);
     const host_slot *mine = &s[comm->rank];
     const seldp__reduce_fused_args *f = mine->fused;
     const size_t *starts = mine->seg_starts;
@@ -1352,7 +1489,7 @@ static void allgather_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = g->slots;
+    const host_slot *s = slots_of(comm);
     size_t bytes = s[comm->rank].bytes;
     char *recv = s[comm->rank].recv;
     bool stream = bytes * (size_t)g->size * (size_t)g->size >= STREAM_MIN_BYTES;
@@ -1399,7 +1536,7 @@ static void allgatherv_execute(const seldp_comm *comm, void *arg)
 {
     allgatherv_result *res = arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = g->slots;
+    const host_slot *s = slots_of(comm);
     size_t total = 0;
     for (int r = 0; r < g->size; r++) {
         if (s[r].bytes > SIZE_MAX - total) {
@@ -1448,7 +1585,7 @@ static void alltoallv_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = g->slots;
+    const host_slot *s = slots_of(comm);
     const host_slot *mine = &s[comm->rank];
     int me = comm->rank;
     for (int p = 0; p < g->size; p++) {
@@ -1543,7 +1680,7 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
         return st;
     }
     /* Every rank has published its color and key: compute this rank's new group. */
-    const host_slot *s = parent->slots;
+    const host_slot *s = slots_of(comm);
     int n = 0, new_rank = -1;
     if (color != SELDP_COMM_NO_GROUP) {
         members = malloc((size_t)parent->size * sizeof *members);
@@ -1566,7 +1703,7 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
     if (new_rank == 0)
         created = group_new(w, n, world_ranks, n);
     pthread_mutex_lock(&w->lock);
-    parent->slots[comm->rank].new_group = created;
+    slots_of(comm)[comm->rank].new_group = created;
     pthread_mutex_unlock(&w->lock);
     st = phase_wait(comm, OP_SPLIT, WAIT_FOR_ALL);
 
@@ -1576,7 +1713,7 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
             st = seldp__fail(SELDP_ERR_NOMEM, "rank %d: split: out of memory", comm->rank);
         } else {
             pthread_mutex_lock(&w->lock);
-            group = parent->slots[members[0].parent_rank].new_group;
+            group = slots_of(comm)[members[0].parent_rank].new_group;
             pthread_mutex_unlock(&w->lock);
             if (!group)
                 st = seldp__fail(SELDP_ERR_NOMEM,
@@ -1648,6 +1785,7 @@ static seldp_status comm_wrap(seldp_host_world *w, host_group *g, int rank, seld
     if (hc) {
         hc->world = w;
         hc->group = g;
+        hc->collectives = 0;
         comm = seldp__comm_new(&host_ops, rank, g->size, g->world_ranks[rank], device, hc);
     }
     if (!comm) {
