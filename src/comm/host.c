@@ -11,9 +11,9 @@
  *      same over many tensors, with half upcasts and the 1/W scale in the same pass;
  *   3. leave: wait once more (phase "leave") so that no rank returns, and reuses or
  *      frees a buffer, while another is still reading or writing it.
- * Phases are counted without the lock (see phase_wait): the last rank to arrive
- * completes the phase and wakes sleepers; in a group with a core per rank the others
- * spin briefly before sleeping. Every wait has a
+ * Phases are counted without the lock (see phase_wait): every rank announces its arrival
+ * on a cache line of its own and watches the others'; in a group with a core per rank
+ * waiters spin briefly before sleeping. Every wait has a
  * deadline on CLOCK_MONOTONIC; a rank that times out marks the whole world aborted so that every
  * rank of every group returns.
  *
@@ -92,6 +92,7 @@ typedef struct host_slot {
 /* A counter written by one rank, on a cache line of its own. */
 typedef struct rank_counter {
     _Alignas(64) _Atomic uint64_t value;
+    uint64_t withdrawn; /* entered: the count of the phase it gave up (under the lock) */
 } rank_counter;
 
 /* Collectives of at most this many bytes per rank take one phase instead of two: every
@@ -107,12 +108,10 @@ struct host_group {
      * collectives on the group), so a rank publishing its next collective never
      * overwrites a slot another rank may still read */
     host_slot *slots;
-    unsigned char *eager;  /* [2][size][EAGER_MAX], by parity like the slots */
-    rank_counter *entered; /* phases each rank has entered, to name those missing */
-    /* every rank's arrivals in every phase, less those taken back */
-    _Alignas(64) _Atomic uint64_t arrivals;
-    atomic_int sleepers;   /* ranks waiting on cond */
-    _Alignas(64) int refs; /* communicators holding the group */
+    unsigned char *eager;             /* [2][size][EAGER_MAX], by parity like the slots */
+    rank_counter *entered;            /* phases each rank has entered (see phase_wait) */
+    _Alignas(64) atomic_int sleepers; /* ranks waiting on cond */
+    _Alignas(64) int refs;            /* communicators holding the group */
     pthread_cond_t cond;
     host_group *next; /* the world's list of groups */
 };
@@ -261,17 +260,19 @@ static struct timespec deadline_after(double seconds)
     return ts;
 }
 
-/* Append the ranks of `g` that have not entered phase `gen` ("3, 5") to buf: in world
- * numbering, or in group numbering with the world rank beside it for a split group.
- * Returns how many there are. */
-static int missing_ranks(const host_group *g, uint64_t gen, bool world_numbering, char *buf,
-                         size_t size)
+/* Append the ranks of `g` other than `self` that have not entered phase `gen` ("3, 5") to
+ * buf: in world numbering, or in group numbering with the world rank beside it for a split
+ * group. Returns how many there are. Caller holds w->lock. */
+static int missing_ranks(const host_group *g, int self, uint64_t gen, bool world_numbering,
+                         char *buf, size_t size)
 {
     bool split = g != g->world->groups;
     int n = 0;
     size_t used = strlen(buf);
     for (int r = 0; r < g->size; r++) {
-        if (atomic_load_explicit(&g->entered[r].value, memory_order_relaxed) > gen)
+        /* a rank that arrived and gave up is not missing */
+        if (r == self || atomic_load_explicit(&g->entered[r].value, memory_order_relaxed) > gen ||
+            g->entered[r].withdrawn == gen + 1)
             continue;
         int wr = g->world_ranks[r];
         if (used < size) {
@@ -305,15 +306,30 @@ static void cpu_relax(void)
 #endif
 }
 
-/* Spin, without the lock, until `target` arrivals are counted (true) or SPIN_NS have
- * passed (false). */
-static bool spin_until(host_group *g, uint64_t target)
+static bool every_rank_entered(host_group *g, uint64_t phases)
+{
+    for (int q = 0; q < g->size; q++)
+        if (atomic_load(&g->entered[q].value) < phases)
+            return false;
+    return true;
+}
+
+/* Whether phase `phases - 1` has completed: two scans in a row see every rank in it. A rank
+ * that gives up takes its entry back (give_up); the second scan makes sure that no rank gave
+ * up between this rank's first look at it and its look at the others. */
+static bool phase_complete(host_group *g, uint64_t phases)
+{
+    return every_rank_entered(g, phases) && every_rank_entered(g, phases);
+}
+
+/* Spin, without the lock, until the phase completes (true) or SPIN_NS have passed. */
+static bool spin_until(host_group *g, uint64_t phases)
 {
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
-        for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(&g->arrivals, memory_order_acquire) >= target)
+        for (int i = 0; i < 16; i++) {
+            if (phase_complete(g, phases))
                 return true;
             cpu_relax();
         }
@@ -323,14 +339,19 @@ static bool spin_until(host_group *g, uint64_t target)
     }
 }
 
-/* Take this rank's arrival back out of a phase that has not completed: true when it was
- * taken back, false when the phase completed first (the last rank arrived meanwhile). */
-static bool retract_arrival(host_group *g, uint64_t target)
+/* Take this rank's entry in phase `phases - 1` back, unless every other rank has entered
+ * it, in which case the phase is complete and the entry stays. True when this rank is out
+ * of the phase. Caller holds w->lock, so that ranks give up one at a time. */
+static bool give_up(host_group *g, int rank, uint64_t phases)
 {
-    uint64_t v = atomic_load(&g->arrivals);
-    while (v < target)
-        if (atomic_compare_exchange_weak(&g->arrivals, &v, v - 1))
+    atomic_store(&g->entered[rank].value, phases - 1);
+    for (int q = 0; q < g->size; q++) {
+        if (q != rank && atomic_load(&g->entered[q].value) < phases) {
+            g->entered[rank].withdrawn = phases;
             return true;
+        }
+    }
+    atomic_store(&g->entered[rank].value, phases);
     return false;
 }
 
@@ -338,14 +359,16 @@ static bool retract_arrival(host_group *g, uint64_t target)
  * Under WAIT_FOR_ALL an abort does not stop the wait: a rank leaving early could
  * free a buffer that another rank is still reading.
  *
- * Arrivals are counted without the lock: phase k of the group (each rank counts its own
- * phases in entered[], and every rank goes through the same ones) completes when
- * g->arrivals reaches (k + 1) * size. A rank that gives up (timeout, abort) takes its
- * arrival back with a compare-and-swap that fails once the phase has completed, so that
- * either every rank sees the phase complete or none does. Waiters spin first when the
- * group has a core per rank, then sleep on the condition variable under the lock; the
- * last rank to arrive wakes sleepers, if any. Seeing the count complete (acquire) orders
- * a rank after every write the others made before arriving (release). */
+ * Every rank counts the phases it has entered on a cache line of its own (entered[]),
+ * and every rank goes through the same phases, so phase k has completed once every
+ * counter reaches k + 1: a rank enters with one store and waits by reading the others'
+ * lines, without a lock or a contended read-modify-write. A rank that gives up (timeout,
+ * abort) does so under the lock: it takes its entry back, then looks at the others; if
+ * they have all entered, the phase completed and it stays. A rank sees the phase
+ * complete only when two scans in a row find every rank in it, so either every rank sees
+ * it complete or none does (the stores and loads are sequentially consistent). Waiters
+ * spin first when the group has a core per rank, then sleep on the condition variable,
+ * which every arriving rank signals when someone sleeps. */
 static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
 {
     host_comm *hc = impl_of(comm);
@@ -360,31 +383,27 @@ static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
         return st;
     }
     uint64_t phase = atomic_load_explicit(&g->entered[comm->rank].value, memory_order_relaxed);
-    uint64_t target = (phase + 1) * (uint64_t)g->size;
-    atomic_store_explicit(&g->entered[comm->rank].value, phase + 1, memory_order_relaxed);
-    if (atomic_fetch_add(&g->arrivals, 1) + 1 == target) {
-        if (atomic_load(&g->sleepers)) {
-            pthread_mutex_lock(&w->lock);
-            pthread_cond_broadcast(&g->cond);
-            pthread_mutex_unlock(&w->lock);
-        }
-        return SELDP_OK;
+    uint64_t phases = phase + 1;
+    atomic_store(&g->entered[comm->rank].value, phases);
+    if (atomic_load(&g->sleepers)) {
+        pthread_mutex_lock(&w->lock);
+        pthread_cond_broadcast(&g->cond);
+        pthread_mutex_unlock(&w->lock);
     }
-    if (g->size <= w->spin_size && spin_until(g, target))
+    if (phase_complete(g, phases) || (g->size <= w->spin_size && spin_until(g, phases)))
         return SELDP_OK;
 
     pthread_mutex_lock(&w->lock);
     atomic_fetch_add(&g->sleepers, 1);
     struct timespec deadline = deadline_after(w->timeout_s);
-    while (atomic_load(&g->arrivals) < target &&
-           (mode == WAIT_FOR_ALL || !atomic_load(&w->aborted))) {
+    while (!phase_complete(g, phases) && (mode == WAIT_FOR_ALL || !atomic_load(&w->aborted))) {
         int rc = pthread_cond_timedwait(&g->cond, &w->lock, &deadline);
-        if (rc == ETIMEDOUT && retract_arrival(g, target)) {
+        if (rc == ETIMEDOUT && give_up(g, comm->rank, phases)) {
             /* The phase will never complete: this rank is out of it. */
             char who[256] = "", reason[512];
-            int missing = missing_ranks(g, phase, false, who, sizeof who);
+            int missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
             char world_who[200] = "";
-            missing_ranks(g, phase, true, world_who, sizeof world_who);
+            missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
             snprintf(reason, sizeof reason, "rank %d timed out after %g s in %s waiting for %s %s",
                      comm->world_rank, w->timeout_s, op_names[op], missing > 1 ? "ranks" : "rank",
                      world_who);
@@ -397,7 +416,7 @@ static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
             goto out;
         }
     }
-    if (atomic_load(&g->arrivals) < target && retract_arrival(g, target))
+    if (!phase_complete(g, phases) && give_up(g, comm->rank, phases))
         st = aborted_error_locked(comm, op);
 out:
     atomic_fetch_sub(&g->sleepers, 1);
