@@ -125,7 +125,8 @@ int main(int argc, char **argv)
             snprintf(title, sizeof title, "seldp-bench --gpu: %s", seldp_version());
         else
             snprintf(title, sizeof title,
-                     "seldp-bench: %s %s, host-staged (a thread per rank), %ld CPUs, load average "
+                     "seldp-bench: %s %s, host-staged (a thread per rank, one per core when they "
+                     "fit, as mpirun binds), %ld CPUs, load average "
                      "%.2f at start, %s; time = median of %d samples after %d warm-up",
                      bench_op_name(o.op), o.op == BENCH_REDUCE ? o.dtype : "f32 sum",
                      sysconf(_SC_NPROCESSORS_ONLN), load, seldp_version(), o.iters, o.warmup);

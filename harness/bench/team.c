@@ -93,10 +93,30 @@ int bench_team_time(bench_rank *r, bench_op_fn op, void *ctx, int warmup, int it
     return 0;
 }
 
+/* Pin rank r to the r-th CPU this process may use when every rank gets one, as mpirun
+ * binds its processes to cores when they do not outnumber them. */
+static void pin(int rank, int size)
+{
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || size > CPU_COUNT(&allowed))
+        return;
+    for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!CPU_ISSET(cpu, &allowed))
+            continue;
+        if (seen++ == rank) {
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+            return;
+        }
+    }
+}
+
 static void *rank_main(void *arg)
 {
     rank_start *s = arg;
     bench_rank *r = &s->rank;
+    pin(r->rank, r->size);
     seldp_status st = seldp_host_comm_init(r->team->world, r->rank, SELDP_HOST_DEVICE, &r->comm);
     if (st != SELDP_OK)
         s->result = bench_team_fail(r, "seldp_host_comm_init: %s", seldp_last_error());
