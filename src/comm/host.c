@@ -632,6 +632,10 @@ static seldp_status collective_enter(seldp_comm *comm, const host_slot *slot)
     if (atomic_load_explicit(&hc->world->faults_on, memory_order_relaxed) &&
         fault_strike(comm, slot->op, &struck))
         return struck;
+    /* A collective of an aborted world fails at once, without publishing anything: an
+     * earlier collective failed, so the others may never have finished with the slot. */
+    if (atomic_load(&hc->world->aborted))
+        return phase_wait(comm, slot->op, WAIT_UNLESS_ABORTED);
     /* No other rank reads this slot before the arrival below publishes it, and every rank
      * finished reading its contents of two collectives ago before arriving at the last. */
     hc->collectives++;
