@@ -26,6 +26,7 @@ typedef struct bench_opts {
     bench_op op;
     int ranks[BENCH_MAX_LIST]; /* --ranks, in order */
     int n_ranks;
+    bool ranks_given;               /* --ranks was passed (--gpu: else one rank per GPU) */
     size_t buckets[BENCH_MAX_LIST]; /* --bucket, in order */
     int n_buckets;
     char dtype[8];      /* --dtype: f32 (allreduce), mixed/f32/bf16/f16 (reduce) */

@@ -273,6 +273,7 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
             }
             break;
         case 'r':
+            o->ranks_given = true;
             if (!parse_ranks(optarg, o->ranks, &o->n_ranks)) {
                 fprintf(stderr, "%s: --ranks %s: expected 2, 2,4 or 1-16 (1 to 1024 ranks)\n", prog,
                         optarg);

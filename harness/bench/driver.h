@@ -22,9 +22,14 @@ typedef struct bench_rank {
 
 typedef int (*bench_rank_fn)(bench_rank *r);
 
-/* Run fn on `size` threads, each joined to one host world of `size` ranks. Returns 0 when
- * every rank returned 0; else prints the first failure to stderr and returns 1. */
+/* How a rank gets its communicator: from the team's host world, or another transport. */
+typedef seldp_status (*bench_join_fn)(bench_rank *r, seldp_host_world *host, seldp_comm **comm);
+
+/* Run fn on `size` threads, each joined to one host world of `size` ranks on the host
+ * (join NULL) or as join says. Returns 0 when every rank returned 0; else prints the first
+ * failure to stderr and returns 1. */
 int bench_team_run(int size, bench_rank_fn fn, void *arg);
+int bench_team_run_join(int size, bench_join_fn join, bench_rank_fn fn, void *arg);
 
 /* Wait for every rank of the team; false when a rank failed (bench_team_fail), in which
  * case the caller returns at once. Spins, yielding when ranks outnumber the cores. */
@@ -70,6 +75,35 @@ int bench_mpi_rows(const bench_opts *o, const char *self_dir, int P, bench_rows 
 
 /* The GPU rows, or a "no GPU" line. Returns 0 unless a measurement failed. */
 int bench_gpu_rows(const bench_opts *o, bench_rows *rows);
+
+/* ---- the reduce's selection (reduce.c), shared with the GPU rows ---- */
+
+/* Tensors of mixed sizes laid out in one arena per rank, each 64-byte aligned. */
+typedef struct bench_selection {
+    int n;
+    size_t *count;      /* elements */
+    seldp_dtype *dtype; /* F32, BF16 or F16 */
+    size_t *offset;     /* bytes into the arena */
+    size_t *first;      /* pattern index of element 0 */
+    size_t bytes;       /* gradient bytes per rank */
+    size_t arena;       /* arena bytes, with alignment */
+    size_t half_elems;
+} bench_selection;
+
+/* n tensors of `bytes` in total (dtype "mixed", "f32", "bf16" or "f16"). */
+bool bench_selection_make(bench_selection *s, int n, size_t bytes, const char *dtype);
+void bench_selection_free(bench_selection *s);
+
+/* Rank r's gradients (small integers) into a host arena of s->arena bytes. */
+void bench_selection_fill(const bench_selection *s, void *arena, int rank);
+
+/* Rank r's weight (a token count) and, in *total, the global weight of P ranks. */
+uint64_t bench_weight(int rank, int P, uint64_t *total);
+
+/* Elements of tensors first, first + step, ... that differ in any of the host arenas from
+ * the weighted mean of P ranks' gradients. */
+long long bench_selection_wrong(const bench_selection *s, const void *const *arenas, int n_arenas,
+                                int P, int first, int step);
 
 /* The copy bandwidth (GB/s) of the memcpy row for P ranks and `bytes`, or 0. */
 double bench_rows_copy_bw(const bench_rows *rows, int P, size_t bytes);

@@ -25,17 +25,6 @@
 
 #include "driver.h"
 
-typedef struct selection {
-    int n;
-    size_t *count;      /* elements */
-    seldp_dtype *dtype; /* F32, BF16 or F16 */
-    size_t *offset;     /* bytes into the arena */
-    size_t *first;      /* pattern index of element 0 */
-    size_t bytes;       /* gradient bytes per rank */
-    size_t arena;       /* arena bytes, with alignment */
-    size_t half_elems;
-} selection;
-
 static uint32_t mix(uint32_t x)
 {
     x ^= x >> 16;
@@ -46,7 +35,7 @@ static uint32_t mix(uint32_t x)
     return x;
 }
 
-static void selection_free(selection *s)
+void bench_selection_free(bench_selection *s)
 {
     free(s->count);
     free(s->dtype);
@@ -57,7 +46,7 @@ static void selection_free(selection *s)
 
 /* n tensors of about `bytes` in total: 40% vectors (256 to 4K elements), 50% matrices (16K
  * to 256K), 10% large (1M to 4M), scaled to the total. */
-static bool selection_make(selection *s, int n, size_t bytes, const char *dtype)
+bool bench_selection_make(bench_selection *s, int n, size_t bytes, const char *dtype)
 {
     memset(s, 0, sizeof *s);
     s->n = n;
@@ -68,7 +57,7 @@ static bool selection_make(selection *s, int n, size_t bytes, const char *dtype)
     double *weight = calloc((size_t)n, sizeof *weight);
     if (!s->count || !s->dtype || !s->offset || !s->first || !weight) {
         free(weight);
-        selection_free(s);
+        bench_selection_free(s);
         return false;
     }
     double sum = 0;
@@ -114,8 +103,7 @@ static bool selection_make(selection *s, int n, size_t bytes, const char *dtype)
     return true;
 }
 
-/* Rank r's weight (a token count) and, in *total, the global weight of P ranks. */
-static uint64_t weight_of(int rank, int P, uint64_t *total)
+uint64_t bench_weight(int rank, int P, uint64_t *total)
 {
     *total = 0;
     for (int r = 0; r < P; r++)
@@ -123,8 +111,9 @@ static uint64_t weight_of(int rank, int P, uint64_t *total)
     return 1000 + 37 * (uint64_t)rank;
 }
 
-static void fill_gradients(const selection *s, char *arena, int rank)
+void bench_selection_fill(const bench_selection *s, void *arena_bytes, int rank)
 {
+    char *arena = arena_bytes;
     for (int t = 0; t < s->n; t++) {
         char *data = arena + s->offset[t];
         for (size_t i = 0; i < s->count[t]; i++) {
@@ -165,7 +154,7 @@ static bool reset_peak_rss(void)
 
 typedef struct reduce_ctx {
     const bench_opts *o;
-    const selection *sel;
+    const bench_selection *sel;
     char **grads; /* per rank: the arena reduced in place */
     float **raw_send, **raw_recv;
     double *samples, *raw_samples; /* rank 0 */
@@ -219,28 +208,28 @@ static long long raw_wrong(const bench_rank *r, const reduce_ctx *c, size_t coun
 }
 
 /* Wrong elements of this rank's share of the tensors, on every rank. */
-static long long reduce_wrong(const bench_rank *r, const reduce_ctx *c)
+long long bench_selection_wrong(const bench_selection *s, const void *const *arenas, int n_arenas,
+                                int P, int first, int step)
 {
-    const selection *s = c->sel;
     uint64_t W = 0;
-    weight_of(0, r->size, &W);
+    bench_weight(0, P, &W);
     double scale = 1.0 / (double)W;
     long long wrong = 0;
-    for (int t = r->rank; t < s->n; t += r->size) {
+    for (int t = first; t < s->n; t += step) {
+        size_t esize = seldp_dtype_size(s->dtype[t]);
         for (size_t i = 0; i < s->count[t]; i++) {
             int sum = 0;
-            for (int q = 0; q < r->size; q++)
+            for (int q = 0; q < P; q++)
                 sum += (int)bench_pattern(q, s->first[t] + i);
             float mean = (float)((double)(float)sum * scale);
             uint32_t expect = 0, got = 0;
-            size_t esize = seldp_dtype_size(s->dtype[t]);
             if (s->dtype[t] == SELDP_F32)
                 memcpy(&expect, &mean, sizeof mean);
             else
                 expect =
                     s->dtype[t] == SELDP_BF16 ? seldp_f32_to_bf16(mean) : seldp_f32_to_f16(mean);
-            for (int q = 0; q < r->size; q++) {
-                memcpy(&got, c->grads[q] + s->offset[t] + i * esize, esize);
+            for (int a = 0; a < n_arenas; a++) {
+                memcpy(&got, (const char *)arenas[a] + s->offset[t] + i * esize, esize);
                 wrong += got != expect;
             }
         }
@@ -255,16 +244,16 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
                               seldp_grads *container, size_t bucket, raw_args *raw)
 {
     const bench_opts *o = c->o;
-    const selection *s = c->sel;
+    const bench_selection *s = c->sel;
     seldp_session *session = NULL;
     seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
-    uint64_t W = 0, weight = weight_of(r->rank, r->size, &W), got_weight = 0;
+    uint64_t W = 0, weight = bench_weight(r->rank, r->size, &W), got_weight = 0;
     int failed = 0;
 
     cfg.bucket_bytes = bucket;
     if (seldp_session_initialize(r->comm, model, 0, ids, (size_t)s->n, &cfg, &session) != SELDP_OK)
         return bench_team_fail(r, "seldp_session_initialize: %s", seldp_last_error());
-    fill_gradients(s, pristine, r->rank);
+    bench_selection_fill(s, pristine, r->rank);
     atomic_store(&c->wrong, 0);
     atomic_store(&c->raw_wrong, 0);
     if (!bench_team_barrier(r))
@@ -305,7 +294,8 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
         failed = bench_team_fail(r, "global weight %" PRIu64 ", expected %" PRIu64, got_weight, W);
         goto out;
     }
-    atomic_fetch_add(&c->wrong, reduce_wrong(r, c));
+    atomic_fetch_add(&c->wrong, bench_selection_wrong(s, (const void *const *)c->grads, r->size,
+                                                      r->size, r->rank, r->size));
     if (raw)
         atomic_fetch_add(&c->raw_wrong, raw_wrong(r, c, raw->count));
     if (!bench_team_barrier(r))
@@ -356,7 +346,7 @@ static int reduce_rank(bench_rank *r)
 {
     reduce_ctx *c = r->arg;
     const bench_opts *o = c->o;
-    const selection *s = c->sel;
+    const bench_selection *s = c->sel;
     size_t count = s->bytes / sizeof(float);
     size_t raw_alloc = (count * sizeof(float) + 63) / 64 * 64;
     char *pristine = aligned_alloc(64, s->arena), *grads = aligned_alloc(64, s->arena);
@@ -457,14 +447,14 @@ int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows)
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes && !failed;
          bytes = bench_next_size(bytes, o->factor)) {
         reduce_ctx c;
-        selection s;
+        bench_selection s;
         memset(&c, 0, sizeof c);
         if (bytes < (size_t)o->tensors * 64) {
             fprintf(stderr, "seldp-bench: --op reduce: %zu bytes is too small for %d tensors\n",
                     bytes, o->tensors);
             return 1;
         }
-        if (!selection_make(&s, o->tensors, bytes, o->dtype)) {
+        if (!bench_selection_make(&s, o->tensors, bytes, o->dtype)) {
             fprintf(stderr, "seldp-bench: out of memory for the selection\n");
             return 1;
         }
@@ -487,7 +477,7 @@ int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows)
         free(c.raw_recv);
         free(c.samples);
         free(c.raw_samples);
-        selection_free(&s);
+        bench_selection_free(&s);
     }
     return failed;
 }

@@ -26,6 +26,7 @@ struct bench_team {
 
 typedef struct rank_start {
     bench_rank rank;
+    bench_join_fn join;
     bench_rank_fn fn;
     int result;
 } rank_start;
@@ -117,9 +118,11 @@ static void *rank_main(void *arg)
     rank_start *s = arg;
     bench_rank *r = &s->rank;
     pin(r->rank, r->size);
-    seldp_status st = seldp_host_comm_init(r->team->world, r->rank, SELDP_HOST_DEVICE, &r->comm);
+    seldp_status st =
+        s->join ? s->join(r, r->team->world, &r->comm)
+                : seldp_host_comm_init(r->team->world, r->rank, SELDP_HOST_DEVICE, &r->comm);
     if (st != SELDP_OK)
-        s->result = bench_team_fail(r, "seldp_host_comm_init: %s", seldp_last_error());
+        s->result = bench_team_fail(r, "joining the communicator: %s", seldp_last_error());
     else
         s->result = s->fn(r);
     seldp_comm_destroy(r->comm);
@@ -127,6 +130,11 @@ static void *rank_main(void *arg)
 }
 
 int bench_team_run(int size, bench_rank_fn fn, void *arg)
+{
+    return bench_team_run_join(size, NULL, fn, arg);
+}
+
+int bench_team_run_join(int size, bench_join_fn join, bench_rank_fn fn, void *arg)
 {
     bench_team t;
     memset(&t, 0, sizeof t);
@@ -149,6 +157,7 @@ int bench_team_run(int size, bench_rank_fn fn, void *arg)
     }
     for (int r = 0; r < size; r++) {
         starts[r].rank = (bench_rank){&t, r, size, NULL, arg};
+        starts[r].join = join;
         starts[r].fn = fn;
         if (pthread_create(&threads[r], NULL, rank_main, &starts[r]) != 0) {
             /* the others would wait for it: make them give up */
