@@ -1,6 +1,8 @@
 /* Faults injected at every collective point of a session's life (SPEC §3.4): one rank of
  * three aborts, returns early or stalls at the k-th collective it enters, for every k of
- * the join, initialize and the four reductions. The others must return SELDP_ERR_ABORTED
+ * the join, initialize and the four reductions; and one rank of four, in a session over a
+ * group split from the world in reverse order, at every point of the join, the split,
+ * initialize and a reduction. The others must return SELDP_ERR_ABORTED
  * or SELDP_ERR_TIMEOUT within the timeout, naming the faulty rank; every rank must fail in
  * the same call; the callers' gradients and (before the broadcasts) models must be
  * unchanged; everything is released (the asan preset runs this too); and a new world in
@@ -26,8 +28,10 @@
 #include "comm/host_fault.h"
 #include "contract.h"
 
-#define NRANKS    3
-#define TIMEOUT_S 0.3
+#define NRANKS       3 /* ranks of the plain walks */
+#define SPLIT_RANKS  4 /* ranks of the walk over a split group */
+#define MAX_RANKS_UP 4
+#define TIMEOUT_S    0.3
 /* Time a rank may take beyond the timeout to notice and return (sanitizers run this too). */
 #define SLACK_S 1.5
 /* Small buckets, so that initialize and each reduction make several collectives. */
@@ -35,6 +39,7 @@
 
 typedef enum phase {
     PH_JOIN,
+    PH_SPLIT, /* only in the split walk; otherwise no collective */
     PH_INIT,
     PH_REDUCE,
     PH_REDUCE_FP32,
@@ -43,8 +48,8 @@ typedef enum phase {
     PH_DONE
 } phase;
 
-static const char *const phase_names[] = {"join", "initialize", "reduce",      "reduce_fp32",
-                                          "sum",  "sum_fp32",   "(no failure)"};
+static const char *const phase_names[] = {"join",        "split", "initialize", "reduce",
+                                          "reduce_fp32", "sum",   "sum_fp32",   "(no failure)"};
 
 /* Ranks left with part of the root's bytes by a failure inside initialize's broadcasts. */
 static atomic_int partly_written;
@@ -64,7 +69,10 @@ typedef struct rank_result {
 
 typedef struct world_run {
     seldp_host_world *world;
-    rank_result r[NRANKS];
+    int n;      /* ranks */
+    bool split; /* the session runs over a group split from the world, ranks reversed */
+    phase last; /* the last phase run */
+    rank_result r[MAX_RANKS_UP];
 } world_run;
 
 typedef struct rank_arg {
@@ -153,7 +161,7 @@ static void *rank_main(void *p)
     seldp_host_world *w = a->run->world;
     int rank = a->rank;
     rank_result *res = &a->run->r[rank];
-    seldp_comm *comm = NULL;
+    seldp_comm *comm = NULL, *group = NULL, *on;
     seldp_session *s = NULL;
     test_model m;
     seldp_param_id ids[STD_N];
@@ -172,17 +180,31 @@ static void *rank_main(void *p)
         return NULL;
     }
 
+    res->points[PH_SPLIT] = seldp__host_fault_count(w, rank);
+    on = comm;
+    if (a->run->split) {
+        t0 = now_s();
+        st = seldp_comm_split(comm, 0, a->run->n - 1 - rank, &group);
+        if (st != SELDP_OK) {
+            record(res, PH_SPLIT, st, t0);
+            goto out;
+        }
+        on = group;
+    }
+    /* the model is the group rank's: group rank 0 is the root */
+    int grank = seldp_comm_rank(on);
+
     res->points[PH_INIT] = seldp__host_fault_count(w, rank);
-    if (tm_init(&m, rank) != SELDP_OK || std_model(&m, rank) != SELDP_OK) {
+    if (tm_init(&m, grank) != SELDP_OK || std_model(&m, grank) != SELDP_OK) {
         res->intact = false;
         snprintf(res->why, sizeof res->why, "setup: the test model could not be built");
         goto out;
     }
-    std_selection(rank, ids);
+    std_selection(grank, ids);
     cfg.bucket_bytes = BUCKET_BYTES;
     tm_snapshot(&m);
     t0 = now_s();
-    st = seldp_session_initialize(comm, m.model, 0, ids, STD_N, &cfg, &s);
+    st = seldp_session_initialize(on, m.model, 0, ids, STD_N, &cfg, &s);
     if (st != SELDP_OK) {
         /* the first two collectives (records, manifests) come before any write */
         uint64_t at = seldp__host_fault_count(w, rank) - res->points[PH_INIT];
@@ -198,11 +220,11 @@ static void *rank_main(void *p)
         goto out;
     }
 
-    for (phase ph = PH_REDUCE; ph <= PH_SUM_FP32; ph++) {
+    for (phase ph = PH_REDUCE; ph <= a->run->last; ph++) {
         test_grads g;
         grads_snapshot before;
         res->points[ph] = seldp__host_fault_count(w, rank);
-        if (put_grads(&g, rank) != SELDP_OK) {
+        if (put_grads(&g, grank) != SELDP_OK) {
             res->intact = false;
             snprintf(res->why, sizeof res->why, "setup: gradients could not be built");
             tg_free(&g);
@@ -211,7 +233,7 @@ static void *rank_main(void *p)
         gs_take(&before, g.grads);
         tm_snapshot(&m);
         t0 = now_s();
-        st = reduce_call(ph, s, g.grads, rank);
+        st = reduce_call(ph, s, g.grads, grank);
         if (st != SELDP_OK) {
             record(res, ph, st, t0);
             res->intact = gs_same(&before, g.grads, res->why, sizeof res->why) &&
@@ -226,45 +248,52 @@ static void *rank_main(void *p)
         if (st != SELDP_OK)
             goto out;
     }
-    res->points[PH_DONE] = seldp__host_fault_count(w, rank);
+    for (phase ph = a->run->last + 1; ph <= PH_DONE; ph++)
+        res->points[ph] = seldp__host_fault_count(w, rank);
 out:
     seldp_session_destroy(s);
+    seldp_comm_destroy(group);
     seldp_comm_destroy(comm);
     tm_free(&m);
     return NULL;
 }
 
-/* One world of NRANKS ranks with `action` armed at `point` of rank `faulty` (NONE: a
- * clean run that counts). */
-static void run_world(world_run *run, int faulty, uint64_t point, seldp__host_fault_action action)
+/* One world of n ranks (a split one when `split`) with `action` armed at `point` of rank
+ * `faulty` (NONE: a clean run that counts). */
+static void run_world(world_run *run, int n, bool split, int faulty, uint64_t point,
+                      seldp__host_fault_action action)
 {
     seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
-    pthread_t threads[NRANKS];
-    rank_arg args[NRANKS];
+    pthread_t threads[MAX_RANKS_UP];
+    rank_arg args[MAX_RANKS_UP];
 
     memset(run, 0, sizeof *run);
+    run->n = n;
+    run->split = split;
+    /* the split walk reduces once: the reductions differ only in their records */
+    run->last = split ? PH_REDUCE : PH_SUM_FP32;
     cfg.timeout_s = TIMEOUT_S;
-    assert_int_equal(seldp_host_world_create(NRANKS, &cfg, &run->world), SELDP_OK);
-    for (int r = 0; r < NRANKS; r++)
+    assert_int_equal(seldp_host_world_create(n, &cfg, &run->world), SELDP_OK);
+    for (int r = 0; r < n; r++)
         assert_int_equal(seldp__host_fault_set(run->world, r, r == faulty ? point : UINT64_MAX,
                                                r == faulty ? action : SELDP__FAULT_NONE),
                          SELDP_OK);
-    for (int r = 0; r < NRANKS; r++) {
+    for (int r = 0; r < n; r++) {
         args[r] = (rank_arg){run, r};
         assert_int_equal(pthread_create(&threads[r], NULL, rank_main, &args[r]), 0);
     }
-    for (int r = 0; r < NRANKS; r++)
+    for (int r = 0; r < n; r++)
         pthread_join(threads[r], NULL);
     seldp_host_world_destroy(run->world);
     run->world = NULL;
 }
 
 /* The clean run: every call succeeds and every rank enters the same collectives. */
-static void count_points(uint64_t points[PH_DONE + 1])
+static void count_points(int n, bool split, uint64_t points[PH_DONE + 1])
 {
     world_run run;
-    run_world(&run, -1, 0, SELDP__FAULT_NONE);
-    for (int r = 0; r < NRANKS; r++) {
+    run_world(&run, n, split, -1, 0, SELDP__FAULT_NONE);
+    for (int r = 0; r < n; r++) {
         const rank_result *res = &run.r[r];
         if (res->failed_in != PH_DONE || !res->intact)
             fail_msg("clean run: rank %d failed in %s with %s: %s %s", r,
@@ -297,9 +326,9 @@ static void check_run(const world_run *run, const uint64_t points[PH_DONE + 1], 
              action_names[action], faulty, (unsigned long long)point, phase_names[ph],
              (unsigned long long)(point - points[ph]));
     if (getenv("SELDP_TEST_VERBOSE"))
-        printf("    %s: rank %d %s\n", where, (faulty + 1) % NRANKS,
-               run->r[(faulty + 1) % NRANKS].msg);
-    for (int r = 0; r < NRANKS; r++) {
+        printf("    %s: rank %d %s\n", where, (faulty + 1) % run->n,
+               run->r[(faulty + 1) % run->n].msg);
+    for (int r = 0; r < run->n; r++) {
         const rank_result *res = &run->r[r];
         seldp_status want = SELDP_ERR_TIMEOUT;
         char named[2][64];
@@ -342,50 +371,61 @@ static void check_run(const world_run *run, const uint64_t points[PH_DONE + 1], 
 
 /* Walk every point with one action; the faulty rank rotates so that the root (rank 0) and
  * non-root ranks both fault at every phase. A clean world follows every faulted one. */
-static void walk(seldp__host_fault_action action)
+static void walk(seldp__host_fault_action action, int n, bool split)
 {
     uint64_t points[PH_DONE + 1];
     double worst = 0.0;
     atomic_store(&partly_written, 0);
-    count_points(points);
-    assert_true(points[PH_INIT] == 1);                     /* the join is one collective */
+    count_points(n, split, points);
+    assert_true(points[PH_SPLIT] == 1);                                 /* the join */
+    assert_true(points[PH_INIT] - points[PH_SPLIT] == (split ? 1 : 0)); /* the split */
     assert_true(points[PH_REDUCE] - points[PH_INIT] >= 4); /* records, manifests, buckets */
     for (uint64_t point = 0; point < points[PH_DONE]; point++) {
         world_run run;
         uint64_t again[PH_DONE + 1];
-        int faulty = (int)((point + (uint64_t)action) % NRANKS);
-        run_world(&run, faulty, point, action);
+        int faulty = (int)((point + (uint64_t)action) % (uint64_t)n);
+        run_world(&run, n, split, faulty, point, action);
         check_run(&run, points, faulty, point, action, &worst);
-        count_points(again);
+        count_points(n, split, again);
         assert_memory_equal(again, points, sizeof again);
     }
-    printf("  %s: %llu points (join 1, initialize %llu, reductions %llu/%llu/%llu/%llu); "
-           "slowest return %.3f s with a %.1f s timeout; %d ranks left partly initialized\n",
-           action_names[action], (unsigned long long)points[PH_DONE],
-           (unsigned long long)(points[PH_REDUCE] - points[PH_INIT]),
-           (unsigned long long)(points[PH_REDUCE_FP32] - points[PH_REDUCE]),
-           (unsigned long long)(points[PH_SUM] - points[PH_REDUCE_FP32]),
-           (unsigned long long)(points[PH_SUM_FP32] - points[PH_SUM]),
-           (unsigned long long)(points[PH_DONE] - points[PH_SUM_FP32]), worst, TIMEOUT_S,
-           atomic_load(&partly_written));
+    printf("  %s%s: %llu points (join 1, split %llu, initialize %llu, reductions",
+           action_names[action], split ? " over a split group" : "",
+           (unsigned long long)points[PH_DONE],
+           (unsigned long long)(points[PH_INIT] - points[PH_SPLIT]),
+           (unsigned long long)(points[PH_REDUCE] - points[PH_INIT]));
+    for (int ph = PH_REDUCE; ph < PH_DONE; ph++)
+        if (points[ph + 1] > points[ph])
+            printf(" %llu", (unsigned long long)(points[ph + 1] - points[ph]));
+    printf("); slowest return %.3f s with a %.1f s timeout; %d ranks left partly initialized\n",
+           worst, TIMEOUT_S, atomic_load(&partly_written));
 }
 
 static void abort_at_every_point(void **state)
 {
     (void)state;
-    walk(SELDP__FAULT_ABORT);
+    walk(SELDP__FAULT_ABORT, NRANKS, false);
 }
 
 static void return_early_at_every_point(void **state)
 {
     (void)state;
-    walk(SELDP__FAULT_RETURN);
+    walk(SELDP__FAULT_RETURN, NRANKS, false);
 }
 
 static void stall_at_every_point(void **state)
 {
     (void)state;
-    walk(SELDP__FAULT_STALL);
+    walk(SELDP__FAULT_STALL, NRANKS, false);
+}
+
+/* A session over a group split from the world, group ranks the reverse of world ranks: the
+ * others name the faulty rank by its world rank too. */
+static void faults_over_a_split_group(void **state)
+{
+    (void)state;
+    walk(SELDP__FAULT_ABORT, SPLIT_RANKS, true);
+    walk(SELDP__FAULT_RETURN, SPLIT_RANKS, true);
 }
 
 /* The hook's own arguments. */
@@ -417,6 +457,7 @@ int main(void)
         cmocka_unit_test(abort_at_every_point),
         cmocka_unit_test(return_early_at_every_point),
         cmocka_unit_test(stall_at_every_point),
+        cmocka_unit_test(faults_over_a_split_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
