@@ -305,7 +305,7 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
         row.time_us = 1e6 * bench_median(c->raw_samples, o->iters);
         row.wrong = atomic_load(&c->raw_wrong);
         snprintf(row.dtype, sizeof row.dtype, "f32");
-        snprintf(row.note, sizeof row.note, "raw, same bytes");
+        snprintf(row.note, sizeof row.note, "raw: same bytes");
         bench_row_finish(&row, bench_rows_copy_bw(c->rows, r->size, s->bytes));
         bench_rows_add(c->rows, &row);
     }
@@ -424,7 +424,7 @@ static int reduce_rank(bench_rank *r)
             row.wrong = atomic_load(&c->wrong);
             snprintf(row.dtype, sizeof row.dtype, "f32");
             row.bucket_bytes = o->buckets[b];
-            snprintf(row.note, sizeof row.note, "raw, bucketed");
+            snprintf(row.note, sizeof row.note, "raw: bucketed");
             bench_row_finish(&row, bench_rows_copy_bw(c->rows, r->size, s->bytes));
             bench_rows_add(c->rows, &row);
         }

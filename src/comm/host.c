@@ -942,7 +942,7 @@ static void store16(void *out, seldp_dtype dtype, size_t i, const __m128 v[4], b
  * first element left. */
 static size_t sum_blocks_sse2(int size, const void *const *in, const seldp_dtype *in_dtype,
                               int outs, void *const *out, seldp_dtype out_dtype, size_t i, size_t n,
-                              const sum_mode *m, bool stream)
+                              const sum_mode *m, uint64_t stream)
 {
     for (; i + 16 <= n; i += 16) {
         __m128 acc[4], x[4];
@@ -955,7 +955,7 @@ static size_t sum_blocks_sse2(int size, const void *const *in, const seldp_dtype
         for (int k = 0; k < 4; k++)
             acc[k] = sum_scale4(acc[k], m);
         for (int r = 0; r < outs; r++)
-            store16(out[r], out_dtype, i, acc, stream);
+            store16(out[r], out_dtype, i, acc, stream >> r & 1);
     }
     return i;
 }
@@ -1031,7 +1031,7 @@ AVX2 static void store16_avx2(void *out, seldp_dtype dtype, size_t i, const __m2
 
 AVX2 static size_t sum_blocks_avx2(int size, const void *const *in, const seldp_dtype *in_dtype,
                                    int outs, void *const *out, seldp_dtype out_dtype, size_t i,
-                                   size_t n, const sum_mode *m, bool stream)
+                                   size_t n, const sum_mode *m, uint64_t stream)
 {
     for (; i + 16 <= n; i += 16) {
         __m256 acc[2], x[2];
@@ -1044,7 +1044,7 @@ AVX2 static size_t sum_blocks_avx2(int size, const void *const *in, const seldp_
         acc[0] = sum_scale8(acc[0], m);
         acc[1] = sum_scale8(acc[1], m);
         for (int r = 0; r < outs; r++)
-            store16_avx2(out[r], out_dtype, i, acc, stream);
+            store16_avx2(out[r], out_dtype, i, acc, stream >> r & 1);
     }
     return i;
 }
@@ -1103,15 +1103,30 @@ AVX512 static void store16_avx512(void *out, seldp_dtype dtype, size_t i, __m512
 
 AVX512 static size_t sum_blocks_avx512(int size, const void *const *in, const seldp_dtype *in_dtype,
                                        int outs, void *const *out, seldp_dtype out_dtype, size_t i,
-                                       size_t n, const sum_mode *m, bool stream)
+                                       size_t n, const sum_mode *m, uint64_t stream)
 {
+    /* two blocks at a time: a whole cache line of every BF16 stream per iteration */
+    for (; i + 32 <= n; i += 32) {
+        __m512 a = load16_avx512(in[0], in_dtype[0], i);
+        __m512 b = load16_avx512(in[0], in_dtype[0], i + 16);
+        for (int r = 1; r < size; r++) {
+            a = _mm512_add_ps(a, load16_avx512(in[r], in_dtype[r], i));
+            b = _mm512_add_ps(b, load16_avx512(in[r], in_dtype[r], i + 16));
+        }
+        a = sum_scale16(a, m);
+        b = sum_scale16(b, m);
+        for (int r = 0; r < outs; r++) {
+            store16_avx512(out[r], out_dtype, i, a, stream >> r & 1);
+            store16_avx512(out[r], out_dtype, i + 16, b, stream >> r & 1);
+        }
+    }
     for (; i + 16 <= n; i += 16) {
         __m512 acc = load16_avx512(in[0], in_dtype[0], i);
         for (int r = 1; r < size; r++)
             acc = _mm512_add_ps(acc, load16_avx512(in[r], in_dtype[r], i));
         acc = sum_scale16(acc, m);
         for (int r = 0; r < outs; r++)
-            store16_avx512(out[r], out_dtype, i, acc, stream);
+            store16_avx512(out[r], out_dtype, i, acc, stream >> r & 1);
     }
     return i;
 }
@@ -1134,7 +1149,8 @@ static simd_width simd_of_cpu(void)
 
 static size_t sum_blocks(simd_width simd, int size, const void *const *in,
                          const seldp_dtype *in_dtype, int outs, void *const *out,
-                         seldp_dtype out_dtype, size_t i, size_t n, const sum_mode *m, bool stream)
+                         seldp_dtype out_dtype, size_t i, size_t n, const sum_mode *m,
+                         uint64_t stream)
 {
 #if HOST_AVX2
     if (simd == SIMD_512)
@@ -1164,7 +1180,7 @@ static void sum_partial(simd_width simd, int size, const void *const *in,
             memcpy(pad[r], (const char *)in[r] + i * isize, n * isize);
         }
     }
-    sum_blocks(simd, size, from, in_dtype, 1, to, out_dtype, 0, 16, m, false);
+    sum_blocks(simd, size, from, in_dtype, 1, to, out_dtype, 0, 16, m, 0);
     for (int r = 0; r < outs; r++)
         memcpy((char *)out[r] + i * esize, result, n * esize);
 }
@@ -1191,9 +1207,13 @@ static void sum_fast(int size, const void *const *in, const seldp_dtype *in_dtyp
         sum_partial(simd, size, in, in_dtype, outs, out, out_dtype, 0, head, m);
         i = head;
     }
-    bool stream = m->stream;
-    for (int r = 0; r < outs && stream; r++)
-        stream = ((uintptr_t)((char *)out[r] + i * esize) & (align - 1)) == 0;
+    /* Stream the outputs that are not also read here: an in-place output's lines are in
+     * the cache already (just read), and a streaming store would evict them first. */
+    uint64_t stream = 0;
+    for (int r = 0; r < outs && m->stream; r++)
+        if (((uintptr_t)((char *)out[r] + i * esize) & (align - 1)) == 0 &&
+            (r >= size || out[r] != (void *)in[r] || in_dtype[r] != out_dtype))
+            stream |= (uint64_t)1 << r;
     i = sum_blocks(simd, size, in, in_dtype, outs, out, out_dtype, i, n, m, stream);
     while (i < n) {
         size_t left = n - i < 16 ? n - i : 15;
