@@ -129,6 +129,7 @@ struct seldp_host_world {
     seldp_status abort_status; /* SELDP_ERR_ABORTED or SELDP_ERR_TIMEOUT */
     char abort_reason[512];
     int spin_size;             /* groups of at most this many ranks (one core each) spin */
+    int simd;                  /* simd_width of the reduction kernels */
     atomic_bool faults_on;     /* set once by seldp__host_fault_set; read without the lock */
     struct host_fault *faults; /* [nranks] once faults_on, guarded by lock */
 };
@@ -828,10 +829,32 @@ static seldp_status host_broadcast(seldp_comm *comm, void *buf, size_t bytes, in
 #define REDUCE_CHUNK 1024
 
 /* How an owner turns sums into results. */
+/* The widest vectors this CPU has. */
+typedef enum simd_width { SIMD_128, SIMD_256, SIMD_512 } simd_width;
+
+/* The vector width the kernels use: the CPU's widest, or narrower when the environment
+ * variable SELDP_HOST_SIMD says 128 or 256 (to test and compare the kernels). */
+static simd_width simd_of_cpu(void)
+{
+    const char *force = getenv("SELDP_HOST_SIMD");
+    simd_width cap = force && strcmp(force, "128") == 0   ? SIMD_128
+                     : force && strcmp(force, "256") == 0 ? SIMD_256
+                                                          : SIMD_512;
+    simd_width have = SIMD_128;
+#if HOST_AVX2
+    if (__builtin_cpu_supports("avx512f"))
+        have = SIMD_512;
+    else if (__builtin_cpu_supports("avx2"))
+        have = SIMD_256;
+#endif
+    return have < cap ? have : cap;
+}
+
 typedef struct sum_mode {
     bool scaled; /* multiply by scale, as seldp__scale_f32 does */
     double scale;
-    bool stream; /* non-temporal stores */
+    bool stream;     /* non-temporal stores */
+    simd_width simd; /* the world's, from simd_of_cpu */
 } sum_mode;
 
 static float sum_scale(float x, const sum_mode *m)
@@ -1133,20 +1156,6 @@ AVX512 static size_t sum_blocks_avx512(int size, const void *const *in, const se
 #endif
 
 #if defined(__SSE2__)
-/* The widest vectors this CPU has. */
-typedef enum simd_width { SIMD_128, SIMD_256, SIMD_512 } simd_width;
-
-static simd_width simd_of_cpu(void)
-{
-#if HOST_AVX2
-    if (__builtin_cpu_supports("avx512f"))
-        return SIMD_512;
-    if (__builtin_cpu_supports("avx2"))
-        return SIMD_256;
-#endif
-    return SIMD_128;
-}
-
 static size_t sum_blocks(simd_width simd, int size, const void *const *in,
                          const seldp_dtype *in_dtype, int outs, void *const *out,
                          seldp_dtype out_dtype, size_t i, size_t n, const sum_mode *m,
@@ -1195,7 +1204,7 @@ static void sum_fast(int size, const void *const *in, const seldp_dtype *in_dtyp
     size_t i = 0;
 #if defined(__SSE2__)
     size_t esize = seldp_dtype_size(out_dtype);
-    simd_width simd = simd_of_cpu();
+    simd_width simd = m->simd;
     /* a stream store writes a whole vector: 16 bytes, 32, or a 16-element block */
     size_t align = simd == SIMD_128 ? 16 : simd == SIMD_256 ? 32 : 16 * esize;
     /* Up to the first output's boundary, then whole blocks, streamed if every output is
@@ -1353,7 +1362,8 @@ static void allreduce_execute(const seldp_comm *comm, void *arg)
     if (begin >= count)
         return;
     size_t end = count - begin < slice ? count : begin + slice;
-    sum_mode m = {false, 1.0, count * sizeof(float) * (size_t)g->size >= STREAM_MIN_BYTES};
+    sum_mode m = {false, 1.0, count * sizeof(float) * (size_t)g->size >= STREAM_MIN_BYTES,
+                  impl_of(comm)->world->simd};
     switch (dtype) {
     case SELDP_F32:
         sum_range(s, g->size, 0, begin, end, &m);
@@ -1437,7 +1447,7 @@ static void eager_execute(const seldp_comm *comm)
             const void *in[FAST_RANKS];
             seldp_dtype in_dtype[FAST_RANKS];
             void *out[1] = {mine->recv};
-            sum_mode m = {false, 1.0, false};
+            sum_mode m = {false, 1.0, false, impl_of(comm)->world->simd};
             for (int r = 0; r < comm->size; r++) {
                 in[r] = eager_of(comm, r);
                 in_dtype[r] = SELDP_F32;
@@ -1488,7 +1498,8 @@ static void fused_execute(const seldp_comm *comm, void *arg)
     size_t out_bytes = 0;
     for (size_t j = 0; j < f->n_segs; j++)
         out_bytes += f->segs[j].count * seldp_dtype_size(f->segs[j].out_dtype);
-    sum_mode m = {f->scale != 1.0, f->scale, out_bytes * (size_t)g->size >= STREAM_MIN_BYTES};
+    sum_mode m = {f->scale != 1.0, f->scale, out_bytes * (size_t)g->size >= STREAM_MIN_BYTES,
+                  impl_of(comm)->world->simd};
 
     for (size_t b0 = 0; b0 < total; b0 += bucket) {
         size_t len = total - b0 < bucket ? total - b0 : bucket;
@@ -1867,6 +1878,7 @@ seldp_status seldp_host_world_create(int nranks, const seldp_comm_config *cfg,
     w->timeout_s = cfg->timeout_s;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     w->spin_size = cpus > 1 ? (int)(cpus < INT32_MAX ? cpus : INT32_MAX) : 0;
+    w->simd = (int)simd_of_cpu();
     w->joined = calloc((size_t)nranks, sizeof *w->joined);
     if (!w->joined)
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory creating a host world of %d ranks", nranks);
