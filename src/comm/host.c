@@ -11,11 +11,13 @@
  *      same over many tensors, with half upcasts and the 1/W scale in the same pass;
  *   3. leave: wait once more (phase "leave") so that no rank returns, and reuses or
  *      frees a buffer, while another is still reading or writing it.
+ * Collectives of at most EAGER_MAX bytes per rank (and barriers) skip "leave": the ranks
+ * exchange copies of their inputs instead of reading one another's buffers.
  * Phases are counted without the lock (see phase_wait): every rank announces its arrival
  * on a cache line of its own and watches the others'; in a group with a core per rank
- * waiters spin briefly before sleeping. Every wait has a
- * deadline on CLOCK_MONOTONIC; a rank that times out marks the whole world aborted so that every
- * rank of every group returns.
+ * waiters spin briefly before sleeping. Every wait has a deadline on CLOCK_MONOTONIC; a
+ * rank that times out marks the whole world aborted so that every rank of every group
+ * returns.
  *
  * One mutex per world guards the rest of the rendezvous state (abort reason, reference
  * counts, sleeping); each group has its own condition variable. Data moves outside
