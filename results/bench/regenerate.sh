@@ -54,18 +54,24 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---- plots ------------------------------------------------------------------------------
 if command -v gnuplot >/dev/null 2>&1; then
-    gnuplot <<'EOF'
+    # gnuplot draws a line through consecutive rows only: sort each series together
+    plots=$(mktemp -d)
+    trap 'rm -rf "$plots"' EXIT
+    for f in allreduce broadcast latency bucket_sweep ranks_sweep; do
+        tail -n +2 "$f.csv" | sort -t, -k1,1 -k2,2 -k3,3n -k11,11n -k4,4n >"$plots/$f.csv"
+    done
+    (cd "$plots" && gnuplot -e "out='$here'" -) <<'EOF'
 set datafile separator ","
 set terminal pngcairo size 900,560 noenhanced font ",10"
 set grid
 set key top left
 set logscale x 2
-set format x "%.0s%cB"
+set format x "%.0b %BB"
 MiB = 1048576.0
 
 # The busbw the memory-bandwidth bound allows, from the memcpy rows' B:
 # allreduce 2nB/B -> algbw B/(2n) -> busbw B(n-1)/n^2; broadcast nB/B -> busbw B/n.
-set output "allreduce_busbw.png"
+set output out."/allreduce_busbw.png"
 set title "allreduce F32 SUM: busbw per rank count (host-staged threads vs Open MPI processes)"
 set xlabel "bytes per rank"; set ylabel "busbw (GB/s)"
 plot for [P in "2 4"] "allreduce.csv" using ($3==P+0 && strcol(2) eq "seldp-host" ? $4 : 1/0):7 \
@@ -75,7 +81,7 @@ plot for [P in "2 4"] "allreduce.csv" using ($3==P+0 && strcol(2) eq "seldp-host
      for [P in "2 4"] "allreduce.csv" using ($3==P+0 && strcol(2) eq "memcpy" ? $4 : 1/0):($7*($3-1)/$3**2) \
          with lines dt 3 title sprintf("memory bound, %s ranks", P)
 
-set output "broadcast_busbw.png"
+set output out."/broadcast_busbw.png"
 set title "broadcast: busbw per rank count"
 plot for [P in "2 4"] "broadcast.csv" using ($3==P+0 && strcol(2) eq "seldp-host" ? $4 : 1/0):7 \
          with linespoints lw 2 title sprintf("seldp-host, %s ranks", P), \
@@ -84,7 +90,7 @@ plot for [P in "2 4"] "broadcast.csv" using ($3==P+0 && strcol(2) eq "seldp-host
      for [P in "2 4"] "broadcast.csv" using ($3==P+0 && strcol(2) eq "memcpy" ? $4 : 1/0):($7/$3) \
          with lines dt 3 title sprintf("memory bound, %s ranks", P)
 
-set output "latency.png"
+set output out."/latency.png"
 set title "small allreduce, 2 ranks: time per call"
 set logscale y 10
 set ylabel "time (us)"
@@ -92,9 +98,9 @@ plot "latency.csv" using (strcol(2) eq "seldp-host" ? $4 : 1/0):5 with linespoin
      "latency.csv" using (strcol(2) eq "mpi" ? $4 : 1/0):5 with linespoints dt 2 title "Open MPI"
 unset logscale y
 
-set output "bucket_sweep.png"
+set output out."/bucket_sweep.png"
 set title "reduce of 10,000 mixed BF16/F32 tensors (256 MiB per rank, 2 ranks) by bucket size"
-set ylabel "time (ms)"
+set xlabel "bucket size"; set ylabel "time (ms)"
 set key top right
 plot "bucket_sweep.csv" using (strcol(1) eq "reduce" && strcol(2) eq "seldp-host" ? $11 : 1/0):($5/1000) \
          with linespoints lw 2 title "seldp_session_reduce (fused, one rendezvous)", \
@@ -103,12 +109,12 @@ plot "bucket_sweep.csv" using (strcol(1) eq "reduce" && strcol(2) eq "seldp-host
 
 unset logscale x
 set format x "%g"
-set output "ranks_sweep.png"
+set output out."/ranks_sweep.png"
 set title "allreduce F32 SUM, 64 MiB per rank, simulated ranks on 2 cores"
 set xlabel "ranks"; set ylabel "GB/s"; set y2label "fraction of the memory bound"
 set y2tics; set ytics nomirror; set y2range [0:*]
 set key top right
-plot "ranks_sweep.csv" using (strcol(2) eq "seldp-host" ? $3 : 1/0):7 with linespoints lw 2 title "seldp busbw", \
+plot "ranks_sweep.csv" using (strcol(2) eq "seldp-host" ? $3 : 1/0):($6*2*$3) with linespoints lw 2 title "seldp: 2 n size / time (bytes moved per second)", \
      "ranks_sweep.csv" using (strcol(2) eq "memcpy" ? $3 : 1/0):7 with linespoints dt 3 title "memcpy B (read + written)", \
      "ranks_sweep.csv" using (strcol(2) eq "seldp-host" ? $3 : 1/0):8 axes x1y2 with linespoints dt 2 title "bound fraction (right)"
 EOF
