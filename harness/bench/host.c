@@ -1,11 +1,13 @@
 /* seldp-bench: allreduce (F32 SUM) and broadcast on the host-staged transport, beside the
  * memcpy bound of the same ranks and size, every result validated.
  *
- * Each rank owns two buffers of the largest size: `src` holds its input pattern (the root's
- * for a broadcast), `dst` receives (an allreduce's output, a non-root's broadcast buffer).
- * Per size: the memcpy samples (every rank copies src to dst at once), then dst is poisoned
- * with NaNs, the collective is timed, and every rank checks a share of the elements of every
- * rank's output against the exact expected values (integer patterns, exact in F32). */
+ * Each rank owns buffers of the largest size: `src` holds its input pattern (the root's for a
+ * broadcast), `dst` receives (an allreduce's output, a non-root's broadcast buffer), `copy`
+ * is the memcpy's destination. Per size: dst is poisoned with NaNs, then memcpy samples
+ * (every rank copies src to copy at once) and collective samples are taken in turns, so
+ * that a load that comes and goes on a shared machine weighs on both alike; then every rank
+ * checks a share of the elements of every rank's output against the exact expected values
+ * (integer patterns, exact in F32). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@ typedef struct host_ctx {
 
 typedef struct op_args {
     float *src, *dst;
+    float *copy; /* the memcpy's destination, so that it never writes a result */
     size_t count;
     bench_op op;
 } op_args;
@@ -31,7 +34,7 @@ static int run_memcpy(bench_rank *r, void *arg)
 {
     (void)r;
     op_args *a = arg;
-    memcpy(a->dst, a->src, a->count * sizeof(float));
+    memcpy(a->copy, a->src, a->count * sizeof(float));
     return 0;
 }
 
@@ -83,14 +86,17 @@ static int host_rank(bench_rank *r)
     size_t max_count = (o->max_bytes + 3) / 4;
     size_t alloc = (max_count * sizeof(float) + 63) / 64 * 64;
     float *src = aligned_alloc(64, alloc), *dst = aligned_alloc(64, alloc);
+    float *copy = o->bound ? aligned_alloc(64, alloc) : NULL;
     int failed = 0;
 
-    if (!src || !dst) {
-        failed = bench_team_fail(r, "out of memory for 2 x %zu bytes", alloc);
+    if (!src || !dst || (o->bound && !copy)) {
+        failed = bench_team_fail(r, "out of memory for 3 x %zu bytes", alloc);
         goto out;
     }
     bench_fill(src, max_count, r->rank, 0);
     memset(dst, 0, alloc);
+    if (copy)
+        memset(copy, 0, alloc);
     c->src[r->rank] = src;
     c->dst[r->rank] = dst;
     if (!bench_team_barrier(r))
@@ -98,35 +104,41 @@ static int host_rank(bench_rank *r)
 
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes;
          bytes = bench_next_size(bytes, o->factor)) {
-        op_args a = {src, dst, bytes / 4, o->op};
+        op_args a = {src, dst, copy, bytes / 4, o->op};
         size_t size = a.count * sizeof(float);
         int k = bench_batch(size);
-        if (o->bound && bench_team_time(r, run_memcpy, &a, o->warmup, o->iters, k, c->copy_samples))
-            goto out;
         memset(dst, 0xff, size); /* NaN: a result never written is wrong */
         atomic_store(&c->wrong, 0);
         if (!bench_team_barrier(r))
             goto out;
-        if (bench_team_time(r, run_collective, &a, o->warmup, o->iters, k, c->op_samples))
-            goto out;
+        /* the memcpy and the collective in turns, so that both see the same machine */
+        for (int i = 0; i < o->warmup; i++)
+            if ((o->bound && run_memcpy(r, &a)) || run_collective(r, &a))
+                goto out;
+        for (int sample = 0; sample < o->iters; sample++) {
+            if (o->bound && bench_team_time(r, run_memcpy, &a, 0, 1, k, &c->copy_samples[sample]))
+                goto out;
+            if (bench_team_time(r, run_collective, &a, 0, 1, k, &c->op_samples[sample]))
+                goto out;
+        }
         atomic_fetch_add(&c->wrong, count_wrong(r, c, o->op, a.count));
         if (!bench_team_barrier(r))
             goto out;
         if (r->rank == 0) {
             const char *op = bench_op_name(o->op);
-            double copy = 0;
+            double copy_bw = 0;
             if (o->bound) {
                 bench_row m = bench_row_make(op, "memcpy", r->size, size);
                 m.time_us = 1e6 * bench_median(c->copy_samples, o->iters);
                 bench_row_finish(&m, 0);
-                copy = m.busbw;
+                copy_bw = m.busbw;
                 bench_rows_add(c->rows, &m);
             }
             bench_row s = bench_row_make(op, "seldp-host", r->size, size);
             s.time_us = 1e6 * bench_median(c->op_samples, o->iters);
             s.wrong = atomic_load(&c->wrong);
             snprintf(s.dtype, sizeof s.dtype, "f32");
-            bench_row_finish(&s, copy);
+            bench_row_finish(&s, copy_bw);
             bench_rows_add(c->rows, &s);
         }
         if (!bench_team_barrier(r))
@@ -137,6 +149,7 @@ out:
     bench_team_barrier(r);
     free(src);
     free(dst);
+    free(copy);
     return failed;
 }
 

@@ -191,6 +191,11 @@ algbw * 2(n-1)/n for an allreduce and algbw for a broadcast. The bound: B = the 
 bandwidth of the n rank threads each memcpy'ing its own buffer of the same size at once (bytes
 read + written per second, the \`memcpy\` rows), measured in the same run; an allreduce must
 move 2 n size bytes and a broadcast n size bytes, and bound fraction = (bytes / B) / time.
+Fractions above 1 are real and come from that definition: glibc's memcpy writes with ordinary
+stores below its non-temporal threshold (a large share of the last-level cache), and each line
+it writes is read first (read-for-ownership), so it moves 3 bytes for every 2 counted; seldp's
+kernels stream the outputs they do not read (non-temporal stores). The memcpy samples and the
+collective's are taken in turns, so that both see the same load.
 seldp's ranks are threads of one process pinned one per core when they fit; Open MPI's are
 processes (mpirun --oversubscribe, bound to cores by mpirun when they fit), on the same machine,
 sizes and timing rule (seldp-bench-mpi). With 4 ranks on 2 cores both oversubscribe.
@@ -215,7 +220,9 @@ $(latency_table)
 
 10,000 tensors (40% vectors, 50% mid-size matrices, 10% large), half BF16 and half F32 by
 count, weights are token counts (W not a power of two), 25 MiB buckets. The raw allreduce is
-an F32 allreduce of the same bytes, sampled in turns with the reduce. Extra memory is the peak
+an F32 allreduce of the same bytes; the memcpy bound, the raw allreduce and the reduce are
+sampled in turns. The reduce runs in place on the caller's tensors (F32 kernel for F32, exact
+BF16 upcast and round-to-nearest-even for BF16, 1/W through doubles). Extra memory is the peak
 RSS during the reductions (VmHWM, reset before them) minus the RSS before, per rank.
 
 | ranks | tensors | dtype | bytes per rank | raw allreduce (ms) | reduce (ms) | reduce / raw | bound fraction | extra memory per rank | budget per rank | targets |
