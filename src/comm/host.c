@@ -939,27 +939,27 @@ static __m128i bf16x4(__m128 x)
     return _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);
 }
 
-static void store16(void *out, seldp_dtype dtype, size_t i, const __m128 v[4], bool stream)
+/* A block of 16 results as the bytes of the output dtype, converted once for every output:
+ * F32 in the four vectors, BF16 in the first two. */
+static void encode16(seldp_dtype dtype, const __m128 v[4], __m128i e[4])
 {
     if (dtype == SELDP_F32) {
-        float *f = (float *)out + i;
-        for (int k = 0; k < 4; k++) {
-            if (stream)
-                _mm_stream_ps(f + 4 * k, v[k]);
-            else
-                _mm_storeu_ps(f + 4 * k, v[k]);
-        }
-        return;
-    }
-    uint16_t *h = (uint16_t *)out + i;
-    __m128i lo = _mm_packs_epi32(bf16x4(v[0]), bf16x4(v[1]));
-    __m128i hi = _mm_packs_epi32(bf16x4(v[2]), bf16x4(v[3]));
-    if (stream) {
-        _mm_stream_si128((__m128i *)h, lo);
-        _mm_stream_si128((__m128i *)(h + 8), hi);
+        for (int k = 0; k < 4; k++)
+            e[k] = _mm_castps_si128(v[k]);
     } else {
-        _mm_storeu_si128((__m128i *)h, lo);
-        _mm_storeu_si128((__m128i *)(h + 8), hi);
+        e[0] = _mm_packs_epi32(bf16x4(v[0]), bf16x4(v[1]));
+        e[1] = _mm_packs_epi32(bf16x4(v[2]), bf16x4(v[3]));
+    }
+}
+
+static void store16(void *out, seldp_dtype dtype, size_t i, const __m128i e[4], bool stream)
+{
+    __m128i *to = (__m128i *)((char *)out + i * seldp_dtype_size(dtype));
+    for (int k = 0; k < (dtype == SELDP_F32 ? 4 : 2); k++) {
+        if (stream)
+            _mm_stream_si128(to + k, e[k]);
+        else
+            _mm_storeu_si128(to + k, e[k]);
     }
 }
 /* Blocks of 16 elements from i while i + 16 <= n: 16 elements of every input in registers,
@@ -979,8 +979,10 @@ static size_t sum_blocks_sse2(int size, const void *const *in, const seldp_dtype
         }
         for (int k = 0; k < 4; k++)
             acc[k] = sum_scale4(acc[k], m);
+        __m128i e[4];
+        encode16(out_dtype, acc, e);
         for (int r = 0; r < outs; r++)
-            store16(out[r], out_dtype, i, acc, stream >> r & 1);
+            store16(out[r], out_dtype, i, e, stream >> r & 1);
     }
     return i;
 }
@@ -1031,27 +1033,28 @@ AVX2 static __m256i bf16x8(__m256 x)
     return _mm256_blendv_epi8(rounded, quiet, nan);
 }
 
-AVX2 static void store16_avx2(void *out, seldp_dtype dtype, size_t i, const __m256 v[2],
-                              bool stream)
+/* encode16 with 256-bit vectors: F32 in both, BF16 in the first. */
+AVX2 static void encode16_avx2(seldp_dtype dtype, const __m256 v[2], __m256i e[2])
 {
     if (dtype == SELDP_F32) {
-        float *f = (float *)out + i;
-        if (stream) {
-            _mm256_stream_ps(f, v[0]);
-            _mm256_stream_ps(f + 8, v[1]);
-        } else {
-            _mm256_storeu_ps(f, v[0]);
-            _mm256_storeu_ps(f + 8, v[1]);
-        }
-        return;
+        e[0] = _mm256_castps_si256(v[0]);
+        e[1] = _mm256_castps_si256(v[1]);
+    } else {
+        /* packus works within 128-bit lanes: put the four quarters back in order */
+        e[0] = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16x8(v[0]), bf16x8(v[1])), 0xd8);
     }
-    /* packus works within 128-bit lanes: put the four quarters back in order */
-    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16x8(v[0]), bf16x8(v[1])), 0xd8);
-    __m256i *h = (__m256i *)((uint16_t *)out + i);
-    if (stream)
-        _mm256_stream_si256(h, p);
-    else
-        _mm256_storeu_si256(h, p);
+}
+
+AVX2 static void store16_avx2(void *out, seldp_dtype dtype, size_t i, const __m256i e[2],
+                              bool stream)
+{
+    __m256i *to = (__m256i *)((char *)out + i * seldp_dtype_size(dtype));
+    for (int k = 0; k < (dtype == SELDP_F32 ? 2 : 1); k++) {
+        if (stream)
+            _mm256_stream_si256(to + k, e[k]);
+        else
+            _mm256_storeu_si256(to + k, e[k]);
+    }
 }
 
 AVX2 static size_t sum_blocks_avx2(int size, const void *const *in, const seldp_dtype *in_dtype,
@@ -1068,8 +1071,10 @@ AVX2 static size_t sum_blocks_avx2(int size, const void *const *in, const seldp_
         }
         acc[0] = sum_scale8(acc[0], m);
         acc[1] = sum_scale8(acc[1], m);
+        __m256i e[2];
+        encode16_avx2(out_dtype, acc, e);
         for (int r = 0; r < outs; r++)
-            store16_avx2(out[r], out_dtype, i, acc, stream >> r & 1);
+            store16_avx2(out[r], out_dtype, i, e, stream >> r & 1);
     }
     return i;
 }
@@ -1100,17 +1105,12 @@ AVX512 static __m512 sum_scale16(__m512 x, const sum_mode *m)
         _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
-AVX512 static void store16_avx512(void *out, seldp_dtype dtype, size_t i, __m512 v, bool stream)
+/* A block of 16 results in the output dtype: 64 bytes of F32, or 32 of BF16 (bf16x4 on
+ * sixteen lanes) in the low half. */
+AVX512 static __m512i encode16_avx512(seldp_dtype dtype, __m512 v)
 {
-    if (dtype == SELDP_F32) {
-        float *f = (float *)out + i;
-        if (stream)
-            _mm512_stream_ps(f, v);
-        else
-            _mm512_storeu_ps(f, v);
-        return;
-    }
-    /* bf16x4 on sixteen lanes */
+    if (dtype == SELDP_F32)
+        return _mm512_castps_si512(v);
     __m512i b = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
     __m512i rounded = _mm512_srli_epi32(
@@ -1119,11 +1119,24 @@ AVX512 static void store16_avx512(void *out, seldp_dtype dtype, size_t i, __m512
                                             _mm512_set1_epi32(0x7f800000));
     __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
     __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+    return _mm512_castsi256_si512(h);
+}
+
+AVX512 static void store16_avx512(void *out, seldp_dtype dtype, size_t i, __m512i e, bool stream)
+{
+    if (dtype == SELDP_F32) {
+        float *f = (float *)out + i;
+        if (stream)
+            _mm512_stream_si512((__m512i *)f, e);
+        else
+            _mm512_storeu_si512(f, e);
+        return;
+    }
     __m256i *to = (__m256i *)((uint16_t *)out + i);
     if (stream)
-        _mm256_stream_si256(to, h);
+        _mm256_stream_si256(to, _mm512_castsi512_si256(e));
     else
-        _mm256_storeu_si256(to, h);
+        _mm256_storeu_si256(to, _mm512_castsi512_si256(e));
 }
 
 AVX512 static size_t sum_blocks_avx512(int size, const void *const *in, const seldp_dtype *in_dtype,
@@ -1138,20 +1151,20 @@ AVX512 static size_t sum_blocks_avx512(int size, const void *const *in, const se
             a = _mm512_add_ps(a, load16_avx512(in[r], in_dtype[r], i));
             b = _mm512_add_ps(b, load16_avx512(in[r], in_dtype[r], i + 16));
         }
-        a = sum_scale16(a, m);
-        b = sum_scale16(b, m);
+        __m512i ea = encode16_avx512(out_dtype, sum_scale16(a, m));
+        __m512i eb = encode16_avx512(out_dtype, sum_scale16(b, m));
         for (int r = 0; r < outs; r++) {
-            store16_avx512(out[r], out_dtype, i, a, stream >> r & 1);
-            store16_avx512(out[r], out_dtype, i + 16, b, stream >> r & 1);
+            store16_avx512(out[r], out_dtype, i, ea, stream >> r & 1);
+            store16_avx512(out[r], out_dtype, i + 16, eb, stream >> r & 1);
         }
     }
     for (; i + 16 <= n; i += 16) {
         __m512 acc = load16_avx512(in[0], in_dtype[0], i);
         for (int r = 1; r < size; r++)
             acc = _mm512_add_ps(acc, load16_avx512(in[r], in_dtype[r], i));
-        acc = sum_scale16(acc, m);
+        __m512i e = encode16_avx512(out_dtype, sum_scale16(acc, m));
         for (int r = 0; r < outs; r++)
-            store16_avx512(out[r], out_dtype, i, acc, stream >> r & 1);
+            store16_avx512(out[r], out_dtype, i, e, stream >> r & 1);
     }
     return i;
 }
