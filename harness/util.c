@@ -179,9 +179,13 @@ seldp_status hx_read_file(const char *path, char **data, size_t *len)
 {
     seldp_status st = SELDP_OK;
     char *text = NULL;
+    struct stat info;
     FILE *f = fopen(path, "rb");
     if (!f)
         HX_FAIL(SELDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* A directory opens and seeks like a file of an absurd size on Linux. */
+    if (fstat(fileno(f), &info) != 0 || !S_ISREG(info.st_mode))
+        HX_FAIL(SELDP_ERR_IO, "%s: expected a regular file", path);
     if (fseek(f, 0, SEEK_END) != 0)
         HX_FAIL(SELDP_ERR_IO, "%s: cannot seek: %s", path, strerror(errno));
     long size = ftell(f);

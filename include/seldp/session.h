@@ -10,7 +10,7 @@
  * Collective order is the lexicographic order of full paths; a ParamId tied at several
  * paths is ordered by its smallest path and communicated once. Every collective call
  * returns the same status on every rank of the group; on failure the caller's model
- * and gradient container are unchanged. */
+ * and gradient container are unchanged (initialize's one exception is documented there). */
 #ifndef SELDP_SESSION_H
 #define SELDP_SESSION_H
 
@@ -58,7 +58,9 @@ typedef struct seldp_session_config {
  * SELDP_ERR_DUPLICATE (an id selected twice), SELDP_ERR_NOT_FOUND (selected id absent),
  * SELDP_ERR_DEVICE, SELDP_ERR_DTYPE (integer or bool selected), SELDP_ERR_SCHEMA (paths,
  * dtypes, shapes or alias topology differ between ranks). No parameter is written unless
- * validation passes on every rank. */
+ * validation passes on every rank. A transport failure during the broadcasts themselves (a
+ * rank aborting or timing out) can leave selected parameters partly overwritten with the
+ * root's values; unselected parameters are never touched. */
 seldp_status seldp_session_initialize(seldp_comm *comm, seldp_model *model, int root,
                                       const seldp_param_id *ids, size_t n_ids,
                                       const seldp_session_config *cfg, seldp_session **out);

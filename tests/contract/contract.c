@@ -270,7 +270,7 @@ void gs_take(grads_snapshot *s, const seldp_grads *grads)
         s->own[s->n] = seldp_grads_ownership(grads, s->id[s->n]);
         bytes = seldp_tensor_nbytes(t);
         s->bytes[s->n] = malloc(bytes + 1);
-        if (s->bytes[s->n])
+        if (s->bytes[s->n] && bytes > 0)
             memcpy(s->bytes[s->n], t->data, bytes);
         s->n++;
     }
