@@ -234,7 +234,7 @@ long long bench_selection_wrong(const bench_selection *s, const void *const *are
  * and the peak RSS around them. */
 static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
                               const seldp_param_id *ids, char *pristine, char *grads,
-                              seldp_grads *container, size_t bucket, raw_args *raw)
+                              seldp_grads *container, size_t bucket, raw_args *raw, bool first)
 {
     const bench_opts *o = c->o;
     const bench_selection *s = c->sel;
@@ -258,7 +258,7 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
     if (raw)
         memset(raw->recv, 0xff, raw->count * sizeof(float));
     for (int it = 0; it < o->warmup + o->iters; it++) {
-        if (raw && o->bound) {
+        if (first && o->bound) {
             /* the memcpy bound: the restore of the gradients, timed over the same bytes */
             if (!bench_team_barrier(r))
                 goto out;
@@ -304,13 +304,13 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
         atomic_fetch_add(&c->raw_wrong, raw_wrong(r, c, raw->count));
     if (!bench_team_barrier(r))
         goto out;
-    if (r->rank == 0 && raw && o->bound) {
+    if (r->rank == 0 && first && o->bound) {
         bench_row m = bench_row_make("reduce", "memcpy", r->size, s->bytes);
         m.time_us = 1e6 * bench_median(c->copy_samples, o->iters);
         bench_row_finish(&m, 0);
         bench_rows_add(c->rows, &m);
     }
-    if (r->rank == 0 && raw) {
+    if (r->rank == 0 && first) {
         bench_row row = bench_row_make("allreduce", "seldp-host", r->size, s->bytes);
         row.time_us = 1e6 * bench_median(c->raw_samples, o->iters);
         row.wrong = atomic_load(&c->raw_wrong);
@@ -327,16 +327,8 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
         snprintf(row.dtype, sizeof row.dtype, "%s", o->dtype);
         row.bucket_bytes = bucket;
         row.tensors = s->n;
-        row.raw_time_us = NAN;
-        for (int i = c->rows->n - 1; i >= 0; i--) {
-            const bench_row *prev = &c->rows->at[i];
-            if (strcmp(prev->op, "allreduce") == 0 && prev->ranks == r->size &&
-                prev->bytes == s->bytes && prev->bucket_bytes == 0 &&
-                strcmp(prev->impl, "seldp-host") == 0) {
-                row.raw_time_us = prev->time_us;
-                break;
-            }
-        }
+        /* the raw allreduce sampled in turns with this reduction */
+        row.raw_time_us = 1e6 * bench_median(c->raw_samples, o->iters);
         if (c->rss_reset && peak_kb >= 0 && c->rss_before_kb >= 0) {
             long long extra = (peak_kb - c->rss_before_kb) * 1024;
             row.peak_rss = peak_kb * 1024;
@@ -400,12 +392,12 @@ static int reduce_rank(bench_rank *r)
     if (!bench_team_barrier(r))
         goto out;
 
-    /* the reductions, the first with the bound and one raw allreduce of the same bytes in
-     * turns */
+    /* the reductions, each in turns with one raw allreduce of the same bytes (the first also
+     * with the bound) */
     raw_args a = {send, recv, count, 0};
     for (int b = 0; b < o->n_buckets && !failed; b++)
-        failed = reduce_with_bucket(r, c, model, ids, pristine, grads, container, o->buckets[b],
-                                    b == 0 ? &a : NULL);
+        failed = reduce_with_bucket(r, c, model, ids, pristine, grads, container, o->buckets[b], &a,
+                                    b == 0);
     /* for a bucket sweep, the same bytes in bucketed allreduces */
     for (int b = 0; b < (o->n_buckets > 1 ? o->n_buckets : 0) && !failed; b++) {
         a.bucket_count = o->buckets[b] / sizeof(float);

@@ -100,12 +100,18 @@ unset logscale y
 
 set output out."/bucket_sweep.png"
 set title "reduce of 10,000 mixed BF16/F32 tensors (256 MiB per rank, 2 ranks) by bucket size"
-set xlabel "bucket size"; set ylabel "time (ms)"
+set xlabel "bucket size"; set ylabel "time (ms)"; set y2label "reduce / raw allreduce"
+set y2tics; set ytics nomirror; set yrange [0:*]; set y2range [0:2]
 set key top right
 plot "bucket_sweep.csv" using (strcol(1) eq "reduce" && strcol(2) eq "seldp-host" ? $11 : 1/0):($5/1000) \
-         with linespoints lw 2 title "seldp_session_reduce (fused, one rendezvous)", \
+         with linespoints lw 2 title "seldp_session_reduce (fused: one rendezvous)", \
+     "bucket_sweep.csv" using (strcol(1) eq "reduce" && strcol(2) eq "seldp-host" ? $11 : 1/0):($13/1000) \
+         with linespoints dt 3 title "one raw F32 allreduce of the same bytes, sampled in turns", \
      "bucket_sweep.csv" using (strcol(17) eq "raw: bucketed" ? $11 : 1/0):($5/1000) \
-         with linespoints dt 2 title "raw F32 allreduces, one per bucket"
+         with linespoints dt 2 title "raw F32 allreduces, one per bucket", \
+     "bucket_sweep.csv" using (strcol(1) eq "reduce" && strcol(2) eq "seldp-host" ? $11 : 1/0):($5/$13) \
+         axes x1y2 with linespoints lw 1 title "reduce / raw (right)"
+unset y2tics; unset y2label; set ytics mirror; set yrange [*:*]
 
 unset logscale x
 set format x "%g"
@@ -232,9 +238,21 @@ $(reduce_table)
 ## 5. Sweeps
 
 Bucket size (\`bucket_sweep.png\`, \`bucket_sweep.txt\`): on the host transport a reduction is one
-rendezvous whatever the bucket (the fused path reduces each bucket in turn inside it), so its
-time is flat; the raw rows show what one collective per bucket costs. Rank count
-(\`ranks_sweep.png\`, \`ranks_sweep.txt\`): 1 to 16 simulated ranks on 2 cores, 64 MiB per rank.
+rendezvous whatever the bucket (the fused path reduces each bucket in turn inside it), so the
+bucket should not matter; each reduce is sampled in turns with one raw allreduce of the same
+bytes, and their ratio takes out the drift of the machine's memory bandwidth from one bucket
+to the next. The last column is what one raw allreduce per bucket costs (sampled on its own).
+
+| bucket | reduce (ms) | raw allreduce in turns (ms) | reduce / raw | raw, one allreduce per bucket (ms) |
+|---:|---:|---:|---:|---:|
+$(awk -F, 'NR > 1 && $1 == "reduce" && $2 == "seldp-host" { r[$11] = $5; w[$11] = $13; k[++n] = $11 }
+          NR > 1 && $17 == "raw: bucketed" { b[$11] = $5 }
+          END { for (i = 1; i <= n; i++) printf "| %d MiB | %.1f | %.1f | %.2f | %s |\n", k[i] / 1048576,
+                    r[k[i]] / 1000, w[k[i]] / 1000, r[k[i]] / w[k[i]],
+                    (k[i] in b ? sprintf("%.1f", b[k[i]] / 1000) : "-") }' bucket_sweep.csv)
+
+Rank count (\`ranks_sweep.png\`, \`ranks_sweep.txt\`): 1 to 16 simulated ranks on 2 cores, 64 MiB
+per rank (ranks beyond 2 time-share the cores and sleep between phases).
 
 $(awk -F, 'NR > 1 && $2 == "seldp-host" { printf "- %d ranks: busbw %.2f GB/s, bound fraction %.2f\n", $3, $7, $8 }' ranks_sweep.csv)
 
