@@ -97,15 +97,15 @@ static void test_a_rank_that_never_arrives(void **state)
             double waited = mt_now() - t0;
             expect_status(st, SELDP_ERR_TIMEOUT, call_names[c]);
             expect_status(st, SELDP_ERR_TIMEOUT, who);
-            if (waited < 0.8 * SHORT_TIMEOUT_S || waited > SHORT_TIMEOUT_S + 1.5)
+            if (waited < 0.8 * SHORT_TIMEOUT_S || waited > SHORT_TIMEOUT_S + 5.0)
                 fail_msg("rank %d: %s gave up after %.3f s with a timeout of %g s", mt_rank,
                          call_names[c], waited, SHORT_TIMEOUT_S);
         } else {
-            sleep_s(SHORT_TIMEOUT_S + 0.25);
+            sleep_s(SHORT_TIMEOUT_S + 1.0);
             double t0 = mt_now();
             seldp_status st = run_call(world, (call)c);
             expect_status(st, SELDP_ERR_TIMEOUT, "aborted");
-            if (mt_now() - t0 > 1.5)
+            if (mt_now() - t0 > 5.0)
                 fail_msg("rank %d: the late %s took %.3f s to see the aborted world", mt_rank,
                          call_names[c], mt_now() - t0);
         }
@@ -134,7 +134,7 @@ static void test_abort_reaches_ranks_waiting_in_a_collective(void **state)
         seldp_status st = seldp_comm_allreduce(world, data, out, 4, SELDP_F64, SELDP_HOST_DEVICE);
         double waited = mt_now() - t0;
         expect_status(st, SELDP_ERR_ABORTED, "rank 0 aborted the world");
-        if (waited > 2.0)
+        if (waited > 5.0)
             fail_msg("rank %d: the abort took %.3f s to arrive", mt_rank, waited);
     }
     /* Every communicator of the world is aborted, on every rank. */
@@ -159,7 +159,7 @@ static void test_abort_before_the_others_call(void **state)
     char needle[64];
     snprintf(needle, sizeof needle, "rank %d aborted the world", aborter);
     expect_status(st, SELDP_ERR_ABORTED, needle);
-    if (mt_now() - t0 > 2.0)
+    if (mt_now() - t0 > 5.0)
         fail_msg("rank %d: the broadcast took %.3f s to fail", mt_rank, mt_now() - t0);
     seldp_comm_destroy(world);
 }
