@@ -68,8 +68,10 @@ seldp_status seldp__device_alloc(seldp_device device, size_t bytes, void **out)
     *out = p;
     return SELDP_OK;
 #else
-    return seldp__fail(SELDP_ERR_UNSUPPORTED, "cuda:%d memory requested but seldp was built "
-                                              "without CUDA", device.ordinal);
+    return seldp__fail(SELDP_ERR_UNSUPPORTED,
+                       "cuda:%d memory requested but seldp was built "
+                       "without CUDA",
+                       device.ordinal);
 #endif
 }
 

@@ -12,7 +12,8 @@
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-seldp_status seldp__fail(seldp_status status, const char *fmt, ...);
+seldp_status
+seldp__fail(seldp_status status, const char *fmt, ...);
 
 /* Set the calling thread's last error to `message` verbatim (used to make every rank
  * report the message of the rank that failed first). */

@@ -12,28 +12,50 @@ static _Thread_local char last_error[SELDP_ERROR_MAX];
 const char *seldp_status_name(seldp_status status)
 {
     switch (status) {
-    case SELDP_OK: return "SELDP_OK";
-    case SELDP_ERR_INVALID_ARGUMENT: return "SELDP_ERR_INVALID_ARGUMENT";
-    case SELDP_ERR_NOMEM: return "SELDP_ERR_NOMEM";
-    case SELDP_ERR_NOT_FOUND: return "SELDP_ERR_NOT_FOUND";
-    case SELDP_ERR_DUPLICATE: return "SELDP_ERR_DUPLICATE";
-    case SELDP_ERR_DTYPE: return "SELDP_ERR_DTYPE";
-    case SELDP_ERR_SHAPE: return "SELDP_ERR_SHAPE";
-    case SELDP_ERR_DEVICE: return "SELDP_ERR_DEVICE";
-    case SELDP_ERR_ALIAS: return "SELDP_ERR_ALIAS";
-    case SELDP_ERR_SCHEMA: return "SELDP_ERR_SCHEMA";
-    case SELDP_ERR_DISAGREE: return "SELDP_ERR_DISAGREE";
-    case SELDP_ERR_MISSING_GRADIENT: return "SELDP_ERR_MISSING_GRADIENT";
-    case SELDP_ERR_FROZEN: return "SELDP_ERR_FROZEN";
-    case SELDP_ERR_NONFINITE: return "SELDP_ERR_NONFINITE";
-    case SELDP_ERR_OVERFLOW: return "SELDP_ERR_OVERFLOW";
-    case SELDP_ERR_ABORTED: return "SELDP_ERR_ABORTED";
-    case SELDP_ERR_TIMEOUT: return "SELDP_ERR_TIMEOUT";
-    case SELDP_ERR_TRANSPORT: return "SELDP_ERR_TRANSPORT";
-    case SELDP_ERR_UNSUPPORTED: return "SELDP_ERR_UNSUPPORTED";
-    case SELDP_ERR_PARSE: return "SELDP_ERR_PARSE";
-    case SELDP_ERR_IO: return "SELDP_ERR_IO";
-    case SELDP_ERR_INTERNAL: return "SELDP_ERR_INTERNAL";
+    case SELDP_OK:
+        return "SELDP_OK";
+    case SELDP_ERR_INVALID_ARGUMENT:
+        return "SELDP_ERR_INVALID_ARGUMENT";
+    case SELDP_ERR_NOMEM:
+        return "SELDP_ERR_NOMEM";
+    case SELDP_ERR_NOT_FOUND:
+        return "SELDP_ERR_NOT_FOUND";
+    case SELDP_ERR_DUPLICATE:
+        return "SELDP_ERR_DUPLICATE";
+    case SELDP_ERR_DTYPE:
+        return "SELDP_ERR_DTYPE";
+    case SELDP_ERR_SHAPE:
+        return "SELDP_ERR_SHAPE";
+    case SELDP_ERR_DEVICE:
+        return "SELDP_ERR_DEVICE";
+    case SELDP_ERR_ALIAS:
+        return "SELDP_ERR_ALIAS";
+    case SELDP_ERR_SCHEMA:
+        return "SELDP_ERR_SCHEMA";
+    case SELDP_ERR_DISAGREE:
+        return "SELDP_ERR_DISAGREE";
+    case SELDP_ERR_MISSING_GRADIENT:
+        return "SELDP_ERR_MISSING_GRADIENT";
+    case SELDP_ERR_FROZEN:
+        return "SELDP_ERR_FROZEN";
+    case SELDP_ERR_NONFINITE:
+        return "SELDP_ERR_NONFINITE";
+    case SELDP_ERR_OVERFLOW:
+        return "SELDP_ERR_OVERFLOW";
+    case SELDP_ERR_ABORTED:
+        return "SELDP_ERR_ABORTED";
+    case SELDP_ERR_TIMEOUT:
+        return "SELDP_ERR_TIMEOUT";
+    case SELDP_ERR_TRANSPORT:
+        return "SELDP_ERR_TRANSPORT";
+    case SELDP_ERR_UNSUPPORTED:
+        return "SELDP_ERR_UNSUPPORTED";
+    case SELDP_ERR_PARSE:
+        return "SELDP_ERR_PARSE";
+    case SELDP_ERR_IO:
+        return "SELDP_ERR_IO";
+    case SELDP_ERR_INTERNAL:
+        return "SELDP_ERR_INTERNAL";
     }
     return "SELDP_ERR_UNKNOWN";
 }

@@ -35,7 +35,10 @@ typedef struct seldp_comm_config {
 } seldp_comm_config;
 
 /** Initializer of seldp_comm_config with the defaults (a 300 s timeout). */
-#define SELDP_COMM_CONFIG_INIT {300.0}
+#define SELDP_COMM_CONFIG_INIT                                                                     \
+    {                                                                                              \
+        300.0                                                                                      \
+    }
 
 /** Rank of the caller within the group (local). */
 int seldp_comm_rank(const seldp_comm *comm);
@@ -81,9 +84,8 @@ seldp_status seldp_comm_allgatherv(seldp_comm *comm, const void *send, size_t se
  * group rank: rank r sends send_counts[p] elements from send + send_displs[p] to rank p,
  * which receives them at recv + recv_displs[r] with recv_counts[r] == that count. */
 seldp_status seldp_comm_alltoallv(seldp_comm *comm, const void *send, const size_t *send_counts,
-                                  const size_t *send_displs, void *recv,
-                                  const size_t *recv_counts, const size_t *recv_displs,
-                                  seldp_dtype dtype, seldp_device mem);
+                                  const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                  const size_t *recv_displs, seldp_dtype dtype, seldp_device mem);
 
 /** Split the group as MPI_Comm_split does: ranks with the same `color` form a new group,
  * ordered by `key`, ties keeping their parent order. A rank passing SELDP_COMM_NO_GROUP

@@ -48,7 +48,10 @@ typedef struct seldp_session_config {
 
 /** Initializer of seldp_session_config with the defaults: 25 MiB buckets, no finiteness
  * check. */
-#define SELDP_SESSION_CONFIG_INIT {(size_t)25 << 20, false}
+#define SELDP_SESSION_CONFIG_INIT                                                                  \
+    {                                                                                              \
+        (size_t)25 << 20, false                                                                    \
+    }
 
 /** Collective: validate the selection on every rank of `comm`, then broadcast every
  * selected parameter from group rank `root` into the other ranks' storage, in place.
@@ -86,9 +89,8 @@ seldp_status seldp_session_initialize_with_buffers(seldp_comm *comm, seldp_model
  * Errors, the same on every rank: SELDP_ERR_DISAGREE (another method, flag or policy),
  * SELDP_ERR_MISSING_GRADIENT, SELDP_ERR_FROZEN, SELDP_ERR_SHAPE, SELDP_ERR_DTYPE,
  * SELDP_ERR_OVERFLOW, SELDP_ERR_NONFINITE, transport errors. On error `grads` is unchanged. */
-seldp_status seldp_session_reduce(seldp_session *session, seldp_grads *grads,
-                                  uint64_t local_weight, seldp_missing_policy policy,
-                                  uint64_t *global_weight);
+seldp_status seldp_session_reduce(seldp_session *session, seldp_grads *grads, uint64_t local_weight,
+                                  seldp_missing_policy policy, uint64_t *global_weight);
 
 /** Collective: seldp_session_reduce with FP32 results, for FP32 master weights. Inputs may be
  * the parameter dtype or F32; a half input is replaced by an owned F32 entry. */
