@@ -298,3 +298,13 @@ void seldp_comm_destroy(seldp_comm *comm)
     if (comm && comm->ops)
         comm->ops->destroy(comm);
 }
+
+const char *seldp__comm_op_name(int op)
+{
+    static const char *const names[] = {
+        [OP_INIT] = "init",           [OP_BARRIER] = "barrier",     [OP_BROADCAST] = "broadcast",
+        [OP_ALLREDUCE] = "allreduce", [OP_ALLGATHER] = "allgather", [OP_ALLGATHERV] = "allgatherv",
+        [OP_ALLTOALLV] = "alltoallv", [OP_SPLIT] = "split",         [OP_REDUCE_FUSED] = "reduction",
+    };
+    return op >= 0 && op < OP_COUNT ? names[op] : "?";
+}

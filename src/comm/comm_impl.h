@@ -33,6 +33,23 @@ typedef struct seldp__reduce_fused_args {
     double scale;
 } seldp__reduce_fused_args;
 
+/* The collectives, named alike in every transport's messages. */
+typedef enum seldp__comm_op {
+    OP_INIT,
+    OP_BARRIER,
+    OP_BROADCAST,
+    OP_ALLREDUCE,
+    OP_ALLGATHER,
+    OP_ALLGATHERV,
+    OP_ALLTOALLV,
+    OP_SPLIT,
+    OP_REDUCE_FUSED,
+    OP_COUNT
+} seldp__comm_op;
+
+/* "init", "barrier", "broadcast"...; "?" outside the enum. */
+const char *seldp__comm_op_name(int op);
+
 typedef struct seldp_comm_ops {
     const char *name; /* "host", "nccl", "mpi" */
     seldp_status (*barrier)(seldp_comm *comm);

@@ -53,30 +53,12 @@
 #include "internal.h"
 #include "seldp/host.h"
 
-typedef enum host_op {
-    OP_INIT,
-    OP_BARRIER,
-    OP_BROADCAST,
-    OP_ALLREDUCE,
-    OP_ALLGATHER,
-    OP_ALLGATHERV,
-    OP_ALLTOALLV,
-    OP_SPLIT,
-    OP_REDUCE_FUSED
-} host_op;
-
-static const char *const op_names[] = {
-    [OP_INIT] = "init",           [OP_BARRIER] = "barrier",     [OP_BROADCAST] = "broadcast",
-    [OP_ALLREDUCE] = "allreduce", [OP_ALLGATHER] = "allgather", [OP_ALLGATHERV] = "allgatherv",
-    [OP_ALLTOALLV] = "alltoallv", [OP_SPLIT] = "split",         [OP_REDUCE_FUSED] = "reduction",
-};
-
 typedef struct host_group host_group;
 
 /* What one rank publishes for one collective. Pointers are host memory (staged). Each
  * slot has cache lines of its own, so that ranks publishing at once do not contend. */
 typedef struct host_slot {
-    _Alignas(64) host_op op;
+    _Alignas(64) seldp__comm_op op;
     seldp_status staged; /* SELDP_OK, or why this rank could not prepare its buffers */
     const void *send;
     void *recv;
@@ -241,11 +223,11 @@ static void world_abort_locked(seldp_host_world *w, seldp_status status, const c
         pthread_cond_broadcast(&g->cond);
 }
 
-static seldp_status aborted_error_locked(const seldp_comm *comm, host_op op)
+static seldp_status aborted_error_locked(const seldp_comm *comm, seldp__comm_op op)
 {
     seldp_host_world *w = impl_of(comm)->world;
-    return seldp__fail(w->abort_status, "rank %d: %s aborted: %s", comm->rank, op_names[op],
-                       w->abort_reason);
+    return seldp__fail(w->abort_status, "rank %d: %s aborted: %s", comm->rank,
+                       seldp__comm_op_name(op), w->abort_reason);
 }
 
 static struct timespec deadline_after(double seconds)
@@ -374,7 +356,7 @@ static bool give_up(host_group *g, int rank, uint64_t phases)
  * it complete or none does (the stores and loads are sequentially consistent). Waiters
  * spin first when the group has a core per rank, then sleep on the condition variable,
  * which every arriving rank signals when someone sleeps. */
-static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
+static seldp_status phase_wait(seldp_comm *comm, seldp__comm_op op, wait_mode mode)
 {
     host_comm *hc = impl_of(comm);
     seldp_host_world *w = hc->world;
@@ -410,14 +392,14 @@ static seldp_status phase_wait(seldp_comm *comm, host_op op, wait_mode mode)
             char world_who[200] = "";
             missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
             snprintf(reason, sizeof reason, "rank %d timed out after %g s in %s waiting for %s %s",
-                     comm->world_rank, w->timeout_s, op_names[op], missing > 1 ? "ranks" : "rank",
-                     world_who);
+                     comm->world_rank, w->timeout_s, seldp__comm_op_name(op),
+                     missing > 1 ? "ranks" : "rank", world_who);
             world_abort_locked(w, SELDP_ERR_TIMEOUT, reason);
             st = seldp__fail(SELDP_ERR_TIMEOUT,
                              "rank %d: %s timed out after %g s: %s %s had not arrived (%d of %d "
                              "ranks missing)",
-                             comm->rank, op_names[op], w->timeout_s, missing > 1 ? "ranks" : "rank",
-                             who, missing, g->size);
+                             comm->rank, seldp__comm_op_name(op), w->timeout_s,
+                             missing > 1 ? "ranks" : "rank", who, missing, g->size);
             goto out;
         }
     }
@@ -439,7 +421,7 @@ typedef struct host_fault {
 
 /* Count this collective; when it is the rank's armed point, act. Returns true when the
  * collective must not run, with its status in *st. Off the path of worlds without faults. */
-static bool fault_strike(seldp_comm *comm, host_op op, seldp_status *st)
+static bool fault_strike(seldp_comm *comm, seldp__comm_op op, seldp_status *st)
 {
     seldp_host_world *w = impl_of(comm)->world;
     host_group *g = impl_of(comm)->group;
@@ -455,16 +437,16 @@ static bool fault_strike(seldp_comm *comm, host_op op, seldp_status *st)
     case SELDP__FAULT_ABORT:
         snprintf(reason, sizeof reason,
                  "rank %d aborted the world at collective point %llu (%s, injected fault)",
-                 comm->world_rank, (unsigned long long)point, op_names[op]);
+                 comm->world_rank, (unsigned long long)point, seldp__comm_op_name(op));
         world_abort_locked(w, SELDP_ERR_ABORTED, reason);
-        *st = seldp__fail(SELDP_ERR_ABORTED, "rank %d: %s aborted: %s", comm->rank, op_names[op],
-                          reason);
+        *st = seldp__fail(SELDP_ERR_ABORTED, "rank %d: %s aborted: %s", comm->rank,
+                          seldp__comm_op_name(op), reason);
         skip = true;
         break;
     case SELDP__FAULT_RETURN:
         *st = seldp__fail(SELDP_ERR_TRANSPORT,
                           "rank %d: %s: injected fault: returned early from collective point %llu",
-                          comm->rank, op_names[op], (unsigned long long)point);
+                          comm->rank, seldp__comm_op_name(op), (unsigned long long)point);
         skip = true;
         break;
     case SELDP__FAULT_STALL: {
@@ -531,13 +513,14 @@ static seldp_status slots_agree(const seldp_comm *comm)
             return seldp__fail(SELDP_ERR_DISAGREE,
                                "rank %d: %s: rank %d called %s at the same point, expected every "
                                "rank to call %s",
-                               comm->rank, op_names[mine->op], r, op_names[s[r].op],
-                               op_names[mine->op]);
+                               comm->rank, seldp__comm_op_name(mine->op), r,
+                               seldp__comm_op_name(s[r].op), seldp__comm_op_name(mine->op));
     }
     for (int r = 0; r < g->size; r++) {
         if (s[r].staged != SELDP_OK)
             return seldp__fail(s[r].staged, "rank %d: %s: rank %d could not stage its buffers (%s)",
-                               comm->rank, op_names[mine->op], r, seldp_status_name(s[r].staged));
+                               comm->rank, seldp__comm_op_name(mine->op), r,
+                               seldp_status_name(s[r].staged));
     }
     for (int r = 0; r < g->size; r++) {
         const host_slot *o = &s[r];
@@ -650,7 +633,7 @@ static seldp_status collective_enter(seldp_comm *comm, const host_slot *slot)
 }
 
 /* Every rank has finished touching the others' buffers once this returns. */
-static seldp_status collective_leave(seldp_comm *comm, host_op op)
+static seldp_status collective_leave(seldp_comm *comm, seldp__comm_op op)
 {
     return phase_wait(comm, op, WAIT_FOR_ALL);
 }

@@ -47,24 +47,6 @@
 
 enum { TAG_ABORT = 1, TAG_HEADER = 2, TAG_ALLTOALLV = 3 };
 
-typedef enum mpi_op {
-    OP_INIT,
-    OP_BARRIER,
-    OP_BROADCAST,
-    OP_ALLREDUCE,
-    OP_ALLGATHER,
-    OP_ALLGATHERV,
-    OP_ALLTOALLV,
-    OP_SPLIT,
-    OP_COUNT
-} mpi_op;
-
-static const char *const op_names[] = {
-    [OP_INIT] = "init",           [OP_BARRIER] = "barrier",     [OP_BROADCAST] = "broadcast",
-    [OP_ALLREDUCE] = "allreduce", [OP_ALLGATHER] = "allgather", [OP_ALLGATHERV] = "allgatherv",
-    [OP_ALLTOALLV] = "alltoallv", [OP_SPLIT] = "split",
-};
-
 /* What one rank announces for one collective; int64 fields so it travels as one array. */
 typedef struct header {
     int64_t op;
@@ -196,29 +178,29 @@ static bool world_poll_abort(mpi_world *w)
     return true;
 }
 
-static seldp_status aborted_error(const seldp_comm *comm, mpi_op op)
+static seldp_status aborted_error(const seldp_comm *comm, seldp__comm_op op)
 {
     const mpi_world *w = group_of(comm)->world;
-    return seldp__fail(w->abort_status, "rank %d: %s aborted: %s", comm->rank, op_names[op],
-                       w->abort_reason);
+    return seldp__fail(w->abort_status, "rank %d: %s aborted: %s", comm->rank,
+                       seldp__comm_op_name(op), w->abort_reason);
 }
 
 /* A failure of this rank inside a body, where the others may be waiting for it: abort
  * the world so that they return too. `st` and its message are kept. */
-static seldp_status fail_alone(seldp_comm *comm, mpi_op op, seldp_status st)
+static seldp_status fail_alone(seldp_comm *comm, seldp__comm_op op, seldp_status st)
 {
     world_abort(group_of(comm)->world, SELDP_ERR_ABORTED, "rank %d failed in %s: %s",
-                comm->world_rank, op_names[op], seldp_last_error());
+                comm->world_rank, seldp__comm_op_name(op), seldp_last_error());
     return st;
 }
 
-static seldp_status mpi_call_failed(seldp_comm *comm, mpi_op op, const char *call, int err)
+static seldp_status mpi_call_failed(seldp_comm *comm, seldp__comm_op op, const char *call, int err)
 {
     char text[MPI_MAX_ERROR_STRING];
     mpi_error_text(err, text, sizeof text);
     return fail_alone(comm, op,
                       seldp__fail(SELDP_ERR_TRANSPORT, "rank %d: %s: %s failed: %s", comm->rank,
-                                  op_names[op], call, text));
+                                  seldp__comm_op_name(op), call, text));
 }
 
 /* ---- waiting ----------------------------------------------------------------------- */
@@ -226,7 +208,7 @@ static seldp_status mpi_call_failed(seldp_comm *comm, mpi_op op, const char *cal
 /* Poll a body's requests until all complete, the world aborts or `deadline` passes.
  * Every rank had arrived (the headers said so): a timeout here means a rank stalled
  * or died inside the operation. Any failure aborts the world and abandons the body. */
-static seldp_status body_wait(seldp_comm *comm, mpi_op op, MPI_Request *reqs, int n,
+static seldp_status body_wait(seldp_comm *comm, seldp__comm_op op, MPI_Request *reqs, int n,
                               double deadline)
 {
     mpi_group *g = group_of(comm);
@@ -250,11 +232,11 @@ static seldp_status body_wait(seldp_comm *comm, mpi_op op, MPI_Request *reqs, in
         if (now_s() > deadline) {
             g->abandoned = true;
             world_abort(w, SELDP_ERR_TIMEOUT, "rank %d timed out after %g s inside %s",
-                        comm->world_rank, w->timeout_s, op_names[op]);
+                        comm->world_rank, w->timeout_s, seldp__comm_op_name(op));
             return seldp__fail(SELDP_ERR_TIMEOUT,
                                "rank %d: %s timed out after %g s inside the operation (every "
                                "rank of the %d had arrived)",
-                               comm->rank, op_names[op], w->timeout_s, comm->size);
+                               comm->rank, seldp__comm_op_name(op), w->timeout_s, comm->size);
         }
         backoff(polls, &nap);
     }
@@ -287,7 +269,7 @@ static seldp_status headers_exchange(seldp_comm *comm, const header *mine)
     mpi_world *w = g->world;
     int n = comm->size, me = comm->rank;
     if (world_poll_abort(w))
-        return aborted_error(comm, (mpi_op)mine->op);
+        return aborted_error(comm, (seldp__comm_op)mine->op);
     g->sent = *mine;
     g->headers[me] = *mine;
     for (int p = 0; p < 2 * n; p++)
@@ -302,24 +284,24 @@ static seldp_status headers_exchange(seldp_comm *comm, const header *mine)
                             &g->reqs[n + p]);
         if (err != MPI_SUCCESS) {
             g->abandoned = true;
-            return mpi_call_failed(comm, (mpi_op)mine->op, "MPI_Isend/MPI_Irecv", err);
+            return mpi_call_failed(comm, (seldp__comm_op)mine->op, "MPI_Isend/MPI_Irecv", err);
         }
     }
 
-    const char *name = op_names[mine->op];
+    const char *name = seldp__comm_op_name(mine->op);
     double deadline = now_s() + w->timeout_s, nap = 1e-6;
     for (int polls = 0;; polls++) {
         int done = 0;
         int err = MPI_Testall(2 * n, g->reqs, &done, MPI_STATUSES_IGNORE);
         if (err != MPI_SUCCESS) {
             g->abandoned = true;
-            return mpi_call_failed(comm, (mpi_op)mine->op, "MPI_Testall", err);
+            return mpi_call_failed(comm, (seldp__comm_op)mine->op, "MPI_Testall", err);
         }
         if (done)
             return SELDP_OK;
         if (world_poll_abort(w)) {
             g->abandoned = true;
-            return aborted_error(comm, (mpi_op)mine->op);
+            return aborted_error(comm, (seldp__comm_op)mine->op);
         }
         if (now_s() > deadline)
             break;
@@ -345,14 +327,13 @@ static seldp_status headers_agree(const seldp_comm *comm)
     const header *s = group_of(comm)->headers;
     const header *mine = &s[comm->rank];
     int n = comm->size;
-    const char *name = op_names[mine->op];
+    const char *name = seldp__comm_op_name(mine->op);
     for (int r = 0; r < n; r++) {
         if (s[r].op != mine->op)
             return seldp__fail(SELDP_ERR_DISAGREE,
                                "rank %d: %s: rank %d called %s at the same point, expected every "
                                "rank to call %s",
-                               comm->rank, name, r,
-                               s[r].op >= 0 && s[r].op < OP_COUNT ? op_names[s[r].op] : "?", name);
+                               comm->rank, name, r, seldp__comm_op_name((int)s[r].op), name);
     }
     for (int r = 0; r < n; r++) {
         if (s[r].staged != SELDP_OK)
@@ -480,8 +461,8 @@ fail:
  * otherwise rounds of at most max_message / n bytes per rank through a staging block.
  * Every rank derives the same rounds from lens, which every rank knows. On failure the
  * buffers are abandoned. */
-static seldp_status gather_body(seldp_comm *comm, mpi_op op, const void *mine, const size_t *lens,
-                                char *dst, const size_t *offsets)
+static seldp_status gather_body(seldp_comm *comm, seldp__comm_op op, const void *mine,
+                                const size_t *lens, char *dst, const size_t *offsets)
 {
     mpi_group *g = group_of(comm);
     int n = comm->size;
@@ -491,9 +472,9 @@ static seldp_status gather_body(seldp_comm *comm, mpi_op op, const void *mine, c
     char *block = NULL;
     int *counts = malloc(2 * (size_t)n * sizeof *counts);
     if (!counts)
-        return fail_alone(
-            comm, op,
-            seldp__fail(SELDP_ERR_NOMEM, "rank %d: %s: out of memory", comm->rank, op_names[op]));
+        return fail_alone(comm, op,
+                          seldp__fail(SELDP_ERR_NOMEM, "rank %d: %s: out of memory", comm->rank,
+                                      seldp__comm_op_name(op)));
     int *displs = counts + n;
 
     size_t total = 0, longest = 0;
@@ -523,7 +504,7 @@ static seldp_status gather_body(seldp_comm *comm, mpi_op op, const void *mine, c
         SELDP_CHECK(
             fail_alone(comm, op,
                        seldp__fail(SELDP_ERR_NOMEM, "rank %d: %s: out of memory staging %zu bytes",
-                                   comm->rank, op_names[op], chunk * (size_t)n)));
+                                   comm->rank, seldp__comm_op_name(op), chunk * (size_t)n)));
     for (size_t start = 0; start < longest; start += chunk) {
         int at = 0;
         for (int r = 0; r < n; r++) {
