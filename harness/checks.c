@@ -56,20 +56,21 @@ hx_tensor_class hx_class_of(const char *path)
     return HX_CLASS_NORM;
 }
 
-void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...)
+void hx_check_vnote(hx_check_result *c, bool failed, double value, const char *fmt, va_list ap)
 {
-    hx_check_result *c = &run->checks[id];
     c->tested++;
     if (c->metric && (value > c->worst || isnan(value)))
         c->worst = value;
-    if (!failed)
-        return;
-    if (c->failed++ == 0) {
-        va_list ap;
-        va_start(ap, fmt);
+    if (failed && c->failed++ == 0)
         vsnprintf(c->first_failure, sizeof c->first_failure, fmt, ap);
-        va_end(ap);
-    }
+}
+
+void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    hx_check_vnote(&run->checks[id], failed, value, fmt, ap);
+    va_end(ap);
 }
 
 static void merge_local(hx_check_result *into, hx_check_result *from)

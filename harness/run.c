@@ -97,15 +97,10 @@ static void record_local(hx_check_result *c, bool failed, const char *fmt, ...) 
 
 static void record_local(hx_check_result *c, bool failed, const char *fmt, ...)
 {
-    c->tested++;
-    if (!failed)
-        return;
-    if (c->failed++ == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->first_failure, sizeof c->first_failure, fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    hx_check_vnote(c, failed, 0, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- rank setup: groups, model, sessions ------------------------------------------------- */

@@ -23,6 +23,7 @@
 #define HX_RUN_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -270,6 +271,9 @@ seldp_status hx_gpu_upload(hx_rank *rk);
 /* Main-thread checks (checks.c). */
 void hx_check_init(hx_run *run);
 seldp_status hx_check_step(hx_run *run, int step, const tm_reference *ref);
+
+/* Record one outcome in `c` (the shared body of every recording function). */
+void hx_check_vnote(hx_check_result *c, bool failed, double value, const char *fmt, va_list ap);
 
 /* Record one outcome of check `id`: `failed` with a printf-style description of the first
  * failure. `value` updates `worst` for metric checks. */
