@@ -1,5 +1,6 @@
 /* Memory on host and CUDA devices; the only file that calls the CUDA runtime for
- * plain allocation and copies. */
+ * plain allocation and copies. Device work runs on the calling thread's per-thread default
+ * stream and is waited for before returning (the stream contract of device.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,28 +8,77 @@
 #include "internal.h"
 
 #ifdef SELDP_HAVE_CUDA
-#include <cuda_runtime_api.h>
+static cudaError_t real_stream_create(cudaStream_t *stream, unsigned flags)
+{
+    return cudaStreamCreateWithFlags(stream, flags);
+}
+
+static const seldp__cuda_api cuda_runtime = {
+    .get_device = cudaGetDevice,
+    .set_device = cudaSetDevice,
+    .get_device_count = cudaGetDeviceCount,
+    .malloc = cudaMalloc,
+    .free = cudaFree,
+    .memset_async = cudaMemsetAsync,
+    .memcpy_async = cudaMemcpyAsync,
+    .stream_synchronize = cudaStreamSynchronize,
+    .stream_create = real_stream_create,
+    .stream_destroy = cudaStreamDestroy,
+    .malloc_host = cudaMallocHost,
+    .free_host = cudaFreeHost,
+    .pointer_attributes = cudaPointerGetAttributes,
+    .get_last_error = cudaGetLastError,
+};
+
+static const seldp__cuda_api *cuda_api = &cuda_runtime;
+
+const seldp__cuda_api *seldp__cuda(void)
+{
+    return cuda_api;
+}
+
+const seldp__cuda_api *seldp__cuda_replace(const seldp__cuda_api *api)
+{
+    const seldp__cuda_api *prev = cuda_api;
+    cuda_api = api ? api : &cuda_runtime;
+    return prev;
+}
 
 static seldp_status cuda_fail(cudaError_t err, const char *what, seldp_device device)
 {
+    cuda_api->get_last_error(); /* clear a non-sticky error for the next call */
     return seldp__fail(SELDP_ERR_TRANSPORT, "%s on cuda:%d failed: %s", what, device.ordinal,
                        cudaGetErrorString(err));
 }
 
-/* Run a CUDA call with `device` current, restoring the caller's device afterwards. */
-#define WITH_DEVICE(device, call, what)                                                            \
-    do {                                                                                           \
-        int prev_ = 0;                                                                             \
-        cudaError_t err_ = cudaGetDevice(&prev_);                                                  \
-        if (err_ == cudaSuccess && prev_ != (device).ordinal)                                      \
-            err_ = cudaSetDevice((device).ordinal);                                                \
-        if (err_ == cudaSuccess)                                                                   \
-            err_ = (call);                                                                         \
-        if (prev_ != (device).ordinal)                                                             \
-            cudaSetDevice(prev_);                                                                  \
-        if (err_ != cudaSuccess)                                                                   \
-            return cuda_fail(err_, what, device);                                                  \
-    } while (0)
+/* Make `device` current; *prev receives the caller's device to restore, or -1. */
+static cudaError_t enter_device(seldp_device device, int *prev)
+{
+    int cur = -1;
+    *prev = -1;
+    cudaError_t err = cuda_api->get_device(&cur);
+    if (err == cudaSuccess && cur != device.ordinal) {
+        err = cuda_api->set_device(device.ordinal);
+        if (err == cudaSuccess)
+            *prev = cur;
+    }
+    return err;
+}
+
+static void leave_device(int prev)
+{
+    if (prev >= 0)
+        cuda_api->set_device(prev);
+}
+
+/* Wait for what this thread queued on its per-thread stream: the point where a copy or a
+ * memset becomes visible to every other stream. */
+static cudaError_t drain(cudaError_t err)
+{
+    if (err == cudaSuccess)
+        err = cuda_api->stream_synchronize(cudaStreamPerThread);
+    return err;
+}
 #endif
 
 bool seldp__device_equal(seldp_device a, seldp_device b)
@@ -42,8 +92,8 @@ int seldp__cuda_device_count(void)
 {
 #ifdef SELDP_HAVE_CUDA
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
+    if (cuda_api->get_device_count(&n) != cudaSuccess) {
+        cuda_api->get_last_error();
         return 0;
     }
     return n;
@@ -55,6 +105,7 @@ int seldp__cuda_device_count(void)
 seldp_status seldp__device_alloc(seldp_device device, size_t bytes, void **out)
 {
     size_t n = bytes ? bytes : 1;
+    *out = NULL;
     if (device.kind == SELDP_DEVICE_HOST) {
         *out = calloc(1, n);
         if (!*out)
@@ -63,8 +114,24 @@ seldp_status seldp__device_alloc(seldp_device device, size_t bytes, void **out)
     }
 #ifdef SELDP_HAVE_CUDA
     void *p = NULL;
-    WITH_DEVICE(device, cudaMalloc(&p, n), "cudaMalloc");
-    WITH_DEVICE(device, cudaMemset(p, 0, n), "cudaMemset");
+    int prev;
+    const char *what = "cudaSetDevice";
+    cudaError_t err = enter_device(device, &prev);
+    if (err == cudaSuccess) {
+        what = "cudaMalloc";
+        err = cuda_api->malloc(&p, n);
+        if (err != cudaSuccess)
+            p = NULL;
+    }
+    if (err == cudaSuccess) {
+        what = "cudaMemsetAsync (zeroing a new allocation)";
+        err = drain(cuda_api->memset_async(p, 0, n, cudaStreamPerThread));
+    }
+    if (err != cudaSuccess && p)
+        cuda_api->free(p);
+    leave_device(prev);
+    if (err != cudaSuccess)
+        return cuda_fail(err, what, device);
     *out = p;
     return SELDP_OK;
 #else
@@ -84,7 +151,7 @@ void seldp__device_free(seldp_device device, void *ptr)
         return;
     }
 #ifdef SELDP_HAVE_CUDA
-    cudaFree(ptr);
+    cuda_api->free(ptr);
 #endif
 }
 
@@ -99,7 +166,14 @@ seldp_status seldp__device_copy(void *dst, seldp_device dst_device, const void *
     }
 #ifdef SELDP_HAVE_CUDA
     seldp_device dev = dst_device.kind == SELDP_DEVICE_CUDA ? dst_device : src_device;
-    WITH_DEVICE(dev, cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+    int prev;
+    cudaError_t err = enter_device(dev, &prev);
+    if (err == cudaSuccess)
+        err =
+            drain(cuda_api->memcpy_async(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread));
+    leave_device(prev);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaMemcpyAsync", dev);
     return SELDP_OK;
 #else
     return seldp__fail(SELDP_ERR_UNSUPPORTED, "device copy requested but seldp was built "
@@ -116,7 +190,13 @@ seldp_status seldp__device_zero(seldp_device device, void *ptr, size_t bytes)
         return SELDP_OK;
     }
 #ifdef SELDP_HAVE_CUDA
-    WITH_DEVICE(device, cudaMemset(ptr, 0, bytes), "cudaMemset");
+    int prev;
+    cudaError_t err = enter_device(device, &prev);
+    if (err == cudaSuccess)
+        err = drain(cuda_api->memset_async(ptr, 0, bytes, cudaStreamPerThread));
+    leave_device(prev);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaMemsetAsync", device);
     return SELDP_OK;
 #else
     return seldp__fail(SELDP_ERR_UNSUPPORTED, "cuda:%d memory but seldp was built without CUDA",
@@ -129,10 +209,10 @@ seldp_status seldp__pinned_alloc(size_t bytes, void **out)
     size_t n = bytes ? bytes : 1;
 #ifdef SELDP_HAVE_CUDA
     if (seldp__cuda_device_count() > 0) {
-        cudaError_t err = cudaMallocHost(out, n);
+        cudaError_t err = cuda_api->malloc_host(out, n);
         if (err == cudaSuccess)
             return SELDP_OK;
-        cudaGetLastError();
+        cuda_api->get_last_error();
     }
 #endif
     *out = malloc(n);
@@ -148,11 +228,12 @@ void seldp__pinned_free(void *ptr)
         return;
 #ifdef SELDP_HAVE_CUDA
     struct cudaPointerAttributes attr;
-    if (cudaPointerGetAttributes(&attr, ptr) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
-        cudaFreeHost(ptr);
+    if (cuda_api->pointer_attributes(&attr, ptr) == cudaSuccess &&
+        attr.type == cudaMemoryTypeHost) {
+        cuda_api->free_host(ptr);
         return;
     }
-    cudaGetLastError();
+    cuda_api->get_last_error();
 #endif
     free(ptr);
 }

@@ -1,0 +1,249 @@
+/* src/device.c against a scripted CUDA runtime (seldp__cuda_replace): every device copy
+ * and memset is issued on the per-thread stream and waited for before the call returns
+ * (the stream contract of device.h), the caller's current device is restored, and a failed
+ * zeroing of a new allocation frees it. Runs without a GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "device.h"
+#include "seldp/seldp.h"
+
+enum op { OP_SET, OP_MALLOC, OP_FREE, OP_MEMSET, OP_MEMCPY, OP_SYNC };
+
+typedef struct call {
+    enum op op;
+    cudaStream_t stream;
+    int ordinal;
+    void *ptr;
+} call;
+
+static struct {
+    call log[32];
+    int n;
+    int current;         /* the device the fake runtime has current */
+    cudaError_t fail_on; /* error returned by the op in `failing` */
+    enum op failing;
+    bool fail;
+    char heap[256];
+} fake;
+
+static void record(enum op op, cudaStream_t stream, void *ptr)
+{
+    if (fake.n < 32)
+        fake.log[fake.n++] = (call){op, stream, fake.current, ptr};
+}
+
+static cudaError_t result(enum op op)
+{
+    return fake.fail && fake.failing == op ? fake.fail_on : cudaSuccess;
+}
+
+static cudaError_t f_get_device(int *ordinal)
+{
+    *ordinal = fake.current;
+    return cudaSuccess;
+}
+
+static cudaError_t f_set_device(int ordinal)
+{
+    record(OP_SET, NULL, NULL);
+    fake.current = ordinal;
+    fake.log[fake.n - 1].ordinal = ordinal;
+    return cudaSuccess;
+}
+
+static cudaError_t f_count(int *n)
+{
+    *n = 2;
+    return cudaSuccess;
+}
+
+static cudaError_t f_malloc(void **p, size_t bytes)
+{
+    (void)bytes;
+    record(OP_MALLOC, NULL, fake.heap);
+    cudaError_t err = result(OP_MALLOC);
+    *p = err == cudaSuccess ? fake.heap : NULL;
+    return err;
+}
+
+static cudaError_t f_free(void *p)
+{
+    record(OP_FREE, NULL, p);
+    return cudaSuccess;
+}
+
+static cudaError_t f_memset(void *p, int v, size_t bytes, cudaStream_t s)
+{
+    (void)v;
+    (void)bytes;
+    record(OP_MEMSET, s, p);
+    return result(OP_MEMSET);
+}
+
+static cudaError_t f_memcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t s)
+{
+    (void)src;
+    (void)bytes;
+    assert_int_equal(kind, cudaMemcpyDefault);
+    record(OP_MEMCPY, s, dst);
+    return result(OP_MEMCPY);
+}
+
+static cudaError_t f_sync(cudaStream_t s)
+{
+    record(OP_SYNC, s, NULL);
+    return result(OP_SYNC);
+}
+
+static cudaError_t f_last_error(void)
+{
+    return cudaSuccess;
+}
+
+static const seldp__cuda_api fake_api = {
+    .get_device = f_get_device,
+    .set_device = f_set_device,
+    .get_device_count = f_count,
+    .malloc = f_malloc,
+    .free = f_free,
+    .memset_async = f_memset,
+    .memcpy_async = f_memcpy,
+    .stream_synchronize = f_sync,
+    .get_last_error = f_last_error,
+};
+
+static int setup(void **state)
+{
+    (void)state;
+    memset(&fake, 0, sizeof fake);
+    fake.current = 1; /* the caller works on cuda:1; the buffers are on cuda:0 */
+    seldp__cuda_replace(&fake_api);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    seldp__cuda_replace(NULL);
+    return 0;
+}
+
+static const seldp_device dev0 = {SELDP_DEVICE_CUDA, 0};
+
+/* The log, less the device switches, must be exactly `want` (ops on cuda:0), the work on
+ * the per-thread stream, and the caller's cuda:1 current again at the end. */
+static void expect(const enum op *want, int n_want)
+{
+    int k = 0;
+    for (int i = 0; i < fake.n; i++) {
+        const call *c = &fake.log[i];
+        if (c->op == OP_SET)
+            continue;
+        if (k >= n_want)
+            fail_msg("unexpected call %d (op %d) after the expected ones", i, (int)c->op);
+        if (c->op != want[k])
+            fail_msg("call %d: op %d, expected op %d", k, (int)c->op, (int)want[k]);
+        if (c->ordinal != 0)
+            fail_msg("call %d ran on cuda:%d, expected cuda:0", k, c->ordinal);
+        if ((c->op == OP_MEMSET || c->op == OP_MEMCPY || c->op == OP_SYNC) &&
+            c->stream != cudaStreamPerThread)
+            fail_msg("call %d (op %d) not on the per-thread stream", k, (int)c->op);
+        k++;
+    }
+    if (k != n_want)
+        fail_msg("%d calls, expected %d", k, n_want);
+    assert_int_equal(fake.current, 1);
+}
+
+static void test_copy_waits_for_its_stream(void **state)
+{
+    (void)state;
+    char host[16] = "payload";
+    assert_int_equal(seldp__device_copy(fake.heap, dev0, host, SELDP_HOST_DEVICE, sizeof host),
+                     SELDP_OK);
+    const enum op h2d[] = {OP_MEMCPY, OP_SYNC};
+    expect(h2d, 2);
+
+    fake.n = 0; /* device to device: asynchronous to the host unless waited for */
+    assert_int_equal(seldp__device_copy(fake.heap + 64, dev0, fake.heap, dev0, 16), SELDP_OK);
+    expect(h2d, 2);
+}
+
+static void test_zero_waits_for_its_stream(void **state)
+{
+    (void)state;
+    assert_int_equal(seldp__device_zero(dev0, fake.heap, 32), SELDP_OK);
+    const enum op want[] = {OP_MEMSET, OP_SYNC};
+    expect(want, 2);
+}
+
+static void test_alloc_zeroes_before_returning(void **state)
+{
+    (void)state;
+    void *p = NULL;
+    assert_int_equal(seldp__device_alloc(dev0, 64, &p), SELDP_OK);
+    assert_ptr_equal(p, fake.heap);
+    const enum op want[] = {OP_MALLOC, OP_MEMSET, OP_SYNC};
+    expect(want, 3);
+}
+
+static void test_alloc_frees_when_zeroing_fails(void **state)
+{
+    (void)state;
+    void *p = (void *)&p;
+    fake.fail = true;
+    fake.failing = OP_MEMSET;
+    fake.fail_on = cudaErrorInvalidValue;
+    assert_int_equal(seldp__device_alloc(dev0, 64, &p), SELDP_ERR_TRANSPORT);
+    assert_null(p);
+    assert_non_null(strstr(seldp_last_error(), "cuda:0"));
+    const enum op want[] = {OP_MALLOC, OP_MEMSET, OP_FREE};
+    expect(want, 3);
+    assert_ptr_equal(fake.log[fake.n - 2].ptr, fake.heap); /* the block it got is released */
+}
+
+static void test_alloc_failure_allocates_nothing(void **state)
+{
+    (void)state;
+    void *p = NULL;
+    fake.fail = true;
+    fake.failing = OP_MALLOC;
+    fake.fail_on = cudaErrorMemoryAllocation;
+    assert_int_equal(seldp__device_alloc(dev0, 64, &p), SELDP_ERR_TRANSPORT);
+    assert_null(p);
+    const enum op want[] = {OP_MALLOC};
+    expect(want, 1);
+}
+
+static void test_failed_wait_is_an_error(void **state)
+{
+    (void)state;
+    char host[8] = {0};
+    fake.fail = true;
+    fake.failing = OP_SYNC;
+    fake.fail_on = cudaErrorIllegalAddress;
+    assert_int_equal(seldp__device_copy(host, SELDP_HOST_DEVICE, fake.heap, dev0, sizeof host),
+                     SELDP_ERR_TRANSPORT);
+    assert_non_null(strstr(seldp_last_error(), "cudaMemcpyAsync on cuda:0"));
+    assert_int_equal(fake.current, 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_copy_waits_for_its_stream, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zero_waits_for_its_stream, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_alloc_zeroes_before_returning, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_alloc_frees_when_zeroing_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_alloc_failure_allocates_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_wait_is_an_error, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
