@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "device.h"
 #include "internal.h"
 #include "seldp/nccl.h"
 
@@ -52,6 +53,13 @@ typedef struct nccl_comm {
     void *staging;  /* device buffer for host payloads */
     size_t staging_bytes;
     ncclComm_t split_slot; /* where ncclCommSplit's background job stores the child */
+    /* Splits are destroyed only at teardown (see nccl_destroy): the rank's world handle
+     * keeps every split made from it, or from its splits, in `splits`; a split whose
+     * seldp_comm was destroyed is `retired` (finalized, its NCCL communicator kept). */
+    bool is_world;
+    struct nccl_comm *root; /* a split's world handle; NULL for the world, or once it is gone */
+    struct nccl_comm *splits, *next_split;
+    bool retired;
 } nccl_comm;
 
 static const seldp_comm_ops nccl_ops;
@@ -101,12 +109,7 @@ static seldp_status world_new(int nranks, const seldp_comm_config *cfg, bool tra
 
 int seldp_nccl_device_count(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return n;
+    return seldp__cuda_device_count();
 }
 
 seldp_status seldp_nccl_get_unique_id(void *out128)
@@ -391,8 +394,10 @@ static seldp_status handle_new(seldp_nccl_world *world, int rank, int size, int 
     c->ordinal = ordinal;
     c->rank = rank;
     c->size = size;
-    cudaError_t err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    cudaError_t err = seldp__cuda()->stream_create(&c->stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) {
+        seldp__cuda()->get_last_error();
+        c->stream = NULL;
         world_release(c->world);
         free(c);
         return seldp__fail(SELDP_ERR_TRANSPORT,
@@ -409,7 +414,7 @@ static void handle_free(nccl_comm *c)
         return;
     abort_local(c);
     if (c->stream)
-        cudaStreamDestroy(c->stream);
+        seldp__cuda()->stream_destroy(c->stream);
     if (c->staging)
         cudaFree(c->staging);
     world_release(c->world);
@@ -422,16 +427,26 @@ static seldp_status comm_create(seldp_nccl_world *world, int rank, seldp_comm **
     seldp_comm *comm = NULL;
     seldp_status st = SELDP_OK;
     int ordinal = -1;
-    cudaError_t err = cudaGetDevice(&ordinal);
+    cudaError_t err = seldp__cuda()->get_device(&ordinal);
     if (err == cudaSuccess && seldp_nccl_device_count() == 0)
         err = cudaErrorNoDevice;
     if (err != cudaSuccess) {
-        cudaGetLastError();
+        seldp__cuda()->get_last_error();
         atomic_store(&world->aborted, true);
         SELDP_FAIL(SELDP_ERR_TRANSPORT, "nccl rank %d: no usable CUDA device: %s", rank,
                    cudaGetErrorString(err));
     }
-    SELDP_CHECK(handle_new(world, rank, world->nranks, ordinal, &c));
+    if ((st = handle_new(world, rank, world->nranks, ordinal, &c)) != SELDP_OK) {
+        /* the other ranks are entering ncclCommInitRankConfig: do not let them wait */
+        atomic_store(&world->aborted, true);
+        goto fail;
+    }
+    /* A rank that failed before joining has aborted the world: joining it would only wait
+     * out the timeout in NCCL's bootstrap. */
+    if (atomic_load(&world->aborted)) {
+        st = fail_aborted(c, "ncclCommInitRankConfig");
+        goto fail;
+    }
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -443,6 +458,7 @@ static seldp_status comm_create(seldp_nccl_world *world, int rank, seldp_comm **
     }
     SELDP_CHECK(wait_done(c, "ncclCommInitRankConfig", false));
 
+    c->is_world = true;
     comm = seldp__comm_new(&nccl_ops, rank, world->nranks, rank,
                            (seldp_device){SELDP_DEVICE_CUDA, ordinal}, c);
     if (!comm)
@@ -853,6 +869,11 @@ static seldp_status nccl_split(seldp_comm *comm, int color, int key, seldp_comm 
         seldp__comm_new(&nccl_ops, child->rank, child->size, comm->world_rank, comm->device, child);
     if (!result)
         FAIL_ABORT(SELDP_ERR_NOMEM, "nccl rank %d/%d: split: out of memory", c->rank, c->size);
+    child->root = c->is_world ? c : c->root;
+    if (child->root) {
+        child->next_split = child->root->splits;
+        child->root->splits = child;
+    }
     *out = result;
     return SELDP_OK;
 fail:
@@ -868,31 +889,92 @@ static void nccl_abort(seldp_comm *comm)
     atomic_store(&c->world->aborted, true);
 }
 
-/* NCCL's order: ncclCommFinalize (flushes, and meets the other local ranks), wait for it,
- * then ncclCommDestroy; an aborted world, or a finalize that fails or times out, gets
- * ncclCommAbort instead. Then the stream and the staging buffer. */
+/* ncclCommFinalize (flushes, and meets the other local ranks) and wait for it; an aborted
+ * world, or a finalize that fails or times out, aborts the handle instead (c->nccl NULL). */
+static void finalize(nccl_comm *c)
+{
+    if (!c->nccl || c->retired)
+        return;
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != c->ordinal)
+        cudaSetDevice(c->ordinal);
+    if (atomic_load(&c->world->aborted)) {
+        abort_local(c);
+        return;
+    }
+    ncclResult_t r = ncclCommFinalize(c->nccl);
+    if (!nccl_started(r))
+        abort_local(c);
+    else
+        (void)wait_done(c, "ncclCommFinalize", false); /* aborts the handle on failure */
+}
+
+/* Finalize, then ncclCommDestroy (or the abort finalize chose), then the stream and the
+ * staging buffer. */
+static void destroy_now(nccl_comm *c)
+{
+    finalize(c);
+    if (c->nccl && atomic_load(&c->world->aborted))
+        abort_local(c);
+    if (c->nccl) {
+        ncclCommDestroy(c->nccl);
+        c->nccl = NULL;
+    }
+    handle_free(c);
+}
+
+static void unlink_split(nccl_comm *c)
+{
+    for (nccl_comm **at = &c->root->splits; *at; at = &(*at)->next_split) {
+        if (*at == c) {
+            *at = c->next_split;
+            break;
+        }
+    }
+    c->root = NULL;
+}
+
+/* Splits are destroyed only at teardown. In NCCL 2.28 the last local rank to destroy a
+ * communicator frees resources the node's ranks share, and a rank that launches on another
+ * communicator before every local rank has returned from ncclCommDestroy can stall. So a
+ * split's destroy only finalizes it (and frees its stream and staging buffer) and leaves
+ * its NCCL communicator to the rank's world handle; destroying the world destroys the
+ * retired splits first, newest first (the same order on every rank, since splits are
+ * collective), then itself, when no rank launches anything more. A split that outlives its
+ * world handle, or whose finalize aborted it, is destroyed at once. */
 static void nccl_destroy(seldp_comm *comm)
 {
     nccl_comm *c = comm->impl;
-    if (c->nccl) {
-        int cur = -1;
-        if (cudaGetDevice(&cur) == cudaSuccess && cur != c->ordinal)
-            cudaSetDevice(c->ordinal);
-        if (atomic_load(&c->world->aborted)) {
-            abort_local(c);
+    if (!c->is_world && c->root) {
+        finalize(c);
+        if (!c->nccl) {
+            unlink_split(c);
+            handle_free(c);
         } else {
-            ncclResult_t r = ncclCommFinalize(c->nccl);
-            if (!nccl_started(r))
-                abort_local(c);
-            else
-                (void)wait_done(c, "ncclCommFinalize", false); /* aborts the handle on failure */
-            if (c->nccl) {
-                ncclCommDestroy(c->nccl);
-                c->nccl = NULL;
-            }
+            c->retired = true;
+            if (c->stream)
+                seldp__cuda()->stream_destroy(c->stream);
+            c->stream = NULL;
+            if (c->staging)
+                cudaFree(c->staging);
+            c->staging = NULL;
+            c->staging_bytes = 0;
         }
+        seldp__comm_free(comm);
+        return;
     }
-    handle_free(c);
+    if (c->is_world) {
+        nccl_comm *next;
+        for (nccl_comm *s = c->splits; s; s = next) {
+            next = s->next_split;
+            s->root = NULL;
+            s->next_split = NULL;
+            if (s->retired)
+                destroy_now(s); /* finalized already: destroy, or abort on an aborted world */
+        }
+        c->splits = NULL;
+    }
+    destroy_now(c);
     seldp__comm_free(comm);
 }
 
