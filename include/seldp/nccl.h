@@ -17,6 +17,22 @@
  * NCCL cannot place two ranks of one communicator on one GPU: for more ranks than GPUs use
  * the host-staged transport (seldp/host.h), which accepts device tensors too.
  *
+ * Streams. seldp orders its device work on its own streams (each NCCL communicator's, and
+ * the calling thread's per-thread default stream for copies, zeroing and conversions), and
+ * it does not wait for streams it did not create:
+ * - before a call that reads device memory (seldp_session_reduce and its variants,
+ *   seldp_session_initialize, the seldp_comm_* collectives), the work that wrote that
+ *   memory must be complete: synchronize the stream that produced it
+ *   (cudaStreamSynchronize, or cudaEventSynchronize on an event recorded after it). This
+ *   is what torch.distributed asks of work outside the current stream and what ncclGroup
+ *   callers do with cudaStreamWaitEvent, done on the host because seldp's waits poll.
+ * - when such a call returns SELDP_OK, everything it wrote (reduced gradients, broadcast
+ *   parameters, collective results) is complete: any stream may read it without waiting.
+ *
+ * Teardown. Communicators made by seldp_comm_split are finalized when destroyed and freed
+ * with the rank's world communicator: destroy the world communicator last, on every rank
+ * (see the note on ncclCommDestroy in nccl.c).
+ *
  * Declared only for builds with NCCL (seldp_has_feature("nccl") is non-zero). */
 #ifndef SELDP_NCCL_H
 #define SELDP_NCCL_H
