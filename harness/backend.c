@@ -137,6 +137,7 @@ static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
                        "--world %d: mpirun started %d processes, and each runs one rank (leave "
                        "--world out, or start %d)",
                        b->world, size, b->world);
+    hx_gpu_id *node_ids = NULL;
     MPI_Request *req = hx_calloc(1, sizeof *req);
     int *flags = hx_calloc(2, sizeof *flags);
     device_name *mine = hx_calloc(1, sizeof *mine);
@@ -154,11 +155,32 @@ static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
         HX_FAIL(SELDP_ERR_TRANSPORT, "rank %d: MPI_Comm_split_type failed", rank);
     MPI_Comm_rank(node, &local);
     MPI_Comm_size(node, &local_size);
-    MPI_Comm_free(&node);
 
-    /* NCCL needs a GPU of its own for every process of every node */
+    /* Each process takes the GPU (local rank % visible GPUs): cuda:0 under launchers that
+     * give every process its own CUDA_VISIBLE_DEVICES, the local_rank-th GPU when every
+     * process sees them all. Whether those are different GPUs is learnt from their PCI bus
+     * ids, compared across the node. */
     int gpus = hx_gpu_count();
-    flags[0] = seldp_has_feature("nccl") && gpus >= local_size;
+    int ordinal = hx_gpu_for_local_rank(local, gpus);
+    node_ids = hx_calloc((size_t)local_size + 1, sizeof *node_ids); /* theirs, then mine */
+    if (!node_ids) {
+        MPI_Comm_free(&node);
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rank);
+    }
+    hx_gpu_id *my_id = &node_ids[local_size];
+    if (ordinal >= 0)
+        *my_id = hx_gpu_identity(ordinal);
+    int ids_err = MPI_Iallgather(my_id, (int)sizeof *my_id, MPI_BYTE, node_ids, (int)sizeof *my_id,
+                                 MPI_BYTE, node, req);
+    if (ids_err == MPI_SUCCESS)
+        st = mpi_wait(req, b->timeout_s, "comparing the node's GPUs");
+    MPI_Comm_free(&node);
+    if (ids_err != MPI_SUCCESS)
+        HX_FAIL(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallgather failed", rank);
+    HX_CHECK(st);
+
+    /* auto runs NCCL when every process of every node has a GPU of its own */
+    flags[0] = seldp_has_feature("nccl") && hx_gpu_ids_distinct(node_ids, local_size);
     if (MPI_Iallreduce(flags, flags + 1, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, req) != MPI_SUCCESS)
         HX_FAIL(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallreduce failed", rank);
     HX_CHECK(mpi_wait(req, b->timeout_s, "agreeing on the transport"));
@@ -167,18 +189,15 @@ static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
         HX_FAIL(SELDP_ERR_UNSUPPORTED,
                 "--backend nccl: not available: this build has no NCCL transport (configure with "
                 "-DSELDP_WITH_NCCL=ON on a machine with CUDA and NCCL)");
-    if (kind == HX_BACKEND_NCCL && !every_gpu_own)
+    /* --backend nccl with shared GPUs is left to NCCL, whose communicator creation refuses
+     * two ranks on one GPU with its own message */
+    if (kind == HX_BACKEND_NCCL && ordinal < 0)
         HX_FAIL(SELDP_ERR_UNSUPPORTED,
-                "--backend nccl: needs a GPU per process: a node runs more processes than it has "
-                "GPUs (here %d processes, %d GPU(s)); use --backend mpi",
-                local_size, gpus);
+                "--backend nccl: rank %d (process %d of its node) sees no GPU; use --backend mpi",
+                rank, local);
     b->kind = kind == HX_BACKEND_AUTO ? (every_gpu_own ? HX_BACKEND_NCCL : HX_BACKEND_MPI) : kind;
 
-    seldp_device device = SELDP_HOST_DEVICE;
-    if (b->kind == HX_BACKEND_NCCL)
-        device = cuda_device(local);
-    else if (gpus > 0)
-        device = cuda_device(local % gpus);
+    seldp_device device = ordinal >= 0 ? cuda_device(ordinal) : SELDP_HOST_DEVICE;
     set_device(b, rank, device);
     *mine = b->names[rank];
     if (MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, b->names, (int)sizeof *mine, MPI_BYTE,
@@ -186,9 +205,9 @@ static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
         HX_FAIL(SELDP_ERR_TRANSPORT, "rank %d: MPI_Iallgather failed", rank);
     HX_CHECK(mpi_wait(req, b->timeout_s, "exchanging the ranks' devices"));
     for (int r = 0; r < size; r++) {
-        int ordinal = 0;
-        b->devices[r] = sscanf(b->names[r].text, "cuda:%d", &ordinal) == 1 ? cuda_device(ordinal)
-                                                                           : SELDP_HOST_DEVICE;
+        int theirs = 0;
+        b->devices[r] = sscanf(b->names[r].text, "cuda:%d", &theirs) == 1 ? cuda_device(theirs)
+                                                                          : SELDP_HOST_DEVICE;
     }
 fail:
     if (st == SELDP_ERR_TIMEOUT)
@@ -196,6 +215,7 @@ fail:
     free(req);
     free(flags);
     free(mine);
+    free(node_ids);
     return st;
 }
 #endif

@@ -9,11 +9,14 @@
  *   host  host-staged, every rank in this process; rank r on cuda:(r % GPUs) when this
  *         process sees GPUs, else on the host.
  *   nccl  one GPU per rank: rank r on cuda:r in this process; under mpirun, one process
- *         per rank on cuda:(rank within its node), the NCCL id broadcast over MPI.
- *   mpi   one process per rank (mpirun); on cuda:(rank within its node % GPUs) when the
- *         node has GPUs, else on the host.
- *   auto  under mpirun: nccl when every process has a GPU of its own, else mpi. Otherwise
- *         nccl when every rank has a GPU of its own, else host.
+ *         per rank on cuda:(rank within its node % GPUs it sees) -- cuda:0 when the
+ *         launcher gives each process its own CUDA_VISIBLE_DEVICES, as SLURM does -- the
+ *         NCCL id broadcast over MPI; two ranks on one GPU are refused by NCCL itself.
+ *   mpi   one process per rank (mpirun); on cuda:(rank within its node % GPUs it sees)
+ *         when it sees GPUs, else on the host.
+ *   auto  under mpirun: nccl when the processes of every node use pairwise different GPUs
+ *         (compared by PCI bus id), else mpi. Otherwise nccl when every rank has a GPU of
+ *         its own, else host.
  * mpirun is recognized by the variables it sets (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_SIZE).
  * When the harness initializes MPI itself it asks for MPI_THREAD_FUNNELED and sets
  * MPI_ERRORS_RETURN on MPI_COMM_WORLD; hx_backend_finalize ends it. */

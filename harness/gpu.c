@@ -3,6 +3,8 @@
  * dispatch.c drives. */
 #include "gpu.h"
 
+#include <string.h>
+
 #ifdef SELDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -37,6 +39,39 @@ seldp_status hx_gpu_select(int ordinal)
 #else
     return hx_fail(SELDP_ERR_UNSUPPORTED, "cuda:%d: this build has no CUDA", ordinal);
 #endif
+}
+
+hx_gpu_id hx_gpu_identity(int ordinal)
+{
+    hx_gpu_id id = {{0}};
+#ifdef SELDP_HAVE_CUDA
+    if (cudaDeviceGetPCIBusId(id.text, (int)sizeof id.text, ordinal) != cudaSuccess) {
+        cudaGetLastError();
+        id.text[0] = '\0';
+    }
+#else
+    (void)ordinal;
+#endif
+    return id;
+}
+
+int hx_gpu_for_local_rank(int local_rank, int visible)
+{
+    if (visible <= 0 || local_rank < 0)
+        return -1;
+    return local_rank % visible;
+}
+
+bool hx_gpu_ids_distinct(const hx_gpu_id *ids, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!ids[i].text[0])
+            return false;
+        for (int j = 0; j < i; j++)
+            if (strcmp(ids[i].text, ids[j].text) == 0)
+                return false;
+    }
+    return true;
 }
 
 /* ---- a rank on a GPU --------------------------------------------------------------------- */

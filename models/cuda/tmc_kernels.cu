@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../../src/cuda/half_bits.cuh"
+#include "seldp_half_bits.cuh"
 #include "cuda/tmc_kernels.h"
 
 namespace

@@ -4,12 +4,12 @@
  * Every call runs on the calling thread's per-thread default stream of device `ordinal`
  * and waits for it, so that rank threads sharing one GPU (the host-staged transport
  * simulating more ranks than GPUs) never serialize on the legacy default stream. The
- * conversions share their bit-level code with a host-side test (half_bits.cuh). */
+ * conversions share their bit-level code with a host-side test (src/cuda/half/seldp_half_bits.cuh). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "cuda/cuda_kernels.h"
-#include "cuda/half_bits.cuh"
+#include "seldp_half_bits.cuh"
 
 extern "C" {
 #include "internal.h"

@@ -1,4 +1,4 @@
-/* The bit-level conversion code the CUDA kernels run (src/cuda/half_bits.cuh), compiled for
+/* The bit-level conversion code the CUDA kernels run (src/cuda/half/seldp_half_bits.cuh), compiled for
  * the host and compared with the library's host conversion: every F16 and BF16 pattern,
  * every rounding boundary between consecutive halves, and a sweep of F32 patterns. Needs
  * no GPU, so a GPU-less CI still proves that both sides share one set of rules. */
@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "cuda/half_bits.cuh"
+#include "seldp_half_bits.cuh"
 #include "seldp/dtype.h"
 
 static uint32_t bits_of(float f)

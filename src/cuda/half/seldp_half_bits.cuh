@@ -5,8 +5,8 @@
  * sides so that the CUDA kernels agree with the host bit for bit and a host-only test can
  * check the very code the kernels run. CUDA's __float2half_rn is not used: it returns a
  * canonical NaN instead of keeping the payload. */
-#ifndef SELDP_CUDA_HALF_BITS_CUH
-#define SELDP_CUDA_HALF_BITS_CUH
+#ifndef SELDP_HALF_BITS_CUH
+#define SELDP_HALF_BITS_CUH
 
 #include <stdint.h>
 #include <string.h>
