@@ -132,7 +132,11 @@ static float *gpu_alloc(hx_rank *rk, size_t floats)
 {
     void *p = NULL;
     size_t bytes = (floats ? floats : 1) * sizeof(float);
-    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0, bytes) != cudaSuccess) {
+    /* zeroed before it is returned: the model's stream is non-blocking, so a memset still
+     * queued on another stream could land after the model's first kernel wrote here */
+    if (cudaMalloc(&p, bytes) != cudaSuccess ||
+        cudaMemsetAsync(p, 0, bytes, cudaStreamPerThread) != cudaSuccess ||
+        cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) {
         cudaFree(p);
         cudaGetLastError();
         hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory on cuda:%d allocating %zu floats",

@@ -110,15 +110,22 @@ static int gpu_allreduce_rank(bench_rank *r)
         goto out;
     }
     bench_fill(host, max_count, r->rank, 0);
+    /* The transports' streams are non-blocking: nothing orders them after the legacy
+     * stream's copies and memsets but a synchronization. */
     if (cudaMemcpy(a.send, host, max_count * sizeof(float), cudaMemcpyHostToDevice) !=
-        cudaSuccess) {
+            cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
         failed = bench_team_fail(r, "cudaMemcpy failed");
         goto out;
     }
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes;
          bytes = bench_next_size(bytes, o->factor)) {
         a.count = bytes / 4;
-        cudaMemset(a.recv, 0xff, a.count * sizeof(float));
+        if (cudaMemset(a.recv, 0xff, a.count * sizeof(float)) != cudaSuccess ||
+            cudaDeviceSynchronize() != cudaSuccess) {
+            failed = bench_team_fail(r, "cudaMemset failed");
+            goto out;
+        }
         atomic_store(&c->wrong, 0);
         if (!bench_team_barrier(r) ||
             bench_team_time(r, run_seldp_allreduce, &a, o->warmup, o->iters,
@@ -347,6 +354,20 @@ static int raw_nccl_rows(const bench_opts *o, int P, bench_rows *rows)
     return failed;
 }
 
+/* One measurement group on a world of its own: a world's ranks join it once, and an NCCL
+ * unique id names one communicator, so every group draws a fresh world. */
+static int run_on_nccl_world(int P, int (*body)(bench_rank *), gpu_ctx *c)
+{
+    if (seldp_nccl_world_create(P, NULL, &c->world) != SELDP_OK) {
+        fprintf(stderr, "seldp-bench --gpu: NCCL world of %d ranks: %s\n", P, seldp_last_error());
+        return 1;
+    }
+    int failed = bench_team_run_join(P, join_nccl, body, c);
+    seldp_nccl_world_destroy(c->world);
+    c->world = NULL;
+    return failed;
+}
+
 int bench_gpu_rows(const bench_opts *o, bench_rows *rows)
 {
     int gpus = seldp_nccl_device_count();
@@ -370,25 +391,20 @@ int bench_gpu_rows(const bench_opts *o, bench_rows *rows)
         return 1;
     printf("# %d GPU(s), %d rank(s), one per GPU\n", gpus, P);
     int failed = raw_nccl_rows(o, P, rows);
-    if (!failed && seldp_nccl_world_create(P, NULL, &c.world) == SELDP_OK) {
-        c.impl = "seldp-nccl";
-        failed = bench_team_run_join(P, join_nccl, gpu_allreduce_rank, &c);
-        for (size_t bytes = o->min_bytes; !failed && bytes <= o->max_bytes;
-             bytes = bench_next_size(bytes, o->factor)) {
-            bench_selection s;
-            int tensors = o->tensors;
-            while (tensors > 1 && bytes < (size_t)tensors * 64)
-                tensors /= 2;
-            if (!bench_selection_make(&s, tensors, bytes, o->dtype))
-                break;
-            c.sel = &s;
-            failed = bench_team_run_join(P, join_nccl, gpu_reduce_rank, &c);
-            bench_selection_free(&s);
-        }
-        seldp_nccl_world_destroy(c.world);
-    } else if (!failed) {
-        fprintf(stderr, "seldp-bench --gpu: NCCL world: %s\n", seldp_last_error());
-        failed = 1;
+    c.impl = "seldp-nccl";
+    if (!failed)
+        failed = run_on_nccl_world(P, gpu_allreduce_rank, &c);
+    for (size_t bytes = o->min_bytes; !failed && bytes <= o->max_bytes;
+         bytes = bench_next_size(bytes, o->factor)) {
+        bench_selection s;
+        int tensors = o->tensors;
+        while (tensors > 1 && bytes < (size_t)tensors * 64)
+            tensors /= 2;
+        if (!bench_selection_make(&s, tensors, bytes, o->dtype))
+            break;
+        c.sel = &s;
+        failed = run_on_nccl_world(P, gpu_reduce_rank, &c);
+        bench_selection_free(&s);
     }
     if (!failed) {
         c.impl = "seldp-host";

@@ -349,12 +349,16 @@ void tmc_model_destroy(tmc_model *m)
                 cudaFree(x->w2.eff);
         }
     }
-    for (size_t i = 0; m->dev && i < m->n; i++) {
-        if (m->alias[i])
+    /* after a partial creation any of these arrays may be missing */
+    for (size_t i = 0; i < m->n; i++) {
+        if (m->alias && m->alias[i])
             continue;
-        seldp_tensor_free(&m->dev[i]);
-        cudaFree(m->work[i]);
-        cudaFree(m->grad[i]);
+        if (m->dev)
+            seldp_tensor_free(&m->dev[i]);
+        if (m->work)
+            cudaFree(m->work[i]);
+        if (m->grad)
+            cudaFree(m->grad[i]);
     }
     cudaFree(m->scratch);
     cudaFree(m->rows);
