@@ -1,11 +1,13 @@
 /* Buckets: a dtype class's tensors as one byte stream cut into bounded buckets, so
  * that a session makes ceil(bytes / bucket) collectives instead of one per tensor. */
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "bucket.h"
 #include "device.h"
 #include "internal.h"
+#include "kernels.h"
 
 size_t seldp__bucket_capacity(size_t bucket_bytes, size_t elem_size)
 {
@@ -69,11 +71,32 @@ static size_t segment_at(const seldp__bucket_stream *s, size_t at)
     return lo;
 }
 
-/* Copy bucket `index` between the stream's tensors and `bucket`, in either direction. */
+/* A byte copy as a batch segment of the widest unsigned type that the addresses and the
+ * length allow, so that the device copies words rather than bytes. */
+static seldp__convert_seg copy_seg(void *dst, const void *src, size_t bytes)
+{
+    static const seldp_dtype widths[] = {SELDP_U64, SELDP_U32, SELDP_U16, SELDP_U8};
+    uintptr_t bits = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)bytes;
+    seldp_dtype dtype = SELDP_U8;
+    for (size_t w = 0; w < 4; w++) {
+        size_t size = seldp_dtype_size(widths[w]);
+        if (bits % size == 0) {
+            dtype = widths[w];
+            break;
+        }
+    }
+    return (seldp__convert_seg){dst, src, dtype, dtype, bytes / seldp_dtype_size(dtype)};
+}
+
+/* Copy bucket `index` between the stream's tensors and `bucket`, in either direction: one
+ * batched copy (one kernel launch and one wait on a GPU) per SELDP_CONVERT_BATCH_MAX
+ * pieces, so a bucket of many small tensors costs one launch, not one per tensor. */
 static seldp_status bucket_copy(const seldp__bucket_stream *s, size_t index, void *bucket,
                                 bool to_bucket, size_t *out_bytes)
 {
     seldp_status st = SELDP_OK;
+    seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
+    size_t n_batch = 0;
     size_t start, bytes, done = 0;
     seldp__bucket_span(seldp__bucket_stream_bytes(s), s->capacity, index, &start, &bytes);
     if (out_bytes)
@@ -88,12 +111,14 @@ static seldp_status bucket_copy(const seldp__bucket_stream *s, size_t index, voi
         size_t n = seg_end - at < bytes - done ? seg_end - at : bytes - done;
         char *tensor = (char *)s->data[seg] + (at - seg_start);
         char *slot = (char *)bucket + done;
-        if (to_bucket)
-            SELDP_CHECK(seldp__device_copy(slot, s->device, tensor, s->device, n));
-        else
-            SELDP_CHECK(seldp__device_copy(tensor, s->device, slot, s->device, n));
+        batch[n_batch++] = to_bucket ? copy_seg(slot, tensor, n) : copy_seg(tensor, slot, n);
+        if (n_batch == SELDP_CONVERT_BATCH_MAX) {
+            SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+            n_batch = 0;
+        }
         done += n;
     }
+    SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
     return SELDP_OK;
 fail:
     return st;

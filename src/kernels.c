@@ -1,6 +1,7 @@
 /* Element-wise operations on host memory, and the dispatch of device pointers to
  * the CUDA versions in src/cuda/ (builds with CUDA only). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -27,29 +28,73 @@
     } while (0)
 #endif
 
-seldp_status seldp__convert(seldp_device device, void *dst, seldp_dtype dst_dtype, const void *src,
-                            seldp_dtype src_dtype, size_t n)
+/* SELDP_OK when convert supports src_dtype -> dst_dtype. */
+static seldp_status check_pair(seldp_dtype dst_dtype, seldp_dtype src_dtype, const char *what)
 {
     if (!seldp_dtype_valid(dst_dtype) || !seldp_dtype_valid(src_dtype))
-        return seldp__fail(SELDP_ERR_DTYPE, "convert: invalid dtype (%d -> %d)", (int)src_dtype,
+        return seldp__fail(SELDP_ERR_DTYPE, "%s: invalid dtype (%d -> %d)", what, (int)src_dtype,
                            (int)dst_dtype);
     bool same = dst_dtype == src_dtype;
     bool to_f32 = dst_dtype == SELDP_F32 && seldp_dtype_is_half(src_dtype);
     bool from_f32 = src_dtype == SELDP_F32 && seldp_dtype_is_half(dst_dtype);
     if (!same && !to_f32 && !from_f32)
         return seldp__fail(SELDP_ERR_DTYPE,
-                           "convert: %s -> %s is not supported, expected a copy or F32 <-> "
+                           "%s: %s -> %s is not supported, expected a copy or F32 <-> "
                            "F16/BF16",
-                           seldp_dtype_name(src_dtype), seldp_dtype_name(dst_dtype));
-    if (n == 0)
-        return SELDP_OK;
-    DISPATCH_CUDA(device, seldp__cuda_convert(device.ordinal, dst, dst_dtype, src, src_dtype, n));
-    if (same)
+                           what, seldp_dtype_name(src_dtype), seldp_dtype_name(dst_dtype));
+    return SELDP_OK;
+}
+
+/* The host conversion of a checked pair. */
+static void host_convert(void *dst, seldp_dtype dst_dtype, const void *src, seldp_dtype src_dtype,
+                         size_t n)
+{
+    if (dst_dtype == src_dtype)
         memmove(dst, src, n * seldp_dtype_size(src_dtype));
-    else if (to_f32)
+    else if (dst_dtype == SELDP_F32)
         seldp_half_to_f32(src_dtype, src, dst, n);
     else
         seldp_f32_to_half(dst_dtype, src, dst, n);
+}
+
+seldp_status seldp__convert(seldp_device device, void *dst, seldp_dtype dst_dtype, const void *src,
+                            seldp_dtype src_dtype, size_t n)
+{
+    seldp_status st = check_pair(dst_dtype, src_dtype, "convert");
+    if (st != SELDP_OK)
+        return st;
+    if (n == 0)
+        return SELDP_OK;
+    DISPATCH_CUDA(device, seldp__cuda_convert(device.ordinal, dst, dst_dtype, src, src_dtype, n));
+    host_convert(dst, dst_dtype, src, src_dtype, n);
+    return SELDP_OK;
+}
+
+seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg *segs,
+                                  size_t n_segs)
+{
+    for (size_t i = 0; i < n_segs; i++) {
+        const seldp__convert_seg *g = &segs[i];
+        seldp_status st =
+            check_pair(g->dst_dtype, g->src ? g->src_dtype : g->dst_dtype, "convert_batch");
+        if (st != SELDP_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", seldp_last_error());
+            return seldp__fail(st, "segment %zu of %zu: %s", i, n_segs, why);
+        }
+    }
+    if (n_segs == 0)
+        return SELDP_OK;
+    DISPATCH_CUDA(device, seldp__cuda_convert_batch(device.ordinal, segs, n_segs));
+    for (size_t i = 0; i < n_segs; i++) {
+        const seldp__convert_seg *g = &segs[i];
+        if (g->n == 0)
+            continue;
+        if (g->src)
+            host_convert(g->dst, g->dst_dtype, g->src, g->src_dtype, g->n);
+        else
+            memset(g->dst, 0, g->n * seldp_dtype_size(g->dst_dtype));
+    }
     return SELDP_OK;
 }
 

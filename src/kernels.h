@@ -13,6 +13,28 @@
 seldp_status seldp__convert(seldp_device device, void *dst, seldp_dtype dst_dtype, const void *src,
                             seldp_dtype src_dtype, size_t n);
 
+/* One segment of a batched conversion: n elements from src (src_dtype) into dst
+ * (dst_dtype) as seldp__convert does, or n zeros of dst_dtype into dst when src is NULL. */
+typedef struct seldp__convert_seg {
+    void *dst;
+    const void *src;
+    seldp_dtype dst_dtype, src_dtype;
+    size_t n;
+} seldp__convert_seg;
+
+/* Most segments one batch takes (a caller with more cuts them into batches). Small enough
+ * for a caller's stack; 10,000 tensors are 20 batches. */
+#define SELDP_CONVERT_BATCH_MAX 512
+
+/* Every segment, as seldp__convert would one by one, on `device`; the dtype pairs are all
+ * checked before anything is written. On a CUDA device the whole batch is one kernel launch
+ * and one wait (instead of a launch and a wait per tensor). No segment's dst may overlap
+ * another segment's dst or src, nor its own src unless the two are the same pointer with
+ * the same dtype (a no-op). n_segs may be anything; batches of more than
+ * SELDP_CONVERT_BATCH_MAX segments are fine but allocate their descriptors. */
+seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg *segs,
+                                  size_t n_segs);
+
 /* x[i] = (float)((double)x[i] * factor) for n F32 elements on `device`. */
 seldp_status seldp__scale_f32(seldp_device device, float *x, size_t n, double factor);
 

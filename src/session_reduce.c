@@ -291,29 +291,38 @@ fail:
 /* --- pack, allreduce ------------------------------------------------------- */
 
 /* Lay the present parameters out in the staging buffer in path order and fill in this
- * rank's contributions. */
+ * rank's contributions: conversions and zeros in batches (one kernel launch per batch of
+ * SELDP_CONVERT_BATCH_MAX tensors on a GPU, not one per tensor). */
 static seldp_status reduce_pack(reduce_call *c)
 {
     seldp_status st = SELDP_OK;
     seldp_session *s = c->s;
+    seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
+    size_t n_batch = 0;
 
     c->elems = 0;
     for (size_t k = 0; k < s->n_slots; k++) {
         const session_group *g = &s->groups[s->slot_group[k]];
         reduce_slot *slot = &c->slots[k];
         size_t n = seldp_tensor_numel(&g->tensor);
-        float *dst;
+        bool contributes = c->weight > 0 && slot->has_grad;
         if (!slot->present)
             continue;
         slot->offset = c->elems;
         c->elems += n;
-        dst = s->staging + slot->offset;
-        if (c->weight > 0 && slot->has_grad)
-            SELDP_CHECK(
-                seldp__convert(s->device, dst, SELDP_F32, slot->grad.data, slot->grad.dtype, n));
-        else
-            SELDP_CHECK(seldp__device_zero(s->device, dst, n * sizeof(float)));
+        batch[n_batch++] = (seldp__convert_seg){
+            .dst = s->staging + slot->offset,
+            .src = contributes ? slot->grad.data : NULL, /* NULL: zeros */
+            .dst_dtype = SELDP_F32,
+            .src_dtype = contributes ? slot->grad.dtype : SELDP_F32,
+            .n = n,
+        };
+        if (n_batch == SELDP_CONVERT_BATCH_MAX) {
+            SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+            n_batch = 0;
+        }
     }
+    SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
 fail:
     return st;
 }
@@ -407,6 +416,39 @@ static seldp_status replace_gradient(seldp_grads *grads, seldp_param_id id, seld
     return SELDP_OK;
 }
 
+/* The staged results converted into the caller's tensors, or the results allocated in
+ * prepare, in batches (one kernel launch per batch on a GPU). */
+static seldp_status commit_convert(reduce_call *c)
+{
+    seldp_status st = SELDP_OK;
+    seldp_session *s = c->s;
+    seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
+    size_t n_batch = 0;
+
+    for (size_t k = 0; k < s->n_slots; k++) {
+        const session_group *g = &s->groups[s->slot_group[k]];
+        reduce_slot *slot = &c->slots[k];
+        seldp_dtype dtype = result_dtype(c, g);
+        if (!slot->present)
+            continue;
+        bool in_place = slot->has_grad && slot->grad.dtype == dtype;
+        batch[n_batch++] = (seldp__convert_seg){
+            .dst = in_place ? slot->grad.data : slot->result.data,
+            .src = s->staging + slot->offset,
+            .dst_dtype = dtype,
+            .src_dtype = SELDP_F32,
+            .n = seldp_tensor_numel(&g->tensor),
+        };
+        if (n_batch == SELDP_CONVERT_BATCH_MAX) {
+            SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+            n_batch = 0;
+        }
+    }
+    SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+fail:
+    return st;
+}
+
 /* Write the results into the caller's container. Everything it needs was allocated before
  * the agreement; the only failure left possible is the container's own growth. */
 static seldp_status reduce_commit(reduce_call *c)
@@ -414,22 +456,17 @@ static seldp_status reduce_commit(reduce_call *c)
     seldp_status st = SELDP_OK;
     seldp_session *s = c->s;
 
+    if (!c->fused)
+        SELDP_CHECK(commit_convert(c));
     for (size_t k = 0; k < s->n_slots; k++) {
         const session_group *g = &s->groups[s->slot_group[k]];
         reduce_slot *slot = &c->slots[k];
         seldp_dtype dtype = result_dtype(c, g);
-        size_t n = seldp_tensor_numel(&g->tensor);
-        const float *src = c->fused ? NULL : s->staging + slot->offset;
         if (!slot->present) {
             drop_gradient(c->grads, g->id);
-        } else if (c->fused) {
-            /* the transport wrote the results; owned ones still go into the container */
-            if (!(slot->has_grad && slot->grad.dtype == dtype))
-                SELDP_CHECK(replace_gradient(c->grads, g->id, &slot->result));
-        } else if (slot->has_grad && slot->grad.dtype == dtype) {
-            SELDP_CHECK(seldp__convert(s->device, slot->grad.data, dtype, src, SELDP_F32, n));
-        } else {
-            SELDP_CHECK(seldp__convert(s->device, slot->result.data, dtype, src, SELDP_F32, n));
+        } else if (!(slot->has_grad && slot->grad.dtype == dtype)) {
+            /* the results written by the transport (fused) or by commit_convert go into the
+             * container in place of the caller's entry */
             SELDP_CHECK(replace_gradient(c->grads, g->id, &slot->result));
         }
     }

@@ -4,9 +4,11 @@
  * Every call runs on the calling thread's per-thread default stream of device `ordinal`
  * and waits for it, so that rank threads sharing one GPU (the host-staged transport
  * simulating more ranks than GPUs) never serialize on the legacy default stream. The
- * conversions share their bit-level code with a host-side test (src/cuda/half/seldp_half_bits.cuh). */
+ * conversions share their bit-level code with a host-side test (src/cuda/half/seldp_half_bits.cuh).
+ */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cuda/cuda_kernels.h"
 #include "seldp_half_bits.cuh"
@@ -114,6 +116,96 @@ __global__ void nonfinite_kernel(const T *x, size_t n, T exp_mask, unsigned long
     }
 }
 
+/* One segment of a batch as the kernel reads it: elements [start, start + n) of the batch's
+ * index space. */
+enum BatchOp { kZero, kCopy, kHalfToF32, kBf16ToF32, kF32ToHalf, kF32ToBf16 };
+struct BatchSeg {
+    void *dst;
+    const void *src;
+    unsigned long long start, n;
+    int op;
+    int size; /* bytes per element of dst for kZero and kCopy */
+};
+
+template <typename T>
+__device__ __forceinline__ void copy_elem(void *dst, const void *src, size_t j)
+{
+    ((T *)dst)[j] = ((const T *)src)[j];
+}
+
+template <typename T> __device__ __forceinline__ void zero_elem(void *dst, size_t j)
+{
+    ((T *)dst)[j] = T(0);
+}
+
+/* Every element of every segment, grid-stride over the batch's index space; the segment
+ * of element i is found by binary search over the starts. */
+__global__ void convert_batch_kernel(const BatchSeg *segs, size_t n_segs, size_t total)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        size_t lo = 0, hi = n_segs;
+        while (hi - lo > 1) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (segs[mid].start <= i)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        const BatchSeg &g = segs[lo];
+        size_t j = i - (size_t)g.start;
+        switch (g.op) {
+        case kZero:
+            if (g.size == 8)
+                zero_elem<unsigned long long>(g.dst, j);
+            else if (g.size == 4)
+                zero_elem<uint32_t>(g.dst, j);
+            else if (g.size == 2)
+                zero_elem<uint16_t>(g.dst, j);
+            else
+                zero_elem<uint8_t>(g.dst, j);
+            break;
+        case kCopy:
+            if (g.size == 8)
+                copy_elem<unsigned long long>(g.dst, g.src, j);
+            else if (g.size == 4)
+                copy_elem<uint32_t>(g.dst, g.src, j);
+            else if (g.size == 2)
+                copy_elem<uint16_t>(g.dst, g.src, j);
+            else
+                copy_elem<uint8_t>(g.dst, g.src, j);
+            break;
+        case kHalfToF32:
+            ((float *)g.dst)[j] =
+                __uint_as_float(seldp__f16_to_f32_bits(((const uint16_t *)g.src)[j]));
+            break;
+        case kBf16ToF32:
+            ((float *)g.dst)[j] =
+                __uint_as_float(seldp__bf16_to_f32_bits(((const uint16_t *)g.src)[j]));
+            break;
+        case kF32ToHalf:
+            ((uint16_t *)g.dst)[j] =
+                seldp__f32_bits_to_f16(__float_as_uint(((const float *)g.src)[j]));
+            break;
+        default:
+            ((uint16_t *)g.dst)[j] =
+                seldp__f32_bits_to_bf16(__float_as_uint(((const float *)g.src)[j]));
+            break;
+        }
+    }
+}
+
+int batch_op(const seldp__convert_seg &g)
+{
+    if (!g.src)
+        return kZero;
+    if (g.dst_dtype == g.src_dtype)
+        return kCopy;
+    if (g.dst_dtype == SELDP_F32)
+        return g.src_dtype == SELDP_BF16 ? kBf16ToF32 : kHalfToF32;
+    return g.dst_dtype == SELDP_BF16 ? kF32ToBf16 : kF32ToHalf;
+}
+
 bool ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
 {
     uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
@@ -172,6 +264,67 @@ extern "C" seldp_status seldp__cuda_convert(int ordinal, void *dst, seldp_dtype 
     if (err != cudaSuccess)
         return cuda_fail(err, "convert", ordinal);
     return finish("convert", ordinal);
+}
+
+extern "C" seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__convert_seg *segs,
+                                                  size_t n_segs)
+{
+    BatchSeg local[64];
+    BatchSeg *host = local;
+    size_t n = 0;
+    unsigned long long total = 0;
+    if (n_segs > sizeof local / sizeof local[0]) {
+        host = (BatchSeg *)malloc(n_segs * sizeof *host);
+        if (!host)
+            return seldp__fail(SELDP_ERR_NOMEM,
+                               "cuda:%d convert_batch: out of memory describing %zu segments",
+                               ordinal, n_segs);
+    }
+    for (size_t i = 0; i < n_segs; i++) {
+        const seldp__convert_seg &g = segs[i];
+        int op = batch_op(g);
+        if (g.n == 0 || (op == kCopy && g.dst == g.src))
+            continue;
+        host[n].dst = g.dst;
+        host[n].src = g.src;
+        host[n].start = total;
+        host[n].n = g.n;
+        host[n].op = op;
+        host[n].size = (int)seldp_dtype_size(g.dst_dtype);
+        total += g.n;
+        n++;
+    }
+    seldp_status st = SELDP_OK;
+    if (n > 0) {
+        DeviceScope scope(ordinal);
+        cudaStream_t stream = cudaStreamPerThread;
+        BatchSeg *dev = NULL;
+        cudaError_t err = scope.error();
+        /* The descriptors go up with the launch: a pageable cudaMemcpyAsync to the device
+         * has copied them out of `host` when it returns. */
+        if (err == cudaSuccess)
+            err = cudaMallocAsync((void **)&dev, n * sizeof *dev, stream);
+        if (err == cudaSuccess) {
+            err = cudaMemcpyAsync(dev, host, n * sizeof *dev, cudaMemcpyHostToDevice, stream);
+            if (err == cudaSuccess) {
+                convert_batch_kernel<<<blocks_for((size_t)total), kThreads, 0, stream>>>(
+                    dev, n, (size_t)total);
+                err = cudaGetLastError();
+            }
+            cudaError_t free_err = cudaFreeAsync(dev, stream);
+            if (err == cudaSuccess)
+                err = free_err;
+        }
+        if (err == cudaSuccess)
+            err = cudaStreamSynchronize(stream);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            st = cuda_fail(err, "convert_batch", ordinal);
+        }
+    }
+    if (host != local)
+        free(host);
+    return st;
 }
 
 extern "C" seldp_status seldp__cuda_scale_f32(int ordinal, float *x, size_t n, double factor)

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "kernels.h"
 #include "seldp/tensor.h"
 
 #ifdef __cplusplus
@@ -13,6 +14,8 @@ extern "C" {
 
 seldp_status seldp__cuda_convert(int ordinal, void *dst, seldp_dtype dst_dtype, const void *src,
                                  seldp_dtype src_dtype, size_t n);
+/* seldp__convert_batch on device `ordinal` (dtype pairs already checked): one launch. */
+seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__convert_seg *segs, size_t n_segs);
 seldp_status seldp__cuda_scale_f32(int ordinal, float *x, size_t n, double factor);
 seldp_status seldp__cuda_find_nonfinite(int ordinal, const void *x, seldp_dtype dtype, size_t n,
                                         size_t *first);

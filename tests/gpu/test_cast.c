@@ -316,6 +316,56 @@ static void test_dispatch(void **state)
     free(h);
 }
 
+/* seldp__convert_batch on the device: 2,000 small segments of every kind (F16/BF16 -> F32,
+ * F32 -> F16/BF16, copies of 1/2/4/8-byte words, zeros) in one call give exactly what the
+ * host batch gives. */
+static void test_convert_batch(void **state)
+{
+    (void)state;
+    enum { SEGS = 2000, MAXN = 9 };
+    const size_t slot = MAXN * 8; /* bytes per segment in each arena */
+    const size_t arena = SEGS * slot;
+    unsigned char *src = malloc(arena), *host_dst = malloc(arena), *dev_out = malloc(arena);
+    seldp__convert_seg *host_segs = malloc(SEGS * sizeof *host_segs);
+    seldp__convert_seg *dev_segs = malloc(SEGS * sizeof *dev_segs);
+    assert_non_null(src);
+    assert_non_null(host_dst);
+    assert_non_null(dev_out);
+    assert_non_null(host_segs);
+    assert_non_null(dev_segs);
+    seldp_fill_f32((float *)src, arena / 4, 11);
+    memset(host_dst, 0xab, arena);
+    unsigned char *dsrc = upload(src, arena), *ddst = upload(host_dst, arena);
+    static const seldp_dtype pairs[][2] = {
+        {SELDP_F32, SELDP_F16},  {SELDP_F32, SELDP_BF16}, {SELDP_F16, SELDP_F32},
+        {SELDP_BF16, SELDP_F32}, {SELDP_U8, SELDP_U8},    {SELDP_U16, SELDP_U16},
+        {SELDP_F32, SELDP_F32},  {SELDP_F64, SELDP_F64},  {SELDP_F32, SELDP_F32}, /* zeros */
+    };
+    for (size_t i = 0; i < SEGS; i++) {
+        size_t k = i % 9;
+        size_t n = 1 + (i * 7) % MAXN;
+        bool zero = k == 8;
+        host_segs[i] = (seldp__convert_seg){host_dst + i * slot, zero ? NULL : src + i * slot,
+                                            pairs[k][0], pairs[k][1], n};
+        dev_segs[i] = (seldp__convert_seg){ddst + i * slot, zero ? NULL : dsrc + i * slot,
+                                           pairs[k][0], pairs[k][1], n};
+    }
+    assert_int_equal(seldp__convert_batch(SELDP_HOST_DEVICE, host_segs, SEGS), SELDP_OK);
+    assert_int_equal(seldp__convert_batch(dev0, dev_segs, SEGS), SELDP_OK);
+    download(dev_out, ddst, arena);
+    for (size_t i = 0; i < arena; i++)
+        if (dev_out[i] != host_dst[i])
+            fail_msg("byte %zu (segment %zu): 0x%02x on the device, 0x%02x on the host", i,
+                     i / slot, dev_out[i], host_dst[i]);
+    gpu_buf_free(dev0, dsrc);
+    gpu_buf_free(dev0, ddst);
+    free(src);
+    free(host_dst);
+    free(dev_out);
+    free(host_segs);
+    free(dev_segs);
+}
+
 int main(void)
 {
     gpu_require();
@@ -328,6 +378,7 @@ int main(void)
         cmocka_unit_test(test_scale_matches_host),
         cmocka_unit_test(test_find_nonfinite),
         cmocka_unit_test(test_dispatch),
+        cmocka_unit_test(test_convert_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
