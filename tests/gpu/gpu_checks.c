@@ -1,5 +1,6 @@
 /* Rank functions shared by the GPU world tests: the communicator contract with device and
  * host buffers, and a session over device tensors. No cmocka calls here (rank threads). */
+#include <cuda_runtime_api.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -405,6 +406,48 @@ static seldp_status device_tensor(seldp_device dev, seldp_dtype dtype, int ndim,
     return seldp_tensor_copy(out, &src);
 }
 
+/* The stream contract of seldp/nccl.h, as a caller meets it: a tensor written by a copy on
+ * the caller's own non-blocking stream, synchronized before it is handed to seldp ... */
+static seldp_status own_stream_tensor(seldp_device dev, seldp_dtype dtype, int ndim,
+                                      const int64_t *shape, const void *host, seldp_tensor *out)
+{
+    if (dev.kind == SELDP_DEVICE_HOST)
+        return device_tensor(dev, dtype, ndim, shape, host, out);
+    *out = seldp_tensor_view(dtype, dev, NULL, ndim, shape);
+    seldp_status st = seldp_tensor_alloc(out);
+    if (st != SELDP_OK)
+        return st;
+    cudaStream_t mine = NULL;
+    cudaError_t err = cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking);
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(out->data, host, seldp_tensor_nbytes(out), cudaMemcpyHostToDevice,
+                              mine);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(mine); /* what the contract asks of the caller */
+    if (mine)
+        cudaStreamDestroy(mine);
+    return err == cudaSuccess ? SELDP_OK : SELDP_ERR_TRANSPORT;
+}
+
+/* ... and a result seldp wrote, read on another non-blocking stream with no wait for seldp:
+ * complete when the call returned. */
+static seldp_status own_stream_download(seldp_device dev, void *host, const void *d, size_t bytes)
+{
+    if (dev.kind == SELDP_DEVICE_HOST) {
+        memcpy(host, d, bytes);
+        return SELDP_OK;
+    }
+    cudaStream_t mine = NULL;
+    cudaError_t err = cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking);
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(host, d, bytes, cudaMemcpyDeviceToHost, mine);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(mine);
+    if (mine)
+        cudaStreamDestroy(mine);
+    return err == cudaSuccess ? SELDP_OK : SELDP_ERR_TRANSPORT;
+}
+
 static seldp_param_id sel_id(int i, int r)
 {
     return 0x1000 + 17 * (seldp_param_id)i + (seldp_param_id)r;
@@ -443,8 +486,13 @@ static int session_setup(seldp_rank_ctx *ctx, session_state *s)
     seldp_param_id ids[N_SEL];
     for (int i = 0; i < N_SEL; i++)
         ids[i] = sel_id(i, r);
+    /* 64-byte buckets: initialize broadcasts each dtype in several buckets (the next
+     * broadcast must not overwrite a bucket still being copied out), and the reductions
+     * allreduce several buckets too */
+    seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
+    cfg.bucket_bytes = 64;
     RANK_CHECK_OK(
-        ctx, seldp_session_initialize(ctx->world, s->model, n - 1, ids, N_SEL, NULL, &s->session));
+        ctx, seldp_session_initialize(ctx->world, s->model, n - 1, ids, N_SEL, &cfg, &s->session));
     for (int i = 0; i < N_SEL; i++) {
         unsigned char want[64 * 4], got[64 * 4];
         size_t nb = seldp_tensor_nbytes(&s->params[i]);
@@ -485,7 +533,7 @@ static int session_reduce_mean(seldp_rank_ctx *ctx, session_state *s)
         grad_values(0, i, r, f);
         store(sel_dtypes[i], f, sel_numel(i), host);
         RANK_CHECK_OK(
-            ctx, device_tensor(s->dev, sel_dtypes[i], sel_ndim[i], sel_shapes[i], host, &g[i]));
+            ctx, own_stream_tensor(s->dev, sel_dtypes[i], sel_ndim[i], sel_shapes[i], host, &g[i]));
         RANK_CHECK_OK(ctx, seldp_grads_put(grads, sel_id(i, r), &g[i], SELDP_BORROWED));
     }
     int64_t priv_shape[1] = {r + 2};
@@ -506,7 +554,7 @@ static int session_reduce_mean(seldp_rank_ctx *ctx, session_state *s)
         RANK_CHECK(ctx, t && t->data == g[i].data && t->dtype == sel_dtypes[i],
                    "'%s': the mean was not written in place in the caller's tensor", sel_paths[i]);
         size_t nb = seldp_tensor_nbytes(t), numel = sel_numel(i);
-        RANK_CHECK_OK(ctx, gpu_download(s->dev, host, t->data, nb));
+        RANK_CHECK_OK(ctx, own_stream_download(s->dev, host, t->data, nb));
         hash = fnv1a(host, nb, hash);
         double rel = sel_dtypes[i] == SELDP_F32   ? 0x1p-23
                      : sel_dtypes[i] == SELDP_F16 ? 0x1p-10
