@@ -3,10 +3,18 @@
 #   1. configure a fresh Release build for sm_90 with CUDA and NCCL required, build it
 #      (warnings are the CI's business: -Werror stays off so that a new warning in an
 #      optimized build cannot hide the GPU results);
-#   2. run `ctest -L gpu` (on a machine with a GPU, a skipped GPU test is a failure);
-#   3. run the harness on the GPU (NCCL, one rank per GPU) and host-staged with 8 ranks;
-#   4. run the benchmark's GPU rows when the benchmark has them;
-#   5. print a short table, last.
+#   2. check that the driver can run this build's CUDA (a GPU the driver shows but CUDA
+#      cannot use is a FAIL, never a skip);
+#   3. run `ctest -L gpu` (on a machine with a GPU, a skipped GPU test is a failure) and
+#      check that every GPU test named below ran and passed; among them gpu_host_staged and
+#      gpu_nccl_world run a session whose initialize and reductions use several 64-byte
+#      buckets per dtype, with gradients from the caller's own stream;
+#   4. run the harness on the GPU (NCCL, one rank per GPU) and host-staged with 8 ranks;
+#   5. run the MPI+NCCL path under mpirun: the mpi_nccl test program with one process, and
+#      the harness with one process per GPU, each given its own CUDA_VISIBLE_DEVICES as
+#      SLURM and most launchers do;
+#   6. run the benchmark's GPU rows when the benchmark has them;
+#   7. print a short table, last.
 # Usage: tests/gpu/check.sh [BUILD_DIR]   (default: build-gpucheck in the repository)
 # Exit status: 0 when nothing failed (steps the build cannot run are reported NOT RUN).
 set -u
@@ -68,17 +76,44 @@ else
     fi
 fi
 
-# ---- 2. ctest -L gpu ---------------------------------------------------------------------
+# ---- 2. the driver ----------------------------------------------------------------------
+# nvidia-smi's header names the newest CUDA the driver supports; the toolkit's major version
+# must not be newer (CUDA's minor-version compatibility covers the rest).
+if [ "$gpus" -gt 0 ]; then
+    driver_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+    nvcc_bin=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)
+    toolkit_cuda=$("${nvcc_bin:-nvcc}" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p')
+    driver_version=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+    if [ -z "$driver_cuda" ] || [ -z "$toolkit_cuda" ]; then
+        record driver FAIL 0 "cannot tell: driver CUDA '${driver_cuda}', toolkit '${toolkit_cuda}'"
+    elif [ "${driver_cuda%%.*}" -lt "${toolkit_cuda%%.*}" ]; then
+        record driver FAIL 0 "driver $driver_version runs CUDA <= $driver_cuda; build is CUDA $toolkit_cuda"
+        echo "FAIL: the NVIDIA driver $driver_version supports CUDA $driver_cuda, older than the" \
+            "CUDA $toolkit_cuda this build uses: every GPU test would fail (install a newer driver)" >&2
+    else
+        record driver ok 0 "driver $driver_version (CUDA $driver_cuda), toolkit CUDA $toolkit_cuda"
+    fi
+fi
+
+# ---- 3. ctest -L gpu ---------------------------------------------------------------------
+# Every test of the gpu label; each must run and pass on a machine with a GPU.
+gpu_tests="gpu_half_bits gpu_cast gpu_host_staged gpu_nccl_world gpu_tinymoe harness_gpu"
 if [ -d "$build/tests" ]; then
     run ctest 300 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 240
     summary=$(grep -E "tests passed|tests failed" "$log/ctest.log" | tail -n 1)
     skipped=$(grep -c "(Skipped)" "$log/ctest.log")
+    missing=""
+    for t in $gpu_tests; do
+        grep -qE "Test +#[0-9]+: $t \.+ +Passed" "$log/ctest.log" || missing="$missing $t"
+    done
     if [ $rc -ne 0 ]; then
         record "ctest -L gpu" FAIL "$secs" "$summary"
     elif [ "$gpus" -gt 0 ] && [ "$skipped" -gt 0 ]; then
         record "ctest -L gpu" FAIL "$secs" "$skipped skipped on a machine with a GPU"
     elif [ "$gpus" -eq 0 ]; then
         record "ctest -L gpu" ok "$secs" "no GPU: $skipped skipped"
+    elif [ -n "$missing" ]; then
+        record "ctest -L gpu" FAIL "$secs" "did not pass:$missing"
     else
         record "ctest -L gpu" ok "$secs" "$summary"
     fi
@@ -87,7 +122,7 @@ else
     record "ctest -L gpu" FAIL 0 "no build"
 fi
 
-# ---- 3. the harness ----------------------------------------------------------------------
+# ---- 4. the harness ----------------------------------------------------------------------
 harness=$build/bin/seldp-harness
 harness_step() { # NAME NOTE ARGS...
     local name=$1 note=$2
@@ -118,7 +153,41 @@ else
         --backend auto --world 8 --ep 4 --dtype bf16
 fi
 
-# ---- 4. the benchmark's GPU rows ---------------------------------------------------------
+# ---- 5. MPI + NCCL under mpirun -----------------------------------------------------------
+mpirun_bin=$(command -v mpirun || true)
+mpi_env=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    OMPI_MCA_rmaps_base_oversubscribe=1)
+if [ -z "$mpirun_bin" ]; then
+    record mpi-nccl "NOT RUN" 0 "no mpirun"
+elif [ "$gpus" -eq 0 ]; then
+    record mpi-nccl "NOT RUN" 0 "no GPU"
+elif [ ! -x "$build/tests/mpi_nccl" ]; then
+    record mpi-nccl FAIL 0 "no mpi_nccl test program (a build without MPI?)"
+else
+    run mpi-nccl 120 "${mpi_env[@]}" "$mpirun_bin" -np 1 "$build/tests/mpi_nccl"
+    if [ $rc -eq 0 ]; then
+        record mpi-nccl ok "$secs" "mpirun -np 1: NCCL bootstrapped over MPI"
+    else
+        record mpi-nccl FAIL "$secs" "rc $rc, see $log/mpi-nccl.log"
+        tail -n 20 "$log/mpi-nccl.log"
+    fi
+    if [ -x "$harness" ]; then
+        # one GPU per process, as SLURM gives it: each process sees only its own, as cuda:0
+        nproc_gpu=$((gpus < 8 ? gpus : 8))
+        run harness-mpi-nccl 180 "${mpi_env[@]}" "$mpirun_bin" -np "$nproc_gpu" sh -c \
+            'CUDA_VISIBLE_DEVICES=${OMPI_COMM_WORLD_LOCAL_RANK:-0} exec "$0" "$@"' \
+            "$harness" --out "$log/harness-mpi-nccl" --steps 2 --quiet --backend nccl \
+            --ep "$nproc_gpu" --experts 8 --dtype bf16
+        if [ $rc -eq 0 ]; then
+            record harness-mpi-nccl ok "$secs" "mpirun -np $nproc_gpu, CUDA_VISIBLE_DEVICES per rank"
+        else
+            record harness-mpi-nccl FAIL "$secs" "rc $rc, see $log/harness-mpi-nccl.log"
+            tail -n 20 "$log/harness-mpi-nccl.log"
+        fi
+    fi
+fi
+
+# ---- 6. the benchmark's GPU rows ---------------------------------------------------------
 bench=$build/bin/seldp-bench
 if [ ! -x "$bench" ]; then
     record bench-gpu "NOT RUN" 0 "no seldp-bench binary"
@@ -136,7 +205,7 @@ else
     fi
 fi
 
-# ---- 5. the table ------------------------------------------------------------------------
+# ---- 7. the table ------------------------------------------------------------------------
 total=$(($(date +%s) - start_all))
 echo
 printf '%-18s %-8s %6s  %s\n' step result seconds note

@@ -1,11 +1,16 @@
 /* Helpers of the GPU tests: skipping without a GPU, rank threads on CUDA devices over the
  * host-staged or the NCCL transport, and device buffers through the public tensor API. */
+#define _POSIX_C_SOURCE 200809L /* access */
+
+#include <dirent.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
@@ -15,14 +20,41 @@
 #include "seldp/nccl.h"
 #endif
 
+/* True when the kernel driver shows an NVIDIA GPU, whatever the CUDA runtime says. */
+static bool gpu_visible_to_driver(void)
+{
+    DIR *dir = opendir("/proc/driver/nvidia/gpus");
+    bool any = false;
+    if (dir) {
+        struct dirent *e;
+        while (!any && (e = readdir(dir)))
+            any = e->d_name[0] != '.';
+        closedir(dir);
+    }
+    return any || access("/dev/nvidia0", F_OK) == 0;
+}
+
 int gpu_require(void)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-        fprintf(stderr, "no CUDA device: skipped\n");
-        exit(77);
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err == cudaSuccess && n >= 1)
+        return n;
+    if (gpu_visible_to_driver()) {
+        /* a GPU is there but CUDA cannot use it: an old driver, a broken install. That is a
+         * failure, never a skip, or a GPU run would pass with nothing tested. */
+        int driver = 0, runtime = 0;
+        cudaDriverGetVersion(&driver);
+        cudaRuntimeGetVersion(&runtime);
+        fprintf(stderr,
+                "FAIL: the NVIDIA driver shows a GPU but CUDA cannot use it: %s (%s); the driver "
+                "supports CUDA %d.%d, this build's runtime is CUDA %d.%d\n",
+                cudaGetErrorName(err), cudaGetErrorString(err), driver / 1000, driver % 1000 / 10,
+                runtime / 1000, runtime % 1000 / 10);
+        exit(1);
     }
-    return n;
+    fprintf(stderr, "no CUDA device: skipped\n");
+    exit(77);
 }
 
 bool gpu_host_mode(int argc, char **argv)
