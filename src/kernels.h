@@ -22,16 +22,16 @@ typedef struct seldp__convert_seg {
     size_t n;
 } seldp__convert_seg;
 
-/* Most segments one batch takes (a caller with more cuts them into batches). Small enough
- * for a caller's stack; 10,000 tensors are 20 batches. */
+/* The batch size callers building batches on their stack use: 16 KiB of descriptors, and
+ * 10,000 tensors are 20 launches. */
 #define SELDP_CONVERT_BATCH_MAX 512
 
 /* Every segment, as seldp__convert would one by one, on `device`; the dtype pairs are all
  * checked before anything is written. On a CUDA device the whole batch is one kernel launch
  * and one wait (instead of a launch and a wait per tensor). No segment's dst may overlap
  * another segment's dst or src, nor its own src unless the two are the same pointer with
- * the same dtype (a no-op). n_segs may be anything; batches of more than
- * SELDP_CONVERT_BATCH_MAX segments are fine but allocate their descriptors. */
+ * the same dtype (a no-op). Any n_segs works (the CUDA path describes the segments to the
+ * kernel in one host-to-device copy; past 64 segments it allocates that description). */
 seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg *segs,
                                   size_t n_segs);
 
