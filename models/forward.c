@@ -150,7 +150,8 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
         }
         for (int e = 0; e < E; e++)
             p[e] /= sum;
-        int *sel = c->expert + t * (size_t)K;
+        c->lse[t] = mx + logf(sum);
+        int *sel = c->choice + t * (size_t)K;
         float *gate = c->gate + t * (size_t)K;
         float kept = 0.0f;
         for (int k = 0; k < K; k++) {
@@ -169,6 +170,7 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
         for (int k = 0; k < K; k++)
             gate[k] = p[sel[k]] / kept;
     }
+    tm__capacity_drop(m, c);
     c->routed = true;
     c->combined = c->combined_back = false;
     route->T = T;
@@ -216,25 +218,21 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
                    l);
     for (size_t t = 0; t < T; t++) {
         const float *p = c->probs + t * (size_t)E;
-        const int *sel = c->expert + t * (size_t)K;
+        const int *sel = c->choice + t * (size_t)K;
         const float *gate = c->gate + t * (size_t)K;
         const float *dgate = c->dgate + t * (size_t)K;
         float *dl = dlogits + t * (size_t)E;
-        /* gate_k = p_k / S over the selected set: dp_k = (dgate_k - sum_j gate_j dgate_j) / S */
+        /* gate_k = p_k / S over the selected set: dp_k = (dgate_k - sum_j gate_j dgate_j) / S
+         * (a dropped slot has dgate 0 but still counts in S: gates are not renormalized) */
         float kept = 0.0f, gdg = 0.0f;
         for (int k = 0; k < K; k++) {
             kept += p[sel[k]];
             gdg += gate[k] * dgate[k];
         }
-        float pdp = 0.0f; /* sum_e p_e dp_e, only selected e have dp_e != 0 */
-        for (int k = 0; k < K; k++) {
-            float dp = (dgate[k] - gdg) / kept;
-            dl[sel[k]] = dp;
-            pdp += p[sel[k]] * dp;
-        }
-        /* softmax: dlogit_e = p_e (dp_e - sum_j p_j dp_j) */
-        for (int e = 0; e < E; e++)
-            dl[e] = p[e] * (dl[e] - pdp);
+        for (int k = 0; k < K; k++)
+            dl[sel[k]] = (dgate[k] - gdg) / kept;
+        /* the router losses' dp, then softmax: dlogit_e = p_e (dp_e - sum_j p_j dp_j) */
+        tm__router_loss_backward(m, c, t, dl);
     }
     // dW_r (E,D) += dlogits^T (E,T) . u (T,D)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, D, (int)T, 1.0f, dlogits, E, c->u, D,
@@ -244,10 +242,16 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
                 m->work[m->router[l]], D, 0.0f, du, D);
     for (size_t t = 0; t < T; t++) {
         for (int k = 0; k < K; k++) {
+            if (c->expert[t * (size_t)K + (size_t)k] < 0)
+                continue; /* dropped: the slot reached no expert */
             const float *row = dx + (t * (size_t)K + (size_t)k) * (size_t)D;
             for (int i = 0; i < D; i++)
                 du[t * (size_t)D + (size_t)i] += row[i];
         }
+    }
+    if (c->s_du) {
+        for (size_t i = 0; i < T * (size_t)D; i++)
+            du[i] += c->s_du[i];
     }
     rmsnorm_backward(du, c->h_in, m->work[m->norm[l]], c->rstd, T, D, dh, m->grad[m->norm[l]]);
 fail:
@@ -276,14 +280,19 @@ seldp_status tm_combine_forward(tm_model *m, int l, const float *y, float *h)
         float *out = h + t * (size_t)D;
         memcpy(out, c->h_in + t * (size_t)D, (size_t)D * sizeof(float));
         for (int k = 0; k < K; k++) {
+            if (c->expert[t * (size_t)K + (size_t)k] < 0)
+                continue; /* dropped: the token keeps its residual */
             const float g = c->gate[t * (size_t)K + (size_t)k];
             const float *row = c->y + (t * (size_t)K + (size_t)k) * (size_t)D;
             for (int i = 0; i < D; i++)
                 out[i] += g * row[i];
         }
     }
+    if (m->shared_w1[l] >= 0)
+        SELDP_CHECK(tm__shared_forward(m, l, h));
     c->combined = true;
-    return SELDP_OK;
+fail:
+    return st;
 }
 
 seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy)
@@ -297,10 +306,17 @@ seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy)
                            "rank %d: tm_combine_backward: layer %d before tm_combine_forward",
                            m->rank, l);
     const int D = m->cfg.d_model, K = m->cfg.top_k;
+    if (m->shared_w1[l] >= 0)
+        SELDP_CHECK(tm__shared_backward(m, l, dh));
     for (size_t t = 0; t < m->T; t++) {
         const float *d = dh + t * (size_t)D;
         for (int k = 0; k < K; k++) {
             const size_t slot = t * (size_t)K + (size_t)k;
+            if (c->expert[slot] < 0) {
+                memset(dy + slot * (size_t)D, 0, (size_t)D * sizeof *dy);
+                c->dgate[slot] = 0.0f;
+                continue;
+            }
             const float g = c->gate[slot];
             const float *row = c->y + slot * (size_t)D;
             float dot = 0.0f;
@@ -312,7 +328,8 @@ seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy)
         }
     }
     c->combined_back = true;
-    return SELDP_OK;
+fail:
+    return st;
 }
 
 /* ---- experts ------------------------------------------------------------------------- */
@@ -535,6 +552,8 @@ seldp_status tm_step_local(tm_model *m, const int32_t *tokens, const int32_t *ta
         SELDP_CHECK(tm_combine_forward(m, l, y, h));
     }
     SELDP_CHECK(tm_head_forward_backward(m, h, targets, loss_sum, dh));
+    if (loss_sum)
+        *loss_sum += tm_router_loss_sum(m);
     for (int l = L - 1; l >= 0; l--) {
         tm_route route;
         SELDP_CHECK(tm_route_get(m, l, &route));

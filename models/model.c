@@ -137,6 +137,18 @@ static seldp_status build_layout(layout *lay)
         snprintf(path, sizeof path, "layers.%d.router.weight", l);
         m->router[l] = (int)m->n_params;
         SELDP_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){E, D}, TM_ROLE_SHARED, l, -1));
+        m->shared_w1[l] = m->shared_w2[l] = -1;
+        if (cfg->d_ff_shared > 0) {
+            const int Fs = cfg->d_ff_shared;
+            snprintf(path, sizeof path, "layers.%d.shared_expert.w1.weight", l);
+            m->shared_w1[l] = (int)m->n_params;
+            SELDP_CHECK(
+                add_param(lay, path, cfg->dtype, 2, (int64_t[]){Fs, D}, TM_ROLE_SHARED, l, -1));
+            snprintf(path, sizeof path, "layers.%d.shared_expert.w2.weight", l);
+            m->shared_w2[l] = (int)m->n_params;
+            SELDP_CHECK(
+                add_param(lay, path, cfg->dtype, 2, (int64_t[]){D, Fs}, TM_ROLE_SHARED, l, -1));
+        }
         for (int e = 0; e < E; e++) {
             tm_expert_slot *slot = &m->experts[(size_t)l * (size_t)E + (size_t)e];
             slot->held = m->owns[e];
@@ -246,6 +258,10 @@ static seldp_status init_values(tm_model *m)
     for (int l = 0; l < cfg->layers; l++) {
         fill_uniform(m, m->norm[l], 1.0, 0.2);
         fill_uniform(m, m->router[l], 0.0, sqrt(3.0 / cfg->d_model));
+        if (m->shared_w1[l] >= 0) {
+            fill_uniform(m, m->shared_w1[l], 0.0, sqrt(3.0 / cfg->d_model));
+            fill_uniform(m, m->shared_w2[l], 0.0, sqrt(3.0 / cfg->d_ff_shared));
+        }
         for (int e = 0; e < E; e++) {
             const tm_expert_slot *slot = &m->experts[(size_t)l * (size_t)E + (size_t)e];
             if (!slot->held)
@@ -309,15 +325,17 @@ seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts,
     m->owns = calloc((size_t)E, sizeof *m->owns);
     m->norm = calloc((size_t)L, sizeof *m->norm);
     m->router = calloc((size_t)L, sizeof *m->router);
+    m->shared_w1 = calloc((size_t)L, sizeof *m->shared_w1);
+    m->shared_w2 = calloc((size_t)L, sizeof *m->shared_w2);
     m->experts = calloc((size_t)L * (size_t)E, sizeof *m->experts);
     m->seen = calloc((size_t)L * (size_t)E, sizeof *m->seen);
     m->cache = calloc((size_t)L, sizeof *m->cache);
-    size_t max_params = 4 + (size_t)L * (2 + (size_t)E * 10);
+    size_t max_params = 4 + (size_t)L * (4 + (size_t)E * 10);
     m->params = calloc(max_params, sizeof *m->params);
     lay.param_offset = calloc(max_params, sizeof *lay.param_offset);
     lay.m = m;
-    if (!m->owns || !m->norm || !m->router || !m->experts || !m->seen || !m->cache || !m->params ||
-        !lay.param_offset)
+    if (!m->owns || !m->norm || !m->router || !m->shared_w1 || !m->shared_w2 || !m->experts ||
+        !m->seen || !m->cache || !m->params || !lay.param_offset)
         SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
     for (int i = 0; i < n_experts; i++) {
         int e = experts[i];
@@ -405,10 +423,16 @@ static void free_caches(tm_model *m)
         free(c->rstd);
         free(c->u);
         free(c->probs);
+        free(c->choice);
         free(c->expert);
         free(c->gate);
         free(c->y);
         free(c->dgate);
+        free(c->lse);
+        free(c->s_pre);
+        free(c->s_du);
+        free(c->counts);
+        free(c->bal_counts);
         memset(c, 0, sizeof *c);
     }
     free(m->tokens);
@@ -437,6 +461,8 @@ void tm_model_destroy(tm_model *m)
     free(m->owns);
     free(m->norm);
     free(m->router);
+    free(m->shared_w1);
+    free(m->shared_w2);
     free(m->experts);
     free(m->seen);
     free(m->cache);
@@ -505,7 +531,8 @@ static bool same_config(const tm_config *a, const tm_config *b)
     return a->vocab == b->vocab && a->d_model == b->d_model && a->d_ff == b->d_ff &&
            a->experts == b->experts && a->top_k == b->top_k && a->layers == b->layers &&
            a->eps == b->eps && a->dtype == b->dtype && a->quant == b->quant &&
-           a->lora_rank == b->lora_rank && a->lora_alpha == b->lora_alpha;
+           a->lora_rank == b->lora_rank && a->lora_alpha == b->lora_alpha &&
+           a->d_ff_shared == b->d_ff_shared;
 }
 
 seldp_status tm_model_copy_params(tm_model *dst, const tm_model *src, unsigned roles, int expert)
@@ -591,7 +618,7 @@ seldp_status tm__ensure_caches(tm_model *m, size_t T)
     free_caches(m);
     const size_t cap = T ? T : 1;
     const size_t D = (size_t)m->cfg.d_model, E = (size_t)m->cfg.experts;
-    const size_t K = (size_t)m->cfg.top_k;
+    const size_t K = (size_t)m->cfg.top_k, Fs = (size_t)m->cfg.d_ff_shared;
     m->tokens = malloc(cap * sizeof *m->tokens);
     bool ok = m->tokens != NULL;
     for (int l = 0; l < m->cfg.layers && ok; l++) {
@@ -600,11 +627,21 @@ seldp_status tm__ensure_caches(tm_model *m, size_t T)
         c->rstd = malloc(cap * sizeof(float));
         c->u = malloc(cap * D * sizeof(float));
         c->probs = malloc(cap * E * sizeof(float));
+        c->choice = malloc(cap * K * sizeof(int));
         c->expert = malloc(cap * K * sizeof(int));
         c->gate = malloc(cap * K * sizeof(float));
         c->y = malloc(cap * K * D * sizeof(float));
         c->dgate = malloc(cap * K * sizeof(float));
-        ok = c->h_in && c->rstd && c->u && c->probs && c->expert && c->gate && c->y && c->dgate;
+        c->lse = malloc(cap * sizeof(float));
+        c->counts = calloc(E, sizeof *c->counts);
+        c->bal_counts = calloc(E, sizeof *c->bal_counts);
+        ok = c->h_in && c->rstd && c->u && c->probs && c->choice && c->expert && c->gate && c->y &&
+             c->dgate && c->lse && c->counts && c->bal_counts;
+        if (ok && Fs) {
+            c->s_pre = malloc(cap * Fs * sizeof(float));
+            c->s_du = malloc(cap * D * sizeof(float));
+            ok = c->s_pre && c->s_du;
+        }
     }
     if (!ok) {
         free_caches(m);

@@ -13,6 +13,7 @@
 
 #include <cblas.h>
 
+#include "reference_router.h"
 #include "tm_internal.h"
 
 #define REF_PATH_MAX 96
@@ -270,15 +271,21 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
         return seldp__fail(SELDP_ERR_NOMEM, "reference: out of memory");
     ref->cfg = *cfg;
     ref->routed = calloc((size_t)L * (size_t)E, sizeof *ref->routed);
-    ref->cap_entries = 4 + (size_t)L * (2 + 4 * (size_t)E);
+    ref->cap_entries = 4 + (size_t)L * (4 + 4 * (size_t)E);
     ref->entries = calloc(ref->cap_entries, sizeof *ref->entries);
     if (!ref->routed || !ref->entries)
         SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
 
-    /* All tokens of all ranks, in rank order. */
+    /* All tokens of all ranks, in rank order; rank r's are data shard r. */
     size_t N = 0;
-    for (int r = 0; r < n_ranks; r++)
+    size_t *shard_begin = ref_calloc(ref, (size_t)n_ranks + 1, sizeof *shard_begin);
+    if (!shard_begin)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+    for (int r = 0; r < n_ranks; r++) {
+        shard_begin[r] = N;
         N += counts[r];
+    }
+    shard_begin[n_ranks] = N;
     if (N == 0)
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "reference: no token on any of %d ranks", n_ranks);
     ref->N = N;
@@ -298,12 +305,16 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     }
 
     /* Weights, upcast. */
+    const int Fs = cfg->d_ff_shared;
     ref_entry *emb = NULL, *fnorm = NULL, **norm = NULL, **router = NULL;
-    ref_linear *lin; /* (L,E,2): w1 then w2 */
+    ref_entry **sw1 = NULL, **sw2 = NULL; /* (L) the shared expert, when Fs > 0 */
+    ref_linear *lin;                      /* (L,E,2): w1 then w2 */
     norm = ref_calloc(ref, (size_t)L, sizeof *norm);
     router = ref_calloc(ref, (size_t)L, sizeof *router);
+    sw1 = ref_calloc(ref, (size_t)L, sizeof *sw1);
+    sw2 = ref_calloc(ref, (size_t)L, sizeof *sw2);
     lin = ref_calloc(ref, (size_t)L * (size_t)E * 2, sizeof *lin);
-    if (!norm || !router || !lin)
+    if (!norm || !router || !sw1 || !sw2 || !lin)
         SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
     SELDP_CHECK(add_entry(ref, weights, "embed.weight", 2, (int64_t[]){V, D}, -1, -1, &emb));
     {
@@ -327,6 +338,12 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
         SELDP_CHECK(add_entry(ref, weights, path, 1, (int64_t[]){D}, l, -1, &norm[l]));
         snprintf(path, sizeof path, "layers.%d.router.weight", l);
         SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){E, D}, l, -1, &router[l]));
+        if (Fs > 0) {
+            snprintf(path, sizeof path, "layers.%d.shared_expert.w1.weight", l);
+            SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){Fs, D}, l, -1, &sw1[l]));
+            snprintf(path, sizeof path, "layers.%d.shared_expert.w2.weight", l);
+            SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){D, Fs}, l, -1, &sw2[l]));
+        }
         for (int e = 0; e < E; e++) {
             for (int k = 0; k < 2; k++) {
                 ref_linear *li = &lin[((size_t)l * (size_t)E + (size_t)e) * 2 + (size_t)k];
@@ -388,6 +405,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     }
 
     /* Activations. */
+    double router_loss = 0.0;
     const size_t ND = N * (size_t)D;
     double *H = ref_calloc(ref, (size_t)(L + 1) * ND, sizeof(double)); /* layer inputs + out */
     double *U = ref_calloc(ref, (size_t)L * ND, sizeof(double));
@@ -401,7 +419,14 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     double *A = ref_calloc(ref, N * (size_t)K * (size_t)F, sizeof(double));
     double *S = ref_calloc(ref, N * (size_t)K * (size_t)F, sizeof(double));
     double *YE = ref_calloc(ref, N * (size_t)K * (size_t)D, sizeof(double));
-    if (!H || !U || !R || !LG || !SEL || !GATE || !Y || !rows || !X || !A || !S || !YE)
+    unsigned char *KEPT = ref_calloc(ref, (size_t)L * N * (size_t)K, 1);
+    double *DLR = ref_calloc(ref, (size_t)L * N * (size_t)E, sizeof(double)); /* router losses */
+    double *RW = ref_calloc(ref, N * (size_t)E + 2 * (size_t)E, sizeof(double));
+    const size_t NF = N * (size_t)(Fs > 0 ? Fs : 0);
+    double *SA = ref_calloc(ref, (size_t)L * NF, sizeof(double)); /* shared expert pre-act */
+    double *SS = ref_calloc(ref, NF, sizeof(double)), *dSA = ref_calloc(ref, NF, sizeof(double));
+    if (!H || !U || !R || !LG || !SEL || !GATE || !Y || !rows || !X || !A || !S || !YE || !KEPT ||
+        !DLR || !RW || !SA || !SS || !dSA)
         SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
 
     for (size_t t = 0; t < N; t++)
@@ -434,11 +459,15 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
             for (int k = 0; k < K; k++)
                 gate[t * K + k] = exp(z[sel[t * K + k]] - mx) / den;
         }
+        unsigned char *kept = KEPT + (size_t)l * N * K;
+        tm__ref_capacity(cfg, sel, shard_begin, n_ranks, kept);
+        router_loss +=
+            tm__ref_router_losses(cfg, lg, sel, shard_begin, n_ranks, RW, DLR + (size_t)l * N * E);
         for (int e = 0; e < E; e++) {
             const ref_linear *w1 = &lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
             size_t n = 0;
             for (size_t s = 0; s < N * (size_t)K; s++) {
-                if (sel[s] != e)
+                if (sel[s] != e || !kept[s])
                     continue;
                 rows[n] = s;
                 memcpy(X + n * D, u + (s / K) * D, (size_t)D * sizeof(double));
@@ -460,9 +489,19 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
             for (int i = 0; i < D; i++) {
                 double acc = Hin[t * D + i];
                 for (int k = 0; k < K; k++)
-                    acc += gate[t * K + k] * y[(t * K + k) * D + i];
+                    acc += kept[t * K + k] ? gate[t * K + k] * y[(t * K + k) * D + i] : 0.0;
                 Hout[t * D + i] = acc;
             }
+        }
+        if (Fs > 0) {
+            /* the shared expert: Hout += silu(u W1s^T) W2s^T, ungated */
+            double *sa = SA + (size_t)l * NF;
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, Fs, D, 1.0, u, D,
+                        sw1[l]->w, D, 0.0, sa, Fs);
+            for (size_t i = 0; i < NF; i++)
+                SS[i] = silu_d(sa[i]);
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, SS, Fs,
+                        sw2[l]->w, Fs, 1.0, Hout, D);
         }
     }
 
@@ -499,7 +538,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
             row[v] = exp(row[v] - lse) / (double)N;
         row[tgt[t]] -= 1.0 / (double)N;
     }
-    ref->loss = loss / (double)N;
+    ref->loss = loss / (double)N + router_loss;
 
     /* Backward. */
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)N, 1.0, LOG, V, Z, D, 1.0,
@@ -513,19 +552,36 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
         const double *u = U + (size_t)l * ND;
         const int *sel = SEL + (size_t)l * N * K;
         const double *gate = GATE + (size_t)l * N * K, *y = Y + (size_t)l * N * K * D;
+        const unsigned char *kept = KEPT + (size_t)l * N * K;
         /* dH is the gradient of this layer's output; the residual passes it through. */
         memset(dU, 0, ND * sizeof(double));
+        if (Fs > 0) {
+            const double *sa = SA + (size_t)l * NF;
+            for (size_t i = 0; i < NF; i++)
+                SS[i] = silu_d(sa[i]);
+            /* W2s: dW (D,Fs) += dH^T S; dS = dH W2s; W1s: dW (Fs,D) += dA^T u; dU = dA W1s */
+            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fs, (int)N, 1.0, dH, D, SS, Fs,
+                        1.0, sw2[l]->g, Fs);
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, dH, D,
+                        sw2[l]->w, Fs, 0.0, dSA, Fs);
+            for (size_t i = 0; i < NF; i++)
+                dSA[i] *= dsilu_d(sa[i]);
+            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fs, D, (int)N, 1.0, dSA, Fs, u, D,
+                        1.0, sw1[l]->g, D);
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, dSA, Fs,
+                        sw1[l]->w, D, 0.0, dU, D);
+        }
         for (size_t s = 0; s < N * (size_t)K; s++) {
             double d = 0.0;
             for (int i = 0; i < D; i++)
                 d += dH[(s / K) * D + i] * y[s * D + i];
-            dgate[s] = d;
+            dgate[s] = kept[s] ? d : 0.0; /* a dropped slot adds nothing */
         }
         for (int e = 0; e < E; e++) {
             ref_linear *w1 = &lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
             size_t n = 0;
             for (size_t s = 0; s < N * (size_t)K; s++) {
-                if (sel[s] != e)
+                if (sel[s] != e || !kept[s])
                     continue;
                 rows[n] = s;
                 memcpy(X + n * D, u + (s / K) * D, (size_t)D * sizeof(double));
@@ -574,14 +630,15 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
                 for (int j = 0; j < D; j++)
                     dU[(rows[i] / K) * D + j] += dX[i * D + j];
         }
-        /* Gates are a softmax over the selected logits; the others get no gradient. */
-        memset(dLG, 0, N * (size_t)E * sizeof(double));
+        /* Gates are a softmax over the selected logits; the others get no gradient from them,
+         * only from the router losses. */
+        memcpy(dLG, DLR + (size_t)l * N * E, N * (size_t)E * sizeof(double));
         for (size_t t = 0; t < N; t++) {
             double mean = 0.0;
             for (int k = 0; k < K; k++)
                 mean += gate[t * K + k] * dgate[t * K + k];
             for (int k = 0; k < K; k++)
-                dLG[t * E + sel[t * K + k]] = gate[t * K + k] * (dgate[t * K + k] - mean);
+                dLG[t * E + sel[t * K + k]] += gate[t * K + k] * (dgate[t * K + k] - mean);
         }
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, D, (int)N, 1.0, dLG, E, u, D, 1.0,
                     router[l]->g, D);
