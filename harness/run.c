@@ -721,7 +721,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     }
     st = tm_config_check(&o->model);
     if (st != SELDP_OK)
-        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model options: %s", seldp_last_error());
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model options: %s", tm_last_error());
     if (o->dump_dir && o->steps == 0)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--dump %s: needs at least one step (--steps 0)",
                 o->dump_dir);

@@ -55,9 +55,9 @@ bool tm_aux_scope_parse(const char *name, tm_aux_scope *out)
 static seldp_status check_routing(const tm_config *cfg)
 {
     if (cfg->d_ff_shared < 0)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "tiny-moe config: d_ff_shared = %d, expected >= 0 (0: no shared expert)",
-                           cfg->d_ff_shared);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "tiny-moe config: d_ff_shared = %d, expected >= 0 (0: no shared expert)",
+                        cfg->d_ff_shared);
     const struct {
         const char *name;
         double value;
@@ -66,14 +66,14 @@ static seldp_status check_routing(const tm_config *cfg)
                   {"capacity_factor", cfg->capacity_factor}};
     for (size_t i = 0; i < sizeof coeffs / sizeof coeffs[0]; i++) {
         if (!(coeffs[i].value >= 0.0) || !isfinite(coeffs[i].value))
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "tiny-moe config: %s = %g, expected a finite number >= 0 (0: off)",
-                               coeffs[i].name, coeffs[i].value);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "tiny-moe config: %s = %g, expected a finite number >= 0 (0: off)",
+                            coeffs[i].name, coeffs[i].value);
     }
     if ((unsigned)cfg->aux_loss_scope >= sizeof scope_names / sizeof scope_names[0])
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "tiny-moe config: aux_loss_scope %d, expected global or local",
-                           (int)cfg->aux_loss_scope);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "tiny-moe config: aux_loss_scope %d, expected global or local",
+                        (int)cfg->aux_loss_scope);
     return SELDP_OK;
 }
 
@@ -99,7 +99,7 @@ bool tm_dtype_parse(const char *name, seldp_dtype *out)
 seldp_status tm_config_check(const tm_config *cfg)
 {
     if (!cfg)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "tiny-moe config: NULL");
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "tiny-moe config: NULL");
     const struct {
         const char *name;
         int value;
@@ -107,21 +107,21 @@ seldp_status tm_config_check(const tm_config *cfg)
                  {"experts", cfg->experts}, {"top_k", cfg->top_k},     {"layers", cfg->layers}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         if (sizes[i].value <= 0)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "tiny-moe config: %s = %d, expected a positive size", sizes[i].name,
-                               sizes[i].value);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "tiny-moe config: %s = %d, expected a positive size", sizes[i].name,
+                            sizes[i].value);
     }
     if (cfg->top_k > cfg->experts)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "tiny-moe config: top_k = %d exceeds experts = %d", cfg->top_k,
-                           cfg->experts);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "tiny-moe config: top_k = %d exceeds experts = %d", cfg->top_k,
+                        cfg->experts);
     if (!(cfg->eps > 0.0))
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "tiny-moe config: eps = %g, expected > 0",
-                           cfg->eps);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "tiny-moe config: eps = %g, expected > 0",
+                        cfg->eps);
     if (!is_storage_dtype(cfg->dtype))
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "tiny-moe config: dtype %s, expected f32, bf16 or f16",
-                           seldp_dtype_name(cfg->dtype));
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "tiny-moe config: dtype %s, expected f32, bf16 or f16",
+                        seldp_dtype_name(cfg->dtype));
     seldp_status st = check_routing(cfg);
     if (st != SELDP_OK)
         return st;
@@ -130,26 +130,26 @@ seldp_status tm_config_check(const tm_config *cfg)
         return SELDP_OK;
     case TM_QUANT_NF4:
         if (((int64_t)cfg->d_model * cfg->d_ff) % TM_NF4_BLOCK != 0)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "tiny-moe config: nf4 needs d_model*d_ff (%d*%d) to be a "
-                               "multiple of %d",
-                               cfg->d_model, cfg->d_ff, TM_NF4_BLOCK);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "tiny-moe config: nf4 needs d_model*d_ff (%d*%d) to be a "
+                            "multiple of %d",
+                            cfg->d_model, cfg->d_ff, TM_NF4_BLOCK);
         break;
     case TM_QUANT_AWQ:
         if (cfg->d_model % TM_AWQ_GROUP != 0 || cfg->d_ff % TM_AWQ_GROUP != 0)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "tiny-moe config: awq needs d_model (%d) and d_ff (%d) to be "
-                               "multiples of %d",
-                               cfg->d_model, cfg->d_ff, TM_AWQ_GROUP);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "tiny-moe config: awq needs d_model (%d) and d_ff (%d) to be "
+                            "multiples of %d",
+                            cfg->d_model, cfg->d_ff, TM_AWQ_GROUP);
         break;
     default:
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "tiny-moe config: quant %d unknown",
-                           (int)cfg->quant);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "tiny-moe config: quant %d unknown",
+                        (int)cfg->quant);
     }
     if (cfg->lora_rank <= 0)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "tiny-moe config: lora_rank = %d, expected >= 1 with quant %s",
-                           cfg->lora_rank, tm_quant_name(cfg->quant));
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "tiny-moe config: lora_rank = %d, expected >= 1 with quant %s",
+                        cfg->lora_rank, tm_quant_name(cfg->quant));
     return SELDP_OK;
 }
 

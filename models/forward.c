@@ -18,11 +18,11 @@ void tm_blas_single_thread(void)
 static seldp_status check_layer(const tm_model *m, int l, const char *fn)
 {
     if (l < 0 || l >= m->cfg.layers)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
-                           m->rank, fn, l, m->cfg.layers);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
+                        m->rank, fn, l, m->cfg.layers);
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: %s: layer %d called before tm_embed_forward", m->rank, fn, l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: %s: layer %d called before tm_embed_forward", m->rank, fn, l);
     return SELDP_OK;
 }
 
@@ -30,14 +30,14 @@ static tm_expert_slot *held_expert(tm_model *m, int l, int e, const char *fn, se
 {
     *st = SELDP_OK;
     if (l < 0 || l >= m->cfg.layers) {
-        *st = seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
-                          m->rank, fn, l, m->cfg.layers);
+        *st = tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)", m->rank,
+                       fn, l, m->cfg.layers);
         return NULL;
     }
     if (e < 0 || e >= m->cfg.experts || !m->owns[e]) {
-        *st = seldp__fail(SELDP_ERR_NOT_FOUND,
-                          "rank %d: %s: layers.%d.experts.%d is not held by this rank", m->rank, fn,
-                          l, e);
+        *st = tm__fail(SELDP_ERR_NOT_FOUND,
+                       "rank %d: %s: layers.%d.experts.%d is not held by this rank", m->rank, fn, l,
+                       e);
         return NULL;
     }
     return &m->experts[(size_t)l * (size_t)m->cfg.experts + (size_t)e];
@@ -87,9 +87,9 @@ seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, floa
     const int D = m->cfg.d_model;
     for (size_t t = 0; t < T; t++) {
         if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "rank %d: token %zu is %d, expected an id in [0, %d)", m->rank, t,
-                               (int)tokens[t], m->cfg.vocab);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "rank %d: token %zu is %d, expected an id in [0, %d)", m->rank, t,
+                            (int)tokens[t], m->cfg.vocab);
     }
     seldp_status st = tm__ensure_caches(m, T);
     if (st != SELDP_OK)
@@ -109,8 +109,8 @@ seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, floa
 seldp_status tm_embed_backward(tm_model *m, const float *dh)
 {
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_embed_backward before tm_embed_forward", m->rank);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_embed_backward before tm_embed_forward", m->rank);
     const int D = m->cfg.d_model;
     float *dE = m->grad[m->embed];
     for (size_t t = 0; t < m->T; t++) {
@@ -184,9 +184,8 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
 seldp_status tm_route_get(const tm_model *m, int l, tm_route *route)
 {
     if (l < 0 || l >= m->cfg.layers || !m->embedded || !m->cache[l].routed)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_route_get: layer %d was not routed in this step", m->rank,
-                           l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_route_get: layer %d was not routed in this step", m->rank, l);
     const tm_layer_cache *c = &m->cache[l];
     route->T = m->T;
     route->K = m->cfg.top_k;
@@ -204,9 +203,9 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
         return st;
     tm_layer_cache *c = &m->cache[l];
     if (!c->combined_back)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_route_backward: layer %d before tm_combine_backward",
-                           m->rank, l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_route_backward: layer %d before tm_combine_backward", m->rank,
+                        l);
     const size_t T = m->T;
     const int D = m->cfg.d_model, E = m->cfg.experts, K = m->cfg.top_k;
     if (T == 0)
@@ -214,8 +213,8 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
     dlogits = calloc(T * (size_t)E, sizeof *dlogits);
     du = malloc(T * (size_t)D * sizeof *du);
     if (!dlogits || !du)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory in layer %d's router backward", m->rank,
-                   l);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory in layer %d's router backward", m->rank,
+                l);
     for (size_t t = 0; t < T; t++) {
         const float *p = c->probs + t * (size_t)E;
         const int *sel = c->choice + t * (size_t)K;
@@ -269,9 +268,9 @@ seldp_status tm_combine_forward(tm_model *m, int l, const float *y, float *h)
         return st;
     tm_layer_cache *c = &m->cache[l];
     if (!c->routed)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_combine_forward: layer %d before tm_route_forward", m->rank,
-                           l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_combine_forward: layer %d before tm_route_forward", m->rank,
+                        l);
     const size_t T = m->T;
     const int D = m->cfg.d_model, K = m->cfg.top_k;
     if (T)
@@ -289,7 +288,7 @@ seldp_status tm_combine_forward(tm_model *m, int l, const float *y, float *h)
         }
     }
     if (m->shared_w1[l] >= 0)
-        SELDP_CHECK(tm__shared_forward(m, l, h));
+        TM_CHECK(tm__shared_forward(m, l, h));
     c->combined = true;
 fail:
     return st;
@@ -302,12 +301,12 @@ seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy)
         return st;
     tm_layer_cache *c = &m->cache[l];
     if (!c->combined)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_combine_backward: layer %d before tm_combine_forward",
-                           m->rank, l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_combine_backward: layer %d before tm_combine_forward", m->rank,
+                        l);
     const int D = m->cfg.d_model, K = m->cfg.top_k;
     if (m->shared_w1[l] >= 0)
-        SELDP_CHECK(tm__shared_backward(m, l, dh));
+        TM_CHECK(tm__shared_backward(m, l, dh));
     for (size_t t = 0; t < m->T; t++) {
         const float *d = dh + t * (size_t)D;
         for (int k = 0; k < K; k++) {
@@ -359,8 +358,8 @@ seldp_status tm_expert_forward(tm_model *m, int l, int e, const float *x, size_t
     const int D = m->cfg.d_model, F = m->cfg.d_ff;
     pre = malloc(2 * n * (size_t)F * sizeof *pre);
     if (!pre)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu rows of layers.%d.experts.%d",
-                   m->rank, n, l, e);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu rows of layers.%d.experts.%d",
+                m->rank, n, l, e);
     expert_ffn(s, x, n, D, F, pre, pre + n * (size_t)F, y);
 fail:
     free(pre);
@@ -395,8 +394,8 @@ seldp_status tm_expert_backward(tm_model *m, int l, int e, const float *x, const
     const size_t nF = n * (size_t)F;
     buf = malloc((3 * nF + (dense ? 0 : (size_t)D * (size_t)F)) * sizeof *buf);
     if (!buf)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu rows of layers.%d.experts.%d",
-                   m->rank, n, l, e);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu rows of layers.%d.experts.%d",
+                m->rank, n, l, e);
     float *pre = buf, *act = buf + nF, *dact = buf + 2 * nF;
     float *dW = dense ? NULL : buf + 3 * nF; /* (D,F) or (F,D): both D*F floats */
     expert_ffn(s, x, n, D, F, pre, act, NULL);
@@ -435,15 +434,15 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     seldp_status st = SELDP_OK;
     float *buf = NULL;
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_head_forward_backward before tm_embed_forward", m->rank);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_head_forward_backward before tm_embed_forward", m->rank);
     const size_t T = m->T;
     const int D = m->cfg.d_model, V = m->cfg.vocab;
     for (size_t t = 0; t < T; t++) {
         if (targets[t] < 0 || targets[t] >= V)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "rank %d: target %zu is %d, expected an id in [0, %d)", m->rank, t,
-                               (int)targets[t], V);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "rank %d: target %zu is %d, expected an id in [0, %d)", m->rank, t,
+                            (int)targets[t], V);
     }
     double loss = 0.0;
     if (T == 0)
@@ -451,8 +450,7 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     const size_t TD = T * (size_t)D;
     buf = malloc((2 * TD + T + T * (size_t)V) * sizeof *buf);
     if (!buf)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory in the head for %zu tokens", m->rank,
-                   T);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory in the head for %zu tokens", m->rank, T);
     float *z = buf, *dz = buf + TD, *rstd = buf + 2 * TD, *logits = buf + 2 * TD + T;
     const float *gf = m->work[m->final_norm];
     const float *E = m->work[m->embed];
@@ -528,45 +526,45 @@ seldp_status tm_step_local(tm_model *m, const int32_t *tokens, const int32_t *ta
     float *buf = NULL;
     for (int e = 0; e < E; e++) {
         if (!m->owns[e])
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "rank %d: tm_step_local needs every expert; expert %d is not held",
-                               m->rank, e);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "rank %d: tm_step_local needs every expert; expert %d is not held",
+                            m->rank, e);
     }
     const size_t TD = T * (size_t)D, TKD = T * (size_t)K * (size_t)D;
     buf = malloc((2 * TD + 2 * TKD + 3 * TKD + 1) * sizeof *buf);
     if (!buf)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for a step of %zu tokens", m->rank, T);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for a step of %zu tokens", m->rank, T);
     float *h = buf, *dh = buf + TD, *y = buf + 2 * TD, *dy = y + TKD;
     float *xe = dy + TKD, *ye = xe + TKD, *de = ye + TKD; /* packed rows of one expert */
 
     tm_begin_step(m);
-    SELDP_CHECK(tm_embed_forward(m, tokens, T, h));
+    TM_CHECK(tm_embed_forward(m, tokens, T, h));
     for (int l = 0; l < L; l++) {
         tm_route route;
-        SELDP_CHECK(tm_route_forward(m, l, h, &route));
+        TM_CHECK(tm_route_forward(m, l, h, &route));
         for (int e = 0; e < E; e++) {
             size_t n = gather(&route, e, route.x, false, D, xe);
-            SELDP_CHECK(tm_expert_forward(m, l, e, xe, n, ye));
+            TM_CHECK(tm_expert_forward(m, l, e, xe, n, ye));
             scatter(&route, e, ye, D, y);
         }
-        SELDP_CHECK(tm_combine_forward(m, l, y, h));
+        TM_CHECK(tm_combine_forward(m, l, y, h));
     }
-    SELDP_CHECK(tm_head_forward_backward(m, h, targets, loss_sum, dh));
+    TM_CHECK(tm_head_forward_backward(m, h, targets, loss_sum, dh));
     if (loss_sum)
         *loss_sum += tm_router_loss_sum(m);
     for (int l = L - 1; l >= 0; l--) {
         tm_route route;
-        SELDP_CHECK(tm_route_get(m, l, &route));
-        SELDP_CHECK(tm_combine_backward(m, l, dh, dy));
+        TM_CHECK(tm_route_get(m, l, &route));
+        TM_CHECK(tm_combine_backward(m, l, dh, dy));
         for (int e = 0; e < E; e++) {
             size_t n = gather(&route, e, route.x, false, D, xe);
             gather(&route, e, dy, true, D, de);
-            SELDP_CHECK(tm_expert_backward(m, l, e, xe, de, n, ye));
+            TM_CHECK(tm_expert_backward(m, l, e, xe, de, n, ye));
             scatter(&route, e, ye, D, y); /* y now holds dx per slot */
         }
-        SELDP_CHECK(tm_route_backward(m, l, y, dh));
+        TM_CHECK(tm_route_backward(m, l, y, dh));
     }
-    SELDP_CHECK(tm_embed_backward(m, dh));
+    TM_CHECK(tm_embed_backward(m, dh));
 fail:
     free(buf);
     return st;

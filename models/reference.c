@@ -99,21 +99,21 @@ static seldp_status find_stored(const seldp_model *weights, const char *path, se
 {
     const seldp_param *p = seldp_model_find_path(weights, path);
     if (!p)
-        return seldp__fail(SELDP_ERR_NOT_FOUND, "reference: %s is missing from the weights", path);
+        return tm__fail(SELDP_ERR_NOT_FOUND, "reference: %s is missing from the weights", path);
     const seldp_tensor *t = &p->tensor;
     if (t->device.kind != SELDP_DEVICE_HOST)
-        return seldp__fail(SELDP_ERR_DEVICE, "reference: %s is not in host memory", path);
+        return tm__fail(SELDP_ERR_DEVICE, "reference: %s is not in host memory", path);
     if (want == SELDP_F64 ? !seldp_dtype_is_float(t->dtype) : t->dtype != want)
-        return seldp__fail(SELDP_ERR_DTYPE, "reference: %s is %s, expected %s", path,
-                           seldp_dtype_name(t->dtype),
-                           want == SELDP_F64 ? "a float type" : seldp_dtype_name(want));
+        return tm__fail(SELDP_ERR_DTYPE, "reference: %s is %s, expected %s", path,
+                        seldp_dtype_name(t->dtype),
+                        want == SELDP_F64 ? "a float type" : seldp_dtype_name(want));
     bool same = t->ndim == ndim;
     for (int d = 0; same && d < ndim; d++)
         same = t->shape[d] == shape[d];
     if (!same) {
         char got[64];
-        return seldp__fail(SELDP_ERR_SHAPE, "reference: %s has shape %s, expected %d dims", path,
-                           seldp_shape_str(t, got, sizeof got), ndim);
+        return tm__fail(SELDP_ERR_SHAPE, "reference: %s has shape %s, expected %d dims", path,
+                        seldp_shape_str(t, got, sizeof got), ndim);
     }
     *out = t;
     return SELDP_OK;
@@ -127,7 +127,7 @@ static seldp_status add_entry(tm_reference *ref, const seldp_model *weights, con
     if (st != SELDP_OK)
         return st;
     if (ref->n_entries == ref->cap_entries)
-        return seldp__fail(SELDP_ERR_INTERNAL, "reference: entry table full at %s", path);
+        return tm__fail(SELDP_ERR_INTERNAL, "reference: entry table full at %s", path);
     ref_entry *en = &ref->entries[ref->n_entries];
     size_t n = 1;
     for (int d = 0; d < ndim; d++)
@@ -139,7 +139,7 @@ static seldp_status add_entry(tm_reference *ref, const seldp_model *weights, con
     en->w = ref_calloc(ref, n, sizeof(double));
     en->g = ref_calloc(ref, n, sizeof(double));
     if (!en->w || !en->g)
-        return seldp__fail(SELDP_ERR_NOMEM, "reference: out of memory for %s", path);
+        return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %s", path);
     for (size_t i = 0; i < n; i++)
         en->w[i] = stored_float(t, i);
     ref->n_entries++;
@@ -258,9 +258,9 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     tm_reference *ref = NULL;
     char path[REF_PATH_MAX];
     if (!out || !weights || n_ranks < 0 || (n_ranks > 0 && (!tokens || !targets || !counts)))
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "reference: NULL argument");
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "reference: NULL argument");
     *out = NULL;
-    SELDP_CHECK(tm_config_check(cfg));
+    TM_CHECK(tm_config_check(cfg));
     const int V = cfg->vocab, D = cfg->d_model, F = cfg->d_ff, E = cfg->experts;
     const int K = cfg->top_k, L = cfg->layers;
     const bool quant = cfg->quant != TM_QUANT_NONE;
@@ -268,39 +268,39 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
 
     ref = calloc(1, sizeof *ref);
     if (!ref)
-        return seldp__fail(SELDP_ERR_NOMEM, "reference: out of memory");
+        return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory");
     ref->cfg = *cfg;
     ref->routed = calloc((size_t)L * (size_t)E, sizeof *ref->routed);
     ref->cap_entries = 4 + (size_t)L * (4 + 4 * (size_t)E);
     ref->entries = calloc(ref->cap_entries, sizeof *ref->entries);
     if (!ref->routed || !ref->entries)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
 
     /* All tokens of all ranks, in rank order; rank r's are data shard r. */
     size_t N = 0;
     size_t *shard_begin = ref_calloc(ref, (size_t)n_ranks + 1, sizeof *shard_begin);
     if (!shard_begin)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
     for (int r = 0; r < n_ranks; r++) {
         shard_begin[r] = N;
         N += counts[r];
     }
     shard_begin[n_ranks] = N;
     if (N == 0)
-        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "reference: no token on any of %d ranks", n_ranks);
+        TM_FAIL(SELDP_ERR_INVALID_ARGUMENT, "reference: no token on any of %d ranks", n_ranks);
     ref->N = N;
     int *tok = ref_calloc(ref, N, sizeof *tok), *tgt = ref_calloc(ref, N, sizeof *tgt);
     if (!tok || !tgt)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     for (int r = 0, at = 0; r < n_ranks; r++) {
         for (size_t t = 0; t < counts[r]; t++, at++) {
             tok[at] = tokens[r][t];
             tgt[at] = targets[r][t];
             if (tok[at] < 0 || tok[at] >= V || tgt[at] < 0 || tgt[at] >= V)
-                SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                           "reference: rank %d token %zu is %d with target %d, expected ids in "
-                           "[0, %d)",
-                           r, t, tok[at], tgt[at], V);
+                TM_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                        "reference: rank %d token %zu is %d with target %d, expected ids in "
+                        "[0, %d)",
+                        r, t, tok[at], tgt[at], V);
         }
     }
 
@@ -315,34 +315,34 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     sw2 = ref_calloc(ref, (size_t)L, sizeof *sw2);
     lin = ref_calloc(ref, (size_t)L * (size_t)E * 2, sizeof *lin);
     if (!norm || !router || !sw1 || !sw2 || !lin)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
-    SELDP_CHECK(add_entry(ref, weights, "embed.weight", 2, (int64_t[]){V, D}, -1, -1, &emb));
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+    TM_CHECK(add_entry(ref, weights, "embed.weight", 2, (int64_t[]){V, D}, -1, -1, &emb));
     {
         /* lm_head.weight must be the same storage as embed.weight (the tie). */
         const seldp_param *a = seldp_model_find_path(weights, "embed.weight");
         const seldp_param *b = seldp_model_find_path(weights, "lm_head.weight");
         if (!b || b->id != a->id || b->tensor.data != a->tensor.data)
-            SELDP_FAIL(SELDP_ERR_ALIAS,
-                       "reference: lm_head.weight must be registered as a tied alias of "
-                       "embed.weight");
+            TM_FAIL(SELDP_ERR_ALIAS,
+                    "reference: lm_head.weight must be registered as a tied alias of "
+                    "embed.weight");
     }
     double codebook[16];
     if (cfg->quant == TM_QUANT_NF4) {
         const seldp_tensor *cb;
-        SELDP_CHECK(find_stored(weights, "nf4.codebook", SELDP_F32, 1, (int64_t[]){16}, &cb));
+        TM_CHECK(find_stored(weights, "nf4.codebook", SELDP_F32, 1, (int64_t[]){16}, &cb));
         for (int i = 0; i < 16; i++)
             codebook[i] = ((const float *)cb->data)[i];
     }
     for (int l = 0; l < L; l++) {
         snprintf(path, sizeof path, "layers.%d.norm.weight", l);
-        SELDP_CHECK(add_entry(ref, weights, path, 1, (int64_t[]){D}, l, -1, &norm[l]));
+        TM_CHECK(add_entry(ref, weights, path, 1, (int64_t[]){D}, l, -1, &norm[l]));
         snprintf(path, sizeof path, "layers.%d.router.weight", l);
-        SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){E, D}, l, -1, &router[l]));
+        TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){E, D}, l, -1, &router[l]));
         if (Fs > 0) {
             snprintf(path, sizeof path, "layers.%d.shared_expert.w1.weight", l);
-            SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){Fs, D}, l, -1, &sw1[l]));
+            TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){Fs, D}, l, -1, &sw1[l]));
             snprintf(path, sizeof path, "layers.%d.shared_expert.w2.weight", l);
-            SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){D, Fs}, l, -1, &sw2[l]));
+            TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){D, Fs}, l, -1, &sw2[l]));
         }
         for (int e = 0; e < E; e++) {
             for (int k = 0; k < 2; k++) {
@@ -353,27 +353,27 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
                 snprintf(prefix, sizeof prefix, "layers.%d.experts.%d.w%d", l, e, k + 1);
                 if (!quant) {
                     snprintf(path, sizeof path, "%s.weight", prefix);
-                    SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){li->out, li->in}, l, e,
-                                          &li->dense));
+                    TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){li->out, li->in}, l, e,
+                                       &li->dense));
                     continue;
                 }
                 li->base = ref_calloc(ref, (size_t)li->out * (size_t)li->in, sizeof(double));
                 if (!li->base)
-                    SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %s", prefix);
+                    TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %s", prefix);
                 if (cfg->quant == TM_QUANT_NF4)
-                    SELDP_CHECK(decode_nf4(weights, prefix, li->out, li->in, codebook, li->base));
+                    TM_CHECK(decode_nf4(weights, prefix, li->out, li->in, codebook, li->base));
                 else
-                    SELDP_CHECK(decode_awq(weights, prefix, li->out, li->in, li->base));
+                    TM_CHECK(decode_awq(weights, prefix, li->out, li->in, li->base));
                 snprintf(path, sizeof path, "%s.lora_a.weight", prefix);
-                SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){cfg->lora_rank, li->in}, l,
-                                      e, &li->lora_a));
+                TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){cfg->lora_rank, li->in}, l, e,
+                                   &li->lora_a));
                 snprintf(path, sizeof path, "%s.lora_b.weight", prefix);
-                SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){li->out, cfg->lora_rank},
-                                      l, e, &li->lora_b));
+                TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){li->out, cfg->lora_rank}, l,
+                                   e, &li->lora_b));
             }
         }
     }
-    SELDP_CHECK(add_entry(ref, weights, "final_norm.weight", 1, (int64_t[]){D}, -1, -1, &fnorm));
+    TM_CHECK(add_entry(ref, weights, "final_norm.weight", 1, (int64_t[]){D}, -1, -1, &fnorm));
 
     if (perturb) {
         const char *want =
@@ -382,10 +382,10 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
         for (size_t i = 0; i < ref->n_entries && !hit; i++)
             hit = strcmp(ref->entries[i].path, want) == 0 ? &ref->entries[i] : NULL;
         if (!hit || perturb->index >= hit->n)
-            SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                       "reference: cannot perturb element %zu of %s (not a trainable parameter "
-                       "of that size)",
-                       perturb->index, perturb->path);
+            TM_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                    "reference: cannot perturb element %zu of %s (not a trainable parameter "
+                    "of that size)",
+                    perturb->index, perturb->path);
         hit->w[perturb->index] += perturb->delta;
     }
     /* Effective expert weights: W, or base + (alpha/r) B A. */
@@ -397,7 +397,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
         }
         li->w = ref_calloc(ref, (size_t)li->out * (size_t)li->in, sizeof(double));
         if (!li->w)
-            SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+            TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
         memcpy(li->w, li->base, (size_t)li->out * (size_t)li->in * sizeof(double));
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, li->out, li->in, cfg->lora_rank,
                     lscale, li->lora_b->w, cfg->lora_rank, li->lora_a->w, li->in, 1.0, li->w,
@@ -427,7 +427,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     double *SS = ref_calloc(ref, NF, sizeof(double)), *dSA = ref_calloc(ref, NF, sizeof(double));
     if (!H || !U || !R || !LG || !SEL || !GATE || !Y || !rows || !X || !A || !S || !YE || !KEPT ||
         !DLR || !RW || !SA || !SS || !dSA)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
 
     for (size_t t = 0; t < N; t++)
         memcpy(H + t * D, emb->w + (size_t)tok[t] * D, (size_t)D * sizeof(double));
@@ -518,7 +518,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     double *dW = ref_calloc(ref, (size_t)D * (size_t)F, sizeof(double));
     double *dgate = ref_calloc(ref, N * (size_t)K, sizeof(double));
     if (!Z || !RF || !LOG || !dZ || !dH || !dU || !dLG || !dYE || !dA || !dX || !dW || !dgate)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     for (size_t t = 0; t < N; t++)
         RF[t] = rms_row(Hf + t * D, fnorm->w, D, cfg->eps, Z + t * D);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, V, D, 1.0, Z, D, emb->w, D, 0.0,

@@ -64,8 +64,8 @@ void tm__router_loss_backward(const tm_model *m, const tm_layer_cache *c, size_t
 static seldp_status check_routed(const tm_model *m, int l, const char *fn)
 {
     if (l < 0 || l >= m->cfg.layers || !m->embedded || !m->cache[l].routed)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: %s: layer %d was not routed in this step", m->rank, fn, l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: %s: layer %d was not routed in this step", m->rank, fn, l);
     return SELDP_OK;
 }
 
@@ -84,16 +84,16 @@ seldp_status tm_route_set_balance(tm_model *m, int l, const int64_t *counts, uin
     if (st != SELDP_OK)
         return st;
     if (!counts || (tokens == 0 && m->T > 0))
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_route_set_balance: layer %d: %s", m->rank, l,
-                           counts ? "0 tokens while this rank routed some" : "counts is NULL");
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tm_route_set_balance: layer %d: %s",
+                        m->rank, l,
+                        counts ? "0 tokens while this rank routed some" : "counts is NULL");
     const int E = m->cfg.experts;
     for (int e = 0; e < E; e++) {
         if (counts[e] < 0 || (uint64_t)counts[e] > tokens)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "rank %d: tm_route_set_balance: layer %d: expert %d has %lld "
-                               "assignments, expected 0..%llu (one per token at most)",
-                               m->rank, l, e, (long long)counts[e], (unsigned long long)tokens);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "rank %d: tm_route_set_balance: layer %d: expert %d has %lld "
+                            "assignments, expected 0..%llu (one per token at most)",
+                            m->rank, l, e, (long long)counts[e], (unsigned long long)tokens);
     }
     tm_layer_cache *c = &m->cache[l];
     memcpy(c->bal_counts, counts, (size_t)E * sizeof *counts);

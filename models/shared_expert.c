@@ -18,9 +18,9 @@ seldp_status tm__shared_forward(tm_model *m, int l, float *h)
         return SELDP_OK;
     float *act = malloc(T * (size_t)Fs * sizeof *act);
     if (!act)
-        return seldp__fail(SELDP_ERR_NOMEM,
-                           "rank %d: out of memory for layers.%d.shared_expert on %zu tokens",
-                           m->rank, l, T);
+        return tm__fail(SELDP_ERR_NOMEM,
+                        "rank %d: out of memory for layers.%d.shared_expert on %zu tokens", m->rank,
+                        l, T);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, Fs, D, 1.0f, c->u, D,
                 m->work[m->shared_w1[l]], D, 0.0f, c->s_pre, Fs);
     for (size_t i = 0; i < T * (size_t)Fs; i++)
@@ -43,9 +43,9 @@ seldp_status tm__shared_backward(tm_model *m, int l, const float *dh)
     const size_t n = T * (size_t)Fs;
     float *act = malloc(2 * n * sizeof *act);
     if (!act)
-        return seldp__fail(SELDP_ERR_NOMEM,
-                           "rank %d: out of memory for the backward of layers.%d.shared_expert",
-                           m->rank, l);
+        return tm__fail(SELDP_ERR_NOMEM,
+                        "rank %d: out of memory for the backward of layers.%d.shared_expert",
+                        m->rank, l);
     float *dpre = act + n;
     for (size_t i = 0; i < n; i++)
         act[i] = c->s_pre[i] * tm__sigmoid(c->s_pre[i]);

@@ -34,7 +34,8 @@
  * of its token losses plus its share of the router losses (SPEC §4.2) times the global token
  * count N, so that the shares of all data shards add up to N times the global objective.
  * All functions are for one thread at a time per model; distinct models may be used from
- * distinct threads. Errors are reported as seldp_status with seldp_last_error(). */
+ * distinct threads. Errors are reported as seldp_status with a message in tm_last_error()
+ * (tiny-moe's own channel; a tm_ failure clears seldp_last_error()). */
 #ifndef TINYMOE_H
 #define TINYMOE_H
 
@@ -51,6 +52,16 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/** Message of the last failing tm_ call on the calling thread ("" if none): it names the
+ * rank, the path and what was expected; a failing seldp call inside it is quoted with its
+ * status and message. Owned by tiny-moe, valid until the next failing tm_ call on this
+ * thread. A tm_ failure also clears seldp_last_error(), so a caller reading both channels
+ * finds the newer message in the non-empty one. */
+const char *tm_last_error(void);
+
+/** Forget the calling thread's last tiny-moe error. */
+void tm_clear_error(void);
 
 /* ---------------------------------------------------------------------------------------
  * Configuration

@@ -356,7 +356,7 @@ static void test_config(void **state)
     c.quant = TM_QUANT_AWQ;
     c.d_model = 48;
     assert_int_equal(tm_config_check(&c), SELDP_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(seldp_last_error(), "d_model"));
+    assert_non_null(strstr(tm_last_error(), "d_model"));
     c = (tm_config)TM_CONFIG_INIT;
     c.quant = TM_QUANT_NF4;
     c.d_model = 3;

@@ -34,7 +34,7 @@ static double loss_at(fd_case *c, const char *path, size_t index, double delta)
     seldp_status st = tm_reference_compute(&c->cfg, tm_model_view(c->global), tok, tgt, c->counts,
                                            N_RANKS, &p, &ref);
     if (st != SELDP_OK)
-        fail_msg("reference (%s[%zu] %+g): %s", path, index, delta, seldp_last_error());
+        fail_msg("reference (%s[%zu] %+g): %s", path, index, delta, tm_last_error());
     double loss = tm_reference_loss(ref);
     tm_reference_destroy(ref);
     return loss;

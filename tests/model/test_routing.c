@@ -402,23 +402,23 @@ static void test_config(void **state)
     tm_config c = cfg;
     c.d_ff_shared = -1;
     assert_int_equal(tm_config_check(&c), SELDP_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(seldp_last_error(), "d_ff_shared"));
+    assert_non_null(strstr(tm_last_error(), "d_ff_shared"));
     c = cfg;
     c.aux_loss_coeff = -0.1;
     assert_int_equal(tm_config_check(&c), SELDP_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(seldp_last_error(), "aux_loss_coeff"));
+    assert_non_null(strstr(tm_last_error(), "aux_loss_coeff"));
     c = cfg;
     c.z_loss_coeff = NAN;
     assert_int_equal(tm_config_check(&c), SELDP_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(seldp_last_error(), "z_loss_coeff"));
+    assert_non_null(strstr(tm_last_error(), "z_loss_coeff"));
     c = cfg;
     c.capacity_factor = INFINITY;
     assert_int_equal(tm_config_check(&c), SELDP_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(seldp_last_error(), "capacity_factor"));
+    assert_non_null(strstr(tm_last_error(), "capacity_factor"));
     c = cfg;
     c.aux_loss_scope = (tm_aux_scope)7;
     assert_int_equal(tm_config_check(&c), SELDP_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(seldp_last_error(), "aux_loss_scope"));
+    assert_non_null(strstr(tm_last_error(), "aux_loss_scope"));
 
     tm_aux_scope scope = TM_AUX_GLOBAL;
     assert_true(tm_aux_scope_parse("LOCAL", &scope) && scope == TM_AUX_LOCAL);
@@ -458,8 +458,8 @@ static void test_set_balance_rejects(void **state)
     assert_int_equal(tm_route_set_balance(m, 0, counts, 0), SELDP_ERR_INVALID_ARGUMENT);
     counts[2] = 5; /* more assignments than tokens */
     assert_int_equal(tm_route_set_balance(m, 0, counts, 4), SELDP_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(seldp_last_error(), "rank 2"));
-    assert_non_null(strstr(seldp_last_error(), "expert 2"));
+    assert_non_null(strstr(tm_last_error(), "rank 2"));
+    assert_non_null(strstr(tm_last_error(), "expert 2"));
     /* a rejected call changes nothing: the loss share is still the local one */
     double before = tm_router_loss_sum(m);
     counts[2] = -1;
