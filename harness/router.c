@@ -24,19 +24,26 @@ static const char *first_option(const tm_config *cfg)
     return "--capacity-factor";
 }
 
+seldp_status hx_router_check_device(const tm_config *cfg, int rank, seldp_device device,
+                                    const char *name)
+{
+    if (!hx_router_enabled(cfg) || device.kind != SELDP_DEVICE_CUDA)
+        return SELDP_OK;
+    return hx_fail(SELDP_ERR_UNSUPPORTED,
+                   "%s: rank %d computes on %s, and the CUDA model has no shared expert, router "
+                   "losses or capacity; run on the host (--backend host in a process without GPUs) "
+                   "or leave the routing options off",
+                   first_option(cfg), rank, name);
+}
+
 seldp_status hx_router_check(const hx_run *run)
 {
-    const tm_config *cfg = &run->opts.model;
-    if (!hx_router_enabled(cfg))
-        return SELDP_OK;
     for (int r = 0; r < run->opts.world; r++) {
-        seldp_device dev = hx_backend_device(run->backend, r);
-        if (dev.kind == SELDP_DEVICE_CUDA)
-            return hx_fail(SELDP_ERR_UNSUPPORTED,
-                           "%s: rank %d computes on %s, and the CUDA model has no shared expert, "
-                           "router losses or capacity; run on the host (--backend host in a "
-                           "process without GPUs) or leave the routing options off",
-                           first_option(cfg), r, hx_backend_device_name(run->backend, r));
+        seldp_status st =
+            hx_router_check_device(&run->opts.model, r, hx_backend_device(run->backend, r),
+                                   hx_backend_device_name(run->backend, r));
+        if (st != SELDP_OK)
+            return st;
     }
     return SELDP_OK;
 }

@@ -17,6 +17,10 @@ bool hx_router_enabled(const tm_config *cfg);
  * option and the rank; a usage error of hx_run_create. */
 seldp_status hx_router_check(const hx_run *run);
 
+/* The same for one rank computing on `device` (named `name` in the message). */
+seldp_status hx_router_check_device(const tm_config *cfg, int rank, seldp_device device,
+                                    const char *name);
+
 /* After rank rk routed layer l: with the load-balancing loss in global scope, the assignment
  * counts and token counts of every data shard summed over the shared group (an allreduce, so
  * every member calls it for every layer) and handed to the model. A no-op otherwise. */

@@ -14,6 +14,7 @@
 
 #include "cli.h"
 #include "harness_test.h"
+#include "router.h"
 
 #define ROUTING "--shared-expert-ff 16 --aux-loss-coeff 0.02 --z-loss-coeff 0.001"
 
@@ -173,12 +174,38 @@ static void test_bad_values(void **state)
     expect_usage("--shared-expert-ff -4", "--shared-expert-ff '-4': expected an integer in 0..");
 }
 
+/* A rank on a GPU cannot honour the routing options (the CUDA model has none of them): each
+ * option is refused, naming itself, the rank and its device; the host and the default
+ * options pass. */
+static void test_gpu_refused(void **state)
+{
+    (void)state;
+    const seldp_device gpu = {SELDP_DEVICE_CUDA, 1};
+    tm_config cfg = TM_CONFIG_INIT;
+    assert_int_equal(hx_router_check_device(&cfg, 3, gpu, "cuda:1"), SELDP_OK);
+    static const char *const options[] = {"--shared-expert-ff", "--aux-loss-coeff",
+                                          "--z-loss-coeff", "--capacity-factor"};
+    for (int i = 0; i < 4; i++) {
+        tm_config c = cfg;
+        c.d_ff_shared = i == 0 ? 8 : 0;
+        c.aux_loss_coeff = i == 1 ? 0.1 : 0.0;
+        c.z_loss_coeff = i == 2 ? 0.1 : 0.0;
+        c.capacity_factor = i == 3 ? 1.0 : 0.0;
+        assert_int_equal(hx_router_check_device(&c, 3, SELDP_HOST_DEVICE, "host"), SELDP_OK);
+        assert_int_equal(hx_router_check_device(&c, 3, gpu, "cuda:1"), SELDP_ERR_UNSUPPORTED);
+        const char *msg = hx_last_error();
+        assert_true(strncmp(msg, options[i], strlen(options[i])) == 0);
+        assert_non_null(strstr(msg, "rank 3 computes on cuda:1"));
+        assert_null(strchr(msg, '\n'));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_values),     cmocka_unit_test(test_report_config),
-        cmocka_unit_test(test_capacity_drops), cmocka_unit_test(test_layout_files),
-        cmocka_unit_test(test_layouts),
+        cmocka_unit_test(test_gpu_refused),   cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_report_config), cmocka_unit_test(test_capacity_drops),
+        cmocka_unit_test(test_layout_files),  cmocka_unit_test(test_layouts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
