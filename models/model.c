@@ -430,6 +430,7 @@ static void free_caches(tm_model *m)
         free(c->s_pre);
         free(c->s_du);
         free(c->counts);
+        free(c->fill);
         free(c->bal_counts);
         memset(c, 0, sizeof *c);
     }
@@ -632,9 +633,10 @@ seldp_status tm__ensure_caches(tm_model *m, size_t T)
         c->dgate = malloc(cap * K * sizeof(float));
         c->lse = malloc(cap * sizeof(float));
         c->counts = calloc(E, sizeof *c->counts);
+        c->fill = calloc(E, sizeof *c->fill);
         c->bal_counts = calloc(E, sizeof *c->bal_counts);
         ok = c->h_in && c->rstd && c->u && c->probs && c->choice && c->expert && c->gate && c->y &&
-             c->dgate && c->lse && c->counts && c->bal_counts;
+             c->dgate && c->lse && c->counts && c->fill && c->bal_counts;
         if (ok && Fs) {
             c->s_pre = malloc(cap * Fs * sizeof(float));
             c->s_du = malloc(cap * D * sizeof(float));

@@ -12,23 +12,39 @@
 
 #include "tm_internal.h"
 
-void tm__capacity_drop(const tm_model *m, tm_layer_cache *c)
+/* C = ceil(cf * T * K / E) for a data shard of T tokens, in double, left to right (SPEC
+ * §4.2); no limit without a capacity factor. */
+static double capacity_of(const tm_config *cfg, uint64_t T)
 {
-    const size_t T = m->T;
-    const int E = m->cfg.experts, K = m->cfg.top_k;
-    const size_t slots = T * (size_t)K;
-    memset(c->counts, 0, (size_t)E * sizeof *c->counts);
-    /* C = ceil(cf * T * K / E), in double, left to right (SPEC §4.2) */
-    const double cf = m->cfg.capacity_factor;
-    const double capacity = cf > 0.0 ? ceil(cf * (double)T * (double)K / (double)E) : INFINITY;
+    const double cf = cfg->capacity_factor;
+    return cf > 0.0 ? ceil(cf * (double)T * (double)cfg->top_k / (double)cfg->experts) : INFINITY;
+}
+
+/* c->expert from c->choice: expert e keeps its assignments while fewer than `capacity` of the
+ * shard's came before (before[e] on earlier ranks of the shard, NULL: none). Slots are in
+ * token order, a token's K slots together. */
+static void drop(const tm_model *m, tm_layer_cache *c, double capacity, const int64_t *before)
+{
+    const size_t slots = m->T * (size_t)m->cfg.top_k;
+    for (int e = 0; e < m->cfg.experts; e++)
+        c->fill[e] = before ? before[e] : 0;
     for (size_t s = 0; s < slots; s++) {
         const int e = c->choice[s];
-        /* slots are in token order, a token's K slots together: the first C of e stay */
-        c->expert[s] = (double)c->counts[e] < capacity ? e : -1;
-        c->counts[e]++;
+        c->expert[s] = (double)c->fill[e] < capacity ? e : -1;
+        c->fill[e]++;
     }
+}
+
+void tm__capacity_drop(const tm_model *m, tm_layer_cache *c)
+{
+    const size_t slots = m->T * (size_t)m->cfg.top_k;
+    const int E = m->cfg.experts;
+    memset(c->counts, 0, (size_t)E * sizeof *c->counts);
+    for (size_t s = 0; s < slots; s++)
+        c->counts[c->choice[s]]++;
+    drop(m, c, capacity_of(&m->cfg, m->T), NULL);
     memcpy(c->bal_counts, c->counts, (size_t)E * sizeof *c->counts);
-    c->bal_tokens = T;
+    c->bal_tokens = m->T;
 }
 
 /* f_e of the layer's balance statistics, 0 when its token set is empty. */
@@ -75,6 +91,34 @@ seldp_status tm_route_counts(const tm_model *m, int l, int64_t *counts)
     if (st != SELDP_OK)
         return st;
     memcpy(counts, m->cache[l].counts, (size_t)m->cfg.experts * sizeof *counts);
+    return SELDP_OK;
+}
+
+seldp_status tm_route_set_shard(tm_model *m, int l, uint64_t shard_tokens, const int64_t *before)
+{
+    seldp_status st = check_routed(m, l, "tm_route_set_shard");
+    if (st != SELDP_OK)
+        return st;
+    tm_layer_cache *c = &m->cache[l];
+    if (c->combined)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_route_set_shard: layer %d was already combined; call it "
+                        "before the dispatch",
+                        m->rank, l);
+    if (!before || shard_tokens < m->T)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tm_route_set_shard: layer %d: %s",
+                        m->rank, l,
+                        before ? "the shard has fewer tokens than this rank" : "before is NULL");
+    for (int e = 0; e < m->cfg.experts; e++) {
+        if (before[e] < 0 || (uint64_t)before[e] + (uint64_t)c->counts[e] > shard_tokens)
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "rank %d: tm_route_set_shard: layer %d: expert %d has %lld earlier "
+                            "assignments and %lld here, expected at most one per token of the "
+                            "shard's %llu",
+                            m->rank, l, e, (long long)before[e], (long long)c->counts[e],
+                            (unsigned long long)shard_tokens);
+    }
+    drop(m, c, capacity_of(&m->cfg, shard_tokens), before);
     return SELDP_OK;
 }
 

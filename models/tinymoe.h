@@ -284,6 +284,17 @@ typedef struct tm_route {
  * range or a call before tm_embed_forward. */
 seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *route);
 
+/** When one data shard's tokens are spread over several ranks (its TP x CP ranks, in the
+ * shard's token order), decide layer l's drops for the shard: C from the shard's
+ * `shard_tokens`, and this rank's assignments to e counted after before[e] (E) assignments of
+ * the shard's earlier ranks (an exclusive prefix sum of tm_route_counts over them). Replaces
+ * the drops of tm_route_forward (which treat this rank's tokens as the shard) in route.expert;
+ * the load-balancing statistics are not touched (tm_route_set_balance). Call after
+ * tm_route_forward and before the dispatch. Returns INVALID_ARGUMENT when layer l was not
+ * routed or was already combined, before is NULL, shard_tokens is below this rank's T, or
+ * before[e] + this rank's count exceeds shard_tokens. */
+seldp_status tm_route_set_shard(tm_model *m, int l, uint64_t shard_tokens, const int64_t *before);
+
 /** Layer l's assignments per expert this step, as routed (before any drop): counts (E) out.
  * The sums over the data shards, with their token count, are the global statistics of the
  * load-balancing loss. Returns INVALID_ARGUMENT when layer l was not routed in this step. */

@@ -85,6 +85,7 @@ typedef struct tm_layer_cache {
     float *s_pre;    /* (T,Fs) shared expert u W1s^T; NULL without one */
     float *s_du;     /* (T,D) the shared expert's input gradient; NULL without one */
     int64_t *counts; /* (E) assignments per expert as routed, this rank */
+    int64_t *fill;   /* (E) capacity dropping's running count */
     int64_t *bal_counts; /* (E) the load-balancing loss's counts (tm_route_set_balance) */
     uint64_t bal_tokens; /* ... and their token count */
     bool routed, combined, combined_back;

@@ -389,6 +389,68 @@ static void test_capacity_by_hand(void **state)
     tm_model_destroy(m);
 }
 
+/* One data shard's tokens spread over two ranks (as TP x CP ranks hold it): with
+ * tm_route_set_shard the two ranks drop exactly the assignments that one rank holding the
+ * whole shard drops. */
+static void test_shard_over_ranks(void **state)
+{
+    (void)state;
+    tm_config cfg = small_config(TM_QUANT_NONE, SELDP_F32);
+    cfg.capacity_factor = 0.75;
+    enum { T = 30, A = 11 };
+    const int K = cfg.top_k, E = cfg.experts;
+    tm_model *whole = model_all_experts(&cfg, 0), *part[2];
+    assert_non_null(whole);
+    int32_t tokens[T], targets[T];
+    draw_tokens(77, T, cfg.vocab, tokens, targets);
+    static float h[T * 32], hp[2][T * 32];
+    tm_begin_step(whole);
+    assert_int_equal(tm_embed_forward(whole, tokens, T, h), SELDP_OK);
+    tm_route route, rp[2];
+    assert_int_equal(tm_route_forward(whole, 0, h, &route), SELDP_OK);
+    const size_t n[2] = {A, T - A};
+    int64_t before[2][8] = {{0}}, counts[8];
+    size_t dropped_whole = 0, dropped_parts = 0;
+    for (int r = 0; r < 2; r++) {
+        part[r] = model_all_experts(&cfg, 1 + r);
+        assert_non_null(part[r]);
+        assert_int_equal(tm_model_copy_params(part[r], whole, TM_ROLES_ALL, -1), SELDP_OK);
+        tm_begin_step(part[r]);
+        assert_int_equal(tm_embed_forward(part[r], tokens + (r ? A : 0), n[r], hp[r]), SELDP_OK);
+        assert_int_equal(tm_route_forward(part[r], 0, hp[r], &rp[r]), SELDP_OK);
+    }
+    assert_int_equal(tm_route_counts(part[0], 0, counts), SELDP_OK);
+    for (int e = 0; e < E; e++)
+        before[1][e] = counts[e];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(tm_route_set_shard(part[r], 0, T, before[r]), SELDP_OK);
+    for (size_t s = 0; s < (size_t)T * (size_t)K; s++) {
+        const int r = s < (size_t)A * (size_t)K ? 0 : 1;
+        const size_t at = r ? s - (size_t)A * (size_t)K : s;
+        assert_int_equal(rp[r].expert[at], route.expert[s]);
+        dropped_whole += route.expert[s] < 0;
+        dropped_parts += rp[r].expert[at] < 0;
+    }
+    printf("  %zu of %d assignments dropped, the same on the split shard\n", dropped_whole, T * K);
+    assert_true(dropped_whole > 0);
+    assert_int_equal(dropped_parts, dropped_whole);
+    /* without the shard's view each rank would drop by its own capacity */
+    int64_t too_many[8];
+    for (int e = 0; e < E; e++)
+        too_many[e] = T;
+    assert_int_equal(tm_route_set_shard(part[1], 0, T, too_many), SELDP_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(tm_last_error(), "rank 2"));
+    assert_int_equal(tm_route_set_shard(part[1], 0, A, before[1]), SELDP_ERR_INVALID_ARGUMENT);
+    assert_int_equal(tm_route_set_shard(part[1], 0, T, NULL), SELDP_ERR_INVALID_ARGUMENT);
+    assert_int_equal(tm_route_set_shard(part[1], 1, T, before[1]), SELDP_ERR_INVALID_ARGUMENT);
+    /* the rejected calls left the shard's drops in place */
+    for (size_t s = 0; s < n[1] * (size_t)K; s++)
+        assert_int_equal(rp[1].expert[s], route.expert[(size_t)A * (size_t)K + s]);
+    for (int r = 0; r < 2; r++)
+        tm_model_destroy(part[r]);
+    tm_model_destroy(whole);
+}
+
 /* ---- config and balance input ------------------------------------------------------------ */
 
 static void test_config(void **state)
@@ -480,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_capacity_by_hand),
         cmocka_unit_test(test_set_balance_rejects),
+        cmocka_unit_test(test_shard_over_ranks),
         cmocka_unit_test(test_shared_expert),
         cmocka_unit_test(test_aux_loss_global),
         cmocka_unit_test(test_aux_loss_local),
