@@ -313,6 +313,10 @@ static void test_everything(void **state)
     assert_true(check_against_reference(&o, SELDP_F32, SHARDS, three_shards) > 0);
     routing_opts local = {"all, aux local", 16, 0.02, TM_AUX_LOCAL, 0.001, 1.0};
     assert_true(check_against_reference(&local, SELDP_F32, SHARDS, three_shards) > 0);
+    /* half-precision storage: the reference reads the stored values, the FP32 step computes
+     * on their upcast, so the accumulators still agree to FP32 accuracy */
+    assert_true(check_against_reference(&o, SELDP_BF16, SHARDS, three_shards) > 0);
+    assert_true(check_against_reference(&local, SELDP_F16, SHARDS, three_shards) > 0);
 }
 
 /* ---- capacity pinned by hand ------------------------------------------------------------- */
