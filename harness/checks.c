@@ -26,10 +26,15 @@ const char *hx_check_name(hx_check_id id)
 }
 
 static const char *const class_names[HX_CLASS_COUNT] = {
-    [HX_CLASS_EMBED] = "embed",         [HX_CLASS_NORM] = "norm",
-    [HX_CLASS_ROUTER] = "router",       [HX_CLASS_FINAL_NORM] = "final_norm",
-    [HX_CLASS_EXPERT_W1] = "expert.w1", [HX_CLASS_EXPERT_W2] = "expert.w2",
-    [HX_CLASS_LORA_A] = "lora_a",       [HX_CLASS_LORA_B] = "lora_b",
+    [HX_CLASS_EMBED] = "embed",
+    [HX_CLASS_NORM] = "norm",
+    [HX_CLASS_ROUTER] = "router",
+    [HX_CLASS_FINAL_NORM] = "final_norm",
+    [HX_CLASS_EXPERT_W1] = "expert.w1",
+    [HX_CLASS_EXPERT_W2] = "expert.w2",
+    [HX_CLASS_LORA_A] = "lora_a",
+    [HX_CLASS_LORA_B] = "lora_b",
+    [HX_CLASS_SHARED_EXPERT] = "shared_expert",
 };
 
 const char *hx_class_name(hx_tensor_class c)
@@ -43,6 +48,8 @@ hx_tensor_class hx_class_of(const char *path)
         return HX_CLASS_EMBED;
     if (strcmp(path, "final_norm.weight") == 0)
         return HX_CLASS_FINAL_NORM;
+    if (strstr(path, ".shared_expert."))
+        return HX_CLASS_SHARED_EXPERT;
     if (strstr(path, ".lora_a."))
         return HX_CLASS_LORA_A;
     if (strstr(path, ".lora_b."))

@@ -5,6 +5,7 @@
  * owner runs its experts on the rows it received and sends the outputs back the same way.
  * The backward sends the gate-weighted output gradients along the same plan and brings the
  * input gradients back. A replicated expert's rows are spread over its owners in the group.
+ * A slot the capacity dropped (expert -1) goes nowhere: it is not sent and not counted.
  *
  * The same code drives a rank on the CPU and one on a GPU: activations live where the rank
  * computes and every model call, allocation and row copy goes through its hx_compute_ops
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "router.h"
 #include "run.h"
 
 /* Where expert e's rows go inside this rank's EP group this step: its owners there
@@ -89,7 +91,10 @@ static seldp_status plan_routes(hx_rank *rk, expert_route *routes)
 
 /* One layer's exchange plan: where each of the T*K slots goes, and what arrives here. */
 typedef struct layer_plan {
-    int64_t *pos;        /* [T*K] row of slot i in the send buffer */
+    int64_t *pos;      /* [T*K] row of slot i in the send buffer; -1 when dropped */
+    int64_t *kept;     /* [n_kept] the slots that are sent, ascending */
+    int64_t *kept_pos; /* [n_kept] their rows in the send buffer */
+    size_t n_kept;
     size_t *send_rows;   /* [P] */
     size_t *send_displs; /* [P] */
     size_t *recv_rows;   /* [P] */
@@ -102,6 +107,8 @@ typedef struct layer_plan {
 static void plan_free(hx_rank *rk, layer_plan *p)
 {
     free(p->pos);
+    free(p->kept);
+    free(p->kept_pos);
     free(p->send_rows);
     free(p->send_displs);
     free(p->recv_rows);
@@ -163,15 +170,22 @@ static seldp_status plan_layer(hx_rank *rk, int l, const tm_route *route,
     uint64_t *send_n = hx_calloc((size_t)P, sizeof *send_n);
     uint64_t *recv_n = hx_calloc((size_t)P, sizeof *recv_n);
     p->pos = hx_calloc(slots, sizeof *p->pos);
+    p->kept = hx_calloc(slots, sizeof *p->kept);
+    p->kept_pos = hx_calloc(slots, sizeof *p->kept_pos);
     p->send_rows = hx_calloc((size_t)P, sizeof(size_t));
     p->send_displs = hx_calloc((size_t)P, sizeof(size_t));
     p->recv_rows = hx_calloc((size_t)P, sizeof(size_t));
     p->recv_displs = hx_calloc((size_t)P, sizeof(size_t));
     if (!dest || !send_ids || !fill || !ones || !index || !send_n || !recv_n || !p->pos ||
-        !p->send_rows || !p->send_displs || !p->recv_rows || !p->recv_displs)
+        !p->kept || !p->kept_pos || !p->send_rows || !p->send_displs || !p->recv_rows ||
+        !p->recv_displs)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (size_t i = 0; i < slots; i++) {
         int e = route->expert[i];
+        if (e == -1) { /* dropped by the capacity */
+            dest[i] = -1;
+            continue;
+        }
         if (e < 0 || e >= E)
             HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: layer %d routed a token to expert %d", rk->rank,
                     l, e);
@@ -183,8 +197,14 @@ static seldp_status plan_layer(hx_rank *rk, int l, const tm_route *route,
     }
     prefix(p->send_rows, p->send_displs, P);
     for (size_t i = 0; i < slots; i++) {
+        if (dest[i] < 0) {
+            p->pos[i] = -1;
+            continue;
+        }
         p->pos[i] = (int64_t)(p->send_displs[dest[i]] + fill[dest[i]]++);
         send_ids[p->pos[i]] = route->expert[i];
+        p->kept[p->n_kept] = (int64_t)i;
+        p->kept_pos[p->n_kept++] = p->pos[i];
     }
     /* every peer learns how many rows it gets from this rank: one count to each */
     for (int q = 0; q < P; q++) {
@@ -281,7 +301,7 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
     float *returned = ops->alloc(rk, slots * D);
     if (!send || !recv || !result || !returned)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    HX_CHECK(ops->copy_rows(rk, send, p->pos, slot_rows, NULL, slots));
+    HX_CHECK(ops->copy_rows(rk, send, p->kept_pos, slot_rows, p->kept, p->n_kept));
     HX_CHECK(exchange(rk, send, p->send_rows, p->send_displs, recv, p->recv_rows, p->recv_displs, D,
                       SELDP_F32, rk->device, backward ? "gradient rows" : "token rows", l));
     if (!backward) {
@@ -295,7 +315,7 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
     HX_CHECK(exchange(rk, result, p->recv_rows, p->recv_displs, returned, p->send_rows,
                       p->send_displs, D, SELDP_F32, rk->device,
                       backward ? "input gradients" : "expert outputs", l));
-    HX_CHECK(ops->copy_rows(rk, back, NULL, returned, p->pos, slots));
+    HX_CHECK(ops->copy_rows(rk, back, p->kept, returned, p->kept_pos, p->n_kept));
 fail:
     ops->release(rk, send);
     ops->release(rk, recv);
@@ -332,6 +352,7 @@ seldp_status hx_rank_compute(hx_rank *rk)
         tm_route route;
         HX_CHECK_LIB(ops->route_forward(rk, l, h, &route), "rank %d: layer %d: router", rk->rank,
                      l);
+        HX_CHECK(hx_router_balance(rk, l));
         HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
         HX_CHECK(ops->copy_rows(rk, slot_in, NULL, route.x, token_of_slot, slots));
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, false, slot_out));
@@ -339,6 +360,7 @@ seldp_status hx_rank_compute(hx_rank *rk)
                      rk->rank, l);
     }
     HX_CHECK_LIB(ops->head(rk, h, &rk->loss_sum, dh), "rank %d: head", rk->rank);
+    rk->loss_sum += hx_router_loss_sum(rk);
     for (int l = L - 1; l >= 0; l--) {
         HX_CHECK_LIB(ops->combine_backward(rk, l, dh, slot_in),
                      "rank %d: layer %d: combine backward", rk->rank, l);

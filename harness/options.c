@@ -44,6 +44,11 @@ enum {
     OPT_LAYERS,
     OPT_LORA_RANK,
     OPT_LORA_ALPHA,
+    OPT_SHARED_EXPERT_FF,
+    OPT_AUX_LOSS_COEFF,
+    OPT_AUX_LOSS_SCOPE,
+    OPT_Z_LOSS_COEFF,
+    OPT_CAPACITY_FACTOR,
     OPT_HELP,
     OPT_VERSION
 };
@@ -125,6 +130,23 @@ static const option_doc docs[] = {
     {{"lora-alpha", required_argument, NULL, OPT_LORA_ALPHA},
      "X",
      "model: LoRA alpha (scale alpha/r)"},
+    {{"shared-expert-ff", required_argument, NULL, OPT_SHARED_EXPERT_FF},
+     "N",
+     "model: d_ff of an ungated shared expert in every layer (a shared parameter; 0: none)"},
+    {{"aux-loss-coeff", required_argument, NULL, OPT_AUX_LOSS_COEFF},
+     "X",
+     "model: load-balancing loss coefficient alpha (Switch/GShard, per layer; 0: off)"},
+    {{"aux-loss-scope", required_argument, NULL, OPT_AUX_LOSS_SCOPE},
+     "global|local",
+     "model: the load-balancing loss over the whole global batch (counts allreduced in the "
+     "forward) or each data shard's tokens"},
+    {{"z-loss-coeff", required_argument, NULL, OPT_Z_LOSS_COEFF},
+     "X",
+     "model: router z-loss coefficient beta (ST-MoE; 0: off)"},
+    {{"capacity-factor", required_argument, NULL, OPT_CAPACITY_FACTOR},
+     "X",
+     "model: expert capacity ceil(X*T*K/E) per rank and layer, later assignments dropped "
+     "(0: no capacity)"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},
     {{"version", no_argument, NULL, OPT_VERSION}, NULL, "print the library version and exit"},
 };
@@ -279,6 +301,21 @@ static void default_text(int id, char *buf, size_t size)
         break;
     case OPT_LORA_ALPHA:
         snprintf(buf, size, "%g", d.model.lora_alpha);
+        break;
+    case OPT_SHARED_EXPERT_FF:
+        snprintf(buf, size, "%d", d.model.d_ff_shared);
+        break;
+    case OPT_AUX_LOSS_COEFF:
+        snprintf(buf, size, "%g", d.model.aux_loss_coeff);
+        break;
+    case OPT_AUX_LOSS_SCOPE:
+        snprintf(buf, size, "%s", tm_aux_scope_name(d.model.aux_loss_scope));
+        break;
+    case OPT_Z_LOSS_COEFF:
+        snprintf(buf, size, "%g", d.model.z_loss_coeff);
+        break;
+    case OPT_CAPACITY_FACTOR:
+        snprintf(buf, size, "%g", d.model.capacity_factor);
         break;
     case OPT_FP32_MASTER:
     case OPT_QUIET:
@@ -556,6 +593,24 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             ok = parse_double(arg, 1e-6, 1e6, &x);
             expected = "a number > 0";
             o->model.lora_alpha = x;
+            break;
+        case OPT_SHARED_EXPERT_FF:
+            ok = parse_int(arg, 0, 1 << 16, &v);
+            expected = "an integer in 0..65536";
+            o->model.d_ff_shared = (int)v;
+            break;
+        case OPT_AUX_LOSS_COEFF:
+        case OPT_Z_LOSS_COEFF:
+        case OPT_CAPACITY_FACTOR:
+            ok = parse_double(arg, 0.0, 1e6, &x);
+            expected = "a number >= 0 (0: off)";
+            *(c == OPT_AUX_LOSS_COEFF ? &o->model.aux_loss_coeff
+              : c == OPT_Z_LOSS_COEFF ? &o->model.z_loss_coeff
+                                      : &o->model.capacity_factor) = x;
+            break;
+        case OPT_AUX_LOSS_SCOPE:
+            ok = tm_aux_scope_parse(arg, &o->model.aux_loss_scope);
+            expected = "global or local";
             break;
         case OPT_HELP:
             hx_options_usage(out);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "gpu.h"
+#include "router.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -720,7 +721,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     }
     st = tm_config_check(&o->model);
     if (st != SELDP_OK)
-        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model options: %s", seldp_last_error());
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model options: %s", tm_last_error());
     if (o->dump_dir && o->steps == 0)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--dump %s: needs at least one step (--steps 0)",
                 o->dump_dir);
@@ -728,6 +729,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--token-spread %d: must not exceed --tokens %d",
                 hx_options_spread(o), o->tokens);
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
+    HX_CHECK(hx_router_check(run));
     run->grad_dtype = o->fp32_master ? SELDP_F32 : o->model.dtype;
     run->tolerance = tolerance_for(run->grad_dtype);
     int L = o->model.layers, E = run->layout->experts;
@@ -777,6 +779,10 @@ static void print_header(const hx_run *run, FILE *out)
             "  reduce  shared: reduce by tokens; experts: %s; policy %s; %s results, limit %.0e\n",
             o->flow == HX_FLOW_SUM ? "sum of grads / global tokens" : "reduce by EP-group tokens",
             hx_policy_name(o->policy), seldp_dtype_name(run->grad_dtype), run->tolerance);
+    char routing[256];
+    hx_router_describe(m, routing, sizeof routing);
+    if (routing[0])
+        fprintf(out, "  routing %s\n", routing);
     fprintf(out, "  steps   %d, %d +- %d tokens per rank, SGD lr %g%s, seed %llu\n", o->steps,
             o->tokens, hx_options_spread(o), o->lr, o->fp32_master ? " on FP32 master weights" : "",
             (unsigned long long)m->seed);

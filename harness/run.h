@@ -72,6 +72,7 @@ typedef enum hx_tensor_class {
     HX_CLASS_EXPERT_W2,
     HX_CLASS_LORA_A,
     HX_CLASS_LORA_B,
+    HX_CLASS_SHARED_EXPERT,
     HX_CLASS_COUNT
 } hx_tensor_class;
 

@@ -3,6 +3,8 @@
 
 #include "util.h"
 
+#include "tinymoe.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +34,8 @@ seldp_status hx_fail_lib(seldp_status status, const char *fmt, ...)
     vsnprintf(context, sizeof context, fmt, ap);
     va_end(ap);
     const char *lib = seldp_last_error();
+    if (!lib[0])
+        lib = tm_last_error(); /* a tiny-moe call failed: it keeps its own channel */
     snprintf(last_error, sizeof last_error, "%s: %s%s%s", context, seldp_status_name(status),
              lib[0] ? ": " : "", lib);
     return status;

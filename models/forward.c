@@ -18,11 +18,11 @@ void tm_blas_single_thread(void)
 static seldp_status check_layer(const tm_model *m, int l, const char *fn)
 {
     if (l < 0 || l >= m->cfg.layers)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
-                           m->rank, fn, l, m->cfg.layers);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
+                        m->rank, fn, l, m->cfg.layers);
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: %s: layer %d called before tm_embed_forward", m->rank, fn, l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: %s: layer %d called before tm_embed_forward", m->rank, fn, l);
     return SELDP_OK;
 }
 
@@ -30,14 +30,14 @@ static tm_expert_slot *held_expert(tm_model *m, int l, int e, const char *fn, se
 {
     *st = SELDP_OK;
     if (l < 0 || l >= m->cfg.layers) {
-        *st = seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
-                          m->rank, fn, l, m->cfg.layers);
+        *st = tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)", m->rank,
+                       fn, l, m->cfg.layers);
         return NULL;
     }
     if (e < 0 || e >= m->cfg.experts || !m->owns[e]) {
-        *st = seldp__fail(SELDP_ERR_NOT_FOUND,
-                          "rank %d: %s: layers.%d.experts.%d is not held by this rank", m->rank, fn,
-                          l, e);
+        *st = tm__fail(SELDP_ERR_NOT_FOUND,
+                       "rank %d: %s: layers.%d.experts.%d is not held by this rank", m->rank, fn, l,
+                       e);
         return NULL;
     }
     return &m->experts[(size_t)l * (size_t)m->cfg.experts + (size_t)e];
@@ -87,9 +87,9 @@ seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, floa
     const int D = m->cfg.d_model;
     for (size_t t = 0; t < T; t++) {
         if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "rank %d: token %zu is %d, expected an id in [0, %d)", m->rank, t,
-                               (int)tokens[t], m->cfg.vocab);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "rank %d: token %zu is %d, expected an id in [0, %d)", m->rank, t,
+                            (int)tokens[t], m->cfg.vocab);
     }
     seldp_status st = tm__ensure_caches(m, T);
     if (st != SELDP_OK)
@@ -109,8 +109,8 @@ seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, floa
 seldp_status tm_embed_backward(tm_model *m, const float *dh)
 {
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_embed_backward before tm_embed_forward", m->rank);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_embed_backward before tm_embed_forward", m->rank);
     const int D = m->cfg.d_model;
     float *dE = m->grad[m->embed];
     for (size_t t = 0; t < m->T; t++) {
@@ -150,7 +150,8 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
         }
         for (int e = 0; e < E; e++)
             p[e] /= sum;
-        int *sel = c->expert + t * (size_t)K;
+        c->lse[t] = mx + logf(sum);
+        int *sel = c->choice + t * (size_t)K;
         float *gate = c->gate + t * (size_t)K;
         float kept = 0.0f;
         for (int k = 0; k < K; k++) {
@@ -169,6 +170,7 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
         for (int k = 0; k < K; k++)
             gate[k] = p[sel[k]] / kept;
     }
+    tm__capacity_drop(m, c);
     c->routed = true;
     c->combined = c->combined_back = false;
     route->T = T;
@@ -182,9 +184,8 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
 seldp_status tm_route_get(const tm_model *m, int l, tm_route *route)
 {
     if (l < 0 || l >= m->cfg.layers || !m->embedded || !m->cache[l].routed)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_route_get: layer %d was not routed in this step", m->rank,
-                           l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_route_get: layer %d was not routed in this step", m->rank, l);
     const tm_layer_cache *c = &m->cache[l];
     route->T = m->T;
     route->K = m->cfg.top_k;
@@ -202,9 +203,9 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
         return st;
     tm_layer_cache *c = &m->cache[l];
     if (!c->combined_back)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_route_backward: layer %d before tm_combine_backward",
-                           m->rank, l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_route_backward: layer %d before tm_combine_backward", m->rank,
+                        l);
     const size_t T = m->T;
     const int D = m->cfg.d_model, E = m->cfg.experts, K = m->cfg.top_k;
     if (T == 0)
@@ -212,29 +213,25 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
     dlogits = calloc(T * (size_t)E, sizeof *dlogits);
     du = malloc(T * (size_t)D * sizeof *du);
     if (!dlogits || !du)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory in layer %d's router backward", m->rank,
-                   l);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory in layer %d's router backward", m->rank,
+                l);
     for (size_t t = 0; t < T; t++) {
         const float *p = c->probs + t * (size_t)E;
-        const int *sel = c->expert + t * (size_t)K;
+        const int *sel = c->choice + t * (size_t)K;
         const float *gate = c->gate + t * (size_t)K;
         const float *dgate = c->dgate + t * (size_t)K;
         float *dl = dlogits + t * (size_t)E;
-        /* gate_k = p_k / S over the selected set: dp_k = (dgate_k - sum_j gate_j dgate_j) / S */
+        /* gate_k = p_k / S over the selected set: dp_k = (dgate_k - sum_j gate_j dgate_j) / S
+         * (a dropped slot has dgate 0 but still counts in S: gates are not renormalized) */
         float kept = 0.0f, gdg = 0.0f;
         for (int k = 0; k < K; k++) {
             kept += p[sel[k]];
             gdg += gate[k] * dgate[k];
         }
-        float pdp = 0.0f; /* sum_e p_e dp_e, only selected e have dp_e != 0 */
-        for (int k = 0; k < K; k++) {
-            float dp = (dgate[k] - gdg) / kept;
-            dl[sel[k]] = dp;
-            pdp += p[sel[k]] * dp;
-        }
-        /* softmax: dlogit_e = p_e (dp_e - sum_j p_j dp_j) */
-        for (int e = 0; e < E; e++)
-            dl[e] = p[e] * (dl[e] - pdp);
+        for (int k = 0; k < K; k++)
+            dl[sel[k]] = (dgate[k] - gdg) / kept;
+        /* the router losses' dp, then softmax: dlogit_e = p_e (dp_e - sum_j p_j dp_j) */
+        tm__router_loss_backward(m, c, t, dl);
     }
     // dW_r (E,D) += dlogits^T (E,T) . u (T,D)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, D, (int)T, 1.0f, dlogits, E, c->u, D,
@@ -244,10 +241,16 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
                 m->work[m->router[l]], D, 0.0f, du, D);
     for (size_t t = 0; t < T; t++) {
         for (int k = 0; k < K; k++) {
+            if (c->expert[t * (size_t)K + (size_t)k] < 0)
+                continue; /* dropped: the slot reached no expert */
             const float *row = dx + (t * (size_t)K + (size_t)k) * (size_t)D;
             for (int i = 0; i < D; i++)
                 du[t * (size_t)D + (size_t)i] += row[i];
         }
+    }
+    if (c->s_du) {
+        for (size_t i = 0; i < T * (size_t)D; i++)
+            du[i] += c->s_du[i];
     }
     rmsnorm_backward(du, c->h_in, m->work[m->norm[l]], c->rstd, T, D, dh, m->grad[m->norm[l]]);
 fail:
@@ -265,9 +268,9 @@ seldp_status tm_combine_forward(tm_model *m, int l, const float *y, float *h)
         return st;
     tm_layer_cache *c = &m->cache[l];
     if (!c->routed)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_combine_forward: layer %d before tm_route_forward", m->rank,
-                           l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_combine_forward: layer %d before tm_route_forward", m->rank,
+                        l);
     const size_t T = m->T;
     const int D = m->cfg.d_model, K = m->cfg.top_k;
     if (T)
@@ -276,14 +279,19 @@ seldp_status tm_combine_forward(tm_model *m, int l, const float *y, float *h)
         float *out = h + t * (size_t)D;
         memcpy(out, c->h_in + t * (size_t)D, (size_t)D * sizeof(float));
         for (int k = 0; k < K; k++) {
+            if (c->expert[t * (size_t)K + (size_t)k] < 0)
+                continue; /* dropped: the token keeps its residual */
             const float g = c->gate[t * (size_t)K + (size_t)k];
             const float *row = c->y + (t * (size_t)K + (size_t)k) * (size_t)D;
             for (int i = 0; i < D; i++)
                 out[i] += g * row[i];
         }
     }
+    if (m->shared_w1[l] >= 0)
+        TM_CHECK(tm__shared_forward(m, l, h));
     c->combined = true;
-    return SELDP_OK;
+fail:
+    return st;
 }
 
 seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy)
@@ -293,14 +301,21 @@ seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy)
         return st;
     tm_layer_cache *c = &m->cache[l];
     if (!c->combined)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_combine_backward: layer %d before tm_combine_forward",
-                           m->rank, l);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_combine_backward: layer %d before tm_combine_forward", m->rank,
+                        l);
     const int D = m->cfg.d_model, K = m->cfg.top_k;
+    if (m->shared_w1[l] >= 0)
+        TM_CHECK(tm__shared_backward(m, l, dh));
     for (size_t t = 0; t < m->T; t++) {
         const float *d = dh + t * (size_t)D;
         for (int k = 0; k < K; k++) {
             const size_t slot = t * (size_t)K + (size_t)k;
+            if (c->expert[slot] < 0) {
+                memset(dy + slot * (size_t)D, 0, (size_t)D * sizeof *dy);
+                c->dgate[slot] = 0.0f;
+                continue;
+            }
             const float g = c->gate[slot];
             const float *row = c->y + slot * (size_t)D;
             float dot = 0.0f;
@@ -312,7 +327,8 @@ seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy)
         }
     }
     c->combined_back = true;
-    return SELDP_OK;
+fail:
+    return st;
 }
 
 /* ---- experts ------------------------------------------------------------------------- */
@@ -342,8 +358,8 @@ seldp_status tm_expert_forward(tm_model *m, int l, int e, const float *x, size_t
     const int D = m->cfg.d_model, F = m->cfg.d_ff;
     pre = malloc(2 * n * (size_t)F * sizeof *pre);
     if (!pre)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu rows of layers.%d.experts.%d",
-                   m->rank, n, l, e);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu rows of layers.%d.experts.%d",
+                m->rank, n, l, e);
     expert_ffn(s, x, n, D, F, pre, pre + n * (size_t)F, y);
 fail:
     free(pre);
@@ -378,8 +394,8 @@ seldp_status tm_expert_backward(tm_model *m, int l, int e, const float *x, const
     const size_t nF = n * (size_t)F;
     buf = malloc((3 * nF + (dense ? 0 : (size_t)D * (size_t)F)) * sizeof *buf);
     if (!buf)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu rows of layers.%d.experts.%d",
-                   m->rank, n, l, e);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu rows of layers.%d.experts.%d",
+                m->rank, n, l, e);
     float *pre = buf, *act = buf + nF, *dact = buf + 2 * nF;
     float *dW = dense ? NULL : buf + 3 * nF; /* (D,F) or (F,D): both D*F floats */
     expert_ffn(s, x, n, D, F, pre, act, NULL);
@@ -418,15 +434,15 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     seldp_status st = SELDP_OK;
     float *buf = NULL;
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_head_forward_backward before tm_embed_forward", m->rank);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_head_forward_backward before tm_embed_forward", m->rank);
     const size_t T = m->T;
     const int D = m->cfg.d_model, V = m->cfg.vocab;
     for (size_t t = 0; t < T; t++) {
         if (targets[t] < 0 || targets[t] >= V)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "rank %d: target %zu is %d, expected an id in [0, %d)", m->rank, t,
-                               (int)targets[t], V);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "rank %d: target %zu is %d, expected an id in [0, %d)", m->rank, t,
+                            (int)targets[t], V);
     }
     double loss = 0.0;
     if (T == 0)
@@ -434,8 +450,7 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     const size_t TD = T * (size_t)D;
     buf = malloc((2 * TD + T + T * (size_t)V) * sizeof *buf);
     if (!buf)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory in the head for %zu tokens", m->rank,
-                   T);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory in the head for %zu tokens", m->rank, T);
     float *z = buf, *dz = buf + TD, *rstd = buf + 2 * TD, *logits = buf + 2 * TD + T;
     const float *gf = m->work[m->final_norm];
     const float *E = m->work[m->embed];
@@ -511,43 +526,45 @@ seldp_status tm_step_local(tm_model *m, const int32_t *tokens, const int32_t *ta
     float *buf = NULL;
     for (int e = 0; e < E; e++) {
         if (!m->owns[e])
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                               "rank %d: tm_step_local needs every expert; expert %d is not held",
-                               m->rank, e);
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                            "rank %d: tm_step_local needs every expert; expert %d is not held",
+                            m->rank, e);
     }
     const size_t TD = T * (size_t)D, TKD = T * (size_t)K * (size_t)D;
     buf = malloc((2 * TD + 2 * TKD + 3 * TKD + 1) * sizeof *buf);
     if (!buf)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for a step of %zu tokens", m->rank, T);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for a step of %zu tokens", m->rank, T);
     float *h = buf, *dh = buf + TD, *y = buf + 2 * TD, *dy = y + TKD;
     float *xe = dy + TKD, *ye = xe + TKD, *de = ye + TKD; /* packed rows of one expert */
 
     tm_begin_step(m);
-    SELDP_CHECK(tm_embed_forward(m, tokens, T, h));
+    TM_CHECK(tm_embed_forward(m, tokens, T, h));
     for (int l = 0; l < L; l++) {
         tm_route route;
-        SELDP_CHECK(tm_route_forward(m, l, h, &route));
+        TM_CHECK(tm_route_forward(m, l, h, &route));
         for (int e = 0; e < E; e++) {
             size_t n = gather(&route, e, route.x, false, D, xe);
-            SELDP_CHECK(tm_expert_forward(m, l, e, xe, n, ye));
+            TM_CHECK(tm_expert_forward(m, l, e, xe, n, ye));
             scatter(&route, e, ye, D, y);
         }
-        SELDP_CHECK(tm_combine_forward(m, l, y, h));
+        TM_CHECK(tm_combine_forward(m, l, y, h));
     }
-    SELDP_CHECK(tm_head_forward_backward(m, h, targets, loss_sum, dh));
+    TM_CHECK(tm_head_forward_backward(m, h, targets, loss_sum, dh));
+    if (loss_sum)
+        *loss_sum += tm_router_loss_sum(m);
     for (int l = L - 1; l >= 0; l--) {
         tm_route route;
-        SELDP_CHECK(tm_route_get(m, l, &route));
-        SELDP_CHECK(tm_combine_backward(m, l, dh, dy));
+        TM_CHECK(tm_route_get(m, l, &route));
+        TM_CHECK(tm_combine_backward(m, l, dh, dy));
         for (int e = 0; e < E; e++) {
             size_t n = gather(&route, e, route.x, false, D, xe);
             gather(&route, e, dy, true, D, de);
-            SELDP_CHECK(tm_expert_backward(m, l, e, xe, de, n, ye));
+            TM_CHECK(tm_expert_backward(m, l, e, xe, de, n, ye));
             scatter(&route, e, ye, D, y); /* y now holds dx per slot */
         }
-        SELDP_CHECK(tm_route_backward(m, l, y, dh));
+        TM_CHECK(tm_route_backward(m, l, y, dh));
     }
-    SELDP_CHECK(tm_embed_backward(m, dh));
+    TM_CHECK(tm_embed_backward(m, dh));
 fail:
     free(buf);
     return st;

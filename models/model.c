@@ -28,7 +28,7 @@ static seldp_status add_param(layout *lay, const char *path, seldp_dtype dtype, 
     tm_param_info *p = &m->params[i];
     char *copy = malloc(strlen(path) + 1);
     if (!copy)
-        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory for path %s", m->rank, path);
+        return tm__fail(SELDP_ERR_NOMEM, "rank %d: out of memory for path %s", m->rank, path);
     strcpy(copy, path);
     p->path = copy;
     p->tensor = seldp_tensor_view(dtype, SELDP_HOST_DEVICE, NULL, ndim, shape);
@@ -64,42 +64,40 @@ static seldp_status add_linear(layout *lay, tm_linear *lin, const char *prefix, 
     if (cfg->quant == TM_QUANT_NONE) {
         snprintf(path, sizeof path, "%s.weight", prefix);
         lin->dense = (int)m->n_params;
-        SELDP_CHECK(
-            add_param(lay, path, cfg->dtype, 2, (int64_t[]){out, in}, TM_ROLE_EXPERT, l, e));
+        TM_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){out, in}, TM_ROLE_EXPERT, l, e));
         return SELDP_OK;
     }
     int64_t n = (int64_t)out * in;
     if (cfg->quant == TM_QUANT_NF4) {
         snprintf(path, sizeof path, "%s.qweight", prefix);
         lin->qweight = (int)m->n_params;
-        SELDP_CHECK(
-            add_param(lay, path, SELDP_U8, 1, (int64_t[]){n / 2}, TM_ROLE_EXPERT_BASE, l, e));
+        TM_CHECK(add_param(lay, path, SELDP_U8, 1, (int64_t[]){n / 2}, TM_ROLE_EXPERT_BASE, l, e));
         snprintf(path, sizeof path, "%s.absmax", prefix);
         lin->absmax = (int)m->n_params;
-        SELDP_CHECK(add_param(lay, path, SELDP_F32, 1, (int64_t[]){n / TM_NF4_BLOCK},
-                              TM_ROLE_EXPERT_BASE, l, e));
+        TM_CHECK(add_param(lay, path, SELDP_F32, 1, (int64_t[]){n / TM_NF4_BLOCK},
+                           TM_ROLE_EXPERT_BASE, l, e));
     } else {
         int groups = in / TM_AWQ_GROUP;
         snprintf(path, sizeof path, "%s.qweight", prefix);
         lin->qweight = (int)m->n_params;
-        SELDP_CHECK(add_param(lay, path, SELDP_I32, 2, (int64_t[]){out, in / 8},
-                              TM_ROLE_EXPERT_BASE, l, e));
+        TM_CHECK(add_param(lay, path, SELDP_I32, 2, (int64_t[]){out, in / 8}, TM_ROLE_EXPERT_BASE,
+                           l, e));
         snprintf(path, sizeof path, "%s.scales", prefix);
         lin->scales = (int)m->n_params;
-        SELDP_CHECK(add_param(lay, path, SELDP_F16, 2, (int64_t[]){out, groups},
-                              TM_ROLE_EXPERT_BASE, l, e));
+        TM_CHECK(add_param(lay, path, SELDP_F16, 2, (int64_t[]){out, groups}, TM_ROLE_EXPERT_BASE,
+                           l, e));
         snprintf(path, sizeof path, "%s.qzeros", prefix);
         lin->qzeros = (int)m->n_params;
-        SELDP_CHECK(add_param(lay, path, SELDP_I32, 2, (int64_t[]){out, (groups + 7) / 8},
-                              TM_ROLE_EXPERT_BASE, l, e));
+        TM_CHECK(add_param(lay, path, SELDP_I32, 2, (int64_t[]){out, (groups + 7) / 8},
+                           TM_ROLE_EXPERT_BASE, l, e));
     }
     int r = cfg->lora_rank;
     snprintf(path, sizeof path, "%s.lora_a.weight", prefix);
     lin->lora_a = (int)m->n_params;
-    SELDP_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){r, in}, TM_ROLE_ADAPTER, l, e));
+    TM_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){r, in}, TM_ROLE_ADAPTER, l, e));
     snprintf(path, sizeof path, "%s.lora_b.weight", prefix);
     lin->lora_b = (int)m->n_params;
-    SELDP_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){out, r}, TM_ROLE_ADAPTER, l, e));
+    TM_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){out, r}, TM_ROLE_ADAPTER, l, e));
     /* The effective weight of a quantized expert lives in the work block. */
     lay->work_floats += (size_t)n;
     return SELDP_OK;
@@ -116,13 +114,13 @@ static seldp_status build_layout(layout *lay)
     char path[128];
 
     m->embed = (int)m->n_params;
-    SELDP_CHECK(
+    TM_CHECK(
         add_param(lay, "embed.weight", cfg->dtype, 2, (int64_t[]){V, D}, TM_ROLE_SHARED, -1, -1));
     /* The tied head: a second occurrence of embed's storage, allocated nothing. */
     tm_param_info *head = &m->params[m->n_params];
     char *head_path = malloc(sizeof "lm_head.weight");
     if (!head_path)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", m->rank);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", m->rank);
     strcpy(head_path, "lm_head.weight");
     *head = m->params[m->embed];
     head->path = head_path;
@@ -133,29 +131,41 @@ static seldp_status build_layout(layout *lay)
     for (int l = 0; l < cfg->layers; l++) {
         snprintf(path, sizeof path, "layers.%d.norm.weight", l);
         m->norm[l] = (int)m->n_params;
-        SELDP_CHECK(add_param(lay, path, cfg->dtype, 1, (int64_t[]){D}, TM_ROLE_SHARED, l, -1));
+        TM_CHECK(add_param(lay, path, cfg->dtype, 1, (int64_t[]){D}, TM_ROLE_SHARED, l, -1));
         snprintf(path, sizeof path, "layers.%d.router.weight", l);
         m->router[l] = (int)m->n_params;
-        SELDP_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){E, D}, TM_ROLE_SHARED, l, -1));
+        TM_CHECK(add_param(lay, path, cfg->dtype, 2, (int64_t[]){E, D}, TM_ROLE_SHARED, l, -1));
+        m->shared_w1[l] = m->shared_w2[l] = -1;
+        if (cfg->d_ff_shared > 0) {
+            const int Fs = cfg->d_ff_shared;
+            snprintf(path, sizeof path, "layers.%d.shared_expert.w1.weight", l);
+            m->shared_w1[l] = (int)m->n_params;
+            TM_CHECK(
+                add_param(lay, path, cfg->dtype, 2, (int64_t[]){Fs, D}, TM_ROLE_SHARED, l, -1));
+            snprintf(path, sizeof path, "layers.%d.shared_expert.w2.weight", l);
+            m->shared_w2[l] = (int)m->n_params;
+            TM_CHECK(
+                add_param(lay, path, cfg->dtype, 2, (int64_t[]){D, Fs}, TM_ROLE_SHARED, l, -1));
+        }
         for (int e = 0; e < E; e++) {
             tm_expert_slot *slot = &m->experts[(size_t)l * (size_t)E + (size_t)e];
             slot->held = m->owns[e];
             if (!slot->held)
                 continue;
             snprintf(path, sizeof path, "layers.%d.experts.%d.w1", l, e);
-            SELDP_CHECK(add_linear(lay, &slot->w1, path, F, D, l, e));
+            TM_CHECK(add_linear(lay, &slot->w1, path, F, D, l, e));
             snprintf(path, sizeof path, "layers.%d.experts.%d.w2", l, e);
-            SELDP_CHECK(add_linear(lay, &slot->w2, path, D, F, l, e));
+            TM_CHECK(add_linear(lay, &slot->w2, path, D, F, l, e));
         }
     }
     m->final_norm = (int)m->n_params;
-    SELDP_CHECK(
+    TM_CHECK(
         add_param(lay, "final_norm.weight", cfg->dtype, 1, (int64_t[]){D}, TM_ROLE_SHARED, -1, -1));
     m->codebook = -1;
     if (cfg->quant == TM_QUANT_NF4) {
         m->codebook = (int)m->n_params;
-        SELDP_CHECK(add_param(lay, "nf4.codebook", SELDP_F32, 1, (int64_t[]){16},
-                              TM_ROLE_SHARED_BUFFER, -1, -1));
+        TM_CHECK(add_param(lay, "nf4.codebook", SELDP_F32, 1, (int64_t[]){16},
+                           TM_ROLE_SHARED_BUFFER, -1, -1));
     }
     return SELDP_OK;
 fail:
@@ -216,17 +226,17 @@ static seldp_status init_linear(tm_model *m, const tm_linear *lin, const char *p
     size_t n = (size_t)lin->out * (size_t)lin->in;
     dense = malloc(n * sizeof *dense);
     if (!dense)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory quantizing %s", m->rank, path);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory quantizing %s", m->rank, path);
     uint64_t state = stream_for(&m->cfg, m->rank, path);
     for (size_t k = 0; k < n; k++)
         dense[k] = (float)uniform(&state, a);
     if (m->cfg.quant == TM_QUANT_NF4) {
-        SELDP_CHECK(tm_nf4_quantize(dense, n, m->params[lin->qweight].tensor.data,
-                                    m->params[lin->absmax].tensor.data));
+        TM_CHECK(tm_nf4_quantize(dense, n, m->params[lin->qweight].tensor.data,
+                                 m->params[lin->absmax].tensor.data));
     } else {
-        SELDP_CHECK(tm_awq_quantize(dense, lin->out, lin->in, m->params[lin->qweight].tensor.data,
-                                    m->params[lin->scales].tensor.data,
-                                    m->params[lin->qzeros].tensor.data));
+        TM_CHECK(tm_awq_quantize(dense, lin->out, lin->in, m->params[lin->qweight].tensor.data,
+                                 m->params[lin->scales].tensor.data,
+                                 m->params[lin->qzeros].tensor.data));
     }
     fill_uniform(m, lin->lora_a, 0.0, a);
     /* B is non-zero (unlike LoRA's usual zero init) so that A's gradient is not trivially 0. */
@@ -246,14 +256,18 @@ static seldp_status init_values(tm_model *m)
     for (int l = 0; l < cfg->layers; l++) {
         fill_uniform(m, m->norm[l], 1.0, 0.2);
         fill_uniform(m, m->router[l], 0.0, sqrt(3.0 / cfg->d_model));
+        if (m->shared_w1[l] >= 0) {
+            fill_uniform(m, m->shared_w1[l], 0.0, sqrt(3.0 / cfg->d_model));
+            fill_uniform(m, m->shared_w2[l], 0.0, sqrt(3.0 / cfg->d_ff_shared));
+        }
         for (int e = 0; e < E; e++) {
             const tm_expert_slot *slot = &m->experts[(size_t)l * (size_t)E + (size_t)e];
             if (!slot->held)
                 continue;
             snprintf(prefix, sizeof prefix, "layers.%d.experts.%d.w1", l, e);
-            SELDP_CHECK(init_linear(m, &slot->w1, prefix));
+            TM_CHECK(init_linear(m, &slot->w1, prefix));
             snprintf(prefix, sizeof prefix, "layers.%d.experts.%d.w2", l, e);
-            SELDP_CHECK(init_linear(m, &slot->w2, prefix));
+            TM_CHECK(init_linear(m, &slot->w2, prefix));
         }
     }
     fill_uniform(m, m->final_norm, 1.0, 0.2);
@@ -274,11 +288,13 @@ static bool trainable(const tm_param_info *p)
 static seldp_status register_view(tm_model *m, tm_param_id_fn id_fn, void *id_user)
 {
     seldp_status st = SELDP_OK;
-    SELDP_CHECK(seldp_model_create(m->rank, &m->view));
+    TM_CHECK_LIB(seldp_model_create(m->rank, &m->view), "rank %d: creating the model view",
+                 m->rank);
     for (size_t i = 0; i < m->n_params; i++) {
         tm_param_info *p = &m->params[i];
         p->id = p->alias ? m->params[m->embed].id : id_fn(p->path, m->rank, id_user);
-        SELDP_CHECK(seldp_model_add(m->view, p->path, p->id, &p->tensor, p->frozen, p));
+        TM_CHECK_LIB(seldp_model_add(m->view, p->path, p->id, &p->tensor, p->frozen, p),
+                     "rank %d: registering %s", m->rank, p->path);
     }
     return SELDP_OK;
 fail:
@@ -292,58 +308,58 @@ seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts,
     tm_model *m = NULL;
     layout lay = {0};
     if (!out)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tm_model_create: out is NULL",
-                           rank);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tm_model_create: out is NULL", rank);
     *out = NULL;
-    SELDP_CHECK(tm_config_check(cfg));
+    TM_CHECK(tm_config_check(cfg));
     if (n_experts < 0 || (n_experts > 0 && !experts))
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "rank %d: tm_model_create: %d experts with a NULL list", rank,
-                           n_experts);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_model_create: %d experts with a NULL list", rank, n_experts);
     const int L = cfg->layers, E = cfg->experts;
     m = calloc(1, sizeof *m);
     if (!m)
-        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
+        return tm__fail(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
     m->cfg = *cfg;
     m->rank = rank;
     m->owns = calloc((size_t)E, sizeof *m->owns);
     m->norm = calloc((size_t)L, sizeof *m->norm);
     m->router = calloc((size_t)L, sizeof *m->router);
+    m->shared_w1 = calloc((size_t)L, sizeof *m->shared_w1);
+    m->shared_w2 = calloc((size_t)L, sizeof *m->shared_w2);
     m->experts = calloc((size_t)L * (size_t)E, sizeof *m->experts);
     m->seen = calloc((size_t)L * (size_t)E, sizeof *m->seen);
     m->cache = calloc((size_t)L, sizeof *m->cache);
-    size_t max_params = 4 + (size_t)L * (2 + (size_t)E * 10);
+    size_t max_params = 4 + (size_t)L * (4 + (size_t)E * 10);
     m->params = calloc(max_params, sizeof *m->params);
     lay.param_offset = calloc(max_params, sizeof *lay.param_offset);
     lay.m = m;
-    if (!m->owns || !m->norm || !m->router || !m->experts || !m->seen || !m->cache || !m->params ||
-        !lay.param_offset)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
+    if (!m->owns || !m->norm || !m->router || !m->shared_w1 || !m->shared_w2 || !m->experts ||
+        !m->seen || !m->cache || !m->params || !lay.param_offset)
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
     for (int i = 0; i < n_experts; i++) {
         int e = experts[i];
         if (e < 0 || e >= E || m->owns[e])
-            SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                       "rank %d: tm_model_create: expert list entry %d is %d, expected distinct "
-                       "ids in [0, %d)",
-                       rank, i, e, E);
+            TM_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                    "rank %d: tm_model_create: expert list entry %d is %d, expected distinct "
+                    "ids in [0, %d)",
+                    rank, i, e, E);
         m->owns[e] = true;
     }
-    SELDP_CHECK(build_layout(&lay));
+    TM_CHECK(build_layout(&lay));
 
     for (int d = 0; d < SELDP_DTYPE_COUNT; d++) {
         if (lay.offset[d] == 0)
             continue;
         m->storage[d] = aligned_alloc(TM_ALIGN, lay.offset[d]);
         if (!m->storage[d])
-            SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu bytes of %s parameters",
-                       rank, lay.offset[d], seldp_dtype_name((seldp_dtype)d));
+            TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu bytes of %s parameters", rank,
+                    lay.offset[d], seldp_dtype_name((seldp_dtype)d));
         memset(m->storage[d], 0, lay.offset[d]);
     }
     /* FP32 working copies and gradients of trainable parameters; alias shares embed's. */
     m->work = calloc(m->n_params, sizeof *m->work);
     m->grad = calloc(m->n_params, sizeof *m->grad);
     if (!m->work || !m->grad)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
     for (size_t i = 0; i < m->n_params; i++) {
         tm_param_info *p = &m->params[i];
         p->tensor.data = (char *)m->storage[p->tensor.dtype] + lay.param_offset[i];
@@ -355,7 +371,7 @@ seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts,
     m->work_block = calloc(lay.work_floats ? lay.work_floats : 1, sizeof(float));
     m->grad_block = calloc(m->grad_floats ? m->grad_floats : 1, sizeof(float));
     if (!m->work_block || !m->grad_block)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
     size_t work_at = 0, grad_at = 0;
     for (size_t i = 0; i < m->n_params; i++) {
         tm_param_info *p = &m->params[i];
@@ -385,8 +401,8 @@ seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts,
             }
         }
     }
-    SELDP_CHECK(init_values(m));
-    SELDP_CHECK(register_view(m, id_fn ? id_fn : tm_default_param_id, id_user));
+    TM_CHECK(init_values(m));
+    TM_CHECK(register_view(m, id_fn ? id_fn : tm_default_param_id, id_user));
     free(lay.param_offset);
     tm_begin_step(m);
     *out = m;
@@ -405,10 +421,17 @@ static void free_caches(tm_model *m)
         free(c->rstd);
         free(c->u);
         free(c->probs);
+        free(c->choice);
         free(c->expert);
         free(c->gate);
         free(c->y);
         free(c->dgate);
+        free(c->lse);
+        free(c->s_pre);
+        free(c->s_du);
+        free(c->counts);
+        free(c->fill);
+        free(c->bal_counts);
         memset(c, 0, sizeof *c);
     }
     free(m->tokens);
@@ -437,6 +460,8 @@ void tm_model_destroy(tm_model *m)
     free(m->owns);
     free(m->norm);
     free(m->router);
+    free(m->shared_w1);
+    free(m->shared_w2);
     free(m->experts);
     free(m->seen);
     free(m->cache);
@@ -505,15 +530,16 @@ static bool same_config(const tm_config *a, const tm_config *b)
     return a->vocab == b->vocab && a->d_model == b->d_model && a->d_ff == b->d_ff &&
            a->experts == b->experts && a->top_k == b->top_k && a->layers == b->layers &&
            a->eps == b->eps && a->dtype == b->dtype && a->quant == b->quant &&
-           a->lora_rank == b->lora_rank && a->lora_alpha == b->lora_alpha;
+           a->lora_rank == b->lora_rank && a->lora_alpha == b->lora_alpha &&
+           a->d_ff_shared == b->d_ff_shared;
 }
 
 seldp_status tm_model_copy_params(tm_model *dst, const tm_model *src, unsigned roles, int expert)
 {
     if (!dst || !src || !same_config(&dst->cfg, &src->cfg))
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "tm_model_copy_params: models of different configs (rank %d -> %d)",
-                           src ? src->rank : -1, dst ? dst->rank : -1);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "tm_model_copy_params: models of different configs (rank %d -> %d)",
+                        src ? src->rank : -1, dst ? dst->rank : -1);
     for (size_t i = 0; i < src->n_params; i++) {
         const tm_param_info *p = &src->params[i];
         if (p->alias || !(p->role & roles) || (expert >= 0 && p->expert != expert))
@@ -522,10 +548,10 @@ seldp_status tm_model_copy_params(tm_model *dst, const tm_model *src, unsigned r
         if (!q)
             continue;
         if (!seldp_tensor_same_layout(&p->tensor, &q->tensor))
-            return seldp__fail(SELDP_ERR_SCHEMA,
-                               "tm_model_copy_params: %s differs in dtype or shape between rank "
-                               "%d and rank %d",
-                               p->path, src->rank, dst->rank);
+            return tm__fail(SELDP_ERR_SCHEMA,
+                            "tm_model_copy_params: %s differs in dtype or shape between rank "
+                            "%d and rank %d",
+                            p->path, src->rank, dst->rank);
         memcpy(q->tensor.data, p->tensor.data, seldp_tensor_nbytes(&p->tensor));
     }
     return SELDP_OK;
@@ -591,7 +617,7 @@ seldp_status tm__ensure_caches(tm_model *m, size_t T)
     free_caches(m);
     const size_t cap = T ? T : 1;
     const size_t D = (size_t)m->cfg.d_model, E = (size_t)m->cfg.experts;
-    const size_t K = (size_t)m->cfg.top_k;
+    const size_t K = (size_t)m->cfg.top_k, Fs = (size_t)m->cfg.d_ff_shared;
     m->tokens = malloc(cap * sizeof *m->tokens);
     bool ok = m->tokens != NULL;
     for (int l = 0; l < m->cfg.layers && ok; l++) {
@@ -600,16 +626,27 @@ seldp_status tm__ensure_caches(tm_model *m, size_t T)
         c->rstd = malloc(cap * sizeof(float));
         c->u = malloc(cap * D * sizeof(float));
         c->probs = malloc(cap * E * sizeof(float));
+        c->choice = malloc(cap * K * sizeof(int));
         c->expert = malloc(cap * K * sizeof(int));
         c->gate = malloc(cap * K * sizeof(float));
         c->y = malloc(cap * K * D * sizeof(float));
         c->dgate = malloc(cap * K * sizeof(float));
-        ok = c->h_in && c->rstd && c->u && c->probs && c->expert && c->gate && c->y && c->dgate;
+        c->lse = malloc(cap * sizeof(float));
+        c->counts = calloc(E, sizeof *c->counts);
+        c->fill = calloc(E, sizeof *c->fill);
+        c->bal_counts = calloc(E, sizeof *c->bal_counts);
+        ok = c->h_in && c->rstd && c->u && c->probs && c->choice && c->expert && c->gate && c->y &&
+             c->dgate && c->lse && c->counts && c->fill && c->bal_counts;
+        if (ok && Fs) {
+            c->s_pre = malloc(cap * Fs * sizeof(float));
+            c->s_du = malloc(cap * D * sizeof(float));
+            ok = c->s_pre && c->s_du;
+        }
     }
     if (!ok) {
         free_caches(m);
-        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory for activations of %zu tokens",
-                           m->rank, T);
+        return tm__fail(SELDP_ERR_NOMEM, "rank %d: out of memory for activations of %zu tokens",
+                        m->rank, T);
     }
     m->T_capacity = cap;
     return SELDP_OK;
@@ -624,10 +661,10 @@ seldp_status tm_export_grads(const tm_model *m, unsigned roles, double scale, bo
     seldp_param_id *put = NULL;
     size_t n_put = 0;
     if (!m || !out)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "tm_export_grads: NULL argument");
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "tm_export_grads: NULL argument");
     put = malloc(m->n_params * sizeof *put);
     if (!put)
-        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: out of memory exporting gradients", m->rank);
+        return tm__fail(SELDP_ERR_NOMEM, "rank %d: out of memory exporting gradients", m->rank);
     for (size_t i = 0; i < m->n_params; i++) {
         const tm_param_info *p = &m->params[i];
         if (!m->grad[i] || p->alias || !(p->role & roles))
@@ -638,7 +675,7 @@ seldp_status tm_export_grads(const tm_model *m, unsigned roles, double scale, bo
         t.dtype = fp32 ? SELDP_F32 : p->tensor.dtype;
         t.data = NULL;
         t.device = SELDP_HOST_DEVICE;
-        SELDP_CHECK(seldp_tensor_alloc(&t));
+        TM_CHECK_LIB(seldp_tensor_alloc(&t), "rank %d: the gradient of %s", m->rank, p->path);
         const size_t n = numel_of(m, (int)i);
         for (size_t k = 0; k < n; k++)
             store_value(t.data, t.dtype, k, (float)(scale * (double)m->grad[i][k]));
@@ -647,8 +684,8 @@ seldp_status tm_export_grads(const tm_model *m, unsigned roles, double scale, bo
             char why[512];
             snprintf(why, sizeof why, "%s", seldp_last_error());
             seldp_tensor_free(&t);
-            SELDP_FAIL(st, "rank %d: exporting the gradient of %s (id %llu): %s", m->rank, p->path,
-                       (unsigned long long)p->id, why);
+            TM_FAIL(st, "rank %d: exporting the gradient of %s (id %llu): %s", m->rank, p->path,
+                    (unsigned long long)p->id, why);
         }
         put[n_put++] = p->id;
     }

@@ -43,9 +43,8 @@ static unsigned nf4_nearest(float x)
 seldp_status tm_nf4_quantize(const float *w, size_t n, uint8_t *qweight, float *absmax)
 {
     if (n % TM_NF4_BLOCK != 0)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "nf4 quantize: %zu elements, expected a multiple of %d", n,
-                           TM_NF4_BLOCK);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "nf4 quantize: %zu elements, expected a multiple of %d", n, TM_NF4_BLOCK);
     for (size_t b = 0; b < n / TM_NF4_BLOCK; b++) {
         const float *blk = w + b * TM_NF4_BLOCK;
         float amax = 0.0f;
@@ -94,9 +93,9 @@ seldp_status tm_awq_quantize(const float *w, int out, int in, int32_t *qweight, 
                              int32_t *qzeros)
 {
     if (out <= 0 || in <= 0 || in % TM_AWQ_GROUP != 0)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "awq quantize: weight [%d, %d], expected in a multiple of %d", out, in,
-                           TM_AWQ_GROUP);
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "awq quantize: weight [%d, %d], expected in a multiple of %d", out, in,
+                        TM_AWQ_GROUP);
     const int groups = in / TM_AWQ_GROUP;
     const int zero_words = (groups + 7) / 8;
     memset(qzeros, 0, sizeof(int32_t) * (size_t)out * (size_t)zero_words);

@@ -13,6 +13,7 @@
 
 #include <cblas.h>
 
+#include "reference_router.h"
 #include "tm_internal.h"
 
 #define REF_PATH_MAX 96
@@ -98,21 +99,21 @@ static seldp_status find_stored(const seldp_model *weights, const char *path, se
 {
     const seldp_param *p = seldp_model_find_path(weights, path);
     if (!p)
-        return seldp__fail(SELDP_ERR_NOT_FOUND, "reference: %s is missing from the weights", path);
+        return tm__fail(SELDP_ERR_NOT_FOUND, "reference: %s is missing from the weights", path);
     const seldp_tensor *t = &p->tensor;
     if (t->device.kind != SELDP_DEVICE_HOST)
-        return seldp__fail(SELDP_ERR_DEVICE, "reference: %s is not in host memory", path);
+        return tm__fail(SELDP_ERR_DEVICE, "reference: %s is not in host memory", path);
     if (want == SELDP_F64 ? !seldp_dtype_is_float(t->dtype) : t->dtype != want)
-        return seldp__fail(SELDP_ERR_DTYPE, "reference: %s is %s, expected %s", path,
-                           seldp_dtype_name(t->dtype),
-                           want == SELDP_F64 ? "a float type" : seldp_dtype_name(want));
+        return tm__fail(SELDP_ERR_DTYPE, "reference: %s is %s, expected %s", path,
+                        seldp_dtype_name(t->dtype),
+                        want == SELDP_F64 ? "a float type" : seldp_dtype_name(want));
     bool same = t->ndim == ndim;
     for (int d = 0; same && d < ndim; d++)
         same = t->shape[d] == shape[d];
     if (!same) {
         char got[64];
-        return seldp__fail(SELDP_ERR_SHAPE, "reference: %s has shape %s, expected %d dims", path,
-                           seldp_shape_str(t, got, sizeof got), ndim);
+        return tm__fail(SELDP_ERR_SHAPE, "reference: %s has shape %s, expected %d dims", path,
+                        seldp_shape_str(t, got, sizeof got), ndim);
     }
     *out = t;
     return SELDP_OK;
@@ -126,7 +127,7 @@ static seldp_status add_entry(tm_reference *ref, const seldp_model *weights, con
     if (st != SELDP_OK)
         return st;
     if (ref->n_entries == ref->cap_entries)
-        return seldp__fail(SELDP_ERR_INTERNAL, "reference: entry table full at %s", path);
+        return tm__fail(SELDP_ERR_INTERNAL, "reference: entry table full at %s", path);
     ref_entry *en = &ref->entries[ref->n_entries];
     size_t n = 1;
     for (int d = 0; d < ndim; d++)
@@ -138,7 +139,7 @@ static seldp_status add_entry(tm_reference *ref, const seldp_model *weights, con
     en->w = ref_calloc(ref, n, sizeof(double));
     en->g = ref_calloc(ref, n, sizeof(double));
     if (!en->w || !en->g)
-        return seldp__fail(SELDP_ERR_NOMEM, "reference: out of memory for %s", path);
+        return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %s", path);
     for (size_t i = 0; i < n; i++)
         en->w[i] = stored_float(t, i);
     ref->n_entries++;
@@ -257,9 +258,9 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     tm_reference *ref = NULL;
     char path[REF_PATH_MAX];
     if (!out || !weights || n_ranks < 0 || (n_ranks > 0 && (!tokens || !targets || !counts)))
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "reference: NULL argument");
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "reference: NULL argument");
     *out = NULL;
-    SELDP_CHECK(tm_config_check(cfg));
+    TM_CHECK(tm_config_check(cfg));
     const int V = cfg->vocab, D = cfg->d_model, F = cfg->d_ff, E = cfg->experts;
     const int K = cfg->top_k, L = cfg->layers;
     const bool quant = cfg->quant != TM_QUANT_NONE;
@@ -267,66 +268,82 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
 
     ref = calloc(1, sizeof *ref);
     if (!ref)
-        return seldp__fail(SELDP_ERR_NOMEM, "reference: out of memory");
+        return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory");
     ref->cfg = *cfg;
     ref->routed = calloc((size_t)L * (size_t)E, sizeof *ref->routed);
-    ref->cap_entries = 4 + (size_t)L * (2 + 4 * (size_t)E);
+    ref->cap_entries = 4 + (size_t)L * (4 + 4 * (size_t)E);
     ref->entries = calloc(ref->cap_entries, sizeof *ref->entries);
     if (!ref->routed || !ref->entries)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
 
-    /* All tokens of all ranks, in rank order. */
+    /* All tokens of all ranks, in rank order; rank r's are data shard r. */
     size_t N = 0;
-    for (int r = 0; r < n_ranks; r++)
+    size_t *shard_begin = ref_calloc(ref, (size_t)n_ranks + 1, sizeof *shard_begin);
+    if (!shard_begin)
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+    for (int r = 0; r < n_ranks; r++) {
+        shard_begin[r] = N;
         N += counts[r];
+    }
+    shard_begin[n_ranks] = N;
     if (N == 0)
-        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "reference: no token on any of %d ranks", n_ranks);
+        TM_FAIL(SELDP_ERR_INVALID_ARGUMENT, "reference: no token on any of %d ranks", n_ranks);
     ref->N = N;
     int *tok = ref_calloc(ref, N, sizeof *tok), *tgt = ref_calloc(ref, N, sizeof *tgt);
     if (!tok || !tgt)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     for (int r = 0, at = 0; r < n_ranks; r++) {
         for (size_t t = 0; t < counts[r]; t++, at++) {
             tok[at] = tokens[r][t];
             tgt[at] = targets[r][t];
             if (tok[at] < 0 || tok[at] >= V || tgt[at] < 0 || tgt[at] >= V)
-                SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                           "reference: rank %d token %zu is %d with target %d, expected ids in "
-                           "[0, %d)",
-                           r, t, tok[at], tgt[at], V);
+                TM_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                        "reference: rank %d token %zu is %d with target %d, expected ids in "
+                        "[0, %d)",
+                        r, t, tok[at], tgt[at], V);
         }
     }
 
     /* Weights, upcast. */
+    const int Fs = cfg->d_ff_shared;
     ref_entry *emb = NULL, *fnorm = NULL, **norm = NULL, **router = NULL;
-    ref_linear *lin; /* (L,E,2): w1 then w2 */
+    ref_entry **sw1 = NULL, **sw2 = NULL; /* (L) the shared expert, when Fs > 0 */
+    ref_linear *lin;                      /* (L,E,2): w1 then w2 */
     norm = ref_calloc(ref, (size_t)L, sizeof *norm);
     router = ref_calloc(ref, (size_t)L, sizeof *router);
+    sw1 = ref_calloc(ref, (size_t)L, sizeof *sw1);
+    sw2 = ref_calloc(ref, (size_t)L, sizeof *sw2);
     lin = ref_calloc(ref, (size_t)L * (size_t)E * 2, sizeof *lin);
-    if (!norm || !router || !lin)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
-    SELDP_CHECK(add_entry(ref, weights, "embed.weight", 2, (int64_t[]){V, D}, -1, -1, &emb));
+    if (!norm || !router || !sw1 || !sw2 || !lin)
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+    TM_CHECK(add_entry(ref, weights, "embed.weight", 2, (int64_t[]){V, D}, -1, -1, &emb));
     {
         /* lm_head.weight must be the same storage as embed.weight (the tie). */
         const seldp_param *a = seldp_model_find_path(weights, "embed.weight");
         const seldp_param *b = seldp_model_find_path(weights, "lm_head.weight");
         if (!b || b->id != a->id || b->tensor.data != a->tensor.data)
-            SELDP_FAIL(SELDP_ERR_ALIAS,
-                       "reference: lm_head.weight must be registered as a tied alias of "
-                       "embed.weight");
+            TM_FAIL(SELDP_ERR_ALIAS,
+                    "reference: lm_head.weight must be registered as a tied alias of "
+                    "embed.weight");
     }
     double codebook[16];
     if (cfg->quant == TM_QUANT_NF4) {
         const seldp_tensor *cb;
-        SELDP_CHECK(find_stored(weights, "nf4.codebook", SELDP_F32, 1, (int64_t[]){16}, &cb));
+        TM_CHECK(find_stored(weights, "nf4.codebook", SELDP_F32, 1, (int64_t[]){16}, &cb));
         for (int i = 0; i < 16; i++)
             codebook[i] = ((const float *)cb->data)[i];
     }
     for (int l = 0; l < L; l++) {
         snprintf(path, sizeof path, "layers.%d.norm.weight", l);
-        SELDP_CHECK(add_entry(ref, weights, path, 1, (int64_t[]){D}, l, -1, &norm[l]));
+        TM_CHECK(add_entry(ref, weights, path, 1, (int64_t[]){D}, l, -1, &norm[l]));
         snprintf(path, sizeof path, "layers.%d.router.weight", l);
-        SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){E, D}, l, -1, &router[l]));
+        TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){E, D}, l, -1, &router[l]));
+        if (Fs > 0) {
+            snprintf(path, sizeof path, "layers.%d.shared_expert.w1.weight", l);
+            TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){Fs, D}, l, -1, &sw1[l]));
+            snprintf(path, sizeof path, "layers.%d.shared_expert.w2.weight", l);
+            TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){D, Fs}, l, -1, &sw2[l]));
+        }
         for (int e = 0; e < E; e++) {
             for (int k = 0; k < 2; k++) {
                 ref_linear *li = &lin[((size_t)l * (size_t)E + (size_t)e) * 2 + (size_t)k];
@@ -336,27 +353,27 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
                 snprintf(prefix, sizeof prefix, "layers.%d.experts.%d.w%d", l, e, k + 1);
                 if (!quant) {
                     snprintf(path, sizeof path, "%s.weight", prefix);
-                    SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){li->out, li->in}, l, e,
-                                          &li->dense));
+                    TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){li->out, li->in}, l, e,
+                                       &li->dense));
                     continue;
                 }
                 li->base = ref_calloc(ref, (size_t)li->out * (size_t)li->in, sizeof(double));
                 if (!li->base)
-                    SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %s", prefix);
+                    TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %s", prefix);
                 if (cfg->quant == TM_QUANT_NF4)
-                    SELDP_CHECK(decode_nf4(weights, prefix, li->out, li->in, codebook, li->base));
+                    TM_CHECK(decode_nf4(weights, prefix, li->out, li->in, codebook, li->base));
                 else
-                    SELDP_CHECK(decode_awq(weights, prefix, li->out, li->in, li->base));
+                    TM_CHECK(decode_awq(weights, prefix, li->out, li->in, li->base));
                 snprintf(path, sizeof path, "%s.lora_a.weight", prefix);
-                SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){cfg->lora_rank, li->in}, l,
-                                      e, &li->lora_a));
+                TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){cfg->lora_rank, li->in}, l, e,
+                                   &li->lora_a));
                 snprintf(path, sizeof path, "%s.lora_b.weight", prefix);
-                SELDP_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){li->out, cfg->lora_rank},
-                                      l, e, &li->lora_b));
+                TM_CHECK(add_entry(ref, weights, path, 2, (int64_t[]){li->out, cfg->lora_rank}, l,
+                                   e, &li->lora_b));
             }
         }
     }
-    SELDP_CHECK(add_entry(ref, weights, "final_norm.weight", 1, (int64_t[]){D}, -1, -1, &fnorm));
+    TM_CHECK(add_entry(ref, weights, "final_norm.weight", 1, (int64_t[]){D}, -1, -1, &fnorm));
 
     if (perturb) {
         const char *want =
@@ -365,10 +382,10 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
         for (size_t i = 0; i < ref->n_entries && !hit; i++)
             hit = strcmp(ref->entries[i].path, want) == 0 ? &ref->entries[i] : NULL;
         if (!hit || perturb->index >= hit->n)
-            SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                       "reference: cannot perturb element %zu of %s (not a trainable parameter "
-                       "of that size)",
-                       perturb->index, perturb->path);
+            TM_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                    "reference: cannot perturb element %zu of %s (not a trainable parameter "
+                    "of that size)",
+                    perturb->index, perturb->path);
         hit->w[perturb->index] += perturb->delta;
     }
     /* Effective expert weights: W, or base + (alpha/r) B A. */
@@ -380,7 +397,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
         }
         li->w = ref_calloc(ref, (size_t)li->out * (size_t)li->in, sizeof(double));
         if (!li->w)
-            SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
+            TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
         memcpy(li->w, li->base, (size_t)li->out * (size_t)li->in * sizeof(double));
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, li->out, li->in, cfg->lora_rank,
                     lscale, li->lora_b->w, cfg->lora_rank, li->lora_a->w, li->in, 1.0, li->w,
@@ -388,6 +405,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     }
 
     /* Activations. */
+    double router_loss = 0.0;
     const size_t ND = N * (size_t)D;
     double *H = ref_calloc(ref, (size_t)(L + 1) * ND, sizeof(double)); /* layer inputs + out */
     double *U = ref_calloc(ref, (size_t)L * ND, sizeof(double));
@@ -401,8 +419,15 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     double *A = ref_calloc(ref, N * (size_t)K * (size_t)F, sizeof(double));
     double *S = ref_calloc(ref, N * (size_t)K * (size_t)F, sizeof(double));
     double *YE = ref_calloc(ref, N * (size_t)K * (size_t)D, sizeof(double));
-    if (!H || !U || !R || !LG || !SEL || !GATE || !Y || !rows || !X || !A || !S || !YE)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
+    unsigned char *KEPT = ref_calloc(ref, (size_t)L * N * (size_t)K, 1);
+    double *DLR = ref_calloc(ref, (size_t)L * N * (size_t)E, sizeof(double)); /* router losses */
+    double *RW = ref_calloc(ref, N * (size_t)E + 2 * (size_t)E, sizeof(double));
+    const size_t NF = N * (size_t)(Fs > 0 ? Fs : 0);
+    double *SA = ref_calloc(ref, (size_t)L * NF, sizeof(double)); /* shared expert pre-act */
+    double *SS = ref_calloc(ref, NF, sizeof(double)), *dSA = ref_calloc(ref, NF, sizeof(double));
+    if (!H || !U || !R || !LG || !SEL || !GATE || !Y || !rows || !X || !A || !S || !YE || !KEPT ||
+        !DLR || !RW || !SA || !SS || !dSA)
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
 
     for (size_t t = 0; t < N; t++)
         memcpy(H + t * D, emb->w + (size_t)tok[t] * D, (size_t)D * sizeof(double));
@@ -434,11 +459,15 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
             for (int k = 0; k < K; k++)
                 gate[t * K + k] = exp(z[sel[t * K + k]] - mx) / den;
         }
+        unsigned char *kept = KEPT + (size_t)l * N * K;
+        tm__ref_capacity(cfg, sel, shard_begin, n_ranks, kept);
+        router_loss +=
+            tm__ref_router_losses(cfg, lg, sel, shard_begin, n_ranks, RW, DLR + (size_t)l * N * E);
         for (int e = 0; e < E; e++) {
             const ref_linear *w1 = &lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
             size_t n = 0;
             for (size_t s = 0; s < N * (size_t)K; s++) {
-                if (sel[s] != e)
+                if (sel[s] != e || !kept[s])
                     continue;
                 rows[n] = s;
                 memcpy(X + n * D, u + (s / K) * D, (size_t)D * sizeof(double));
@@ -460,9 +489,19 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
             for (int i = 0; i < D; i++) {
                 double acc = Hin[t * D + i];
                 for (int k = 0; k < K; k++)
-                    acc += gate[t * K + k] * y[(t * K + k) * D + i];
+                    acc += kept[t * K + k] ? gate[t * K + k] * y[(t * K + k) * D + i] : 0.0;
                 Hout[t * D + i] = acc;
             }
+        }
+        if (Fs > 0) {
+            /* the shared expert: Hout += silu(u W1s^T) W2s^T, ungated */
+            double *sa = SA + (size_t)l * NF;
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, Fs, D, 1.0, u, D,
+                        sw1[l]->w, D, 0.0, sa, Fs);
+            for (size_t i = 0; i < NF; i++)
+                SS[i] = silu_d(sa[i]);
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, SS, Fs,
+                        sw2[l]->w, Fs, 1.0, Hout, D);
         }
     }
 
@@ -479,7 +518,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
     double *dW = ref_calloc(ref, (size_t)D * (size_t)F, sizeof(double));
     double *dgate = ref_calloc(ref, N * (size_t)K, sizeof(double));
     if (!Z || !RF || !LOG || !dZ || !dH || !dU || !dLG || !dYE || !dA || !dX || !dW || !dgate)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     for (size_t t = 0; t < N; t++)
         RF[t] = rms_row(Hf + t * D, fnorm->w, D, cfg->eps, Z + t * D);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, V, D, 1.0, Z, D, emb->w, D, 0.0,
@@ -499,7 +538,7 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
             row[v] = exp(row[v] - lse) / (double)N;
         row[tgt[t]] -= 1.0 / (double)N;
     }
-    ref->loss = loss / (double)N;
+    ref->loss = loss / (double)N + router_loss;
 
     /* Backward. */
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)N, 1.0, LOG, V, Z, D, 1.0,
@@ -513,19 +552,36 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
         const double *u = U + (size_t)l * ND;
         const int *sel = SEL + (size_t)l * N * K;
         const double *gate = GATE + (size_t)l * N * K, *y = Y + (size_t)l * N * K * D;
+        const unsigned char *kept = KEPT + (size_t)l * N * K;
         /* dH is the gradient of this layer's output; the residual passes it through. */
         memset(dU, 0, ND * sizeof(double));
+        if (Fs > 0) {
+            const double *sa = SA + (size_t)l * NF;
+            for (size_t i = 0; i < NF; i++)
+                SS[i] = silu_d(sa[i]);
+            /* W2s: dW (D,Fs) += dH^T S; dS = dH W2s; W1s: dW (Fs,D) += dA^T u; dU = dA W1s */
+            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fs, (int)N, 1.0, dH, D, SS, Fs,
+                        1.0, sw2[l]->g, Fs);
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, dH, D,
+                        sw2[l]->w, Fs, 0.0, dSA, Fs);
+            for (size_t i = 0; i < NF; i++)
+                dSA[i] *= dsilu_d(sa[i]);
+            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fs, D, (int)N, 1.0, dSA, Fs, u, D,
+                        1.0, sw1[l]->g, D);
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, dSA, Fs,
+                        sw1[l]->w, D, 0.0, dU, D);
+        }
         for (size_t s = 0; s < N * (size_t)K; s++) {
             double d = 0.0;
             for (int i = 0; i < D; i++)
                 d += dH[(s / K) * D + i] * y[s * D + i];
-            dgate[s] = d;
+            dgate[s] = kept[s] ? d : 0.0; /* a dropped slot adds nothing */
         }
         for (int e = 0; e < E; e++) {
             ref_linear *w1 = &lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
             size_t n = 0;
             for (size_t s = 0; s < N * (size_t)K; s++) {
-                if (sel[s] != e)
+                if (sel[s] != e || !kept[s])
                     continue;
                 rows[n] = s;
                 memcpy(X + n * D, u + (s / K) * D, (size_t)D * sizeof(double));
@@ -574,14 +630,15 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
                 for (int j = 0; j < D; j++)
                     dU[(rows[i] / K) * D + j] += dX[i * D + j];
         }
-        /* Gates are a softmax over the selected logits; the others get no gradient. */
-        memset(dLG, 0, N * (size_t)E * sizeof(double));
+        /* Gates are a softmax over the selected logits; the others get no gradient from them,
+         * only from the router losses. */
+        memcpy(dLG, DLR + (size_t)l * N * E, N * (size_t)E * sizeof(double));
         for (size_t t = 0; t < N; t++) {
             double mean = 0.0;
             for (int k = 0; k < K; k++)
                 mean += gate[t * K + k] * dgate[t * K + k];
             for (int k = 0; k < K; k++)
-                dLG[t * E + sel[t * K + k]] = gate[t * K + k] * (dgate[t * K + k] - mean);
+                dLG[t * E + sel[t * K + k]] += gate[t * K + k] * (dgate[t * K + k] - mean);
         }
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, D, (int)N, 1.0, dLG, E, u, D, 1.0,
                     router[l]->g, D);

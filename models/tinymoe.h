@@ -13,11 +13,13 @@
  *   tm_embed_forward(m, tokens, T, h)         h (T,D)
  *   for l in 0..L-1:
  *     tm_route_forward(m, l, h, &route)       route.x (T,D), route.expert/gate (T,K)
- *     -- dispatch: row route.x[t] goes to the owner of route.expert[t*K+k] --
+ *     [tm_route_counts / tm_route_set_balance: global load-balancing statistics]
+ *     -- dispatch: row route.x[t] goes to the owner of route.expert[t*K+k] (-1: dropped) --
  *     tm_expert_forward(m, l, e, x, n, y)     on the owner, for its packed rows
  *     -- return: the owner's y rows come back to slot (t,k) of y (T,K,D) --
- *     tm_combine_forward(m, l, y, h)          h += sum_k gate * y
+ *     tm_combine_forward(m, l, y, h)          h += sum_k gate * y (+ the shared expert)
  *   tm_head_forward_backward(m, h, targets, &loss, dh)
+ *   tm_router_loss_sum(m)                     this rank's share of the router losses
  *   for l in L-1..0:
  *     tm_combine_backward(m, l, dh, dy)       dy (T,K,D) = gate * dh
  *     tm_route_get(m, l, &route)              layer l's routing again, for the dispatch
@@ -28,9 +30,12 @@
  *   tm_embed_backward(m, dh)
  *   tm_export_grads(m, ...)
  *
- * Every parameter gradient is the derivative of the rank's LOSS SUM (not the mean).
+ * Every parameter gradient is the derivative of the rank's LOSS SUM (not the mean): the sum
+ * of its token losses plus its share of the router losses (SPEC §4.2) times the global token
+ * count N, so that the shares of all data shards add up to N times the global objective.
  * All functions are for one thread at a time per model; distinct models may be used from
- * distinct threads. Errors are reported as seldp_status with seldp_last_error(). */
+ * distinct threads. Errors are reported as seldp_status with a message in tm_last_error()
+ * (tiny-moe's own channel; a tm_ failure clears seldp_last_error()). */
 #ifndef TINYMOE_H
 #define TINYMOE_H
 
@@ -48,6 +53,16 @@
 extern "C" {
 #endif
 
+/** Message of the last failing tm_ call on the calling thread ("" if none): it names the
+ * rank, the path and what was expected; a failing seldp call inside it is quoted with its
+ * status and message. Owned by tiny-moe, valid until the next failing tm_ call on this
+ * thread. A tm_ failure also clears seldp_last_error(), so a caller reading both channels
+ * finds the newer message in the non-empty one. */
+const char *tm_last_error(void);
+
+/** Forget the calling thread's last tiny-moe error. */
+void tm_clear_error(void);
+
 /* ---------------------------------------------------------------------------------------
  * Configuration
  * ------------------------------------------------------------------------------------- */
@@ -58,6 +73,12 @@ typedef enum tm_quant {
     TM_QUANT_NF4 = 1,  /**< frozen NF4 base + trainable LoRA adapters */
     TM_QUANT_AWQ = 2   /**< frozen AWQ-style 4-bit base + trainable LoRA adapters */
 } tm_quant;
+
+/** The token set of the load-balancing loss (SPEC §4.2). */
+typedef enum tm_aux_scope {
+    TM_AUX_GLOBAL = 0, /**< f and P over the whole global batch (every data shard) */
+    TM_AUX_LOCAL = 1   /**< each data shard's own tokens, weighted by its token share */
+} tm_aux_scope;
 
 /** Model configuration. Grows at the end; start from TM_CONFIG_INIT. */
 typedef struct tm_config {
@@ -73,11 +94,18 @@ typedef struct tm_config {
     int lora_rank;     /**< r (quantized variants only) */
     double lora_alpha; /**< alpha; the adapter scale is alpha / r */
     uint64_t seed;     /**< initialization seed (mixed with the rank) */
+    /* Routing extensions (SPEC §4.1 shared expert, §4.2), all off when zero. */
+    int d_ff_shared;             /**< Fs of the ungated shared expert; 0: none */
+    double aux_loss_coeff;       /**< alpha of the load-balancing loss; 0: off */
+    tm_aux_scope aux_loss_scope; /**< its token set: global (default) or each data shard */
+    double z_loss_coeff;         /**< beta of the router z-loss; 0: off */
+    double capacity_factor;      /**< cf of the expert capacity; 0: no capacity, no drop */
 } tm_config;
 
 #define TM_CONFIG_INIT                                                                             \
     {                                                                                              \
-        64, 32, 64, 4, 2, 2, 1e-6, SELDP_F32, TM_QUANT_NONE, 4, 8.0, 1234                          \
+        64, 32, 64, 4, 2, 2, 1e-6, SELDP_F32, TM_QUANT_NONE, 4, 8.0, 1234, 0, 0.0, TM_AUX_GLOBAL,  \
+            0.0, 0.0                                                                               \
     }
 
 /** Quantization group size of the AWQ-style format (along `in`). */
@@ -86,7 +114,9 @@ typedef struct tm_config {
 #define TM_NF4_BLOCK 64
 
 /** Validate a config: positive sizes, K <= E, a storage dtype among F32/BF16/F16, eps > 0;
- * for nf4: D*F a multiple of 64; for awq: D and F multiples of 32; for both: r >= 1.
+ * for nf4: D*F a multiple of 64; for awq: D and F multiples of 32; for both: r >= 1;
+ * d_ff_shared >= 0; aux_loss_coeff, z_loss_coeff and capacity_factor finite and >= 0; a
+ * known aux_loss_scope.
  * Returns SELDP_ERR_INVALID_ARGUMENT naming the offending field. */
 seldp_status tm_config_check(const tm_config *cfg);
 
@@ -96,12 +126,17 @@ const char *tm_quant_name(tm_quant quant);
 bool tm_quant_parse(const char *name, tm_quant *out);
 /** "f32", "bf16", "f16" for the storage dtypes; "invalid" for any other dtype. */
 const char *tm_dtype_name(seldp_dtype dtype);
+/** "global", "local"; "invalid" outside the enum. */
+const char *tm_aux_scope_name(tm_aux_scope scope);
+/** Parse an aux-loss scope name (case-insensitive). false when unknown, *out untouched. */
+bool tm_aux_scope_parse(const char *name, tm_aux_scope *out);
 /** Parse a storage dtype name (f32, bf16, f16; case-insensitive). false when unknown or not a
  * storage dtype, *out untouched. */
 bool tm_dtype_parse(const char *name, seldp_dtype *out);
 
 /** Write the config as one JSON object with the keys, in this order, `vocab, d_model, d_ff,
- * experts, top_k, layers, eps, dtype, quant, lora_rank, lora_alpha, seed` (SPEC §5) into
+ * experts, top_k, layers, eps, dtype, quant, lora_rank, lora_alpha, seed, d_ff_shared,
+ * aux_loss_coeff, aux_loss_scope, z_loss_coeff, capacity_factor` (SPEC §5, §5.1) into
  * buf (always NUL-terminated). Floats are written so that they parse back to the same value.
  * Returns the length it needed (excluding the NUL), like snprintf: a result >= size means
  * the text was truncated. */
@@ -127,7 +162,8 @@ typedef struct tm_model tm_model;
  * mask of roles can filter tm_export_grads and tm_model_copy_params. */
 typedef enum tm_role {
     TM_ROLE_SHARED = 1u << 0,        /**< trainable, replicated over the shared group: embed
-                                          (and its tied lm_head alias), norms, routers */
+                                          (and its tied lm_head alias), norms, routers, the
+                                          shared expert */
     TM_ROLE_SHARED_BUFFER = 1u << 1, /**< frozen, shared group: nf4.codebook */
     TM_ROLE_EXPERT = 1u << 2,        /**< trainable dense expert weight (quant none) */
     TM_ROLE_EXPERT_BASE = 1u << 3,   /**< frozen quantized base of an expert (qweight, absmax,
@@ -233,15 +269,52 @@ seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, floa
 typedef struct tm_route {
     size_t T;
     int K;
-    const int *expert; /**< (T,K) expert of slot k of token t; slots in decreasing p */
-    const float *gate; /**< (T,K) renormalized gates */
+    const int *expert; /**< (T,K) expert of slot k of token t; slots in decreasing p; -1
+                            for a slot dropped by the capacity (it goes nowhere) */
+    const float *gate; /**< (T,K) renormalized gates (over the top-K, before dropping) */
     const float *x;    /**< (T,D) u = rmsnorm(h) * g: the row each slot sends to its expert */
 } tm_route;
 
 /** Layer l's router: u = rmsnorm(h) * g, p = softmax(u W_r^T), the K largest p (ties: lower
- * index), gates = p / sum. h (T,D) is the layer input and is cached. Returns
- * INVALID_ARGUMENT for l out of range or a call before tm_embed_forward. */
+ * index), gates = p / sum. With a capacity factor cf, expert e keeps the first
+ * C = ceil(cf * T * K / E) of this rank's assignments to it in token order (this rank's tokens
+ * are one data shard) and the others are dropped (expert -1; the gates stay as they are).
+ * The load-balancing statistics start as this rank's own (tm_route_set_balance replaces
+ * them). h (T,D) is the layer input and is cached. Returns INVALID_ARGUMENT for l out of
+ * range or a call before tm_embed_forward. */
 seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *route);
+
+/** When one data shard's tokens are spread over several ranks (its TP x CP ranks, in the
+ * shard's token order), decide layer l's drops for the shard: C from the shard's
+ * `shard_tokens`, and this rank's assignments to e counted after before[e] (E) assignments of
+ * the shard's earlier ranks (an exclusive prefix sum of tm_route_counts over them). Replaces
+ * the drops of tm_route_forward (which treat this rank's tokens as the shard) in route.expert;
+ * the load-balancing statistics are not touched (tm_route_set_balance). Call after
+ * tm_route_forward and before the dispatch. Returns INVALID_ARGUMENT when layer l was not
+ * routed or was already combined, before is NULL, shard_tokens is below this rank's T, or
+ * before[e] + this rank's count exceeds shard_tokens. */
+seldp_status tm_route_set_shard(tm_model *m, int l, uint64_t shard_tokens, const int64_t *before);
+
+/** Layer l's assignments per expert this step, as routed (before any drop): counts (E) out.
+ * The sums over the data shards, with their token count, are the global statistics of the
+ * load-balancing loss. Returns INVALID_ARGUMENT when layer l was not routed in this step. */
+seldp_status tm_route_counts(const tm_model *m, int l, int64_t *counts);
+
+/** The token set f_e of layer l's load-balancing loss is taken from: counts (E) assignments
+ * per expert (before dropping) over `tokens` tokens; f_e = counts[e] / (tokens * K). With
+ * aux_loss_scope global the caller passes the sums over every data shard (and the global
+ * token count); without a call (or with scope local) the layer uses this rank's own. Call
+ * between tm_route_forward and tm_route_backward. Returns INVALID_ARGUMENT when layer l was
+ * not routed, tokens is 0 while this rank has tokens, or a count is negative or exceeds
+ * tokens. */
+seldp_status tm_route_set_balance(tm_model *m, int l, const int64_t *counts, uint64_t tokens);
+
+/** This rank's share of the router losses of the step, summed over layers, times N (the
+ * loss-sum convention): per layer aux_loss_coeff * E * sum_e f_e * sum_{t here} p[t,e] plus
+ * z_loss_coeff * sum_{t here} logsumexp(z_t)^2. Summed over all data shards and divided by
+ * N it is the router-loss part of the global objective (for either scope). 0 with both
+ * losses off; valid after every layer was routed (and given its balance). */
+double tm_router_loss_sum(const tm_model *m);
 
 /** The routing layer l's tm_route_forward produced in this step (pointers as above), for the
  * backward's dispatch. Returns INVALID_ARGUMENT when layer l was not routed in this step. */
@@ -260,19 +333,23 @@ seldp_status tm_expert_forward(tm_model *m, int l, int e, const float *x, size_t
 seldp_status tm_expert_backward(tm_model *m, int l, int e, const float *x, const float *dy,
                                 size_t n, float *dx);
 
-/** h = h_in + sum_k gate[t,k] * y[t,k,:], with h_in the layer input cached by
+/** h = h_in + sum_k gate[t,k] * y[t,k,:] (+ silu(u W1s^T) W2s^T with a shared expert), with
+ * h_in the layer input cached by
  * tm_route_forward (so h is normally the same buffer, updated in place). y (T,K,D): the
- * expert output of slot k of token t (as returned by its owner); cached for the backward.
- * h (T,D) out. */
+ * expert output of slot k of token t (as returned by its owner; rows of dropped slots are
+ * not read); cached for the backward. h (T,D) out. */
 seldp_status tm_combine_forward(tm_model *m, int l, const float *y, float *h);
 
-/** dy[t,k,:] = gate[t,k] * dh[t,:] for every slot, and dgate[t,k] = dh[t]·y[t,k] kept for
- * tm_route_backward. dh (T,D) is the gradient of the layer output; dy (T,K,D) out. */
+/** dy[t,k,:] = gate[t,k] * dh[t,:] for every slot (0 for a dropped one), and dgate[t,k] =
+ * dh[t]·y[t,k] kept for tm_route_backward; with a shared expert, its gradients accumulate and
+ * its input gradient is kept for tm_route_backward. dh (T,D) is the gradient of the layer
+ * output; dy (T,K,D) out. */
 seldp_status tm_combine_backward(tm_model *m, int l, const float *dh, float *dy);
 
 /** The rest of layer l's backward. dx (T,K,D): the gradient with respect to the expert input
- * of slot k of token t (from its owner's tm_expert_backward). Backpropagates the gate
- * gradients through the top-K renormalization and the softmax into W_r, adds the slots' dx,
+ * of slot k of token t (from its owner's tm_expert_backward; rows of dropped slots are not
+ * read). Backpropagates the gate gradients through the top-K renormalization, and the
+ * load-balancing and z-losses, through the softmax into W_r, adds the slots' dx,
  * and goes through the RMSNorm into g and h. dh (T,D): in, the gradient of the layer output;
  * out, the gradient of the layer input (the residual path included). */
 seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh);
@@ -288,7 +365,8 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
 seldp_status tm_embed_backward(tm_model *m, const float *dh);
 
 /** A whole step on one rank that holds every expert: tm_begin_step, forward, backward,
- * with the experts run locally. *loss_sum (may be NULL) receives the loss sum. Returns
+ * with the experts run locally; the rank's tokens are the whole batch (one data shard).
+ * *loss_sum (may be NULL) receives the loss sum, router losses included. Returns
  * INVALID_ARGUMENT when an expert is not held. */
 seldp_status tm_step_local(tm_model *m, const int32_t *tokens, const int32_t *targets, size_t T,
                            double *loss_sum);
@@ -355,9 +433,11 @@ typedef struct tm_ref_perturb {
 } tm_ref_perturb;
 
 /** The global objective on one thread in FP64 (cblas_dgemm), by code independent of the
- * FP32 path: the mean over all tokens of all ranks of the token loss, and its gradient for
- * every trainable parameter. `weights` must hold every SPEC §4 path of `cfg` with all
- * experts (e.g. tm_model_view of a model created with all experts and filled with
+ * FP32 path: the mean over all tokens of all ranks of the token loss, plus the router losses
+ * the config enables (SPEC §4.2), and its gradient for every trainable parameter. Each of the
+ * n_ranks token lists is one data shard (capacity and the local-scope load-balancing loss
+ * are per shard, in the order of its tokens). `weights` must hold every SPEC §4 path of `cfg` with
+ * all experts (e.g. tm_model_view of a model created with all experts and filled with
  * tm_model_copy_params); values are read as stored and upcast exactly, quantized bases
  * dequantized in FP64. tokens[r], targets[r] (counts[r]) are rank r's, for n_ranks ranks.
  * perturb may be NULL. On success *out owns the result. Errors: INVALID_ARGUMENT (config,
@@ -384,7 +464,7 @@ size_t tm_reference_tokens(const tm_reference *ref);
 const double *tm_reference_grad(const tm_reference *ref, const char *path, size_t *numel);
 
 /** Number of tokens (over all ranks, counting each of the K slots) that layer l routed to
- * expert e. */
+ * expert e and that expert e processed (assignments dropped by the capacity not counted). */
 size_t tm_reference_routed(const tm_reference *ref, int l, int e);
 
 /** ||scale * g - ref|| / ||ref|| over n elements, g read in its own dtype (F32, F64, F16,

@@ -9,7 +9,50 @@
 #include <stdint.h>
 
 #include "tinymoe.h"
-#include "../src/internal.h"
+
+/* Record a printf-style message as the calling thread's last tiny-moe error (tm_last_error)
+ * and return `status`. Messages name the rank, the path and what was expected. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+seldp_status
+tm__fail(seldp_status status, const char *fmt, ...);
+
+/* tm__fail for a failed seldp call: "<context>: <status name>: <seldp_last_error()>". */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+seldp_status
+tm__fail_lib(seldp_status status, const char *fmt, ...);
+
+/* Evaluate a tm call (which reported its own message); on failure store its status in `st`
+ * and jump to `fail`. */
+#define TM_CHECK(call)                                                                             \
+    do {                                                                                           \
+        seldp_status tm_check_status_ = (call);                                                    \
+        if (tm_check_status_ != SELDP_OK) {                                                        \
+            st = tm_check_status_;                                                                 \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* Evaluate a seldp call; on failure carry its message over (tm__fail_lib with the context
+ * given after the call) and jump to `fail`. */
+#define TM_CHECK_LIB(call, ...)                                                                    \
+    do {                                                                                           \
+        seldp_status tm_check_status_ = (call);                                                    \
+        if (tm_check_status_ != SELDP_OK) {                                                        \
+            st = tm__fail_lib(tm_check_status_, __VA_ARGS__);                                      \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* Jump to `fail` with `st` set to the result of tm__fail(...). */
+#define TM_FAIL(...)                                                                               \
+    do {                                                                                           \
+        st = tm__fail(__VA_ARGS__);                                                                \
+        goto fail;                                                                                 \
+    } while (0)
 
 /* One linear map of an expert ([out, in]): where its stored pieces are, and its effective
  * FP32 weight for forward and backward. Indices are into tm_model.params (-1: absent). */
@@ -29,14 +72,22 @@ typedef struct tm_expert_slot {
 
 /* Activations of one layer for the current step. */
 typedef struct tm_layer_cache {
-    float *h_in;  /* (T,D) layer input */
-    float *rstd;  /* (T) */
-    float *u;     /* (T,D) rmsnorm(h) * g */
-    float *probs; /* (T,E) router softmax */
-    int *expert;  /* (T,K) */
-    float *gate;  /* (T,K) */
-    float *y;     /* (T,K,D) expert outputs per slot */
-    float *dgate; /* (T,K) */
+    float *h_in;     /* (T,D) layer input */
+    float *rstd;     /* (T) */
+    float *u;        /* (T,D) rmsnorm(h) * g */
+    float *probs;    /* (T,E) router softmax */
+    int *choice;     /* (T,K) the top-K experts, slots in decreasing p */
+    int *expert;     /* (T,K) where each slot goes: choice, or -1 when the capacity dropped it */
+    float *gate;     /* (T,K) */
+    float *y;        /* (T,K,D) expert outputs per slot */
+    float *dgate;    /* (T,K) */
+    float *lse;      /* (T) logsumexp of the router logits (z-loss) */
+    float *s_pre;    /* (T,Fs) shared expert u W1s^T; NULL without one */
+    float *s_du;     /* (T,D) the shared expert's input gradient; NULL without one */
+    int64_t *counts; /* (E) assignments per expert as routed, this rank */
+    int64_t *fill;   /* (E) capacity dropping's running count */
+    int64_t *bal_counts; /* (E) the load-balancing loss's counts (tm_route_set_balance) */
+    uint64_t bal_tokens; /* ... and their token count */
     bool routed, combined, combined_back;
 } tm_layer_cache;
 
@@ -58,6 +109,7 @@ struct tm_model {
 
     int embed, final_norm, codebook; /* param indices (codebook -1 unless nf4) */
     int *norm, *router;              /* (L) */
+    int *shared_w1, *shared_w2;      /* (L) the shared expert's weights; -1 without one */
     tm_expert_slot *experts;         /* (L,E) */
     bool *seen;                      /* (L,E) */
 
@@ -72,6 +124,19 @@ struct tm_model {
 
 /* Size the step's activation caches for T tokens. */
 seldp_status tm__ensure_caches(tm_model *m, size_t T);
+
+/* Capacity dropping of one routed layer (router.c): c->expert from c->choice. */
+void tm__capacity_drop(const tm_model *m, tm_layer_cache *c);
+
+/* Add the load-balancing and z-loss gradients of token t's router logits into dl (E), which
+ * holds dL/dp (E) on entry and leaves as dL/dlogits (router.c). */
+void tm__router_loss_backward(const tm_model *m, const tm_layer_cache *c, size_t t, float *dl);
+
+/* The shared expert of layer l (shared_expert.c): forward adds its output to h (T,D) and
+ * caches its pre-activation; backward takes dh (T,D), accumulates its weight gradients and
+ * keeps its input gradient in c->s_du. NOMEM on allocation failure. */
+seldp_status tm__shared_forward(tm_model *m, int l, float *h);
+seldp_status tm__shared_backward(tm_model *m, int l, const float *dh);
 
 /* Upcast n stored elements of a float dtype to F32. */
 void tm__to_f32(seldp_dtype dtype, const void *src, float *dst, size_t n);

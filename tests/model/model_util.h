@@ -45,7 +45,7 @@ static inline tm_model *model_all_experts(const tm_config *cfg, int rank)
         ids[e] = e;
     tm_model *m = NULL;
     if (tm_model_create(cfg, rank, ids, cfg->experts, NULL, NULL, &m) != SELDP_OK) {
-        fprintf(stderr, "tm_model_create: %s\n", seldp_last_error());
+        fprintf(stderr, "tm_model_create: %s\n", tm_last_error());
         return NULL;
     }
     return m;

@@ -323,7 +323,9 @@ static void test_config(void **state)
     size_t n = tm_config_json(&cfg, buf, sizeof buf);
     assert_string_equal(buf, "{\"vocab\":64,\"d_model\":32,\"d_ff\":64,\"experts\":4,\"top_k\":2,"
                              "\"layers\":2,\"eps\":1e-06,\"dtype\":\"f32\",\"quant\":\"none\","
-                             "\"lora_rank\":4,\"lora_alpha\":8,\"seed\":1234}");
+                             "\"lora_rank\":4,\"lora_alpha\":8,\"seed\":1234,\"d_ff_shared\":0,"
+                             "\"aux_loss_coeff\":0,\"aux_loss_scope\":\"global\","
+                             "\"z_loss_coeff\":0,\"capacity_factor\":0}");
     assert_int_equal(n, strlen(buf));
     char tiny[8];
     assert_int_equal(tm_config_json(&cfg, tiny, sizeof tiny), n); /* truncated, like snprintf */
@@ -354,7 +356,7 @@ static void test_config(void **state)
     c.quant = TM_QUANT_AWQ;
     c.d_model = 48;
     assert_int_equal(tm_config_check(&c), SELDP_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(seldp_last_error(), "d_model"));
+    assert_non_null(strstr(tm_last_error(), "d_model"));
     c = (tm_config)TM_CONFIG_INIT;
     c.quant = TM_QUANT_NF4;
     c.d_model = 3;

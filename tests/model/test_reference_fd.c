@@ -1,6 +1,7 @@
 /* The FP64 reference's gradient against central finite differences of its own loss, for
  * every parameter kind: tied embedding (through both paths), norms, routers, dense experts,
- * and LoRA adapters over NF4 and AWQ bases. Sampled elements per tensor; the relative error
+ * LoRA adapters over NF4 and AWQ bases, and the routing extensions (shared expert, router
+ * losses, capacity dropping). Sampled elements per tensor; the relative error
  * over the sample must be <= 1e-6. */
 #include <math.h>
 #include <setjmp.h>
@@ -33,16 +34,17 @@ static double loss_at(fd_case *c, const char *path, size_t index, double delta)
     seldp_status st = tm_reference_compute(&c->cfg, tm_model_view(c->global), tok, tgt, c->counts,
                                            N_RANKS, &p, &ref);
     if (st != SELDP_OK)
-        fail_msg("reference (%s[%zu] %+g): %s", path, index, delta, seldp_last_error());
+        fail_msg("reference (%s[%zu] %+g): %s", path, index, delta, tm_last_error());
     double loss = tm_reference_loss(ref);
     tm_reference_destroy(ref);
     return loss;
 }
 
-/* Check every trainable path of the model whose role is in `roles`. */
-static void check_fd(tm_quant quant, unsigned roles)
+/* Check every trainable path of the model whose role is in `roles`; returns the number of
+ * assignments the capacity dropped (over every layer). */
+static size_t check_fd_config(const tm_config *cfg, unsigned roles)
 {
-    fd_case c = {.cfg = small_config(quant, SELDP_F32), .counts = {5, 7}};
+    fd_case c = {.cfg = *cfg, .counts = {5, 7}};
     c.global = model_all_experts(&c.cfg, 3);
     assert_non_null(c.global);
     for (int r = 0; r < N_RANKS; r++)
@@ -87,7 +89,72 @@ static void check_fd(tm_quant quant, unsigned roles)
         checked++;
     }
     assert_true(checked > 0);
+    size_t kept = 0;
+    for (int l = 0; l < c.cfg.layers; l++)
+        for (int e = 0; e < c.cfg.experts; e++)
+            kept += tm_reference_routed(ref, l, e);
     tm_reference_destroy(ref);
+    tm_model_destroy(c.global);
+    return 12 * (size_t)c.cfg.top_k * (size_t)c.cfg.layers - kept;
+}
+
+static void check_fd(tm_quant quant, unsigned roles)
+{
+    tm_config cfg = small_config(quant, SELDP_F32);
+    assert_int_equal(check_fd_config(&cfg, roles), 0);
+}
+
+/* The routing extensions of SPEC §4.1/§4.2, every term at once: the shared expert's weights,
+ * the router through the load-balancing loss (either scope) and the z-loss, and the experts
+ * and gates under a capacity that drops assignments (C = 2 and 3 on the two shards). */
+static tm_config routing_config(tm_aux_scope scope)
+{
+    tm_config cfg = small_config(TM_QUANT_NONE, SELDP_F32);
+    cfg.d_ff_shared = 16;
+    cfg.aux_loss_coeff = 0.3;
+    cfg.aux_loss_scope = scope;
+    cfg.z_loss_coeff = 0.05;
+    cfg.capacity_factor = 0.75;
+    return cfg;
+}
+
+static void test_fd_routing_global(void **state)
+{
+    (void)state;
+    tm_config cfg = routing_config(TM_AUX_GLOBAL);
+    assert_true(check_fd_config(&cfg, TM_ROLE_SHARED | TM_ROLE_EXPERT) > 0);
+}
+
+static void test_fd_routing_local(void **state)
+{
+    (void)state;
+    tm_config cfg = routing_config(TM_AUX_LOCAL);
+    assert_true(check_fd_config(&cfg, TM_ROLE_SHARED) > 0);
+}
+
+/* Each router loss on its own moves the loss by the formula of SPEC §4.2 (so the FD checks
+ * above are not checking a term that is absent). */
+static void test_router_losses_present(void **state)
+{
+    (void)state;
+    tm_config off = small_config(TM_QUANT_NONE, SELDP_F32), aux = off, z = off;
+    aux.aux_loss_coeff = 0.3;
+    z.z_loss_coeff = 0.05;
+    double loss[3];
+    const tm_config *cfgs[3] = {&off, &aux, &z};
+    fd_case c = {.cfg = off, .counts = {5, 7}};
+    c.global = model_all_experts(&off, 3);
+    assert_non_null(c.global);
+    for (int r = 0; r < N_RANKS; r++)
+        draw_tokens(100 + (uint64_t)r, c.counts[r], off.vocab, c.tokens[r], c.targets[r]);
+    for (int i = 0; i < 3; i++) {
+        c.cfg = *cfgs[i];
+        loss[i] = loss_at(&c, "embed.weight", 0, 0.0);
+    }
+    /* both terms are sums of positive numbers: each must raise the loss */
+    printf("  loss %.9f, with aux %.9f, with z %.9f\n", loss[0], loss[1], loss[2]);
+    assert_true(loss[1] > loss[0] + 1e-3);
+    assert_true(loss[2] > loss[0] + 1e-3);
     tm_model_destroy(c.global);
 }
 
@@ -155,6 +222,9 @@ int main(void)
         cmocka_unit_test(test_fd_nf4_adapters),
         cmocka_unit_test(test_fd_awq_adapters),
         cmocka_unit_test(test_tied_paths_share_gradient),
+        cmocka_unit_test(test_fd_routing_global),
+        cmocka_unit_test(test_fd_routing_local),
+        cmocka_unit_test(test_router_losses_present),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,101 @@
+/* The FP64 reference's routing extensions (SPEC §4.2), written straight from the spec's
+ * formulas and apart from the FP32 path's router.c: the capacity decides per expert which of
+ * a data shard's assignments it keeps; the load-balancing loss is alpha * E * sum_e f_e P_e
+ * over the scope's token set(s), the z-loss beta * mean_t logsumexp(z_t)^2, both
+ * differentiated here with respect to the router logits. */
+#include <math.h>
+#include <string.h>
+
+#include "reference_router.h"
+
+void tm__ref_capacity(const tm_config *cfg, const int *sel, const size_t *shard_begin, int n_shards,
+                      unsigned char *kept)
+{
+    const int E = cfg->experts, K = cfg->top_k;
+    for (int r = 0; r < n_shards; r++) {
+        const size_t first = shard_begin[r] * (size_t)K, end = shard_begin[r + 1] * (size_t)K;
+        const double T_r = (double)(shard_begin[r + 1] - shard_begin[r]);
+        for (int e = 0; e < E; e++) {
+            /* C = ceil(cf * T_r * K / E), the product taken left to right in double */
+            double cap = HUGE_VAL;
+            if (cfg->capacity_factor > 0.0)
+                cap = ceil(cfg->capacity_factor * T_r * (double)K / (double)E);
+            double taken = 0.0;
+            for (size_t s = first; s < end; s++) {
+                if (sel[s] != e)
+                    continue;
+                kept[s] = taken < cap;
+                taken += 1.0;
+            }
+        }
+    }
+}
+
+/* alpha * E * sum_e f_e P_e over tokens [a, b) of N, and its logit gradient (scaled by
+ * weight = the set's share of the objective, (b - a) / N for a local shard, 1 for global). */
+static double balance_loss(const tm_config *cfg, const double *probs, const int *sel, size_t a,
+                           size_t b, size_t N, double *f, double *P, double *dlogits)
+{
+    const int E = cfg->experts, K = cfg->top_k;
+    const double T = (double)(b - a), alpha = cfg->aux_loss_coeff;
+    if (b == a)
+        return 0.0;
+    memset(f, 0, (size_t)E * sizeof *f);
+    memset(P, 0, (size_t)E * sizeof *P);
+    for (size_t t = a; t < b; t++) {
+        for (int k = 0; k < K; k++)
+            f[sel[t * K + k]] += 1.0 / (T * K);
+        for (int e = 0; e < E; e++)
+            P[e] += probs[t * E + e] / T;
+    }
+    double loss = 0.0;
+    for (int e = 0; e < E; e++)
+        loss += alpha * E * f[e] * P[e];
+    /* d/dz_tj of (T/N) * alpha E sum_e f_e P_e = (alpha E / N) p_tj (f_j - sum_e f_e p_te) */
+    for (size_t t = a; t < b; t++) {
+        const double *p = probs + t * E;
+        double fp = 0.0;
+        for (int e = 0; e < E; e++)
+            fp += f[e] * p[e];
+        for (int j = 0; j < E; j++)
+            dlogits[t * E + j] += alpha * E / (double)N * p[j] * (f[j] - fp);
+    }
+    return T / (double)N * loss;
+}
+
+double tm__ref_router_losses(const tm_config *cfg, const double *logits, const int *sel,
+                             const size_t *shard_begin, int n_shards, double *work, double *dlogits)
+{
+    const int E = cfg->experts;
+    const size_t N = shard_begin[n_shards];
+    double *probs = work, *f = work + N * E, *P = f + E;
+    double loss = 0.0;
+    memset(dlogits, 0, N * (size_t)E * sizeof *dlogits);
+    for (size_t t = 0; t < N; t++) {
+        const double *z = logits + t * E;
+        double mx = z[0];
+        for (int e = 1; e < E; e++)
+            mx = fmax(mx, z[e]);
+        double se = 0.0;
+        for (int e = 0; e < E; e++)
+            se += exp(z[e] - mx);
+        const double lse = mx + log(se);
+        for (int e = 0; e < E; e++)
+            probs[t * E + e] = exp(z[e] - lse);
+        if (cfg->z_loss_coeff > 0.0) {
+            loss += cfg->z_loss_coeff * lse * lse / (double)N;
+            for (int e = 0; e < E; e++)
+                dlogits[t * E + e] += 2.0 * cfg->z_loss_coeff * lse * probs[t * E + e] / (double)N;
+        }
+    }
+    if (cfg->aux_loss_coeff > 0.0) {
+        if (cfg->aux_loss_scope == TM_AUX_GLOBAL) {
+            loss += balance_loss(cfg, probs, sel, 0, N, N, f, P, dlogits);
+        } else {
+            for (int r = 0; r < n_shards; r++)
+                loss += balance_loss(cfg, probs, sel, shard_begin[r], shard_begin[r + 1], N, f, P,
+                                     dlogits);
+        }
+    }
+    return loss;
+}

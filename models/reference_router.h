@@ -1,0 +1,23 @@
+/* The FP64 reference's routing extensions (reference_router.c), for reference.c only: the
+ * FP32 model's files never include this, so the two stay independent. */
+#ifndef TM_REFERENCE_ROUTER_H
+#define TM_REFERENCE_ROUTER_H
+
+#include <stddef.h>
+
+#include "tinymoe.h"
+
+/* Capacity dropping of one layer: sel (N,K) the top-K of every token, the tokens of shard r
+ * being [shard_begin[r], shard_begin[r+1]); kept (N,K) out: 1 where expert sel[s] keeps the
+ * assignment (every slot without a capacity factor), 0 where it is dropped. */
+void tm__ref_capacity(const tm_config *cfg, const int *sel, const size_t *shard_begin, int n_shards,
+                      unsigned char *kept);
+
+/* The router losses of one layer over N = shard_begin[n_shards] tokens: returns their value in
+ * the global objective and writes their gradient with respect to the logits (N,E) into
+ * dlogits (N,E). sel (N,K) as routed (before dropping). work holds N*E + 2*E doubles. */
+double tm__ref_router_losses(const tm_config *cfg, const double *logits, const int *sel,
+                             const size_t *shard_begin, int n_shards, double *work,
+                             double *dlogits);
+
+#endif
