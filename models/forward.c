@@ -178,6 +178,7 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
     route->expert = c->expert;
     route->gate = c->gate;
     route->x = c->u;
+    route->choice = c->choice;
     return SELDP_OK;
 }
 

@@ -40,6 +40,7 @@ struct tm_reference {
     double loss;
     size_t N;
     size_t *routed; /* (L,E) */
+    size_t ties_followed;
     ref_entry *entries;
     size_t n_entries, cap_entries;
     void **allocs;
@@ -254,6 +255,16 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
                                   const size_t *counts, int n_ranks, const tm_ref_perturb *perturb,
                                   tm_reference **out)
 {
+    return tm_reference_compute_routed(cfg, weights, tokens, targets, counts, n_ranks, perturb,
+                                       NULL, out);
+}
+
+seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model *weights,
+                                         const int32_t *const *tokens,
+                                         const int32_t *const *targets, const size_t *counts,
+                                         int n_ranks, const tm_ref_perturb *perturb,
+                                         const int *const *choices, tm_reference **out)
+{
     seldp_status st = SELDP_OK;
     tm_reference *ref = NULL;
     char path[REF_PATH_MAX];
@@ -441,8 +452,10 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
             R[(size_t)l * N + t] = rms_row(Hin + t * D, norm[l]->w, D, cfg->eps, u + t * D);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, E, D, 1.0, u, D, router[l]->w,
                     D, 0.0, lg, E);
-        for (size_t t = 0; t < N; t++) {
+        for (size_t t = 0, r = 0; t < N; t++) {
             const double *z = lg + t * E;
+            while (t >= shard_begin[r + 1])
+                r++;
             /* Expert e takes slot rank(e) = #{j : z_j > z_e, or z_j == z_e and j < e}
              * (softmax is monotone, so ranking logits ranks probabilities). */
             for (int e = 0; e < E; e++) {
@@ -452,6 +465,11 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
                 if (rank < K)
                     sel[t * K + rank] = e;
             }
+            if (choices && choices[r] &&
+                tm__ref_follow_tie(z, E, K,
+                                   choices[r] + ((size_t)l * counts[r] + (t - shard_begin[r])) * K,
+                                   sel + t * K))
+                ref->ties_followed++;
             /* Renormalized top-K gates = softmax over the selected logits. */
             double mx = z[sel[t * K]], den = 0.0;
             for (int k = 0; k < K; k++)
@@ -669,6 +687,11 @@ double tm_reference_loss(const tm_reference *ref)
 size_t tm_reference_tokens(const tm_reference *ref)
 {
     return ref->N;
+}
+
+size_t tm_reference_ties_followed(const tm_reference *ref)
+{
+    return ref->ties_followed;
 }
 
 size_t tm_reference_routed(const tm_reference *ref, int l, int e)

@@ -99,3 +99,45 @@ double tm__ref_router_losses(const tm_config *cfg, const double *logits, const i
     }
     return loss;
 }
+
+static bool has_expert(const int *set, int K, int e)
+{
+    for (int k = 0; k < K; k++)
+        if (set[k] == e)
+            return true;
+    return false;
+}
+
+bool tm__ref_follow_tie(const double *z, int E, int K, const int *choice, int *sel)
+{
+    bool same = true;
+    double scale = 0.0, lowest_in = INFINITY, highest_out = -INFINITY;
+    for (int k = 0; k < K; k++)
+        if (choice[k] < 0 || choice[k] >= E || has_expert(choice, k, choice[k]))
+            return false;
+    for (int k = 0; k < K; k++)
+        same = same && has_expert(choice, K, sel[k]);
+    if (same)
+        return false;
+    for (int e = 0; e < E; e++) {
+        scale = fmax(scale, fabs(z[e]));
+        if (has_expert(choice, K, e))
+            lowest_in = fmin(lowest_in, z[e]);
+        else
+            highest_out = fmax(highest_out, z[e]);
+    }
+    if (lowest_in < highest_out - REF_TIE_TOL * (1.0 + scale))
+        return false;
+    /* the chosen set in decreasing logit order, ties by index */
+    for (int k = 0, e = 0; e < E; e++) {
+        if (!has_expert(choice, K, e))
+            continue;
+        int at = k++;
+        while (at > 0 && z[sel[at - 1]] < z[e]) {
+            sel[at] = sel[at - 1];
+            at--;
+        }
+        sel[at] = e;
+    }
+    return true;
+}

@@ -3,6 +3,7 @@
 #ifndef TM_REFERENCE_ROUTER_H
 #define TM_REFERENCE_ROUTER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "tinymoe.h"
@@ -19,5 +20,16 @@ void tm__ref_capacity(const tm_config *cfg, const int *sel, const size_t *shard_
 double tm__ref_router_losses(const tm_config *cfg, const double *logits, const int *sel,
                              const size_t *shard_begin, int n_shards, double *work,
                              double *dlogits);
+
+/* Relative logit gap under which the reference's FP64 top-K and the FP32 model's may
+ * disagree for rounding alone: a gap below REF_TIE_TOL * (1 + max_e |z_e|). */
+#define REF_TIE_TOL 1e-4
+
+/* A near tie of one token (z (E) its FP64 router logits, sel (K) the reference's top-K): when
+ * `choice` (K), the experts the FP32 model chose, is a different set that is still a top-K
+ * within REF_TIE_TOL (each chosen logit at least the largest unchosen one minus the
+ * tolerance), sel becomes that set in decreasing logit order and true is returned; otherwise
+ * sel is kept (a real routing difference stays visible to the checks). */
+bool tm__ref_follow_tie(const double *z, int E, int K, const int *choice, int *sel);
 
 #endif

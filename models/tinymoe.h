@@ -273,6 +273,7 @@ typedef struct tm_route {
                             for a slot dropped by the capacity (it goes nowhere) */
     const float *gate; /**< (T,K) renormalized gates (over the top-K, before dropping) */
     const float *x;    /**< (T,D) u = rmsnorm(h) * g: the row each slot sends to its expert */
+    const int *choice; /**< (T,K) the top-K experts as routed, before any dropping */
 } tm_route;
 
 /** Layer l's router: u = rmsnorm(h) * g, p = softmax(u W_r^T), the K largest p (ties: lower
@@ -447,6 +448,23 @@ seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weigh
                                   const int32_t *const *tokens, const int32_t *const *targets,
                                   const size_t *counts, int n_ranks, const tm_ref_perturb *perturb,
                                   tm_reference **out);
+
+/** As tm_reference_compute, following the FP32 model at near ties: choices[r] (NULL, or any
+ * entry NULL, to never follow) is rank r's (L, counts[r], K) top-K experts as its model chose
+ * them (tm_route.choice of each layer). Where the reference's FP64 top-K of a token differs
+ * from the model's choice only by a near tie (every chosen logit at least the largest unchosen
+ * one minus 1e-4 * (1 + max |logit|)), the two precisions may rank the experts either way, and
+ * a gradient is discontinuous there: the reference takes the model's set, and counts it
+ * (tm_reference_ties_followed). A larger difference is kept, so the checks still see a
+ * routing that no rounding explains. */
+seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model *weights,
+                                         const int32_t *const *tokens,
+                                         const int32_t *const *targets, const size_t *counts,
+                                         int n_ranks, const tm_ref_perturb *perturb,
+                                         const int *const *choices, tm_reference **out);
+
+/** Tokens-and-layers at which tm_reference_compute_routed followed the model's near tie. */
+size_t tm_reference_ties_followed(const tm_reference *ref);
 
 /** Free a result. NULL is a no-op. */
 void tm_reference_destroy(tm_reference *ref);
