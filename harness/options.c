@@ -78,15 +78,13 @@ static const option_doc docs[] = {
      "(without --order: the framework's own, Megatron's tp-cp-ep-dp-pp being ep-dp at tp = cp = "
      "pp = 1)"},
     {{"framework", required_argument, NULL, OPT_FRAMEWORK},
-     "megatron|megatron-0.9|deepspeed|torchtitan",
-     "build the groups as this framework does (SPEC section 5.1)"},
+     "NAME",
+     "megatron, megatron-0.9, deepspeed or torchtitan: build the groups as that framework does "
+     "(SPEC section 5.1)"},
     {{"tp", required_argument, NULL, OPT_TP}, "N", "tensor-parallel size"},
     {{"pp", required_argument, NULL, OPT_PP}, "N", "pipeline stages"},
     {{"cp", required_argument, NULL, OPT_CP}, "N", "context-parallel size"},
-    {{"etp", required_argument, NULL, OPT_ETP},
-     "N",
-     "expert tensor-parallel size (default: the framework's: Megatron tp, DeepSpeed and "
-     "torchtitan 1)"},
+    {{"etp", required_argument, NULL, OPT_ETP}, "N", "expert tensor-parallel size"},
     {{"print-layout", no_argument, NULL, OPT_PRINT_LAYOUT},
      NULL,
      "print every group of the layout (any sizes) and exit without training"},
@@ -319,6 +317,9 @@ static void default_text(int id, char *buf, size_t size)
         break;
     case OPT_CP:
         snprintf(buf, size, "%d", d.grid.cp);
+        break;
+    case OPT_ETP:
+        snprintf(buf, size, "the framework's: Megatron tp, DeepSpeed and torchtitan 1");
         break;
     default:
         buf[0] = '\0';
