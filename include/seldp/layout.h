@@ -53,9 +53,12 @@ typedef enum seldp_group_kind {
 
 /** What to build. Grows at the end. */
 typedef struct seldp_layout_config {
-    seldp_framework framework;
-    int world; /**< ranks; tp * pp * cp must divide it (dp is the quotient) */
-    int tp, pp, cp, ep;
+    seldp_framework framework; /**< whose group construction to reproduce */
+    int world;                 /**< ranks; tp * pp * cp must divide it (dp is the quotient) */
+    int tp;                    /**< tensor parallel size */
+    int pp;                    /**< pipeline stages */
+    int cp;                    /**< context parallel size */
+    int ep;                    /**< expert parallel size */
     int etp;     /**< expert tensor parallel size; 0: the framework's default (Megatron: tp,
                       Megatron 0.9: tp, DeepSpeed: 1, torchtitan: 1) */
     int experts; /**< routed experts, for ownership; 0: no ownership */
