@@ -6,9 +6,12 @@
  *   Megatron 0.9    the same file of the core_r0.9.0 release: one RankGenerator whose
  *                   get_ranks(token, independent_ep=True) splits dp into (ep, dp / ep).
  *   DeepSpeed       deepspeed/utils/groups.py (deepspeedai/DeepSpeed at
- *                   0899bfad02577b690dde15565b4b92bd729687f0): _create_expert_and_data_parallel,
- *                   _get_expert_parallel_ranks; the dense groups are Megatron's mpu
- *                   (tensor fastest, then data, then pipeline).
+ *                   0899bfad02577b690dde15565b4b92bd729687f0): _create_expert_and_data_parallel
+ *                   (its mp_size-less path) without expert tensor parallelism,
+ *                   _get_expert_parallel_ranks with it, as deepspeed/moe/layer.py
+ *                   MoE._create_process_groups (at 639460ab3299c47139aff6a28627aa4e901391ba)
+ *                   chooses; the dense groups are Megatron's mpu (tensor fastest, then data,
+ *                   then pipeline).
  *   torchtitan      torchtitan/distributed/parallel_dims.py (pytorch/torchtitan at
  *                   0119de156de558030726b8539ef0078d8aaaec99): ParallelDims._validate and
  *                   build_mesh, with dp_replicate = 1 (FSDP over every data rank).
@@ -292,24 +295,35 @@ static seldp_status deepspeed_expert_tp(seldp_layout *l, bool data_before, int *
     return SELDP_OK;
 }
 
-/* _create_expert_and_data_parallel with mp_size > 1 and mp_mode "tp" (experts whole on
- * every TP rank): each stage's ranks ordered TP lane by lane, cut into EP groups; the
- * entries at one EP position form an expert-data group. */
-static void deepspeed_expert_whole(const seldp_layout *l, int *ep_ranks, int *edp_ranks)
+/* _create_expert_and_data_parallel (no expert tensor parallelism: MoE._create_process_groups
+ * calls it whenever enable_expert_tensor_parallelism is off, whatever mp_size): per stage of
+ * pp_stride ranks, EP groups of ep consecutive ranks and expert-data groups strided by ep;
+ * data before expert: expert-data groups of consecutive ranks, EP groups strided. Experts
+ * are whole on every rank, so EP groups span the TP ranks. */
+static void deepspeed_expert_whole(const seldp_layout *l, bool data_before, int *ep_ranks,
+                                   int *edp_ranks)
 {
     const seldp_layout_config *c = &l->cfg;
-    int world = c->world, tp = c->tp, ep = c->ep;
-    int pp_stride = world / c->pp, n_groups = pp_stride / ep;
+    int world = c->world, ep = c->ep;
+    int pp_stride = world / c->pp, ep_stride = pp_stride / ep;
     int n_ep = 0, n_edp = 0;
     for (int stage = 0; stage < world; stage += pp_stride) {
-        int base = n_ep;
-        for (int lane = 0; lane < tp; lane++)
-            for (int t = 0; t < pp_stride / tp; t++)
-                ep_ranks[n_ep++] = stage + t * tp + lane;
-        for (int pos = 0; pos < ep; pos++)
-            for (int g = 0; g < n_groups; g++)
-                edp_ranks[n_edp++] = ep_ranks[base + g * ep + pos];
+        for (int i = 0; i < ep; i++) {
+            if (data_before)
+                for (int r = stage + i * ep_stride; r < stage + (i + 1) * ep_stride; r++)
+                    edp_ranks[n_edp++] = r;
+            else
+                for (int r = stage + i; r < stage + pp_stride; r += ep)
+                    edp_ranks[n_edp++] = r;
+        }
+        if (data_before)
+            for (int i = 0; i < ep_stride; i++)
+                for (int r = stage + i; r < stage + pp_stride; r += ep_stride)
+                    ep_ranks[n_ep++] = r;
     }
+    if (!data_before)
+        for (int r = 0; r < world; r++)
+            ep_ranks[n_ep++] = r;
 }
 
 static seldp_status build_deepspeed(seldp_layout *l)
@@ -340,9 +354,7 @@ static seldp_status build_deepspeed(seldp_layout *l)
         REJECT("%s: %d is not divisible by %d (world over tp * pp)", l->what, c->world,
                c->tp * c->pp);
     l->dp = c->world / (c->tp * c->pp);
-    bool whole = c->etp == 1 && c->tp > 1;
-    if (whole && data_before)
-        REJECT("%s: use_data_before_expert_parallel_ is not supported with mp_size > 1", l->what);
+    bool whole = c->etp == 1;
     if (whole ? (c->world / c->pp) % c->ep != 0 : l->dp % c->ep != 0)
         REJECT("%s: %d is not divisible by %d (%s over ep)", l->what,
                whole ? c->world / c->pp : l->dp, c->ep,
@@ -354,7 +366,7 @@ static seldp_status build_deepspeed(seldp_layout *l)
     if (!ep_ranks || !edp_ranks)
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory building %s", l->what);
     if (whole)
-        deepspeed_expert_whole(l, ep_ranks, edp_ranks);
+        deepspeed_expert_whole(l, data_before, ep_ranks, edp_ranks);
     else
         SELDP_CHECK(deepspeed_expert_tp(l, data_before, ep_ranks, edp_ranks));
     SELDP_CHECK(seldp__layout_set(l, SELDP_GROUP_EP, c->world / c->ep, c->ep, ep_ranks));

@@ -150,6 +150,24 @@ static void deepspeed_e_plus_m_plus_d(void **state)
     seldp_layout_destroy(l);
 }
 
+static void deepspeed_tp_without_expert_tp(void **state)
+{
+    (void)state;
+    /* enable_expert_tensor_parallelism off under mp_size 2: MoE._create_process_groups takes
+     * _create_expert_and_data_parallel, whose EP groups are consecutive ranks across the TP
+     * pairs (worked by hand from its loops) */
+    seldp_layout *l = layout_build(SELDP_FRAMEWORK_DEEPSPEED, 8, 2, 1, 1, 2, 0, 4, NULL);
+    EXPECT_GROUPS(l, SELDP_GROUP_EP, 4, 2, 0, 1, 2, 3, 4, 5, 6, 7);
+    EXPECT_GROUPS(l, SELDP_GROUP_EXPERT_DP, 2, 4, 0, 2, 4, 6, 1, 3, 5, 7);
+    EXPECT_GROUPS(l, SELDP_GROUP_EXPERT_TP, 8, 1, 0, 1, 2, 3, 4, 5, 6, 7);
+    EXPECT_GROUPS(l, SELDP_GROUP_DP, 2, 4, 0, 2, 4, 6, 1, 3, 5, 7);
+    seldp_layout_destroy(l);
+    l = layout_build(SELDP_FRAMEWORK_DEEPSPEED, 8, 2, 1, 1, 2, 1, 4, "dp-ep");
+    EXPECT_GROUPS(l, SELDP_GROUP_EP, 4, 2, 0, 4, 1, 5, 2, 6, 3, 7);
+    EXPECT_GROUPS(l, SELDP_GROUP_EXPERT_DP, 2, 4, 0, 1, 2, 3, 4, 5, 6, 7);
+    seldp_layout_destroy(l);
+}
+
 static void deepspeed_data_before_expert_32(void **state)
 {
     (void)state;
@@ -227,6 +245,7 @@ int main(void)
         cmocka_unit_test(megatron_0_9_expert_from_data),
         cmocka_unit_test(deepspeed_e_plus_d),
         cmocka_unit_test(deepspeed_e_plus_m_plus_d),
+        cmocka_unit_test(deepspeed_tp_without_expert_tp),
         cmocka_unit_test(deepspeed_data_before_expert_32),
         cmocka_unit_test(torchtitan_meshes),
         cmocka_unit_test(every_framework_agrees_at_tp1),

@@ -37,8 +37,8 @@ static const reject_case cases[] = {
      "world_size (12) is not divisible by 5"},
     /* DeepSpeed */
     {SELDP_FRAMEWORK_DEEPSPEED, 8, 1, 1, 2, 1, 0, 0, NULL, "have no context parallelism"},
-    {SELDP_FRAMEWORK_DEEPSPEED, 8, 2, 1, 1, 2, 1, 0, "dp-ep",
-     "use_data_before_expert_parallel_ is not supported with mp_size > 1"},
+    {SELDP_FRAMEWORK_DEEPSPEED, 8, 2, 1, 1, 2, 1, 0, "dp-ep", NULL}, /* accepted: a control */
+    {SELDP_FRAMEWORK_DEEPSPEED, 12, 2, 2, 1, 4, 1, 0, NULL, "6 is not divisible by 4"},
     {SELDP_FRAMEWORK_DEEPSPEED, 16, 2, 1, 1, 2, 4, 0, NULL,
      "(enable_expert_tensor_parallelism: etp = tp = 2) or not at all (etp 1)"},
     {SELDP_FRAMEWORK_DEEPSPEED, 8, 2, 1, 1, 3, 2, 0, NULL, "4 is not divisible by 3"},
