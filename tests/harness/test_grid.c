@@ -102,6 +102,18 @@ static void refusals_and_rejections(void **state)
                  "--layout-file and --framework/--tp/--pp/--cp/--etp exclude each other");
 }
 
+static void print_layout_file(void **state)
+{
+    (void)state;
+    hx_test_run run;
+    hx_test_harness(&run, "--print-layout --layout-file %s", hx_test_layout("hot-expert.json"));
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("exit %d: %s", run.status, run.err);
+    expect_out(&run, "layout: hot-expert.json");
+    if (strstr(run.out, "result:"))
+        fail_msg("--print-layout trained:\n%s", run.out);
+}
+
 /* groups.<kind> of report.json's layout as text "[[0, 1], [2, 3]]". */
 static void group_text(const hx_json *groups, const char *kind, char *buf, size_t size)
 {
@@ -201,6 +213,7 @@ int main(void)
         cmocka_unit_test(print_layout_megatron_docstring),
         cmocka_unit_test(print_layout_every_framework),
         cmocka_unit_test(refusals_and_rejections),
+        cmocka_unit_test(print_layout_file),
         cmocka_unit_test(report_groups),
         cmocka_unit_test(megatron_order_string),
     };
