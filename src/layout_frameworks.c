@@ -142,17 +142,19 @@ static seldp_status build_megatron(seldp_layout *l)
     if (c->world % model != 0)
         REJECT("%s: world_size (%d) is not divisible by %d", l->what, c->world, model);
     l->dp = c->world / model;
+    /* in initialize_model_parallel's order: the dense generator, the expert sizes, the
+     * expert generator */
+    order_tokens given, dense, expert;
+    SELDP_CHECK(parse_order(l, c->order, &given));
+    const int dense_size[N_TOK] = {c->tp, c->pp, l->dp, 1, c->cp};
+    SELDP_CHECK(generator_order(l, dense_size, &given, &dense));
     int expert_model = c->etp * c->ep * c->pp;
     if (c->world % expert_model != 0)
         REJECT("%s: world_size (%d) is not divisible by expert_tensor_model_pipeline_parallel size "
                "(%d)",
                l->what, c->world, expert_model);
     int edp = c->world / expert_model;
-    order_tokens given, dense, expert;
-    SELDP_CHECK(parse_order(l, c->order, &given));
-    const int dense_size[N_TOK] = {c->tp, c->pp, l->dp, 1, c->cp};
     const int expert_size[N_TOK] = {c->etp, c->pp, edp, c->ep, 1};
-    SELDP_CHECK(generator_order(l, dense_size, &given, &dense));
     SELDP_CHECK(generator_order(l, expert_size, &given, &expert));
     size_t len = strlen(c->order);
     if (!(len >= 2 && strcasecmp(c->order + len - 2, "pp") == 0) && c->pp != 1 && edp != l->dp)
