@@ -19,7 +19,8 @@
  * Every framework broadcasts a group's parameters from its group rank 0 (Megatron's
  * broadcast_params, DeepSpeed's _get_broadcast_src_rank / _get_expert_broadcast_src_rank)
  * and gives EP position j the experts j * E / ep .. (j + 1) * E / ep - 1 (Megatron's
- * local_expert_indices_offset, DeepSpeed's and torchtitan's Shard(0) of the expert dim). */
+ * local_expert_indices_offset, DeepSpeed's num_local_experts per EP rank, torchtitan's
+ * Shard(0) of the expert dimension over the EP mesh). */
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
