@@ -18,6 +18,28 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
     case HX_PARSE_RUN:
         break;
     }
+    if (opts.print_layout && opts.layout_file) {
+        hx_layout *layout = NULL;
+        if (hx_layout_load(opts.layout_file, opts.world_given ? opts.world : 0,
+                           opts.experts_given ? opts.model.experts : 0, opts.roots,
+                           &layout) != SELDP_OK) {
+            fprintf(err, "seldp-harness: %s\n", hx_last_error());
+            return HX_EXIT_USAGE;
+        }
+        hx_layout_print(layout, NULL, out);
+        hx_layout_destroy(layout);
+        return HX_EXIT_PASS;
+    }
+    if (opts.print_layout) {
+        seldp_layout *grid = NULL;
+        if (hx_grid_build(&opts.grid, opts.world, opts.ep, opts.model.experts, &grid) != SELDP_OK) {
+            fprintf(err, "seldp-harness: %s\n", hx_last_error());
+            return HX_EXIT_USAGE;
+        }
+        hx_grid_print(grid, out);
+        seldp_layout_destroy(grid);
+        return HX_EXIT_PASS;
+    }
     hx_run *run = NULL;
     if (hx_run_create(&opts, &run) != SELDP_OK) {
         fprintf(err, "seldp-harness: %s\n", hx_last_error());

@@ -32,6 +32,7 @@ void hx_layout_destroy(hx_layout *layout)
     free(layout->data_of);
     free(layout->name);
     free(layout->description);
+    seldp_layout_destroy(layout->grid);
     free(layout);
 }
 
@@ -83,11 +84,37 @@ static seldp_status layout_new(int world, int experts, int n_ep, hx_layout **out
     return SELDP_OK;
 }
 
-seldp_status hx_layout_generate(int world, int ep, int experts, hx_order order, hx_roots roots,
-                                hx_layout **out)
+seldp_status hx_grid_build(const hx_grid *grid, int world, int ep, int experts, seldp_layout **out)
+{
+    seldp_layout_config cfg = SELDP_LAYOUT_CONFIG_INIT;
+    cfg.framework = grid->framework;
+    cfg.world = world;
+    cfg.tp = grid->tp;
+    cfg.pp = grid->pp;
+    cfg.cp = grid->cp;
+    cfg.ep = ep;
+    cfg.etp = grid->etp;
+    cfg.experts = experts;
+    cfg.order = grid->order;
+    if (seldp_layout_create(&cfg, out) != SELDP_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", seldp_last_error());
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "layout %s", why);
+    }
+    return SELDP_OK;
+}
+
+static bool order_is_ep_dp(const char *order)
+{
+    return !order || strcmp(order, "ep-dp") == 0 || strcmp(order, "dp-ep") == 0;
+}
+
+seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_grid *grid,
+                                     hx_roots roots, hx_layout **out)
 {
     seldp_status st = SELDP_OK;
     hx_layout *l = NULL;
+    seldp_layout *sl = NULL;
     if (world < 1)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--world %d: needs at least one rank", world);
     if (ep < 1 || world % ep != 0)
@@ -96,51 +123,74 @@ seldp_status hx_layout_generate(int world, int ep, int experts, hx_order order, 
     if (experts < 1 || experts % ep != 0)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                        "--experts %d: must be a positive multiple of --ep %d", experts, ep);
-    int dp = world / ep;
+    HX_CHECK(hx_grid_build(grid, world, ep, experts, &sl));
+    seldp_layout_config c = seldp_layout_get_config(sl);
+    if (c.tp > 1 || c.pp > 1 || c.cp > 1 || c.etp > 1)
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                "--tp %d --pp %d --cp %d --etp %d: training with tensor, pipeline, context or "
+                "expert-tensor parallelism needs the sharded tiny-moe, which is not built yet; "
+                "--print-layout prints these groups",
+                c.tp, c.pp, c.cp, c.etp);
+    int n_ep = seldp_layout_group_count(sl, SELDP_GROUP_EP);
     int local = experts / ep;
-    HX_CHECK(layout_new(world, experts, dp, &l));
-    for (int g = 0; g < dp; g++) {
-        HX_CHECK(group_alloc(&l->ep[g], ep));
-        for (int j = 0; j < ep; j++) {
-            int r = order == HX_ORDER_EP_DP ? g * ep + j : j * dp + g;
-            l->ep[g].ranks[j] = r;
-            l->ep_of[r] = g;
-        }
+    HX_CHECK(layout_new(world, experts, n_ep, &l));
+    for (int g = 0; g < n_ep; g++) {
+        const int *ranks = NULL;
+        int size = seldp_layout_group(sl, SELDP_GROUP_EP, g, &ranks);
+        HX_CHECK(group_alloc(&l->ep[g], size));
+        memcpy(l->ep[g].ranks, ranks, (size_t)size * sizeof *ranks);
     }
-    /* slot j of every EP group holds the same experts; its ranks form the data group */
+    /* EP position j holds experts j * E / ep ..: its ranks (ascending) own them, and form
+     * their expert-data group (at TP = PP = 1 there is one per position) */
     for (int j = 0; j < ep; j++) {
         hx_group slot = {0};
-        HX_CHECK(group_alloc(&slot, dp));
-        for (int g = 0; g < dp; g++)
-            slot.ranks[g] = l->ep[g].ranks[j];
-        qsort(slot.ranks, (size_t)dp, sizeof *slot.ranks, compare_int);
+        HX_CHECK(group_alloc(&slot, world / ep));
+        int n = 0;
+        for (int r = 0; r < world; r++)
+            if (seldp_layout_position(sl, SELDP_GROUP_EP, r) == j && n < slot.size)
+                slot.ranks[n++] = r;
         int root = root_of(&slot, roots, j);
-        for (int k = 0; k < local; k++) {
+        for (int k = 0; k < local && st == SELDP_OK; k++) {
             hx_group *o = &l->owners[j * local + k];
-            st = group_alloc(o, dp);
-            if (st != SELDP_OK) {
-                group_free(&slot);
-                goto fail;
+            st = group_alloc(o, slot.size);
+            if (st == SELDP_OK) {
+                memcpy(o->ranks, slot.ranks, (size_t)slot.size * sizeof *o->ranks);
+                o->root = root;
             }
-            memcpy(o->ranks, slot.ranks, (size_t)dp * sizeof *o->ranks);
-            o->root = root;
         }
         group_free(&slot);
+        if (st != SELDP_OK)
+            goto fail;
     }
     l->shared.root = root_of(&l->shared, roots, 0);
-    char text[128];
-    snprintf(text, sizeof text, "%s, world %d, ep %d", order == HX_ORDER_EP_DP ? "ep-dp" : "dp-ep",
-             world, ep);
+    char text[160];
+    if (!grid->framework_given && order_is_ep_dp(grid->order))
+        snprintf(text, sizeof text, "%s, world %d, ep %d", grid->order ? grid->order : "ep-dp",
+                 world, ep);
+    else
+        snprintf(text, sizeof text, "%s %s, world %d, ep %d", seldp_framework_name(c.framework),
+                 c.order ? c.order : "mesh", world, ep);
     l->name = hx_strdup(text);
     l->description = hx_strdup(text);
     if (!l->name || !l->description)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+    l->grid = sl;
+    sl = NULL;
     HX_CHECK(hx_layout_validate(l, "layout"));
     *out = l;
     return SELDP_OK;
 fail:
+    seldp_layout_destroy(sl);
     hx_layout_destroy(l);
     return st;
+}
+
+seldp_status hx_layout_generate(int world, int ep, int experts, hx_order order, hx_roots roots,
+                                hx_layout **out)
+{
+    hx_grid grid = HX_GRID_INIT;
+    grid.order = order == HX_ORDER_EP_DP ? "ep-dp" : "dp-ep";
+    return hx_layout_generate_grid(world, ep, experts, &grid, roots, out);
 }
 
 /* ---- the layout file --------------------------------------------------------------------- */
@@ -221,10 +271,22 @@ seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int
     if (doc->type != HX_JSON_OBJECT)
         HX_CHECK(at(&c, doc, "expected an object with ep_groups and experts, found a %s",
                     hx_json_type_name(doc->type)));
-    static const char *const top_keys[] = {"description", "world",   "shared_root",
-                                           "ep_groups",   "experts", NULL};
+    static const char *const top_keys[] = {
+        "description", "world", "shared_root", "ep_groups", "experts", "framework", "order",
+        "tp",          "pp",    "cp",          "ep",        "etp",     "groups",    NULL};
     HX_CHECK(check_keys(&c, doc, "layout", top_keys,
-                        "description, world, shared_root, ep_groups, experts"));
+                        "description, world, shared_root, ep_groups, experts, framework, order, "
+                        "tp, pp, cp, ep, etp, groups"));
+    /* the sizes report.json records: a layout file trains at TP = PP = CP = expert-TP = 1 */
+    static const char *const unit_sizes[] = {"tp", "pp", "cp", "etp"};
+    for (size_t i = 0; i < sizeof unit_sizes / sizeof unit_sizes[0]; i++) {
+        const hx_json *v = hx_json_get(doc, unit_sizes[i]);
+        if (v && (v->type != HX_JSON_NUMBER || !v->is_integer || v->integer != 1))
+            HX_CHECK(at(&c, v,
+                        "%s: a layout file describes groups at tp = pp = cp = etp = 1 (training "
+                        "a larger grid needs the sharded tiny-moe, not built yet)",
+                        unit_sizes[i]));
+    }
     const hx_json *j_desc = hx_json_get(doc, "description");
     const hx_json *j_world = hx_json_get(doc, "world");
     const hx_json *j_root = hx_json_get(doc, "shared_root");
@@ -526,6 +588,86 @@ static void json_ranks(hx_buf *b, const hx_group *g)
     hx_buf_puts(b, "]");
 }
 
+/* One kind's groups as a list of rank lists, from the grid. */
+static void grid_kind_json(const seldp_layout *grid, seldp_group_kind kind, hx_buf *b)
+{
+    hx_buf_puts(b, "[");
+    for (int g = 0; g < seldp_layout_group_count(grid, kind); g++) {
+        const int *ranks = NULL;
+        int size = seldp_layout_group(grid, kind, g, &ranks);
+        hx_buf_puts(b, g ? ", [" : "[");
+        for (int i = 0; i < size; i++)
+            hx_buf_printf(b, "%s%d", i ? ", " : "", ranks[i]);
+        hx_buf_puts(b, "]");
+    }
+    hx_buf_puts(b, "]");
+}
+
+/* Every rank alone: a parallelism of size 1. */
+static void singletons_json(int world, hx_buf *b)
+{
+    hx_buf_puts(b, "[");
+    for (int r = 0; r < world; r++)
+        hx_buf_printf(b, "%s[%d]", r ? ", " : "", r);
+    hx_buf_puts(b, "]");
+}
+
+/* The sizes and the groups of every kind (SPEC section 5.1). A layout file has no grid:
+ * its groups are those of TP = PP = CP = 1, its EP and expert-data groups its own. */
+static void layout_grid_json(const hx_layout *l, hx_buf *b)
+{
+    if (l->grid) {
+        seldp_layout_config c = seldp_layout_get_config(l->grid);
+        hx_buf_printf(b, ", \"framework\": \"%s\", \"order\": ", seldp_framework_name(c.framework));
+        if (c.order)
+            hx_buf_json_string(b, c.order);
+        else
+            hx_buf_puts(b, "null");
+        hx_buf_printf(
+            b, ", \"tp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d, \"etp\": %d, \"groups\": {", c.tp,
+            c.pp, c.cp, c.ep, c.etp);
+        for (int k = 0; k < SELDP_GROUP_KINDS; k++) {
+            hx_buf_printf(b, "%s\"%s\": ", k ? ", " : "",
+                          seldp_group_kind_name((seldp_group_kind)k));
+            grid_kind_json(l->grid, (seldp_group_kind)k, b);
+        }
+        hx_buf_puts(b, "}");
+        return;
+    }
+    bool even = true;
+    for (int g = 1; g < l->n_ep; g++)
+        even = even && l->ep[g].size == l->ep[0].size;
+    hx_buf_puts(
+        b, ", \"framework\": null, \"order\": null, \"tp\": 1, \"pp\": 1, \"cp\": 1, \"ep\": ");
+    if (even)
+        hx_buf_printf(b, "%d", l->ep[0].size);
+    else
+        hx_buf_puts(b, "null");
+    hx_buf_puts(b, ", \"etp\": 1, \"groups\": {\"tp\": ");
+    singletons_json(l->world, b);
+    hx_buf_puts(b, ", \"pp\": ");
+    singletons_json(l->world, b);
+    hx_buf_puts(b, ", \"cp\": ");
+    singletons_json(l->world, b);
+    hx_buf_puts(b, ", \"dp\": [");
+    json_ranks(b, &l->shared);
+    hx_buf_puts(b, "], \"ep\": [");
+    for (int g = 0; g < l->n_ep; g++) {
+        hx_buf_puts(b, g ? ", " : "");
+        json_ranks(b, &l->ep[g]);
+    }
+    hx_buf_puts(b, "], \"expert_dp\": [");
+    for (int d = 0; d < l->n_data; d++) {
+        hx_buf_puts(b, d ? ", " : "");
+        json_ranks(b, &l->data[d]);
+    }
+    hx_buf_puts(b, "], \"expert_tp\": ");
+    singletons_json(l->world, b);
+    hx_buf_puts(b, ", \"embedding\": ");
+    singletons_json(l->world, b);
+    hx_buf_puts(b, "}");
+}
+
 void hx_layout_json(const hx_layout *l, hx_buf *b)
 {
     hx_buf_puts(b, "{\"description\": ");
@@ -543,7 +685,9 @@ void hx_layout_json(const hx_layout *l, hx_buf *b)
         json_ranks(b, &l->owners[e]);
         hx_buf_printf(b, ", \"root\": %d}", l->owners[e].root);
     }
-    hx_buf_puts(b, "]}");
+    hx_buf_puts(b, "]");
+    layout_grid_json(l, b);
+    hx_buf_puts(b, "}");
 }
 
 void hx_layout_print(const hx_layout *l, const char *const *device_names, FILE *out)
@@ -555,8 +699,8 @@ void hx_layout_print(const hx_layout *l, const char *const *device_names, FILE *
     fprintf(out, "layout: %s%s%s; %d EP groups, %d expert-data groups, * marks a root\n", l->name,
             strcmp(l->name, l->description) && l->description[0] ? ": " : "",
             strcmp(l->name, l->description) ? l->description : "", l->n_ep, l->n_data);
-    fprintf(out, "  %4s  %-7s  %-10s  %-14s  %-30s  %s\n", "rank", "device", "shared", "EP group",
-            "expert-data groups", "experts");
+    fprintf(out, "  %4s  %-7s  %5s  %2s  %-10s  %-14s  %-30s  %s\n", "rank", "device", "stage",
+            "tp", "shared", "EP group", "expert-data groups", "experts");
     for (int r = 0; r < l->world; r++) {
         hx_buf data = {0};
         for (int d = 0; d < l->n_data; d++) {
@@ -575,13 +719,74 @@ void hx_layout_print(const hx_layout *l, const char *const *device_names, FILE *
         snprintf(shared, sizeof shared, "%s%s", text, l->shared.root == r ? "*" : "");
         hx_group_str(&l->ep[l->ep_of[r]], text, sizeof text);
         snprintf(col, sizeof col, "e%d %s", l->ep_of[r], text);
-        fprintf(out, "  %4d  %-7s  %-10s  %-14s  %-30s  %s\n", r,
-                device_names && device_names[r] ? device_names[r] : "host", shared, col,
-                data.len ? hx_buf_str(&data) : "-", n ? hx_buf_str(&experts) : "-");
+        int stage = l->grid ? seldp_layout_stage(l->grid, r) : 0;
+        int tp_rank = l->grid ? seldp_layout_position(l->grid, SELDP_GROUP_TP, r) : 0;
+        fprintf(out, "  %4d  %-7s  %5d  %2d  %-10s  %-14s  %-30s  %s\n", r,
+                device_names && device_names[r] ? device_names[r] : "host", stage, tp_rank, shared,
+                col, data.len ? hx_buf_str(&data) : "-", n ? hx_buf_str(&experts) : "-");
         hx_buf_free(&data);
         hx_buf_free(&experts);
     }
     free(owned);
+}
+
+/* Group `g` of `kind` as "[0,4]" or "[0-7]", with "*" where `mark` is its root. */
+static void grid_group_str(const seldp_layout *grid, seldp_group_kind kind, int g, int mark,
+                           char *buf, size_t size)
+{
+    const int *ranks = NULL;
+    int n = seldp_layout_group(grid, kind, g, &ranks);
+    if (n == 0) {
+        snprintf(buf, size, "-");
+        return;
+    }
+    hx_group group = {n, (int *)ranks, ranks[0]};
+    char text[256];
+    hx_group_str(&group, text, sizeof text);
+    snprintf(buf, size, "%s%s", text, mark == ranks[0] ? "*" : "");
+}
+
+void hx_grid_print(const seldp_layout *grid, FILE *out)
+{
+    seldp_layout_config c = seldp_layout_get_config(grid);
+    fprintf(out,
+            "layout: %s%s%s, world %d, tp %d, pp %d, cp %d, ep %d, etp %d (dp %d); each group "
+            "broadcasts from its first rank (* in the table)\n",
+            seldp_framework_name(c.framework), c.order ? " " : "", c.order ? c.order : "", c.world,
+            c.tp, c.pp, c.cp, c.ep, c.etp, seldp_layout_dp(grid));
+    char text[300];
+    for (int k = 0; k < SELDP_GROUP_KINDS; k++) {
+        seldp_group_kind kind = (seldp_group_kind)k;
+        int n = seldp_layout_group_count(grid, kind);
+        fprintf(out, "  %-10s %2d x %-2d", seldp_group_kind_name(kind), n,
+                seldp_layout_group(grid, kind, 0, NULL));
+        for (int g = 0; g < n; g++) {
+            grid_group_str(grid, kind, g, -1, text, sizeof text);
+            fprintf(out, " %s", text);
+        }
+        fputc('\n', out);
+    }
+    fprintf(out, "  %4s  %5s  %2s  %-14s  %-14s  %-14s  %-12s  %s\n", "rank", "stage", "tp",
+            "dense (dp)", "EP group", "expert-data", "expert-TP", "experts");
+    for (int r = 0; r < c.world; r++) {
+        char dense[300], ep[300], edp[300], etp[300], experts[32] = "-";
+        grid_group_str(grid, SELDP_GROUP_DP, seldp_layout_group_of(grid, SELDP_GROUP_DP, r), r,
+                       dense, sizeof dense);
+        grid_group_str(grid, SELDP_GROUP_EP, seldp_layout_group_of(grid, SELDP_GROUP_EP, r), -1, ep,
+                       sizeof ep);
+        grid_group_str(grid, SELDP_GROUP_EXPERT_DP,
+                       seldp_layout_group_of(grid, SELDP_GROUP_EXPERT_DP, r), r, edp, sizeof edp);
+        grid_group_str(grid, SELDP_GROUP_EXPERT_TP,
+                       seldp_layout_group_of(grid, SELDP_GROUP_EXPERT_TP, r), -1, etp, sizeof etp);
+        int first = 0, count = seldp_layout_local_experts(grid, r, &first);
+        if (count == 1)
+            snprintf(experts, sizeof experts, "%d", first);
+        else if (count > 1)
+            snprintf(experts, sizeof experts, "%d-%d", first, first + count - 1);
+        fprintf(out, "  %4d  %5d  %2d  %-14s  %-14s  %-14s  %-12s  %s\n", r,
+                seldp_layout_stage(grid, r), seldp_layout_position(grid, SELDP_GROUP_TP, r), dense,
+                ep, edp, etp, experts);
+    }
 }
 
 /* ---- communicators ----------------------------------------------------------------------- */

@@ -20,7 +20,11 @@
  *     "experts": [                          one entry per expert, in expert order
  *       {"owners": [0, 2], "root": 2},      root optional: --roots decides
  *       {"owners": [0, 1, 2, 3]},           a hot expert, replicated twice per EP group
- *       ...] }
+ *       ...],
+ *     "framework": "megatron", "order": "tp-cp-ep-dp-pp",   optional, as report.json writes
+ *     "tp": 1, "pp": 1, "cp": 1, "ep": 4, "etp": 1,          them; tp, pp, cp, etp must be 1
+ *     "groups": {"tp": [[0], ...], ...} }                     optional, not read: the groups
+ *                                                             follow from ep_groups, experts
  * Every expert needs an owner inside every EP group (a token is only served inside its
  * EP group); an expert's owners form its expert-data group. */
 #ifndef HX_LAYOUT_H
@@ -30,6 +34,7 @@
 #include <stdio.h>
 
 #include "seldp/comm.h"
+#include "seldp/layout.h"
 #include "seldp/status.h"
 
 #include "util.h"
@@ -69,10 +74,44 @@ typedef struct hx_layout {
     int n_data;
     hx_group *data; /* [n_data] */
     int *data_of;   /* [experts] data group of each expert */
+    /* The framework's whole grid (every group kind, sizes) the layout was generated from;
+     * NULL for a layout file. */
+    seldp_layout *grid;
 } hx_layout;
 
-/* Build the layout of `world` ranks with expert-parallel size `ep` and `experts` experts.
- * SELDP_ERR_INVALID_ARGUMENT, naming the option, unless ep >= 1 divides world and experts. */
+/* A framework preset (SPEC section 5.1): --framework, --order, --tp, --pp, --cp, --etp. */
+typedef struct hx_grid {
+    seldp_framework framework;
+    bool framework_given; /* --framework on the command line */
+    const char *order;    /* NULL: the framework's default; "ep-dp", "dp-ep" or a Megatron order */
+    int tp, pp, cp;
+    int etp; /* 0: the framework's default */
+} hx_grid;
+
+#define HX_GRID_INIT                                                                               \
+    {                                                                                              \
+        SELDP_FRAMEWORK_MEGATRON, false, NULL, 1, 1, 1, 0                                          \
+    }
+
+/* The framework's layout of `grid` over `world` ranks with expert-parallel size `ep` and
+ * `experts` experts, any sizes (the library's seldp_layout_create). A combination the
+ * framework rejects fails with SELDP_ERR_INVALID_ARGUMENT and its reason, one line. */
+seldp_status hx_grid_build(const hx_grid *grid, int world, int ep, int experts, seldp_layout **out);
+
+/* Print every group of every kind of `grid` and a per-rank table (stage, TP rank, dense
+ * reduce group, EP group, expert-data group, expert-TP group, experts): --print-layout. */
+void hx_grid_print(const seldp_layout *grid, FILE *out);
+
+/* As hx_layout_generate, the groups coming from the framework preset `grid`. Training runs
+ * only at TP = PP = CP = expert-TP = 1 (the sharded tiny-moe is not built yet): larger
+ * sizes fail with SELDP_ERR_INVALID_ARGUMENT, one line pointing at --print-layout. */
+seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_grid *grid,
+                                     hx_roots roots, hx_layout **out);
+
+/* Build the layout of `world` ranks with expert-parallel size `ep` and `experts` experts
+ * (Megatron-Core's groups for the order "ep-dp" or "dp-ep", through the library's layout
+ * module). SELDP_ERR_INVALID_ARGUMENT, naming the option, unless ep >= 1 divides world and
+ * experts. */
 seldp_status hx_layout_generate(int world, int ep, int experts, hx_order order, hx_roots roots,
                                 hx_layout **out);
 
@@ -102,7 +141,9 @@ bool hx_layout_owns(const hx_layout *layout, int r, int e);
 /* The experts rank r owns, ascending; returns their count. `out` holds layout->experts. */
 int hx_layout_owned(const hx_layout *layout, int r, int *out);
 
-/* The layout as a layout file (JSON), so that `--layout-file` reproduces it. */
+/* The layout as a layout file (JSON), so that `--layout-file` reproduces it, with the sizes
+ * and every group kind (SPEC section 5.1: groups.tp, pp, cp, dp, ep, expert_dp, expert_tp,
+ * embedding, each a list of sorted rank lists). */
 void hx_layout_json(const hx_layout *layout, hx_buf *buf);
 
 /* The per-rank table: rank, device, shared group, EP group, expert-data groups (root marked

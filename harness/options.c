@@ -50,7 +50,13 @@ enum {
     OPT_Z_LOSS_COEFF,
     OPT_CAPACITY_FACTOR,
     OPT_HELP,
-    OPT_VERSION
+    OPT_VERSION,
+    OPT_FRAMEWORK,
+    OPT_TP,
+    OPT_PP,
+    OPT_CP,
+    OPT_ETP,
+    OPT_PRINT_LAYOUT
 };
 
 /* One row per option: the getopt entry, its argument's name and its help line. The help
@@ -71,8 +77,22 @@ static const option_doc docs[] = {
      "shrinks "
      "to divide the process count)"},
     {{"order", required_argument, NULL, OPT_ORDER},
-     "ep-dp|dp-ep",
-     "ep-dp: EP groups are consecutive ranks (DeepSpeed, Megatron-Core); dp-ep: strided"},
+     "ep-dp|dp-ep|ORDER",
+     "ep-dp: EP groups are consecutive ranks (DeepSpeed, Megatron-Core); dp-ep: strided "
+     "(DeepSpeed's data-before-expert); or a Megatron order naming tp, cp, ep, dp, pp once each "
+     "(without --order: the framework's own, Megatron's tp-cp-ep-dp-pp being ep-dp at tp = cp = "
+     "pp = 1)"},
+    {{"framework", required_argument, NULL, OPT_FRAMEWORK},
+     "NAME",
+     "megatron, megatron-0.9, deepspeed or torchtitan: build the groups as that framework does "
+     "(SPEC section 5.1)"},
+    {{"tp", required_argument, NULL, OPT_TP}, "N", "tensor-parallel size"},
+    {{"pp", required_argument, NULL, OPT_PP}, "N", "pipeline stages"},
+    {{"cp", required_argument, NULL, OPT_CP}, "N", "context-parallel size"},
+    {{"etp", required_argument, NULL, OPT_ETP}, "N", "expert tensor-parallel size"},
+    {{"print-layout", no_argument, NULL, OPT_PRINT_LAYOUT},
+     NULL,
+     "print every group of the layout (any sizes) and exit without training"},
     {{"layout-file", required_argument, NULL, OPT_LAYOUT_FILE},
      "FILE",
      "JSON layout (groups, expert owners, roots) instead of --ep/--order"},
@@ -181,6 +201,7 @@ void hx_options_default(hx_options *o)
     o->backend = HX_BACKEND_AUTO;
     o->out_dir = "results/latest";
     o->timeout_s = 60.0;
+    o->grid = (hx_grid)HX_GRID_INIT;
 }
 
 const char *hx_flow_name(hx_flow flow)
@@ -319,7 +340,23 @@ static void default_text(int id, char *buf, size_t size)
         break;
     case OPT_FP32_MASTER:
     case OPT_QUIET:
+    case OPT_PRINT_LAYOUT:
         snprintf(buf, size, "off");
+        break;
+    case OPT_FRAMEWORK:
+        snprintf(buf, size, "%s", seldp_framework_name(d.grid.framework));
+        break;
+    case OPT_TP:
+        snprintf(buf, size, "%d", d.grid.tp);
+        break;
+    case OPT_PP:
+        snprintf(buf, size, "%d", d.grid.pp);
+        break;
+    case OPT_CP:
+        snprintf(buf, size, "%d", d.grid.cp);
+        break;
+    case OPT_ETP:
+        snprintf(buf, size, "the framework's: Megatron tp, DeepSpeed and torchtitan 1");
         break;
     default:
         buf[0] = '\0';
@@ -419,6 +456,28 @@ static bool parse_seed(const char *text, uint64_t *out)
     return true;
 }
 
+/* A Megatron order string naming each of tp, cp, ep, dp and pp once (the harness asks for
+ * all five so that a typo is not read as a size-1 dimension). */
+static bool is_full_megatron_order(const char *order)
+{
+    static const char *const tokens[] = {"tp", "cp", "ep", "dp", "pp"};
+    if (strlen(order) != 14)
+        return false;
+    unsigned seen = 0;
+    for (int i = 0; i < 5; i++) {
+        if (i < 4 && order[3 * i + 2] != '-')
+            return false;
+        int id = -1;
+        for (int t = 0; t < 5; t++)
+            if (strncasecmp(order + 3 * i, tokens[t], 2) == 0)
+                id = t;
+        if (id < 0 || seen & (1u << id))
+            return false;
+        seen |= 1u << id;
+    }
+    return true;
+}
+
 hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out, FILE *err)
 {
     struct option longopts[N_DOCS + 1];
@@ -455,14 +514,42 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             o->ep_given = true;
             break;
         case OPT_ORDER:
-            expected = "ep-dp or dp-ep";
+            expected = "ep-dp or dp-ep, or a Megatron order naming tp, cp, ep, dp and pp once "
+                       "each (e.g. tp-cp-ep-dp-pp)";
             o->order_given = true;
-            if (strcasecmp(arg, "ep-dp") == 0)
+            o->grid.order = arg;
+            if (strcasecmp(arg, "ep-dp") == 0) {
                 o->order = HX_ORDER_EP_DP;
-            else if (strcasecmp(arg, "dp-ep") == 0)
+                o->grid.order = "ep-dp";
+            } else if (strcasecmp(arg, "dp-ep") == 0) {
                 o->order = HX_ORDER_DP_EP;
-            else
-                ok = false;
+                o->grid.order = "dp-ep";
+            } else {
+                ok = is_full_megatron_order(arg);
+            }
+            break;
+        case OPT_FRAMEWORK:
+            expected = "megatron, megatron-0.9, deepspeed or torchtitan";
+            ok = seldp_framework_parse(arg, &o->grid.framework) == SELDP_OK;
+            o->grid.framework_given = true;
+            o->grid_given = true;
+            break;
+        case OPT_TP:
+        case OPT_PP:
+        case OPT_CP:
+        case OPT_ETP: {
+            ok = parse_int(arg, 1, 4096, &v);
+            expected = "an integer in 1..4096";
+            int *field = c == OPT_TP   ? &o->grid.tp
+                         : c == OPT_PP ? &o->grid.pp
+                         : c == OPT_CP ? &o->grid.cp
+                                       : &o->grid.etp;
+            *field = (int)v;
+            o->grid_given = true;
+            break;
+        }
+        case OPT_PRINT_LAYOUT:
+            o->print_layout = true;
             break;
         case OPT_LAYOUT_FILE:
             o->layout_file = arg;
@@ -629,6 +716,12 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             fprintf(err, "seldp-harness: --%s '%s': expected %s\n", name, arg, expected);
             return HX_PARSE_ERROR;
         }
+    }
+    if (o->layout_file && o->grid_given) {
+        fprintf(err,
+                "seldp-harness: --layout-file and --framework/--tp/--pp/--cp/--etp exclude each "
+                "other: the layout file lists the groups\n");
+        return HX_PARSE_ERROR;
     }
     if (optind < argc) {
         fprintf(err,

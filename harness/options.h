@@ -52,6 +52,9 @@ typedef struct hx_options {
     bool experts_given; /* --experts on the command line */
     bool ep_given;      /* --ep on the command line (excludes --layout-file) */
     bool order_given;   /* --order on the command line (excludes --layout-file) */
+    hx_grid grid;       /* --framework, --tp, --pp, --cp, --etp and --order (SPEC section 5.1) */
+    bool grid_given;    /* one of --framework, --tp, --pp, --cp, --etp (excludes --layout-file) */
+    bool print_layout;  /* --print-layout: print the groups and exit without training */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */

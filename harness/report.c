@@ -101,7 +101,7 @@ static void report_json(const hx_run *run, hx_buf *b)
     hx_buf_printf(b,
                   ",\n  \"options\": {\"world\": %d, \"ep\": %d, \"order\": \"%s\", "
                   "\"layout_file\": ",
-                  o->world, o->ep, hx_order_name(o->order));
+                  o->world, o->ep, o->grid.order ? o->grid.order : hx_order_name(o->order));
     if (o->layout_file)
         hx_buf_json_string(b, o->layout_file);
     else
@@ -262,14 +262,17 @@ static void report_md(const hx_run *run, hx_buf *b)
     hx_buf_printf(b, "| gradient limit | %.0e (%s results) |\n\n", run->tolerance,
                   seldp_dtype_name(run->grad_dtype));
 
-    hx_buf_puts(b, "## Layout\n\n| rank | shared | EP group | expert-data groups | experts |\n"
-                   "|---|---|---|---|---|\n");
+    hx_buf_puts(b, "## Layout\n\n| rank | stage | TP rank | shared | EP group | expert-data groups "
+                   "| experts |\n|---|---|---|---|---|---|---|\n");
     const hx_layout *l = run->layout;
     char text[256];
     int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
     for (int r = 0; owned && r < l->world; r++) {
         hx_group_str(&l->shared, text, sizeof text);
-        hx_buf_printf(b, "| %d | %s%s | ", r, text, l->shared.root == r ? " (root)" : "");
+        hx_buf_printf(b, "| %d | %d | %d | %s%s | ", r,
+                      l->grid ? seldp_layout_stage(l->grid, r) : 0,
+                      l->grid ? seldp_layout_position(l->grid, SELDP_GROUP_TP, r) : 0, text,
+                      l->shared.root == r ? " (root)" : "");
         hx_group_str(&l->ep[l->ep_of[r]], text, sizeof text);
         hx_buf_printf(b, "e%d %s | ", l->ep_of[r], text);
         bool any = false;

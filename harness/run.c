@@ -716,8 +716,8 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         o->world = run->layout->world;
         o->model.experts = run->layout->experts;
     } else {
-        HX_CHECK(hx_layout_generate(o->world, o->ep, o->model.experts, o->order, o->roots,
-                                    &run->layout));
+        HX_CHECK(hx_layout_generate_grid(o->world, o->ep, o->model.experts, &o->grid, o->roots,
+                                         &run->layout));
     }
     st = tm_config_check(&o->model);
     if (st != SELDP_OK)

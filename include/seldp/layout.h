@@ -1,0 +1,143 @@
+/** @file
+ * Layouts of the parallel grid as the frameworks build them: for a world and the sizes
+ * (tp, pp, cp, ep, etp), every group of every kind (tensor, pipeline, context, dense
+ * data × context, expert-parallel, expert-data, expert-tensor, embedding), which EP
+ * position owns which experts, and each group's broadcast root, rank for rank as
+ * Megatron-Core, Megatron-Core 0.9, DeepSpeed or torchtitan construct them.
+ *
+ * A layout is pure data: building one communicates nothing. A rank gets the colour and
+ * key of each group kind from seldp_layout_split_args and builds the communicator with
+ * seldp_comm_split:
+ *
+ *     int color, key;
+ *     seldp_layout_split_args(layout, SELDP_GROUP_EXPERT_DP, my_rank, &color, &key);
+ *     seldp_comm_split(world, color, key, &expert_dp);   // NULL where color is NO_GROUP
+ *
+ * Conventions, the same for every framework: ranks are world ranks; a group lists its
+ * ranks ascending (the group rank torch.distributed.new_group gives them); the groups of
+ * a kind are ordered by their lowest rank, and that index is the split colour. */
+#ifndef SELDP_LAYOUT_H
+#define SELDP_LAYOUT_H
+
+#include "seldp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The framework whose group construction a layout reproduces. */
+typedef enum seldp_framework {
+    SELDP_FRAMEWORK_MEGATRON = 0,     /**< Megatron-Core: separate expert grid (etp, ep, edp, pp) */
+    SELDP_FRAMEWORK_MEGATRON_0_9 = 1, /**< Megatron-Core 0.9: EP carved out of data parallelism */
+    SELDP_FRAMEWORK_DEEPSPEED = 2,    /**< DeepSpeed-MoE groups (deepspeed/utils/groups.py) */
+    SELDP_FRAMEWORK_TORCHTITAN = 3    /**< torchtitan's dense and sparse device meshes */
+} seldp_framework;
+
+/** Number of frameworks. */
+#define SELDP_FRAMEWORKS 4
+
+/** The kinds of group a layout holds. */
+typedef enum seldp_group_kind {
+    SELDP_GROUP_TP = 0,        /**< tensor parallel */
+    SELDP_GROUP_PP = 1,        /**< pipeline parallel: one rank per stage */
+    SELDP_GROUP_CP = 2,        /**< context parallel */
+    SELDP_GROUP_DP = 3,        /**< the dense reduce group: data × context of one stage, TP rank */
+    SELDP_GROUP_EP = 4,        /**< expert parallel: the all-to-all group */
+    SELDP_GROUP_EXPERT_DP = 5, /**< expert data parallel: the replicas of one expert shard */
+    SELDP_GROUP_EXPERT_TP = 6, /**< expert tensor parallel: the shards of one expert */
+    SELDP_GROUP_EMBEDDING = 7  /**< first and last stage: the tied embedding */
+} seldp_group_kind;
+
+/** Number of group kinds. */
+#define SELDP_GROUP_KINDS 8
+
+/** What to build. Grows at the end. */
+typedef struct seldp_layout_config {
+    seldp_framework framework; /**< whose group construction to reproduce */
+    int world;                 /**< ranks; tp * pp * cp must divide it (dp is the quotient) */
+    int tp;                    /**< tensor parallel size */
+    int pp;                    /**< pipeline stages */
+    int cp;                    /**< context parallel size */
+    int ep;                    /**< expert parallel size */
+    int etp;     /**< expert tensor parallel size; 0: the framework's default (Megatron: tp,
+                      Megatron 0.9: tp, DeepSpeed: 1, torchtitan: 1) */
+    int experts; /**< routed experts, for ownership; 0: no ownership */
+    /** Megatron: its order string (default "tp-cp-ep-dp-pp"); DeepSpeed: "ep-dp" (default,
+     * expert before data) or "dp-ep" (use_data_before_expert_parallel_); torchtitan: NULL.
+     * Copied. */
+    const char *order;
+} seldp_layout_config;
+
+/** Initializer of seldp_layout_config: Megatron-Core, one rank, every size 1. */
+#define SELDP_LAYOUT_CONFIG_INIT                                                                   \
+    {                                                                                              \
+        SELDP_FRAMEWORK_MEGATRON, 1, 1, 1, 1, 1, 0, 0, NULL                                        \
+    }
+
+/** A built layout (opaque, immutable, safe to share between threads). */
+typedef struct seldp_layout seldp_layout;
+
+/** Build the layout of `cfg`. On success *out is the caller's to destroy. A combination
+ * the framework rejects fails with SELDP_ERR_INVALID_ARGUMENT and the framework's reason,
+ * naming the sizes; *out is then untouched. */
+seldp_status seldp_layout_create(const seldp_layout_config *cfg, seldp_layout **out);
+
+/** Free a layout. NULL is a no-op. */
+void seldp_layout_destroy(seldp_layout *layout);
+
+/** The configuration with every default resolved (etp, order). The order string is owned
+ * by the layout. */
+seldp_layout_config seldp_layout_get_config(const seldp_layout *layout);
+
+/** The data-parallel size of the dense grid: world / (tp * pp * cp). */
+int seldp_layout_dp(const seldp_layout *layout);
+
+/** Number of groups of `kind`. */
+int seldp_layout_group_count(const seldp_layout *layout, seldp_group_kind kind);
+
+/** Group `index` of `kind`: returns its size and points *ranks at its ranks (ascending,
+ * owned by the layout); 0 and *ranks = NULL for an index out of range. */
+int seldp_layout_group(const seldp_layout *layout, seldp_group_kind kind, int index,
+                       const int **ranks);
+
+/** Index of the group of `kind` that world rank `rank` belongs to, or -1 (a rank of a
+ * middle pipeline stage has no embedding group; a rank outside the world none at all). */
+int seldp_layout_group_of(const seldp_layout *layout, seldp_group_kind kind, int rank);
+
+/** Position of `rank` inside its group of `kind` (its group rank), or -1. */
+int seldp_layout_position(const seldp_layout *layout, seldp_group_kind kind, int rank);
+
+/** The world rank group `index` of `kind` broadcasts from (its group rank 0, as
+ * Megatron's and DeepSpeed's broadcasts use), or -1 for an index out of range. */
+int seldp_layout_root(const seldp_layout *layout, seldp_group_kind kind, int index);
+
+/** The colour and key that build `rank`'s group of `kind` with seldp_comm_split: colour
+ * the group index (SELDP_COMM_NO_GROUP where the rank has none), key its position.
+ * SELDP_ERR_INVALID_ARGUMENT for a rank outside the world or an unknown kind. */
+seldp_status seldp_layout_split_args(const seldp_layout *layout, seldp_group_kind kind, int rank,
+                                     int *color, int *key);
+
+/** The routed experts `rank` owns: experts *first .. *first + count - 1, where count =
+ * experts / ep and *first = (EP position) * count, as every framework assigns them (all
+ * expert-TP shards of an expert share its owners' EP positions). Returns count; 0 when
+ * the layout was built without experts. */
+int seldp_layout_local_experts(const seldp_layout *layout, int rank, int *first);
+
+/** Pipeline stage of `rank` (its position in its PP group). */
+int seldp_layout_stage(const seldp_layout *layout, int rank);
+
+/** "megatron", "megatron-0.9", "deepspeed" or "torchtitan"; "invalid" otherwise. */
+const char *seldp_framework_name(seldp_framework framework);
+
+/** Parse a framework name (as seldp_framework_name writes it). SELDP_ERR_INVALID_ARGUMENT,
+ * naming the accepted names, for anything else. */
+seldp_status seldp_framework_parse(const char *name, seldp_framework *out);
+
+/** "tp", "pp", "cp", "dp", "ep", "expert_dp", "expert_tp" or "embedding" (the keys of the
+ * harness's report); "invalid" otherwise. */
+const char *seldp_group_kind_name(seldp_group_kind kind);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
