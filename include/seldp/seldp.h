@@ -12,6 +12,7 @@
 #include "seldp/comm.h"
 #include "seldp/host.h"
 #include "seldp/session.h"
+#include "seldp/gradnorm.h"
 #include "seldp/version.h"
 
 #endif
