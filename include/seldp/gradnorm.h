@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "seldp/export.h"
 #include "seldp/comm.h"
 #include "seldp/grads.h"
 #include "seldp/session.h"
@@ -63,8 +64,8 @@ typedef struct seldp_grad_norm_result {
  * SELDP_ERR_DISAGREE (another call on another rank, or the lists do not agree: a member
  * of a session's group that does not list it, or lists it with another kind), transport
  * errors. */
-seldp_status seldp_grad_norm(seldp_comm *parent, const seldp_norm_part *parts, size_t n_parts,
-                             seldp_grad_norm_result *out);
+SELDP_API seldp_status seldp_grad_norm(seldp_comm *parent, const seldp_norm_part *parts,
+                                       size_t n_parts, seldp_grad_norm_result *out);
 
 /** Collective over `parent`: seldp_grad_norm, then, when the norm is finite and
  * max_norm / (norm + 1e-6) < 1, every selected gradient of every part on every rank (the
@@ -74,8 +75,9 @@ seldp_status seldp_grad_norm(seldp_comm *parent, const seldp_norm_part *parts, s
  * finite, > 0 and the same on every rank (SELDP_ERR_INVALID_ARGUMENT, SELDP_ERR_DISAGREE).
  * Errors as seldp_grad_norm, with nothing changed; only a device failure while scaling
  * device tensors could leave some gradients scaled and others not. */
-seldp_status seldp_clip_grad_norm(seldp_comm *parent, const seldp_norm_part *parts, size_t n_parts,
-                                  double max_norm, seldp_grad_norm_result *out);
+SELDP_API seldp_status seldp_clip_grad_norm(seldp_comm *parent, const seldp_norm_part *parts,
+                                            size_t n_parts, double max_norm,
+                                            seldp_grad_norm_result *out);
 
 #ifdef __cplusplus
 }
