@@ -65,6 +65,7 @@ typedef struct scenario {
     int twice_rank;         /* lists its first session twice */
     bool frozen;            /* shared.b is frozen, yet has gradients */
     bool empty;             /* every rank lists no session (odd ranks pass parts NULL) */
+    bool fp32;              /* gradients in F32 for every parameter (the FP32 reductions) */
     seldp_status expect;    /* SELDP_OK, or the error every rank must return */
     const char *needles[2]; /* in the error message */
     outcome out;
@@ -114,6 +115,12 @@ static uint64_t grad_seed(size_t i, size_t p, int g)
     return LAYOUT[i].kind == SELDP_NORM_SHARDED ? seed + 1000 * (uint64_t)(g + 1) : seed;
 }
 
+/* The dtype of the gradients of p in scenario sc. */
+static seldp_dtype grad_dtype(const scenario *sc, const param_spec *p)
+{
+    return sc->fp32 ? SELDP_F32 : p->dtype;
+}
+
 static size_t numel(const param_spec *p)
 {
     size_t n = 1;
@@ -138,9 +145,9 @@ static double reference_norm(const scenario *sc)
             const param_spec *ps = &s->params[p];
             int copies = s->kind == SELDP_NORM_SHARDED ? size : 1;
             for (int g = 0; g < copies; g++) {
-                tm_fill(ps->dtype, buf, numel(ps), grad_seed(i, p, g));
+                tm_fill(grad_dtype(sc, ps), buf, numel(ps), grad_seed(i, p, g));
                 for (size_t e = 0; e < numel(ps); e++) {
-                    double x = tm_get(ps->dtype, buf, e);
+                    double x = tm_get(grad_dtype(sc, ps), buf, e);
                     sum += x * x;
                 }
             }
@@ -185,7 +192,7 @@ static int setup(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st)
                 shape[1] = ps->shape[0];
             }
             RANK_CHECK_OK(ctx,
-                          tg_put(&st->g, ids[p], ps->dtype, p % 2 == 1,
+                          tg_put(&st->g, ids[p], grad_dtype(sc, ps), p % 2 == 1,
                                  grad_seed(i, p, group_rank(s, ctx->rank)), ps->ndim, shape, NULL));
         }
     }
@@ -245,10 +252,11 @@ static int check_scaled(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st,
             const seldp_tensor *t =
                 seldp_grads_get(st->g.grads, seldp_model_find_path(st->m.model, ps->path)->id);
             RANK_CHECK(ctx, t, "'%s' lost its gradient", ps->path);
-            tm_fill(ps->dtype, want, numel(ps), grad_seed(i, p, group_rank(s, ctx->rank)));
+            seldp_dtype dtype = grad_dtype(sc, ps);
+            tm_fill(dtype, want, numel(ps), grad_seed(i, p, group_rank(s, ctx->rank)));
             for (size_t e = 0; e < numel(ps); e++)
-                tm_set(ps->dtype, want, e,
-                       (double)(float)((double)(float)tm_get(ps->dtype, want, e) * coef));
+                tm_set(dtype, want, e,
+                       (double)(float)((double)(float)tm_get(dtype, want, e) * coef));
             RANK_CHECK(ctx, memcmp(t->data, want, seldp_tensor_nbytes(t)) == 0,
                        "'%s' is not its gradient scaled by %.17g (first difference at byte %zu)",
                        ps->path, coef, seldp_first_diff(t->data, want, seldp_tensor_nbytes(t)));
@@ -261,7 +269,6 @@ static int check_scaled(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st,
         RANK_CHECK(ctx, t && memcmp(t->data, want, seldp_tensor_nbytes(t)) == 0,
                    "the unselected gradient '%s' changed", LOCAL.path);
     }
-    (void)sc;
     return 0;
 }
 
@@ -372,6 +379,19 @@ static void clip_scales_every_selected_gradient(void **state)
     }
 }
 
+static void fp32_gradients_of_half_parameters_count_and_clip(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 4; n += 2) {
+        scenario sc = base(n);
+        sc.fp32 = true;
+        run(&sc);
+        sc.clip = true;
+        sc.factor = 0.25;
+        run(&sc);
+    }
+}
+
 static void clip_above_the_norm_changes_nothing(void **state)
 {
     (void)state;
@@ -475,6 +495,7 @@ int main(void)
         cmocka_unit_test(norm_counts_each_replica_set_and_shard_once),
         cmocka_unit_test(norm_of_nothing_is_zero),
         cmocka_unit_test(clip_scales_every_selected_gradient),
+        cmocka_unit_test(fp32_gradients_of_half_parameters_count_and_clip),
         cmocka_unit_test(clip_above_the_norm_changes_nothing),
         cmocka_unit_test(nonfinite_norm_is_found_everywhere_and_clips_nothing),
         cmocka_unit_test(lists_of_sessions_must_agree),
