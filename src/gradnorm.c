@@ -9,6 +9,7 @@
  * after that agreement and cannot fail on host memory, so an error changes nothing. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,24 +126,6 @@ static void session_label(const seldp_session *s, char *buf, size_t size)
         snprintf(buf, size, "'%.50s' and %zu more", s->groups[0].path, s->n_groups - 1);
 }
 
-/* True when part j of this rank's list (j < i) also selects `id` in the same model or the
- * same container: the gradient would count (and be clipped) twice. */
-static bool selected_before(const norm_call *c, size_t i, seldp_param_id id, size_t *j_out)
-{
-    const seldp_norm_part *p = &c->parts[i];
-    for (size_t j = 0; j < i; j++) {
-        const seldp_session *o = c->parts[j].session;
-        if (o->model != p->session->model && c->parts[j].grads != p->grads)
-            continue;
-        for (size_t k = 0; k < o->n_groups; k++)
-            if (o->groups[k].id == id) {
-                *j_out = j;
-                return true;
-            }
-    }
-    return false;
-}
-
 /* --- prepare --------------------------------------------------------------- */
 
 /* Check the gradient of group g of part i (as the reductions check theirs). */
@@ -210,16 +193,13 @@ fail:
     return st;
 }
 
-/* Part i alone: its arguments, its gradients, what this rank counts of it, and the room
- * its clipping will need. */
-static seldp_status prepare_part(norm_call *c, size_t i)
+/* Part i's arguments alone. */
+static seldp_status check_part(const norm_call *c, size_t i)
 {
     seldp_status st = SELDP_OK;
     const seldp_norm_part *p = &c->parts[i];
     const seldp_session *s = p->session;
     const char *name = call_name(c->clip);
-    size_t half_elems = 0, j;
-    bool counts;
 
     if (!s || !p->grads)
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "%s: part %zu has a NULL %s", name, i,
@@ -229,7 +209,7 @@ static seldp_status prepare_part(norm_call *c, size_t i)
                    "%s: part %zu: kind %d is neither SELDP_NORM_REPLICATED nor "
                    "SELDP_NORM_SHARDED",
                    name, i, (int)p->kind);
-    for (j = 0; j < i; j++)
+    for (size_t j = 0; j < i; j++)
         if (c->parts[j].session == s)
             SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT,
                        "%s: parts %zu and %zu list the same session; its gradients would count "
@@ -240,15 +220,71 @@ static seldp_status prepare_part(norm_call *c, size_t i)
                    "%s: part %zu: the session's group has %d ranks, more than the %d of the "
                    "parent communicator, which must hold every member of every listed group",
                    name, i, seldp_comm_size(s->comm), seldp_comm_size(c->parent));
-    counts = p->kind == SELDP_NORM_SHARDED || seldp_comm_rank(s->comm) == 0;
-    for (size_t k = 0; k < s->n_groups; k++) {
-        const session_group *g = &s->groups[k];
-        const seldp_tensor *t = seldp_grads_get(p->grads, g->id);
-        if (selected_before(c, i, g->id, &j))
+fail:
+    return st;
+}
+
+/* One selected parameter of one part, for finding a parameter two parts select. */
+typedef struct selected_param {
+    const seldp_model *model;
+    seldp_param_id id;
+    size_t part;
+    const char *path;
+} selected_param;
+
+static int compare_selected(const void *a, const void *b)
+{
+    const selected_param *x = a, *y = b;
+    if (x->model != y->model)
+        return (uintptr_t)x->model < (uintptr_t)y->model ? -1 : 1;
+    if (x->id != y->id)
+        return x->id < y->id ? -1 : 1;
+    return x->part < y->part ? -1 : x->part > y->part;
+}
+
+/* No parameter of a model is selected by two parts: its gradient would count (and be
+ * clipped) twice. */
+static seldp_status check_overlap(const norm_call *c)
+{
+    seldp_status st = SELDP_OK;
+    size_t total = 0, n = 0;
+    selected_param *all;
+
+    for (size_t i = 0; i < c->n_parts; i++)
+        total += c->parts[i].session->n_groups;
+    if (!(all = malloc((total ? total : 1) * sizeof *all)))
+        return seldp__fail(SELDP_ERR_NOMEM, "out of memory checking %zu selected parameters",
+                           total);
+    for (size_t i = 0; i < c->n_parts; i++) {
+        const seldp_session *s = c->parts[i].session;
+        for (size_t k = 0; k < s->n_groups; k++)
+            all[n++] = (selected_param){s->model, s->groups[k].id, i, s->groups[k].path};
+    }
+    qsort(all, n, sizeof *all, compare_selected);
+    for (size_t k = 1; k < n; k++)
+        if (all[k].model == all[k - 1].model && all[k].id == all[k - 1].id)
             SELDP_FAIL(SELDP_ERR_DUPLICATE,
                        "%s: '%s' is selected by parts %zu and %zu; its gradient would count "
                        "twice",
-                       name, g->path, j, i);
+                       call_name(c->clip), all[k - 1].path, all[k - 1].part, all[k].part);
+fail:
+    free(all);
+    return st;
+}
+
+/* Part i's gradients: checked, what this rank counts of them added, and the room its
+ * clipping will need allocated. */
+static seldp_status prepare_part(norm_call *c, size_t i)
+{
+    seldp_status st = SELDP_OK;
+    const seldp_norm_part *p = &c->parts[i];
+    const seldp_session *s = p->session;
+    size_t half_elems = 0;
+    bool counts = p->kind == SELDP_NORM_SHARDED || seldp_comm_rank(s->comm) == 0;
+
+    for (size_t k = 0; k < s->n_groups; k++) {
+        const session_group *g = &s->groups[k];
+        const seldp_tensor *t = seldp_grads_get(p->grads, g->id);
         if (!t)
             continue;
         SELDP_CHECK(check_gradient(c, i, g, t));
@@ -274,6 +310,9 @@ static seldp_status norm_prepare(norm_call *c, const seldp_grad_norm_result *out
     if (c->clip && !(isfinite(c->max_norm) && c->max_norm > 0))
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "%s: max_norm %g must be finite and > 0", name,
                    c->max_norm);
+    for (size_t i = 0; i < c->n_parts; i++)
+        SELDP_CHECK(check_part(c, i));
+    SELDP_CHECK(check_overlap(c));
     for (size_t i = 0; i < c->n_parts; i++)
         SELDP_CHECK(prepare_part(c, i));
 fail:

@@ -59,7 +59,7 @@ typedef struct seldp_grad_norm_result {
  * found_inf; clipped false, clip_coef 1).
  * Errors, the same on every rank, with nothing changed: SELDP_ERR_INVALID_ARGUMENT (NULL
  * session or grads, a session listed twice, an invalid kind, a group larger than the
- * parent), SELDP_ERR_DUPLICATE (a parameter selected by two parts of one rank: it would
+ * parent), SELDP_ERR_DUPLICATE (a parameter of one model selected by two parts: it would
  * count twice), SELDP_ERR_FROZEN, SELDP_ERR_DTYPE, SELDP_ERR_SHAPE, SELDP_ERR_DEVICE,
  * SELDP_ERR_DISAGREE (another call on another rank, or the lists do not agree: a member
  * of a session's group that does not list it, or lists it with another kind), transport

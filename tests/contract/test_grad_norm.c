@@ -66,6 +66,7 @@ typedef struct scenario {
     bool frozen;            /* shared.b is frozen, yet has gradients */
     bool empty;             /* every rank lists no session (odd ranks pass parts NULL) */
     bool fp32;              /* gradients in F32 for every parameter (the FP32 reductions) */
+    bool overlap;           /* a second session over the world selects shared.w too */
     seldp_status expect;    /* SELDP_OK, or the error every rank must return */
     const char *needles[2]; /* in the error message */
     outcome out;
@@ -161,7 +162,8 @@ typedef struct rank_state {
     test_grads g;
     seldp_comm *comms[N_SESSIONS];
     seldp_session *sessions[N_SESSIONS];
-    seldp_norm_part parts[N_SESSIONS + 1];
+    seldp_session *overlap; /* sc->overlap: over the world, selecting shared.w */
+    seldp_norm_part parts[N_SESSIONS + 2];
     size_t n_parts;
 } rank_state;
 
@@ -215,6 +217,13 @@ static int setup(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st)
             ctx->rank == sc->kind_rank && s->kind == SELDP_NORM_SHARDED ? SELDP_NORM_REPLICATED
                                                                         : s->kind};
     }
+    if (sc->overlap) {
+        seldp_param_id id = seldp_model_find_path(st->m.model, "shared.w")->id;
+        RANK_CHECK_OK(
+            ctx, seldp_session_initialize(ctx->world, st->m.model, 0, &id, 1, NULL, &st->overlap));
+        st->parts[st->n_parts++] =
+            (seldp_norm_part){st->overlap, st->g.grads, SELDP_NORM_REPLICATED};
+    }
     if (ctx->rank == sc->twice_rank && st->n_parts > 0)
         st->parts[st->n_parts++] = st->parts[0];
     if (ctx->rank == sc->bad_value_rank)
@@ -230,6 +239,7 @@ static int setup(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st)
 
 static void teardown(rank_state *st)
 {
+    seldp_session_destroy(st->overlap);
     for (size_t i = 0; i < N_SESSIONS; i++) {
         seldp_session_destroy(st->sessions[i]);
         seldp_comm_destroy(st->comms[i]);
@@ -473,6 +483,12 @@ static void bad_input_fails_on_every_rank_and_changes_nothing(void **state)
     sc.expect = SELDP_ERR_INVALID_ARGUMENT;
     sc.needles[0] = "world rank 1";
     sc.needles[1] = "same session";
+    run(&sc);
+
+    sc = base(4);
+    sc.overlap = true;
+    sc.expect = SELDP_ERR_DUPLICATE;
+    sc.needles[0] = "'shared.w' is selected by parts 0 and";
     run(&sc);
 
     sc = base(3);
