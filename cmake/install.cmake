@@ -2,8 +2,10 @@
 # The library target and the headers are installed by src/CMakeLists.txt (export set
 # seldpTargets); this file adds what lets another project find and link them.
 #
-# The package re-finds, through find_dependency, exactly the optional dependencies this build
-# compiled in (recorded below at configure time), because libseldp links them publicly.
+# libseldp.so links CUDA, NCCL and MPI privately: a consumer needs none of them to link it.
+# The package finds them only for the components a consumer asks for
+# (find_package(seldp COMPONENTS mpi cuda nccl) -> seldp::mpi, seldp::cuda, seldp::nccl), for
+# code that includes seldp/mpi.h or passes CUDA memory itself.
 include(CMakePackageConfigHelpers)
 
 set(SELDP_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/seldp"
@@ -58,7 +60,6 @@ _seldp_pc_path(SELDP_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
 _seldp_pc_path(SELDP_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
 
 # What a static link (or a header that includes a dependency's header) needs.
-set(_pc_requires)
 set(_pc_libs "-pthread")
 set(_pc_cflags)
 if(SELDP_MATH_LIB)
@@ -76,35 +77,24 @@ if(SELDP_HAVE_NCCL)
     list(APPEND _pc_cflags "-I${NCCL_INCLUDE_DIR}")
 endif()
 if(SELDP_HAVE_MPI)
-    # Prefer the MPI's own pkg-config module (Open MPI: ompi-c, MPICH: mpich).
-    set(_mpi_module "")
-    if(PKG_CONFIG_FOUND)
-        foreach(_candidate ompi-c mpich)
-            pkg_check_modules(_SELDP_PC_MPI QUIET ${_candidate})
-            if(_SELDP_PC_MPI_FOUND)
-                set(_mpi_module ${_candidate})
-                break()
-            endif()
-        endforeach()
-    endif()
-    if(_mpi_module)
-        list(APPEND _pc_requires ${_mpi_module})
-    else()
-        foreach(_dir IN LISTS MPI_C_INCLUDE_DIRS)
-            list(APPEND _pc_cflags "-I${_dir}")
-        endforeach()
-        list(APPEND _pc_libs ${MPI_C_LIBRARIES})
-    endif()
+    # Flags, not Requires.private on the MPI's own module (ompi-c, mpich): a consumer without
+    # that .pc file (another MPI, or none) must still resolve seldp. The include directories
+    # serve seldp/mpi.h; a directory that does not exist where the consumer builds is harmless.
+    foreach(_dir IN LISTS MPI_C_INCLUDE_DIRS)
+        list(APPEND _pc_cflags "-I${_dir}")
+    endforeach()
+    list(APPEND _pc_libs ${MPI_C_LIBRARIES})
 endif()
 list(REMOVE_DUPLICATES _pc_cflags)
 list(REMOVE_DUPLICATES _pc_libs)
-list(JOIN _pc_requires ", " SELDP_PC_REQUIRES_PRIVATE)
 list(JOIN _pc_libs " " SELDP_PC_LIBS_PRIVATE)
 list(JOIN _pc_cflags " " SELDP_PC_CFLAGS_EXTRA)
 if(SELDP_PC_CFLAGS_EXTRA)
     string(PREPEND SELDP_PC_CFLAGS_EXTRA " ")
 endif()
 
+# libseldp.so is a shared library only: the private libraries matter to `pkg-config --static`
+# alone, and Requires.private stays empty so that no other .pc file is needed.
 # Everything but the prefix is known now; the prefix placeholder survives this first pass.
 set(SELDP_PC_PREFIX "@SELDP_PC_PREFIX@")
 configure_file("${PROJECT_SOURCE_DIR}/cmake/seldp.pc.in" "${PROJECT_BINARY_DIR}/pkgconfig/seldp.pc.in"
@@ -120,3 +110,11 @@ install(CODE "
     configure_file(\"${PROJECT_BINARY_DIR}/pkgconfig/seldp.pc.in\" \"\${_seldp_pc}\" @ONLY)
     file(INSTALL DESTINATION \"${_pc_destination}\" TYPE FILE FILES \"\${_seldp_pc}\")
 ")
+
+# --- the example -------------------------------------------------------------------
+# The example program's sources with its CMake project and Makefile, to build against this
+# installation as they are (tests/install builds the installed copy).
+install(FILES "${PROJECT_SOURCE_DIR}/harness/examples/train_two_groups.c"
+              "${PROJECT_SOURCE_DIR}/harness/examples/CMakeLists.txt"
+              "${PROJECT_SOURCE_DIR}/harness/examples/Makefile"
+        DESTINATION "${CMAKE_INSTALL_DOCDIR}/examples")

@@ -18,6 +18,7 @@ static const char *const check_names[HX_CHECK_COUNT] = {
     [HX_CHECK_PARAM_REPLICAS] = "parameters bit-identical in each group",
     [HX_CHECK_REDUCE_UNTOUCHED] = "reductions touch only their selected gradients",
     [HX_CHECK_ABSENT] = "experts no token reached stay absent",
+    [HX_CHECK_GRAD_NORM] = "global gradient norm vs the FP64 reference",
 };
 
 const char *hx_check_name(hx_check_id id)

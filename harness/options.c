@@ -28,6 +28,7 @@ enum {
     OPT_TOKENS,
     OPT_TOKEN_SPREAD,
     OPT_LR,
+    OPT_CLIP_GRAD,
     OPT_SEED,
     OPT_BACKEND,
     OPT_OUT,
@@ -118,6 +119,10 @@ static const option_doc docs[] = {
      "N",
      "each rank draws tokens +- up to N (default tokens/4; 0: equal counts)"},
     {{"lr", required_argument, NULL, OPT_LR}, "X", "SGD learning rate"},
+    {{"clip-grad", required_argument, NULL, OPT_CLIP_GRAD},
+     "X",
+     "clip the global gradient norm (every replica set and shard once) to X before the update, "
+     "and check it against the FP64 reference's (0: off)"},
     {{"seed", required_argument, NULL, OPT_SEED}, "N", "seed of weights and tokens"},
     {{"backend", required_argument, NULL, OPT_BACKEND},
      "auto|host|nccl|mpi",
@@ -279,6 +284,9 @@ static void default_text(int id, char *buf, size_t size)
         break;
     case OPT_LR:
         snprintf(buf, size, "%g", d.lr);
+        break;
+    case OPT_CLIP_GRAD:
+        snprintf(buf, size, "%g", d.clip_grad);
         break;
     case OPT_SEED:
         snprintf(buf, size, "%llu", (unsigned long long)d.model.seed);
@@ -615,6 +623,11 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             ok = parse_double(arg, 0.0, 1e6, &x);
             expected = "a number >= 0";
             o->lr = x;
+            break;
+        case OPT_CLIP_GRAD:
+            ok = parse_double(arg, 0.0, 1e30, &x);
+            expected = "a number >= 0 (0: no clipping)";
+            o->clip_grad = x;
             break;
         case OPT_SEED:
             ok = parse_seed(arg, &o->model.seed);

@@ -41,6 +41,7 @@ typedef struct hx_options {
     int tokens;       /* mean tokens per rank and step */
     int token_spread; /* each rank draws tokens +- up to this many; -1: tokens / 4 */
     double lr;
+    double clip_grad; /* --clip-grad: largest global gradient norm before the update; 0: off */
     hx_backend_kind backend;
     const char *out_dir;  /* NULL or "": no report files */
     const char *dump_dir; /* NULL: no dump */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clip.h"
 #include "gpu.h"
 #include "router.h"
 
@@ -505,6 +506,8 @@ static seldp_status rank_reduce(hx_rank *rk)
                                 run->opts.flow == HX_FLOW_SUM ? REDUCE_SUM : REDUCE_MEAN, share,
                                 grads, &rk->data_weights[d]));
     }
+    if (run->opts.clip_grad > 0)
+        HX_CHECK(hx_clip_norm(rk, grads));
     if (rk->gpu)
         HX_CHECK(grads_to_host(rk));
 fail:
@@ -586,6 +589,12 @@ fail:
 static seldp_status rank_update(hx_rank *rk)
 {
     double lr = rk->run->opts.lr;
+    if (rk->run->opts.clip_grad > 0) {
+        bool skip = false;
+        seldp_status st = hx_clip_apply(rk, &skip);
+        if (st != SELDP_OK || skip)
+            return st;
+    }
     for (size_t i = 0; i < rk->n_params; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
         if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
@@ -747,6 +756,8 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     run->checks[HX_CHECK_GRAD_ERROR].limit = run->tolerance;
     run->checks[HX_CHECK_LOSS].metric = true;
     run->checks[HX_CHECK_LOSS].limit = 1e-4;
+    run->checks[HX_CHECK_GRAD_NORM].metric = true;
+    run->checks[HX_CHECK_GRAD_NORM].limit = run->tolerance;
     for (int r = 0; r < o->world; r++) {
         run->ranks[r].rank = r;
         run->ranks[r].run = run;
@@ -848,6 +859,8 @@ static seldp_status main_step(hx_run *run, int step)
     rec->ref_loss = tm_reference_loss(ref);
     t0 = hx_now();
     HX_CHECK(hx_check_step(run, step, ref));
+    if (run->opts.clip_grad > 0)
+        hx_clip_check(run, step, ref);
     rec->t_check = hx_now() - t0;
 fail:
     tm_reference_destroy(ref);

@@ -47,6 +47,7 @@ typedef enum hx_check_id {
     HX_CHECK_PARAM_REPLICAS,     /* parameters bit-identical over each group, every step */
     HX_CHECK_REDUCE_UNTOUCHED,   /* a reduce leaves gradients outside its selection alone */
     HX_CHECK_ABSENT,             /* experts that no token reached have no gradient anywhere */
+    HX_CHECK_GRAD_NORM,          /* --clip-grad: the global gradient norm vs the reference's */
     HX_CHECK_COUNT
 } hx_check_id;
 
@@ -237,6 +238,7 @@ struct hx_rank {
     double t_compute;
     double t_dispatch;
     double t_reduce;
+    double grad_norm; /* --clip-grad: seldp_grad_norm of the reduced gradients */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;

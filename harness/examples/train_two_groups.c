@@ -9,7 +9,9 @@
  * mean over all tokens of all ranks:
  *   - shared gradients: seldp_session_reduce over the world, weighted by token counts;
  *   - expert gradients: normalized by the global token count, then seldp_session_sum over the
- *     expert group.
+ *     expert group;
+ *   - then the global gradient norm over both groups (each replica set counted once) clips the
+ *     gradients to MAX_GRAD_NORM before the SGD update.
  * The program exits non-zero unless the loss falls and the replicas end bit-identical. */
 #include <inttypes.h>
 #include <pthread.h>
@@ -23,6 +25,7 @@
 enum { WORLD = 4, DIM = 8, STEPS = 60 };
 
 #define LEARNING_RATE 1.0f
+#define MAX_GRAD_NORM 0.5
 #define ID_SHARED     ((seldp_param_id)1)
 #define ID_EXPERT     ((seldp_param_id)2)
 
@@ -168,11 +171,22 @@ static void *rank_main(void *arg)
         }
         /* [reduce] */
 
-        /* SGD on the reduced gradients, read back from the container. */
+        /* [clip] */
+        /* The L2 norm of the whole gradient, the same on every rank: each rank lists the
+         * sessions it belongs to, and each replica set counts once (the expert's through its
+         * group rank 0). Every listed gradient is scaled when the norm exceeds MAX_GRAD_NORM. */
+        seldp_norm_part parts[2] = {{shared, grads, SELDP_NORM_REPLICATED},
+                                    {expert, grads, SELDP_NORM_REPLICATED}};
+        seldp_grad_norm_result norm;
+        TRY(seldp_clip_grad_norm(world, parts, expert ? 2 : 1, MAX_GRAD_NORM, &norm));
+        /* [clip] */
+
+        /* SGD on the reduced gradients, read back from the container; a non-finite norm
+         * (found on every rank alike) skips the update. */
         const float *g = seldp_grads_get(grads, ID_SHARED)->data;
-        for (int i = 0; i < DIM; i++)
+        for (int i = 0; i < DIM && !norm.found_inf; i++)
             w_shared[i] -= LEARNING_RATE * g[i];
-        if (expert) {
+        if (expert && !norm.found_inf) {
             g = seldp_grads_get(grads, ID_EXPERT)->data;
             for (int i = 0; i < DIM; i++)
                 w_expert[i] -= LEARNING_RATE * g[i];
@@ -187,7 +201,8 @@ static void *rank_main(void *arg)
             rs->loss[0] = loss;
         rs->loss[1] = loss;
         if (rs->rank == 0 && (step % 10 == 0 || step == STEPS - 1))
-            printf("step %2d  tokens %4" PRIu64 "  loss %.6e\n", step, global_tokens, loss);
+            printf("step %2d  tokens %4" PRIu64 "  loss %.6e  grad norm %.3e%s\n", step,
+                   global_tokens, loss, norm.norm, norm.clipped ? " (clipped)" : "");
     }
 
     rs->replicas_ok = true;

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seldp/export.h"
 #include "seldp/dtype.h"
 #include "seldp/status.h"
 #include "seldp/tensor.h"
@@ -41,56 +42,58 @@ typedef struct seldp_comm_config {
     }
 
 /** Rank of the caller within the group (local). */
-int seldp_comm_rank(const seldp_comm *comm);
+SELDP_API int seldp_comm_rank(const seldp_comm *comm);
 
 /** Number of ranks in the group (local). */
-int seldp_comm_size(const seldp_comm *comm);
+SELDP_API int seldp_comm_size(const seldp_comm *comm);
 
 /** Rank of the caller in the world this group was split from (local). */
-int seldp_comm_world_rank(const seldp_comm *comm);
+SELDP_API int seldp_comm_world_rank(const seldp_comm *comm);
 
 /** The device this rank computes on (local): where sessions place their buckets. */
-seldp_device seldp_comm_device(const seldp_comm *comm);
+SELDP_API seldp_device seldp_comm_device(const seldp_comm *comm);
 
 /** Transport name: "host", "nccl" or "mpi" (local). */
-const char *seldp_comm_transport(const seldp_comm *comm);
+SELDP_API const char *seldp_comm_transport(const seldp_comm *comm);
 
 /** Wait until every rank of the group has arrived. */
-seldp_status seldp_comm_barrier(seldp_comm *comm);
+SELDP_API seldp_status seldp_comm_barrier(seldp_comm *comm);
 
 /** Broadcast `count` elements of `dtype` from group rank `root` into every rank's `buf`.
  * Any dtype; bytes are copied exactly. */
-seldp_status seldp_comm_broadcast(seldp_comm *comm, void *buf, size_t count, seldp_dtype dtype,
-                                  int root, seldp_device mem);
+SELDP_API seldp_status seldp_comm_broadcast(seldp_comm *comm, void *buf, size_t count,
+                                            seldp_dtype dtype, int root, seldp_device mem);
 
 /** Element-wise SUM of `count` elements over the group into every rank's `recv`
  * (`send` == `recv` reduces in place). dtype F32, F64, I64 or U64 on every transport.
  * Every rank receives bit-identical results (a fixed summation order). */
-seldp_status seldp_comm_allreduce(seldp_comm *comm, const void *send, void *recv, size_t count,
-                                  seldp_dtype dtype, seldp_device mem);
+SELDP_API seldp_status seldp_comm_allreduce(seldp_comm *comm, const void *send, void *recv,
+                                            size_t count, seldp_dtype dtype, seldp_device mem);
 
 /** Gather `bytes` from every rank into `recv`, rank r's at offset r * bytes. */
-seldp_status seldp_comm_allgather(seldp_comm *comm, const void *send, void *recv, size_t bytes,
-                                  seldp_device mem);
+SELDP_API seldp_status seldp_comm_allgather(seldp_comm *comm, const void *send, void *recv,
+                                            size_t bytes, seldp_device mem);
 
 /** Gather a host blob of any length from every rank. On success *recv is one malloc'd
  * block (the caller frees it with free()) holding every rank's blob back to back in rank
  * order, and recv_bytes[r] (an array of group-size entries, supplied by the caller) the
  * length of rank r's. */
-seldp_status seldp_comm_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
-                                   void **recv, size_t *recv_bytes);
+SELDP_API seldp_status seldp_comm_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
+                                             void **recv, size_t *recv_bytes);
 
 /** Personalized all-to-all. Counts and displacements are in elements of `dtype`, one per
  * group rank: rank r sends send_counts[p] elements from send + send_displs[p] to rank p,
  * which receives them at recv + recv_displs[r] with recv_counts[r] == that count. */
-seldp_status seldp_comm_alltoallv(seldp_comm *comm, const void *send, const size_t *send_counts,
-                                  const size_t *send_displs, void *recv, const size_t *recv_counts,
-                                  const size_t *recv_displs, seldp_dtype dtype, seldp_device mem);
+SELDP_API seldp_status seldp_comm_alltoallv(seldp_comm *comm, const void *send,
+                                            const size_t *send_counts, const size_t *send_displs,
+                                            void *recv, const size_t *recv_counts,
+                                            const size_t *recv_displs, seldp_dtype dtype,
+                                            seldp_device mem);
 
 /** Split the group as MPI_Comm_split does: ranks with the same `color` form a new group,
  * ordered by `key`, ties keeping their parent order. A rank passing SELDP_COMM_NO_GROUP
  * gets *out == NULL. The new communicator is the caller's to destroy. Splits nest. */
-seldp_status seldp_comm_split(seldp_comm *comm, int color, int key, seldp_comm **out);
+SELDP_API seldp_status seldp_comm_split(seldp_comm *comm, int color, int key, seldp_comm **out);
 
 /** Counts of the collectives this rank's handle has issued (local), for tests and
  * benchmarks. Split communicators count separately. */
@@ -105,15 +108,15 @@ typedef struct seldp_comm_stats {
 } seldp_comm_stats;
 
 /** Read the counters (local). */
-seldp_comm_stats seldp_comm_get_stats(const seldp_comm *comm);
+SELDP_API seldp_comm_stats seldp_comm_get_stats(const seldp_comm *comm);
 
 /** Abort the world (local, never blocks): every pending and later collective of any
  * communicator of this world returns SELDP_ERR_ABORTED on every rank. */
-void seldp_comm_abort(seldp_comm *comm);
+SELDP_API void seldp_comm_abort(seldp_comm *comm);
 
 /** Release the caller's handle (local). Destroy split communicators before the world's.
  * NULL is a no-op. */
-void seldp_comm_destroy(seldp_comm *comm);
+SELDP_API void seldp_comm_destroy(seldp_comm *comm);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,8 @@
 #ifndef SELDP_DTYPE_H
 #define SELDP_DTYPE_H
 
+#include "seldp/export.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,44 +32,44 @@ typedef enum seldp_dtype {
 } seldp_dtype;
 
 /** Size of one element in bytes; 0 for a value outside the enum. */
-size_t seldp_dtype_size(seldp_dtype dtype);
+SELDP_API size_t seldp_dtype_size(seldp_dtype dtype);
 
 /** Lower-case name ("f32", "bf16", "u8", "bool"...); "invalid" outside the enum. */
-const char *seldp_dtype_name(seldp_dtype dtype);
+SELDP_API const char *seldp_dtype_name(seldp_dtype dtype);
 
 /** Parse a name as printed by seldp_dtype_name (case-insensitive).
  * Returns false, leaving *out untouched, for an unknown name. */
-bool seldp_dtype_parse(const char *name, seldp_dtype *out);
+SELDP_API bool seldp_dtype_parse(const char *name, seldp_dtype *out);
 
 /** True for F32, F64, F16 and BF16. */
-bool seldp_dtype_is_float(seldp_dtype dtype);
+SELDP_API bool seldp_dtype_is_float(seldp_dtype dtype);
 
 /** True for the integer types and BOOL. */
-bool seldp_dtype_is_int(seldp_dtype dtype);
+SELDP_API bool seldp_dtype_is_int(seldp_dtype dtype);
 
 /** True for F16 and BF16. */
-bool seldp_dtype_is_half(seldp_dtype dtype);
+SELDP_API bool seldp_dtype_is_half(seldp_dtype dtype);
 
 /** True when dtype is one of the enum's values. */
-bool seldp_dtype_valid(seldp_dtype dtype);
+SELDP_API bool seldp_dtype_valid(seldp_dtype dtype);
 
 /** IEEE binary16 bits -> F32 (exact; NaN payload kept, subnormals exact). */
-float seldp_f16_to_f32(uint16_t bits);
+SELDP_API float seldp_f16_to_f32(uint16_t bits);
 
 /** F32 -> IEEE binary16 bits, round to nearest even; overflow gives Inf, NaN stays NaN. */
-uint16_t seldp_f32_to_f16(float value);
+SELDP_API uint16_t seldp_f32_to_f16(float value);
 
 /** bfloat16 bits -> F32 (exact). */
-float seldp_bf16_to_f32(uint16_t bits);
+SELDP_API float seldp_bf16_to_f32(uint16_t bits);
 
 /** F32 -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN. */
-uint16_t seldp_f32_to_bf16(float value);
+SELDP_API uint16_t seldp_f32_to_bf16(float value);
 
 /** Convert n elements of a half type (F16 or BF16) to F32 on the host (exact). */
-void seldp_half_to_f32(seldp_dtype half, const uint16_t *src, float *dst, size_t n);
+SELDP_API void seldp_half_to_f32(seldp_dtype half, const uint16_t *src, float *dst, size_t n);
 /** Convert n F32 elements to a half type (F16 or BF16) on the host, rounding to nearest
  * even as seldp_f32_to_f16 and seldp_f32_to_bf16 do. */
-void seldp_f32_to_half(seldp_dtype half, const float *src, uint16_t *dst, size_t n);
+SELDP_API void seldp_f32_to_half(seldp_dtype half, const float *src, uint16_t *dst, size_t n);
 
 #ifdef __cplusplus
 }

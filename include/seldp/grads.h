@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "seldp/export.h"
 #include "seldp/model.h"
 #include "seldp/status.h"
 #include "seldp/tensor.h"
@@ -28,48 +29,49 @@ typedef enum seldp_ownership {
 } seldp_ownership;
 
 /** Create an empty container. */
-seldp_status seldp_grads_create(seldp_grads **out);
+SELDP_API seldp_status seldp_grads_create(seldp_grads **out);
 
 /** Free the container and the bytes of its owned entries. NULL is a no-op. */
-void seldp_grads_destroy(seldp_grads *grads);
+SELDP_API void seldp_grads_destroy(seldp_grads *grads);
 
 /** Insert the gradient of `id`. SELDP_ERR_DUPLICATE when `id` is present (nothing
  * changes); SELDP_ERR_INVALID_ARGUMENT for an invalid tensor. With SELDP_OWNED the
  * container takes ownership only on success. */
-seldp_status seldp_grads_put(seldp_grads *grads, seldp_param_id id, const seldp_tensor *tensor,
-                             seldp_ownership ownership);
+SELDP_API seldp_status seldp_grads_put(seldp_grads *grads, seldp_param_id id,
+                                       const seldp_tensor *tensor, seldp_ownership ownership);
 
 /** The gradient of `id`, or NULL. The pointer is valid until the container changes. */
-const seldp_tensor *seldp_grads_get(const seldp_grads *grads, seldp_param_id id);
+SELDP_API const seldp_tensor *seldp_grads_get(const seldp_grads *grads, seldp_param_id id);
 
 /** Ownership of the entry of `id` (SELDP_BORROWED when absent). */
-seldp_ownership seldp_grads_ownership(const seldp_grads *grads, seldp_param_id id);
+SELDP_API seldp_ownership seldp_grads_ownership(const seldp_grads *grads, seldp_param_id id);
 
 /** Remove the entry of `id` without freeing anything; the caller receives the tensor and
  * its ownership (and must free an owned one). Returns false when absent. */
-bool seldp_grads_take(seldp_grads *grads, seldp_param_id id, seldp_tensor *tensor,
-                      seldp_ownership *ownership);
+SELDP_API bool seldp_grads_take(seldp_grads *grads, seldp_param_id id, seldp_tensor *tensor,
+                                seldp_ownership *ownership);
 
 /** Remove the entry of `id`, freeing it if owned. Returns false when absent. */
-bool seldp_grads_remove(seldp_grads *grads, seldp_param_id id);
+SELDP_API bool seldp_grads_remove(seldp_grads *grads, seldp_param_id id);
 
 /** Number of entries. */
-size_t seldp_grads_count(const seldp_grads *grads);
+SELDP_API size_t seldp_grads_count(const seldp_grads *grads);
 
 /** The i-th entry in ascending id order; false when out of range. */
-bool seldp_grads_at(const seldp_grads *grads, size_t i, seldp_param_id *id,
-                    const seldp_tensor **tensor);
+SELDP_API bool seldp_grads_at(const seldp_grads *grads, size_t i, seldp_param_id *id,
+                              const seldp_tensor **tensor);
 
 /** Move every entry of `grads` into two new containers: those whose id is among `ids`
  * into *selected, the rest into *untouched. Ownership moves with each entry and `grads`
  * is left empty. On failure (SELDP_ERR_NOMEM) `grads` is unchanged and nothing is
  * created. */
-seldp_status seldp_grads_partition(seldp_grads *grads, const seldp_param_id *ids, size_t n_ids,
-                                   seldp_grads **selected, seldp_grads **untouched);
+SELDP_API seldp_status seldp_grads_partition(seldp_grads *grads, const seldp_param_id *ids,
+                                             size_t n_ids, seldp_grads **selected,
+                                             seldp_grads **untouched);
 
 /** Move every entry of `from` into `into`. If any id is in both, SELDP_ERR_DUPLICATE names
  * it and neither container changes. On success `from` is left empty. */
-seldp_status seldp_grads_merge(seldp_grads *into, seldp_grads *from);
+SELDP_API seldp_status seldp_grads_merge(seldp_grads *into, seldp_grads *from);
 
 #ifdef __cplusplus
 }

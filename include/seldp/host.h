@@ -7,6 +7,7 @@
 #ifndef SELDP_HOST_H
 #define SELDP_HOST_H
 
+#include "seldp/export.h"
 #include "seldp/comm.h"
 
 #ifdef __cplusplus
@@ -17,16 +18,16 @@ extern "C" {
 typedef struct seldp_host_world seldp_host_world;
 
 /** Create a world of `nranks` >= 1 ranks. cfg may be NULL for the defaults. */
-seldp_status seldp_host_world_create(int nranks, const seldp_comm_config *cfg,
-                                     seldp_host_world **out);
+SELDP_API seldp_status seldp_host_world_create(int nranks, const seldp_comm_config *cfg,
+                                               seldp_host_world **out);
 
 /** Join the world as `rank` computing on `device` (collective: every rank joins). The
  * returned communicator is the caller's to destroy. */
-seldp_status seldp_host_comm_init(seldp_host_world *world, int rank, seldp_device device,
-                                  seldp_comm **out);
+SELDP_API seldp_status seldp_host_comm_init(seldp_host_world *world, int rank, seldp_device device,
+                                            seldp_comm **out);
 
 /** Free the world once every rank's communicators are destroyed. NULL is a no-op. */
-void seldp_host_world_destroy(seldp_host_world *world);
+SELDP_API void seldp_host_world_destroy(seldp_host_world *world);
 
 #ifdef __cplusplus
 }

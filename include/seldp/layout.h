@@ -19,6 +19,7 @@
 #ifndef SELDP_LAYOUT_H
 #define SELDP_LAYOUT_H
 
+#include "seldp/export.h"
 #include "seldp/status.h"
 
 #ifdef __cplusplus
@@ -80,62 +81,62 @@ typedef struct seldp_layout seldp_layout;
 /** Build the layout of `cfg`. On success *out is the caller's to destroy. A combination
  * the framework rejects fails with SELDP_ERR_INVALID_ARGUMENT and the framework's reason,
  * naming the sizes; *out is then untouched. */
-seldp_status seldp_layout_create(const seldp_layout_config *cfg, seldp_layout **out);
+SELDP_API seldp_status seldp_layout_create(const seldp_layout_config *cfg, seldp_layout **out);
 
 /** Free a layout. NULL is a no-op. */
-void seldp_layout_destroy(seldp_layout *layout);
+SELDP_API void seldp_layout_destroy(seldp_layout *layout);
 
 /** The configuration with every default resolved (etp, order). The order string is owned
  * by the layout. */
-seldp_layout_config seldp_layout_get_config(const seldp_layout *layout);
+SELDP_API seldp_layout_config seldp_layout_get_config(const seldp_layout *layout);
 
 /** The data-parallel size of the dense grid: world / (tp * pp * cp). */
-int seldp_layout_dp(const seldp_layout *layout);
+SELDP_API int seldp_layout_dp(const seldp_layout *layout);
 
 /** Number of groups of `kind`. */
-int seldp_layout_group_count(const seldp_layout *layout, seldp_group_kind kind);
+SELDP_API int seldp_layout_group_count(const seldp_layout *layout, seldp_group_kind kind);
 
 /** Group `index` of `kind`: returns its size and points *ranks at its ranks (ascending,
  * owned by the layout); 0 and *ranks = NULL for an index out of range. */
-int seldp_layout_group(const seldp_layout *layout, seldp_group_kind kind, int index,
-                       const int **ranks);
+SELDP_API int seldp_layout_group(const seldp_layout *layout, seldp_group_kind kind, int index,
+                                 const int **ranks);
 
 /** Index of the group of `kind` that world rank `rank` belongs to, or -1 (a rank of a
  * middle pipeline stage has no embedding group; a rank outside the world none at all). */
-int seldp_layout_group_of(const seldp_layout *layout, seldp_group_kind kind, int rank);
+SELDP_API int seldp_layout_group_of(const seldp_layout *layout, seldp_group_kind kind, int rank);
 
 /** Position of `rank` inside its group of `kind` (its group rank), or -1. */
-int seldp_layout_position(const seldp_layout *layout, seldp_group_kind kind, int rank);
+SELDP_API int seldp_layout_position(const seldp_layout *layout, seldp_group_kind kind, int rank);
 
 /** The world rank group `index` of `kind` broadcasts from (its group rank 0, as
  * Megatron's and DeepSpeed's broadcasts use), or -1 for an index out of range. */
-int seldp_layout_root(const seldp_layout *layout, seldp_group_kind kind, int index);
+SELDP_API int seldp_layout_root(const seldp_layout *layout, seldp_group_kind kind, int index);
 
 /** The colour and key that build `rank`'s group of `kind` with seldp_comm_split: colour
  * the group index (SELDP_COMM_NO_GROUP where the rank has none), key its position.
  * SELDP_ERR_INVALID_ARGUMENT for a rank outside the world or an unknown kind. */
-seldp_status seldp_layout_split_args(const seldp_layout *layout, seldp_group_kind kind, int rank,
-                                     int *color, int *key);
+SELDP_API seldp_status seldp_layout_split_args(const seldp_layout *layout, seldp_group_kind kind,
+                                               int rank, int *color, int *key);
 
 /** The routed experts `rank` owns: experts *first .. *first + count - 1, where count =
  * experts / ep and *first = (EP position) * count, as every framework assigns them (all
  * expert-TP shards of an expert share its owners' EP positions). Returns count; 0 when
  * the layout was built without experts. */
-int seldp_layout_local_experts(const seldp_layout *layout, int rank, int *first);
+SELDP_API int seldp_layout_local_experts(const seldp_layout *layout, int rank, int *first);
 
 /** Pipeline stage of `rank` (its position in its PP group). */
-int seldp_layout_stage(const seldp_layout *layout, int rank);
+SELDP_API int seldp_layout_stage(const seldp_layout *layout, int rank);
 
 /** "megatron", "megatron-0.9", "deepspeed" or "torchtitan"; "invalid" otherwise. */
-const char *seldp_framework_name(seldp_framework framework);
+SELDP_API const char *seldp_framework_name(seldp_framework framework);
 
 /** Parse a framework name (as seldp_framework_name writes it). SELDP_ERR_INVALID_ARGUMENT,
  * naming the accepted names, for anything else. */
-seldp_status seldp_framework_parse(const char *name, seldp_framework *out);
+SELDP_API seldp_status seldp_framework_parse(const char *name, seldp_framework *out);
 
 /** "tp", "pp", "cp", "dp", "ep", "expert_dp", "expert_tp" or "embedding" (the keys of the
  * harness's report); "invalid" otherwise. */
-const char *seldp_group_kind_name(seldp_group_kind kind);
+SELDP_API const char *seldp_group_kind_name(seldp_group_kind kind);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seldp/export.h"
 #include "seldp/status.h"
 #include "seldp/tensor.h"
 
@@ -37,37 +38,37 @@ typedef struct seldp_model seldp_model;
 
 /** Create an empty view. `rank` is used only to name the rank in error messages
  * (pass -1 when unknown). Returns SELDP_ERR_NOMEM on allocation failure. */
-seldp_status seldp_model_create(int rank, seldp_model **out);
+SELDP_API seldp_status seldp_model_create(int rank, seldp_model **out);
 
 /** Free the view (never the caller's tensors). NULL is a no-op. */
-void seldp_model_destroy(seldp_model *model);
+SELDP_API void seldp_model_destroy(seldp_model *model);
 
 /** Register one occurrence. Fails with SELDP_ERR_DUPLICATE for a path already registered,
  * SELDP_ERR_ALIAS when `id` is already registered with other storage, dtype, shape or
  * frozen flag, SELDP_ERR_INVALID_ARGUMENT for an empty path or an invalid tensor.
  * On failure the view is unchanged. */
-seldp_status seldp_model_add(seldp_model *model, const char *path, seldp_param_id id,
-                             const seldp_tensor *tensor, bool frozen, void *tag);
+SELDP_API seldp_status seldp_model_add(seldp_model *model, const char *path, seldp_param_id id,
+                                       const seldp_tensor *tensor, bool frozen, void *tag);
 
 /** The rank given at creation. */
-int seldp_model_rank(const seldp_model *model);
+SELDP_API int seldp_model_rank(const seldp_model *model);
 
 /** Number of occurrences (paths). */
-size_t seldp_model_count(const seldp_model *model);
+SELDP_API size_t seldp_model_count(const seldp_model *model);
 
 /** The i-th occurrence in lexicographic (strcmp) order of paths; NULL when out of range. */
-const seldp_param *seldp_model_at(const seldp_model *model, size_t i);
+SELDP_API const seldp_param *seldp_model_at(const seldp_model *model, size_t i);
 
 /** The occurrence registered at `path`, or NULL. */
-const seldp_param *seldp_model_find_path(const seldp_model *model, const char *path);
+SELDP_API const seldp_param *seldp_model_find_path(const seldp_model *model, const char *path);
 
 /** The first occurrence (smallest path) of `id`, or NULL. */
-const seldp_param *seldp_model_find_id(const seldp_model *model, seldp_param_id id);
+SELDP_API const seldp_param *seldp_model_find_id(const seldp_model *model, seldp_param_id id);
 
 /** Number of paths `id` is registered at (0 when absent); with out != NULL, writes up to
  * `max` of them, in path order. */
-size_t seldp_model_aliases(const seldp_model *model, seldp_param_id id, const seldp_param **out,
-                           size_t max);
+SELDP_API size_t seldp_model_aliases(const seldp_model *model, seldp_param_id id,
+                                     const seldp_param **out, size_t max);
 
 #ifdef __cplusplus
 }

@@ -47,6 +47,7 @@
 
 #include <mpi.h>
 
+#include "seldp/export.h"
 #include "seldp/comm.h"
 
 #ifdef __cplusplus
@@ -60,8 +61,8 @@ extern "C" {
  * communicator split from it), before MPI_Finalize. Returns SELDP_ERR_INVALID_ARGUMENT
  * when MPI is not initialized or an argument is invalid, SELDP_ERR_TIMEOUT when a rank of
  * parent does not join in time, SELDP_ERR_TRANSPORT when MPI fails; *out is then NULL. */
-seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const seldp_comm_config *cfg,
-                                 seldp_comm **out);
+SELDP_API seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device,
+                                           const seldp_comm_config *cfg, seldp_comm **out);
 
 /** NCCL bootstrapped over MPI, the multi-node recipe: collective over `parent`. Rank 0 of
  * parent draws an ncclUniqueId, MPI broadcasts it, and every process joins the NCCL world
@@ -75,8 +76,8 @@ seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const sel
  * SELDP_ERR_INVALID_ARGUMENT when MPI is not initialized or an argument is invalid,
  * SELDP_ERR_TIMEOUT when a rank does not arrive in time, SELDP_ERR_TRANSPORT when MPI, CUDA
  * or NCCL fails (on every rank when rank 0 cannot draw the id); *out is then NULL. */
-seldp_status seldp_mpi_nccl_comm_init(MPI_Comm parent, const seldp_comm_config *cfg,
-                                      seldp_comm **out);
+SELDP_API seldp_status seldp_mpi_nccl_comm_init(MPI_Comm parent, const seldp_comm_config *cfg,
+                                                seldp_comm **out);
 
 #ifdef __cplusplus
 }

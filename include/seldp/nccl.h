@@ -37,6 +37,7 @@
 #ifndef SELDP_NCCL_H
 #define SELDP_NCCL_H
 
+#include "seldp/export.h"
 #include "seldp/comm.h"
 
 #ifdef __cplusplus
@@ -50,13 +51,13 @@ extern "C" {
 typedef struct seldp_nccl_world seldp_nccl_world;
 
 /** Number of CUDA devices this process can use (0 without a GPU or a driver). Local. */
-int seldp_nccl_device_count(void);
+SELDP_API int seldp_nccl_device_count(void);
 
 /** Create an in-process world of `nranks` >= 1 ranks and draw its NCCL unique id. cfg may
  * be NULL for the defaults. Returns SELDP_ERR_INVALID_ARGUMENT for nranks < 1,
  * SELDP_ERR_TRANSPORT when NCCL cannot create an id, SELDP_ERR_NOMEM. */
-seldp_status seldp_nccl_world_create(int nranks, const seldp_comm_config *cfg,
-                                     seldp_nccl_world **out);
+SELDP_API seldp_status seldp_nccl_world_create(int nranks, const seldp_comm_config *cfg,
+                                               seldp_nccl_world **out);
 
 /** Join the world as `rank` on the calling thread's current CUDA device (select it with
  * cudaSetDevice first; every rank needs its own GPU). Collective over the world: every
@@ -64,17 +65,17 @@ seldp_status seldp_nccl_world_create(int nranks, const seldp_comm_config *cfg,
  * the caller's to destroy. Errors: SELDP_ERR_INVALID_ARGUMENT (rank out of range),
  * SELDP_ERR_TIMEOUT (a rank did not join in time), SELDP_ERR_ABORTED (the world was
  * aborted), SELDP_ERR_TRANSPORT (CUDA or NCCL failed, e.g. two ranks on one GPU). */
-seldp_status seldp_nccl_comm_init(seldp_nccl_world *world, int rank, seldp_comm **out);
+SELDP_API seldp_status seldp_nccl_comm_init(seldp_nccl_world *world, int rank, seldp_comm **out);
 
 /** Release the caller's reference to the world. Communicators keep their own, so this may
  * be called once every rank has joined; the world is freed with its last communicator.
  * NULL is a no-op. */
-void seldp_nccl_world_destroy(seldp_nccl_world *world);
+SELDP_API void seldp_nccl_world_destroy(seldp_nccl_world *world);
 
 /** Draw a fresh NCCL unique id into out128 (SELDP_NCCL_UNIQUE_ID_BYTES bytes), to be
  * distributed by the caller to every rank of a multi-process world. Local. Returns
  * SELDP_ERR_TRANSPORT when NCCL fails. */
-seldp_status seldp_nccl_get_unique_id(void *out128);
+SELDP_API seldp_status seldp_nccl_get_unique_id(void *out128);
 
 /** Join the world named by `id` (from seldp_nccl_get_unique_id, the same bytes on every
  * rank) as `rank` of `nranks`, on the calling thread's current CUDA device. Collective
@@ -82,8 +83,8 @@ seldp_status seldp_nccl_get_unique_id(void *out128);
  * seen by the communicators of this process only: ranks elsewhere return
  * SELDP_ERR_TIMEOUT (or the NCCL error) when it makes them wait. Errors as
  * seldp_nccl_comm_init. */
-seldp_status seldp_nccl_comm_init_with_id(const void *id, int nranks, int rank,
-                                          const seldp_comm_config *cfg, seldp_comm **out);
+SELDP_API seldp_status seldp_nccl_comm_init_with_id(const void *id, int nranks, int rank,
+                                                    const seldp_comm_config *cfg, seldp_comm **out);
 
 #ifdef __cplusplus
 }

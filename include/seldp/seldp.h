@@ -13,6 +13,7 @@
 #include "seldp/host.h"
 #include "seldp/session.h"
 #include "seldp/layout.h"
+#include "seldp/gradnorm.h"
 #include "seldp/version.h"
 
 #endif

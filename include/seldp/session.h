@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seldp/export.h"
 #include "seldp/comm.h"
 #include "seldp/grads.h"
 #include "seldp/model.h"
@@ -64,17 +65,19 @@ typedef struct seldp_session_config {
  * validation passes on every rank. A transport failure during the broadcasts themselves (a
  * rank aborting or timing out) can leave selected parameters partly overwritten with the
  * root's values; unselected parameters are never touched. */
-seldp_status seldp_session_initialize(seldp_comm *comm, seldp_model *model, int root,
-                                      const seldp_param_id *ids, size_t n_ids,
-                                      const seldp_session_config *cfg, seldp_session **out);
+SELDP_API seldp_status seldp_session_initialize(seldp_comm *comm, seldp_model *model, int root,
+                                                const seldp_param_id *ids, size_t n_ids,
+                                                const seldp_session_config *cfg,
+                                                seldp_session **out);
 
 /** Collective: as seldp_session_initialize, but native integer and bool buffers (quantized
  * bases: NF4 bytes, AWQ words, their scales and zeros) may be selected too; they are
  * broadcast bit-exactly in their own width and never reduced. */
-seldp_status seldp_session_initialize_with_buffers(seldp_comm *comm, seldp_model *model, int root,
-                                                   const seldp_param_id *ids, size_t n_ids,
-                                                   const seldp_session_config *cfg,
-                                                   seldp_session **out);
+SELDP_API seldp_status seldp_session_initialize_with_buffers(seldp_comm *comm, seldp_model *model,
+                                                             int root, const seldp_param_id *ids,
+                                                             size_t n_ids,
+                                                             const seldp_session_config *cfg,
+                                                             seldp_session **out);
 
 /** Collective: replace this rank's selected gradients by the group's weighted mean.
  * `grads` holds this rank's derivatives of its local loss sum
@@ -89,38 +92,41 @@ seldp_status seldp_session_initialize_with_buffers(seldp_comm *comm, seldp_model
  * Errors, the same on every rank: SELDP_ERR_DISAGREE (another method, flag or policy),
  * SELDP_ERR_MISSING_GRADIENT, SELDP_ERR_FROZEN, SELDP_ERR_SHAPE, SELDP_ERR_DTYPE,
  * SELDP_ERR_OVERFLOW, SELDP_ERR_NONFINITE, transport errors. On error `grads` is unchanged. */
-seldp_status seldp_session_reduce(seldp_session *session, seldp_grads *grads, uint64_t local_weight,
-                                  seldp_missing_policy policy, uint64_t *global_weight);
+SELDP_API seldp_status seldp_session_reduce(seldp_session *session, seldp_grads *grads,
+                                            uint64_t local_weight, seldp_missing_policy policy,
+                                            uint64_t *global_weight);
 
 /** Collective: seldp_session_reduce with FP32 results, for FP32 master weights. Inputs may be
  * the parameter dtype or F32; a half input is replaced by an owned F32 entry. */
-seldp_status seldp_session_reduce_fp32(seldp_session *session, seldp_grads *grads,
-                                       uint64_t local_weight, seldp_missing_policy policy,
-                                       uint64_t *global_weight);
+SELDP_API seldp_status seldp_session_reduce_fp32(seldp_session *session, seldp_grads *grads,
+                                                 uint64_t local_weight, seldp_missing_policy policy,
+                                                 uint64_t *global_weight);
 
 /** Collective: sum without any division, for gradients already normalized by a global
  * objective. `local_active` decides eligibility, not scale: inactive ranks contribute
  * zero; *global_weight receives the number of active ranks. With no active rank only the
  * unselected gradients remain. Errors as seldp_session_reduce. */
-seldp_status seldp_session_sum(seldp_session *session, seldp_grads *grads, bool local_active,
-                               seldp_missing_policy policy, uint64_t *global_weight);
+SELDP_API seldp_status seldp_session_sum(seldp_session *session, seldp_grads *grads,
+                                         bool local_active, seldp_missing_policy policy,
+                                         uint64_t *global_weight);
 
 /** Collective: seldp_session_sum with FP32 results, as seldp_session_reduce_fp32. */
-seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grads *grads, bool local_active,
-                                    seldp_missing_policy policy, uint64_t *global_weight);
+SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grads *grads,
+                                              bool local_active, seldp_missing_policy policy,
+                                              uint64_t *global_weight);
 
 /** Rank of the caller within the session's group (local). */
-int seldp_session_rank(const seldp_session *session);
+SELDP_API int seldp_session_rank(const seldp_session *session);
 
 /** Number of ranks in the session's group (local). */
-int seldp_session_size(const seldp_session *session);
+SELDP_API int seldp_session_size(const seldp_session *session);
 
 /** The selected ids as given at initialization (local); *n receives their count. The
  * array is owned by the session. */
-const seldp_param_id *seldp_session_selected(const seldp_session *session, size_t *n);
+SELDP_API const seldp_param_id *seldp_session_selected(const seldp_session *session, size_t *n);
 
 /** Free the session (local). The comm and the model are the caller's. NULL is a no-op. */
-void seldp_session_destroy(seldp_session *session);
+SELDP_API void seldp_session_destroy(seldp_session *session);
 
 #ifdef __cplusplus
 }

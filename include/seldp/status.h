@@ -7,6 +7,8 @@
 #ifndef SELDP_STATUS_H
 #define SELDP_STATUS_H
 
+#include "seldp/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,14 +40,14 @@ typedef enum seldp_status {
 } seldp_status;
 
 /** Stable upper-case name of a status, e.g. "SELDP_ERR_TIMEOUT". Never NULL. */
-const char *seldp_status_name(seldp_status status);
+SELDP_API const char *seldp_status_name(seldp_status status);
 
 /** Message of the last failing seldp call on the calling thread ("" if none).
  * The string is owned by seldp and valid until the next failing call on this thread. */
-const char *seldp_last_error(void);
+SELDP_API const char *seldp_last_error(void);
 
 /** Forget the calling thread's last error message. */
-void seldp_clear_error(void);
+SELDP_API void seldp_clear_error(void);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seldp/export.h"
 #include "seldp/dtype.h"
 #include "seldp/status.h"
 
@@ -50,36 +51,36 @@ typedef struct seldp_tensor {
 } seldp_tensor;
 
 /** A descriptor over caller memory (nothing is allocated or copied). */
-seldp_tensor seldp_tensor_view(seldp_dtype dtype, seldp_device device, void *data, int ndim,
-                               const int64_t *shape);
+SELDP_API seldp_tensor seldp_tensor_view(seldp_dtype dtype, seldp_device device, void *data,
+                                         int ndim, const int64_t *shape);
 
 /** Number of elements (1 for a scalar). */
-size_t seldp_tensor_numel(const seldp_tensor *t);
+SELDP_API size_t seldp_tensor_numel(const seldp_tensor *t);
 
 /** Number of bytes: numel * element size. */
-size_t seldp_tensor_nbytes(const seldp_tensor *t);
+SELDP_API size_t seldp_tensor_nbytes(const seldp_tensor *t);
 
 /** True when dtype, ndim and every extent are equal (devices and data may differ). */
-bool seldp_tensor_same_layout(const seldp_tensor *a, const seldp_tensor *b);
+SELDP_API bool seldp_tensor_same_layout(const seldp_tensor *a, const seldp_tensor *b);
 
 /** Check that dtype, ndim (0..8) and extents (>= 0) are valid and the byte size fits in
  * size_t. data may be NULL only for zero elements. Returns SELDP_ERR_INVALID_ARGUMENT
  * (message names `what`) otherwise. */
-seldp_status seldp_tensor_check(const seldp_tensor *t, const char *what);
+SELDP_API seldp_status seldp_tensor_check(const seldp_tensor *t, const char *what);
 
 /** Allocate zeroed storage for t (dtype, ndim, shape, device already set) on t->device.
  * The caller owns t->data and releases it with seldp_tensor_free. CUDA devices need a
  * build with CUDA (SELDP_ERR_UNSUPPORTED otherwise). */
-seldp_status seldp_tensor_alloc(seldp_tensor *t);
+SELDP_API seldp_status seldp_tensor_alloc(seldp_tensor *t);
 
 /** Release storage obtained from seldp_tensor_alloc and set t->data to NULL. */
-void seldp_tensor_free(seldp_tensor *t);
+SELDP_API void seldp_tensor_free(seldp_tensor *t);
 
 /** Copy src's bytes into dst (same layout required; host or CUDA on either side). */
-seldp_status seldp_tensor_copy(seldp_tensor *dst, const seldp_tensor *src);
+SELDP_API seldp_status seldp_tensor_copy(seldp_tensor *dst, const seldp_tensor *src);
 
 /** Format the shape as "[4, 16]" into buf (always NUL-terminated). Returns buf. */
-const char *seldp_shape_str(const seldp_tensor *t, char *buf, size_t size);
+SELDP_API const char *seldp_shape_str(const seldp_tensor *t, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

@@ -3,15 +3,17 @@
 #ifndef SELDP_VERSION_H
 #define SELDP_VERSION_H
 
+#include "seldp/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /** "MAJOR.MINOR.PATCH (transports: host nccl mpi; cuda)" for the library actually loaded. */
-const char *seldp_version(void);
+SELDP_API const char *seldp_version(void);
 
 /** Non-zero when the transport ("host", "nccl", "mpi") or "cuda" was compiled in. */
-int seldp_has_feature(const char *name);
+SELDP_API int seldp_has_feature(const char *name);
 
 #ifdef __cplusplus
 }

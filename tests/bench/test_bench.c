@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "json.h"
+#include "util.h"
 
 static const char *bench;
 
@@ -50,7 +51,7 @@ static void check_row(const char *line, run_result *res)
 {
     hx_json *row = NULL;
     if (hx_json_parse(line, strlen(line), "seldp-bench --json", &row) != SELDP_OK)
-        fail_msg("not JSON: %s (%s)", line, seldp_last_error());
+        fail_msg("not JSON: %s (%s)", line, hx_last_error());
     const char *op = member(row, "op", HX_JSON_STRING, line)->string;
     const char *impl = member(row, "impl", HX_JSON_STRING, line)->string;
     const hx_json *ranks = member(row, "ranks", HX_JSON_NUMBER, line);
