@@ -346,12 +346,18 @@ seldp_status hx_rank_compute(hx_rank *rk)
     for (size_t i = 0; i < slots; i++)
         token_of_slot[i] = (int64_t)(i / (size_t)K);
 
+    free(rk->choices);
+    rk->choices = hx_calloc((size_t)L * slots, sizeof *rk->choices);
+    if (!rk->choices)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     HX_CHECK_LIB(ops->begin_step(rk), "rank %d: starting the step", rk->rank);
     HX_CHECK_LIB(ops->embed_forward(rk, h), "rank %d: embedding", rk->rank);
     for (int l = 0; l < L; l++) {
         tm_route route;
         HX_CHECK_LIB(ops->route_forward(rk, l, h, &route), "rank %d: layer %d: router", rk->rank,
                      l);
+        memcpy(rk->choices + (size_t)l * slots, route.choice ? route.choice : route.expert,
+               slots * sizeof *rk->choices);
         HX_CHECK(hx_router_balance(rk, l));
         HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
         HX_CHECK(ops->copy_rows(rk, slot_in, NULL, route.x, token_of_slot, slots));

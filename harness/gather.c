@@ -244,11 +244,19 @@ static size_t param_index(const tm_model *m, seldp_param_id id)
     return SIZE_MAX;
 }
 
+/* (L,T,K): the router's choices of a step (dispatch.c). */
+static size_t choices_count(const hx_rank *rk)
+{
+    const tm_config *cfg = &rk->run->opts.model;
+    return (size_t)cfg->layers * rk->T * (size_t)cfg->top_k;
+}
+
 static void pack_step(hx_rank *rk, hx_buf *b)
 {
     put_u64(b, rk->T);
     put(b, rk->tokens, rk->T * sizeof *rk->tokens);
     put(b, rk->targets, rk->T * sizeof *rk->targets);
+    put(b, rk->choices, choices_count(rk) * sizeof *rk->choices);
     put(b, &rk->loss_sum, sizeof rk->loss_sum);
     put(b, &rk->t_compute, sizeof rk->t_compute);
     put(b, &rk->t_dispatch, sizeof rk->t_dispatch);
@@ -318,13 +326,16 @@ static seldp_status unpack_step(hx_run *run, hx_rank *rk, reader *r)
         return hx_fail(SELDP_ERR_INTERNAL, "rank 0: rank %d sent a truncated step", rk->rank);
     free(rk->tokens);
     free(rk->targets);
+    free(rk->choices);
     rk->T = T;
     rk->tokens = hx_calloc(T, sizeof *rk->tokens);
     rk->targets = hx_calloc(T, sizeof *rk->targets);
-    if (!rk->tokens || !rk->targets)
+    rk->choices = hx_calloc(choices_count(rk), sizeof *rk->choices);
+    if (!rk->tokens || !rk->targets || !rk->choices)
         return SELDP_ERR_NOMEM;
     get(r, rk->tokens, T * sizeof *rk->tokens);
     get(r, rk->targets, T * sizeof *rk->targets);
+    get(r, rk->choices, choices_count(rk) * sizeof *rk->choices);
     get(r, &rk->loss_sum, sizeof rk->loss_sum);
     get(r, &rk->t_compute, sizeof rk->t_compute);
     get(r, &rk->t_dispatch, sizeof rk->t_dispatch);

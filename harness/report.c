@@ -185,8 +185,8 @@ static void report_json(const hx_run *run, hx_buf *b)
         hx_buf_json_string(b, r->worst_path);
         hx_buf_printf(b,
                       ", \"worst_rank\": %d, \"failures\": %lld, \"absent_experts\": %d, "
-                      "\"time_s\": {\"step\": ",
-                      r->worst_rank, (long long)r->failures, r->absent);
+                      "\"near_ties_followed\": %zu, \"time_s\": {\"step\": ",
+                      r->worst_rank, (long long)r->failures, r->absent, r->ties_followed);
         hx_buf_json_number(b, r->t_step);
         hx_buf_puts(b, ", \"compute\": ");
         hx_buf_json_number(b, r->t_compute);

@@ -835,13 +835,15 @@ static seldp_status main_step(hx_run *run, int step)
     tm_reference *ref = NULL;
     const int32_t **tokens = hx_calloc((size_t)W, sizeof *tokens);
     const int32_t **targets = hx_calloc((size_t)W, sizeof *targets);
+    const int **choices = hx_calloc((size_t)W, sizeof *choices);
     size_t *counts = hx_calloc((size_t)W, sizeof *counts);
-    if (!tokens || !targets || !counts)
+    if (!tokens || !targets || !choices || !counts)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
     for (int r = 0; r < W; r++) {
         hx_rank *rk = &run->ranks[r];
         tokens[r] = rk->tokens;
         targets[r] = rk->targets;
+        choices[r] = rk->choices;
         counts[r] = rk->T;
         rec->tokens += rk->T;
         rec->loss += rk->loss_sum;
@@ -852,9 +854,10 @@ static seldp_status main_step(hx_run *run, int step)
     rec->loss /= (double)rec->tokens;
     double t0 = hx_now();
     HX_CHECK(refresh_global(run));
-    HX_CHECK_LIB(tm_reference_compute(&run->opts.model, tm_model_view(run->global), tokens, targets,
-                                      counts, W, NULL, &ref),
+    HX_CHECK_LIB(tm_reference_compute_routed(&run->opts.model, tm_model_view(run->global), tokens,
+                                             targets, counts, W, NULL, choices, &ref),
                  "the FP64 reference of step %d", step + 1);
+    rec->ties_followed = tm_reference_ties_followed(ref);
     rec->t_reference = hx_now() - t0;
     rec->ref_loss = tm_reference_loss(ref);
     t0 = hx_now();
@@ -866,6 +869,7 @@ fail:
     tm_reference_destroy(ref);
     free(tokens);
     free(targets);
+    free(choices);
     free(counts);
     return st;
 }
@@ -886,13 +890,18 @@ static void print_progress(const hx_run *run, int step, double t_step)
     const hx_step_record *rec = &run->steps[step];
     if (!run->out)
         return;
-    fprintf(run->out,
-            "step %d/%d  loss %.6f (ref %.6f)  %zu tokens  worst %.2e %s %.0e (%s @ rank %d)  %s  "
-            "%.1f ms\n",
-            step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->worst,
-            rec->worst <= run->tolerance ? "<=" : ">", run->tolerance,
-            rec->worst_path[0] ? rec->worst_path : "-", rec->worst_rank,
-            rec->failures ? "FAIL" : "ok", 1e3 * t_step);
+    char ties[64] = "";
+    if (rec->ties_followed)
+        snprintf(ties, sizeof ties, "  %zu near tie%s routed as the ranks did", rec->ties_followed,
+                 rec->ties_followed == 1 ? "" : "s");
+    fprintf(
+        run->out,
+        "step %d/%d  loss %.6f (ref %.6f)  %zu tokens  worst %.2e %s %.0e (%s @ rank %d)%s  %s  "
+        "%.1f ms\n",
+        step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->worst,
+        rec->worst <= run->tolerance ? "<=" : ">", run->tolerance,
+        rec->worst_path[0] ? rec->worst_path : "-", rec->worst_rank, ties,
+        rec->failures ? "FAIL" : "ok", 1e3 * t_step);
     fflush(run->out);
 }
 
@@ -1097,6 +1106,7 @@ void hx_run_destroy(hx_run *run)
         free(rk->routed);
         free(rk->tokens);
         free(rk->targets);
+        free(rk->choices);
         seldp_grads_destroy(rk->grads);
         tm_model_destroy(rk->model);
     }

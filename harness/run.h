@@ -98,10 +98,11 @@ typedef struct hx_step_record {
     double worst;    /* worst gradient error of the step */
     char worst_path[128];
     int worst_rank;
-    int64_t failures; /* failed checks in this step */
-    int absent;       /* (layer, expert) pairs no token reached */
-    double t_step;    /* wall time of the step, checks included */
-    double t_compute; /* slowest rank: forward + backward, dispatch included */
+    int64_t failures;     /* failed checks in this step */
+    int absent;           /* (layer, expert) pairs no token reached */
+    size_t ties_followed; /* tokens x layers whose near tie the reference took as routed */
+    double t_step;        /* wall time of the step, checks included */
+    double t_compute;     /* slowest rank: forward + backward, dispatch included */
     double t_dispatch;
     double t_reduce; /* slowest rank */
     double t_reference;
@@ -226,6 +227,8 @@ struct hx_rank {
 
     /* this step */
     int32_t *tokens;
+    int *choices; /* (L,T,K) the experts this step's router chose, before dropping (the
+                     reference follows them at near ties) */
     int32_t *targets;
     size_t T;
     uint64_t *counts; /* [world] every rank's token count */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/internal.h"
+#include "tm_error.h"
 #include "cuda/tinymoe_cuda.h"
 #include "cuda/tmc_kernels.h"
 
@@ -69,7 +69,7 @@ struct tmc_model {
     do {                                                                                           \
         cudaError_t cuda_err_ = (call);                                                            \
         if (cuda_err_ != cudaSuccess)                                                              \
-            SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d (cuda:%d): %s failed: %s", m->rank,           \
+            TM_FAIL(SELDP_ERR_TRANSPORT, "rank %d (cuda:%d): %s failed: %s", m->rank,           \
                        m->ordinal, what, cudaGetErrorString(cuda_err_));                           \
     } while (0)
 
@@ -77,7 +77,7 @@ struct tmc_model {
     do {                                                                                           \
         cublasStatus_t blas_st_ = (call);                                                          \
         if (blas_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
-            SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d (cuda:%d): %s failed: %s", m->rank,           \
+            TM_FAIL(SELDP_ERR_TRANSPORT, "rank %d (cuda:%d): %s failed: %s", m->rank,           \
                        m->ordinal, what, cublasGetStatusString(blas_st_));                         \
     } while (0)
 
@@ -108,7 +108,7 @@ static seldp_status device_alloc(const tmc_model *m, size_t bytes, void **out)
     if (err != cudaSuccess) {
         cudaGetLastError();
         *out = NULL;
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d (cuda:%d): cudaMalloc of %zu bytes failed: %s",
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d (cuda:%d): cudaMalloc of %zu bytes failed: %s",
                    m->rank, m->ordinal, bytes, cudaGetErrorString(err));
     }
 fail:
@@ -124,7 +124,7 @@ static seldp_status scratch(tmc_model *m, size_t bytes, void **out)
         cudaFree(m->scratch);
         m->scratch = NULL;
         m->scratch_bytes = 0;
-        SELDP_CHECK(device_alloc(m, bytes, &m->scratch));
+        TM_CHECK(device_alloc(m, bytes, &m->scratch));
         m->scratch_bytes = bytes;
     }
     *out = m->scratch;
@@ -184,9 +184,9 @@ static seldp_status linear_init(tmc_model *m, tmc_linear *lin, const char *prefi
     bool nf4 = m->cfg.quant == TM_QUANT_NF4;
     if (lin->qweight < 0 || lin->lora_a < 0 || lin->lora_b < 0 ||
         (nf4 ? (lin->absmax < 0 || m->codebook < 0) : (lin->scales < 0 || lin->qzeros < 0)))
-        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tmc_model_create: %s is incomplete",
+        TM_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tmc_model_create: %s is incomplete",
                    m->rank, prefix);
-    SELDP_CHECK(device_alloc(m, (size_t)out * (size_t)in * sizeof(float), (void **)&lin->eff));
+    TM_CHECK(device_alloc(m, (size_t)out * (size_t)in * sizeof(float), (void **)&lin->eff));
 fail:
     return st;
 }
@@ -207,18 +207,18 @@ static seldp_status param_init(tmc_model *m, size_t i)
                 return SELDP_OK;
             }
         }
-        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tmc_model_create: %s ties an unknown id",
+        TM_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tmc_model_create: %s ties an unknown id",
                    m->rank, p->path);
     }
     m->dev[i] = p->tensor;
     m->dev[i].device = (seldp_device){SELDP_DEVICE_CUDA, m->ordinal};
     m->dev[i].data = NULL;
-    SELDP_CHECK(seldp_tensor_alloc(&m->dev[i]));
-    SELDP_CHECK(seldp_tensor_copy(&m->dev[i], &p->tensor));
+    TM_CHECK(seldp_tensor_alloc(&m->dev[i]));
+    TM_CHECK(seldp_tensor_copy(&m->dev[i], &p->tensor));
     if (!p->frozen && (p->role & TM_ROLES_TRAINABLE)) {
         size_t bytes = seldp_tensor_numel(&p->tensor) * sizeof(float);
-        SELDP_CHECK(device_alloc(m, bytes, (void **)&m->work[i]));
-        SELDP_CHECK(device_alloc(m, bytes, (void **)&m->grad[i]));
+        TM_CHECK(device_alloc(m, bytes, (void **)&m->work[i]));
+        TM_CHECK(device_alloc(m, bytes, (void **)&m->grad[i]));
     }
 fail:
     return st;
@@ -229,21 +229,21 @@ seldp_status tmc_model_create(const tm_model *host, int ordinal, tmc_model **out
     seldp_status st = SELDP_OK;
     tmc_model *m = NULL;
     if (!out)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "tmc_model_create: out is NULL");
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "tmc_model_create: out is NULL");
     *out = NULL;
     if (!host || ordinal < 0)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "tmc_model_create: %s",
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "tmc_model_create: %s",
                            host ? "negative device ordinal" : "host is NULL");
     m = calloc(1, sizeof *m);
     if (!m)
-        return seldp__fail(SELDP_ERR_NOMEM, "tmc_model_create: out of memory");
+        return tm__fail(SELDP_ERR_NOMEM, "tmc_model_create: out of memory");
     m->host = host;
     m->cfg = *tm_model_config(host);
     m->rank = tm_model_rank(host);
     m->ordinal = ordinal;
     m->codebook = -1;
     const int L = m->cfg.layers, E = m->cfg.experts;
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     CUDA_TRY(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     BLAS_TRY(cublasCreate(&m->blas), "cublasCreate");
     BLAS_TRY(cublasSetStream(m->blas, m->stream), "cublasSetStream");
@@ -263,22 +263,22 @@ seldp_status tmc_model_create(const tm_model *host, int ordinal, tmc_model **out
     m->layers = calloc((size_t)L, sizeof *m->layers);
     if (!m->info || !m->dev || !m->alias || !m->work || !m->grad || !m->norm || !m->router ||
         !m->experts || !m->seen || !m->layers)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: tmc_model_create: out of memory", m->rank);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: tmc_model_create: out of memory", m->rank);
     for (size_t i = 0; i < m->n; i++)
         m->info[i] = tm_param_at(host, i);
     for (size_t i = 0; i < m->n; i++)
-        SELDP_CHECK(param_init(m, i));
+        TM_CHECK(param_init(m, i));
 
-    SELDP_CHECK(seldp_model_create(m->rank, &m->view));
+    TM_CHECK(seldp_model_create(m->rank, &m->view));
     for (size_t i = 0; i < m->n; i++)
-        SELDP_CHECK(seldp_model_add(m->view, m->info[i]->path, m->info[i]->id, &m->dev[i],
+        TM_CHECK(seldp_model_add(m->view, m->info[i]->path, m->info[i]->id, &m->dev[i],
                                     m->info[i]->frozen, (void *)m->info[i]));
 
     m->embed = find(m, "embed.weight");
     m->final_norm = find(m, "final_norm.weight");
     m->codebook = find(m, "nf4.codebook");
     if (m->embed < 0 || m->final_norm < 0)
-        SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tmc_model_create: no embed or final_norm",
+        TM_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tmc_model_create: no embed or final_norm",
                    m->rank);
     for (int l = 0; l < L; l++) {
         char path[160];
@@ -287,7 +287,7 @@ seldp_status tmc_model_create(const tm_model *host, int ordinal, tmc_model **out
         snprintf(path, sizeof path, "layers.%d.router.weight", l);
         m->router[l] = find(m, path);
         if (m->norm[l] < 0 || m->router[l] < 0)
-            SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tmc_model_create: layer %d incomplete",
+            TM_FAIL(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tmc_model_create: layer %d incomplete",
                        m->rank, l);
         for (int e = 0; e < E; e++) {
             tmc_expert *x = &m->experts[(size_t)l * (size_t)E + (size_t)e];
@@ -295,12 +295,12 @@ seldp_status tmc_model_create(const tm_model *host, int ordinal, tmc_model **out
                 continue;
             x->held = true;
             snprintf(path, sizeof path, "layers.%d.experts.%d.w1", l, e);
-            SELDP_CHECK(linear_init(m, &x->w1, path, m->cfg.d_ff, m->cfg.d_model));
+            TM_CHECK(linear_init(m, &x->w1, path, m->cfg.d_ff, m->cfg.d_model));
             snprintf(path, sizeof path, "layers.%d.experts.%d.w2", l, e);
-            SELDP_CHECK(linear_init(m, &x->w2, path, m->cfg.d_model, m->cfg.d_ff));
+            TM_CHECK(linear_init(m, &x->w2, path, m->cfg.d_model, m->cfg.d_ff));
         }
     }
-    SELDP_CHECK(tmc_begin_step(m));
+    TM_CHECK(tmc_begin_step(m));
     *out = m;
     return SELDP_OK;
 fail:
@@ -399,14 +399,14 @@ seldp_status tmc_download_params(const tmc_model *m, tm_model *host)
 {
     seldp_status st = SELDP_OK;
     if (!m || host != m->host)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "tmc_download_params: the host model is not the one mirrored");
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     for (size_t i = 0; i < m->n; i++) {
         if (m->alias[i])
             continue;
         seldp_tensor dst = m->info[i]->tensor;
-        SELDP_CHECK(seldp_tensor_copy(&dst, &m->dev[i]));
+        TM_CHECK(seldp_tensor_copy(&dst, &m->dev[i]));
     }
 fail:
     return st;
@@ -430,7 +430,7 @@ static seldp_status effective_weight(tmc_model *m, const tmc_linear *lin)
                  "awq dequantize");
     // eff (out,in) += (alpha/r) * B (out,r) . A (r,in)
     const int r = m->cfg.lora_rank;
-    SELDP_CHECK(gemm(m, false, false, lin->out, lin->in, r, (float)(m->cfg.lora_alpha / r),
+    TM_CHECK(gemm(m, false, false, lin->out, lin->in, r, (float)(m->cfg.lora_alpha / r),
                      m->work[lin->lora_b], r, m->work[lin->lora_a], lin->in, 1.0f, lin->eff,
                      lin->in));
 fail:
@@ -440,7 +440,7 @@ fail:
 seldp_status tmc_begin_step(tmc_model *m)
 {
     seldp_status st = SELDP_OK;
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     for (size_t i = 0; i < m->n; i++) {
         if (m->alias[i] || !m->work[i])
             continue;
@@ -452,10 +452,10 @@ seldp_status tmc_begin_step(tmc_model *m)
     for (size_t k = 0; k < LE; k++) {
         if (!m->experts[k].held)
             continue;
-        SELDP_CHECK(effective_weight(m, &m->experts[k].w1));
-        SELDP_CHECK(effective_weight(m, &m->experts[k].w2));
+        TM_CHECK(effective_weight(m, &m->experts[k].w1));
+        TM_CHECK(effective_weight(m, &m->experts[k].w2));
     }
-    SELDP_CHECK(finish(m, "tmc_begin_step"));
+    TM_CHECK(finish(m, "tmc_begin_step"));
     memset(m->seen, 0, LE * sizeof *m->seen);
     m->embedded = false;
     m->T = 0;
@@ -473,24 +473,24 @@ static seldp_status ensure_layers(tmc_model *m, size_t T)
     free_layers(m);
     const size_t cap = T ? T : 1, D = (size_t)m->cfg.d_model, E = (size_t)m->cfg.experts;
     const size_t K = (size_t)m->cfg.top_k, f = sizeof(float);
-    SELDP_CHECK(device_alloc(m, cap * sizeof(int32_t), (void **)&m->tokens));
+    TM_CHECK(device_alloc(m, cap * sizeof(int32_t), (void **)&m->tokens));
     m->host_tokens = malloc(cap * sizeof *m->host_tokens);
     if (!m->host_tokens)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu tokens", m->rank, T);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu tokens", m->rank, T);
     for (int l = 0; l < m->cfg.layers; l++) {
         tmc_layer *c = &m->layers[l];
-        SELDP_CHECK(device_alloc(m, cap * D * f, (void **)&c->h_in));
-        SELDP_CHECK(device_alloc(m, cap * f, (void **)&c->rstd));
-        SELDP_CHECK(device_alloc(m, cap * D * f, (void **)&c->u));
-        SELDP_CHECK(device_alloc(m, cap * E * f, (void **)&c->probs));
-        SELDP_CHECK(device_alloc(m, cap * K * f, (void **)&c->gate));
-        SELDP_CHECK(device_alloc(m, cap * K * D * f, (void **)&c->y));
-        SELDP_CHECK(device_alloc(m, cap * K * f, (void **)&c->dgate));
-        SELDP_CHECK(device_alloc(m, cap * K * sizeof(int), (void **)&c->expert));
+        TM_CHECK(device_alloc(m, cap * D * f, (void **)&c->h_in));
+        TM_CHECK(device_alloc(m, cap * f, (void **)&c->rstd));
+        TM_CHECK(device_alloc(m, cap * D * f, (void **)&c->u));
+        TM_CHECK(device_alloc(m, cap * E * f, (void **)&c->probs));
+        TM_CHECK(device_alloc(m, cap * K * f, (void **)&c->gate));
+        TM_CHECK(device_alloc(m, cap * K * D * f, (void **)&c->y));
+        TM_CHECK(device_alloc(m, cap * K * f, (void **)&c->dgate));
+        TM_CHECK(device_alloc(m, cap * K * sizeof(int), (void **)&c->expert));
         c->host_expert = malloc(cap * K * sizeof(int));
         c->host_gate = malloc(cap * K * f);
         if (!c->host_expert || !c->host_gate)
-            SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu tokens", m->rank, T);
+            TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu tokens", m->rank, T);
     }
     m->T_capacity = cap;
     return SELDP_OK;
@@ -502,10 +502,10 @@ fail:
 static seldp_status check_layer(const tmc_model *m, int l, const char *fn)
 {
     if (l < 0 || l >= m->cfg.layers)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
                            m->rank, fn, l, m->cfg.layers);
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: %s: layer %d called before tmc_embed_forward", m->rank, fn, l);
     return SELDP_OK;
 }
@@ -515,7 +515,7 @@ static const tmc_expert *held_expert(const tmc_model *m, int l, int e, const cha
 {
     *st = SELDP_OK;
     if (l < 0 || l >= m->cfg.layers) {
-        *st = seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
+        *st = tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
                           m->rank, fn, l, m->cfg.layers);
         return NULL;
     }
@@ -523,7 +523,7 @@ static const tmc_expert *held_expert(const tmc_model *m, int l, int e, const cha
                               ? &m->experts[(size_t)l * (size_t)m->cfg.experts + (size_t)e]
                               : NULL;
     if (!x || !x->held) {
-        *st = seldp__fail(SELDP_ERR_NOT_FOUND,
+        *st = tm__fail(SELDP_ERR_NOT_FOUND,
                           "rank %d: %s: layers.%d.experts.%d is not held by this rank", m->rank, fn,
                           l, e);
         return NULL;
@@ -539,11 +539,11 @@ seldp_status tmc_embed_forward(tmc_model *m, const int32_t *tokens, size_t T, fl
     const int D = m->cfg.d_model;
     for (size_t t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                                "rank %d: token %zu is %d, expected an id in [0, %d)", m->rank, t,
                                (int)tokens[t], m->cfg.vocab);
-    SELDP_CHECK(use_device(m));
-    SELDP_CHECK(ensure_layers(m, T));
+    TM_CHECK(use_device(m));
+    TM_CHECK(ensure_layers(m, T));
     m->T = T;
     m->embedded = true;
     for (int l = 0; l < m->cfg.layers; l++)
@@ -555,7 +555,7 @@ seldp_status tmc_embed_forward(tmc_model *m, const int32_t *tokens, size_t T, fl
                              m->stream),
              "token upload");
     CUDA_TRY(tmc_k_embed_forward(m->stream, m->work[m->embed], m->tokens, T, D, h), "embed");
-    SELDP_CHECK(finish(m, "tmc_embed_forward"));
+    TM_CHECK(finish(m, "tmc_embed_forward"));
 fail:
     return st;
 }
@@ -564,13 +564,13 @@ seldp_status tmc_embed_backward(tmc_model *m, const float *dh)
 {
     seldp_status st = SELDP_OK;
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: tmc_embed_backward before tmc_embed_forward", m->rank);
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     CUDA_TRY(tmc_k_embed_backward(m->stream, dh, m->tokens, m->T, m->cfg.vocab, m->cfg.d_model,
                                   m->grad[m->embed]),
              "embed backward");
-    SELDP_CHECK(finish(m, "tmc_embed_backward"));
+    TM_CHECK(finish(m, "tmc_embed_backward"));
 fail:
     return st;
 }
@@ -593,7 +593,7 @@ seldp_status tmc_route_forward(tmc_model *m, int l, const float *h, tmc_route *r
     const size_t T = m->T;
     const int D = m->cfg.d_model, E = m->cfg.experts, K = m->cfg.top_k;
     tmc_layer *c = &m->layers[l];
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     if (T) {
         CUDA_TRY(cudaMemcpyAsync(c->h_in, h, T * (size_t)D * sizeof(float),
                                  cudaMemcpyDeviceToDevice, m->stream),
@@ -602,7 +602,7 @@ seldp_status tmc_route_forward(tmc_model *m, int l, const float *h, tmc_route *r
                                        (float)m->cfg.eps, c->u, c->rstd),
                  "rmsnorm");
         // u (T,D) . W_r^T (D,E) -> probs (T,E)
-        SELDP_CHECK(gemm(m, false, true, (int)T, E, D, 1.0f, c->u, D, m->work[m->router[l]], D,
+        TM_CHECK(gemm(m, false, true, (int)T, E, D, 1.0f, c->u, D, m->work[m->router[l]], D,
                          0.0f, c->probs, E));
         CUDA_TRY(tmc_k_route(m->stream, c->probs, T, E, K, c->expert, c->gate), "route");
         CUDA_TRY(cudaMemcpyAsync(c->host_expert, c->expert, T * (size_t)K * sizeof(int),
@@ -611,7 +611,7 @@ seldp_status tmc_route_forward(tmc_model *m, int l, const float *h, tmc_route *r
         CUDA_TRY(cudaMemcpyAsync(c->host_gate, c->gate, T * (size_t)K * sizeof(float),
                                  cudaMemcpyDeviceToHost, m->stream),
                  "route download");
-        SELDP_CHECK(finish(m, "tmc_route_forward"));
+        TM_CHECK(finish(m, "tmc_route_forward"));
     }
     c->routed = true;
     c->combined = c->combined_back = false;
@@ -623,7 +623,7 @@ fail:
 seldp_status tmc_route_get(const tmc_model *m, int l, tmc_route *route)
 {
     if (l < 0 || l >= m->cfg.layers || !m->embedded || !m->layers[l].routed)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: tmc_route_get: layer %d was not routed in this step", m->rank,
                            l);
     fill_route(m, l, route);
@@ -637,7 +637,7 @@ seldp_status tmc_route_backward(tmc_model *m, int l, const float *dx, float *dh)
         return st;
     tmc_layer *c = &m->layers[l];
     if (!c->combined_back)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: tmc_route_backward: layer %d before tmc_combine_backward",
                            m->rank, l);
     const size_t T = m->T;
@@ -645,23 +645,23 @@ seldp_status tmc_route_backward(tmc_model *m, int l, const float *dx, float *dh)
     if (T == 0)
         return SELDP_OK;
     float *dlogits = NULL;
-    SELDP_CHECK(use_device(m));
-    SELDP_CHECK(scratch(m, T * (size_t)(E + D) * sizeof(float), (void **)&dlogits));
+    TM_CHECK(use_device(m));
+    TM_CHECK(scratch(m, T * (size_t)(E + D) * sizeof(float), (void **)&dlogits));
     float *du = dlogits + T * (size_t)E;
     CUDA_TRY(
         tmc_k_route_backward(m->stream, c->probs, c->expert, c->gate, c->dgate, T, E, K, dlogits),
         "router backward");
     // dW_r (E,D) += dlogits^T (E,T) . u (T,D)
-    SELDP_CHECK(gemm(m, true, false, E, D, (int)T, 1.0f, dlogits, E, c->u, D, 1.0f,
+    TM_CHECK(gemm(m, true, false, E, D, (int)T, 1.0f, dlogits, E, c->u, D, 1.0f,
                      m->grad[m->router[l]], D));
     // du (T,D) = dlogits (T,E) . W_r (E,D) + sum_k dx[t,k]
-    SELDP_CHECK(gemm(m, false, false, (int)T, D, E, 1.0f, dlogits, E, m->work[m->router[l]], D,
+    TM_CHECK(gemm(m, false, false, (int)T, D, E, 1.0f, dlogits, E, m->work[m->router[l]], D,
                      0.0f, du, D));
     CUDA_TRY(tmc_k_add_slots(m->stream, dx, T, K, D, du), "slot gradients");
     CUDA_TRY(tmc_k_rmsnorm_backward(m->stream, du, c->h_in, m->work[m->norm[l]], c->rstd, T, D, dh,
                                     m->grad[m->norm[l]]),
              "rmsnorm backward");
-    SELDP_CHECK(finish(m, "tmc_route_backward"));
+    TM_CHECK(finish(m, "tmc_route_backward"));
 fail:
     return st;
 }
@@ -673,18 +673,18 @@ seldp_status tmc_combine_forward(tmc_model *m, int l, const float *y, float *h)
         return st;
     tmc_layer *c = &m->layers[l];
     if (!c->routed)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: tmc_combine_forward: layer %d before tmc_route_forward",
                            m->rank, l);
     const size_t T = m->T;
     const int D = m->cfg.d_model, K = m->cfg.top_k;
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     if (T) {
         CUDA_TRY(cudaMemcpyAsync(c->y, y, T * (size_t)K * (size_t)D * sizeof(float),
                                  cudaMemcpyDeviceToDevice, m->stream),
                  "expert output copy");
         CUDA_TRY(tmc_k_combine_forward(m->stream, c->h_in, c->gate, c->y, T, K, D, h), "combine");
-        SELDP_CHECK(finish(m, "tmc_combine_forward"));
+        TM_CHECK(finish(m, "tmc_combine_forward"));
     }
     c->combined = true;
 fail:
@@ -698,15 +698,15 @@ seldp_status tmc_combine_backward(tmc_model *m, int l, const float *dh, float *d
         return st;
     tmc_layer *c = &m->layers[l];
     if (!c->combined)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: tmc_combine_backward: layer %d before tmc_combine_forward",
                            m->rank, l);
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     if (m->T) {
         CUDA_TRY(tmc_k_combine_backward(m->stream, dh, c->gate, c->y, m->T, m->cfg.top_k,
                                         m->cfg.d_model, dy, c->dgate),
                  "combine backward");
-        SELDP_CHECK(finish(m, "tmc_combine_backward"));
+        TM_CHECK(finish(m, "tmc_combine_backward"));
     }
     c->combined_back = true;
 fail:
@@ -719,10 +719,10 @@ static seldp_status expert_ffn(tmc_model *m, const tmc_expert *s, const float *x
 {
     seldp_status st = SELDP_OK;
     const int D = m->cfg.d_model, F = m->cfg.d_ff;
-    SELDP_CHECK(gemm(m, false, true, (int)n, F, D, 1.0f, x, D, s->w1.eff, D, 0.0f, pre, F));
+    TM_CHECK(gemm(m, false, true, (int)n, F, D, 1.0f, x, D, s->w1.eff, D, 0.0f, pre, F));
     CUDA_TRY(tmc_k_silu_forward(m->stream, pre, act, n * (size_t)F), "silu");
     if (y)
-        SELDP_CHECK(gemm(m, false, true, (int)n, D, F, 1.0f, act, F, s->w2.eff, F, 0.0f, y, D));
+        TM_CHECK(gemm(m, false, true, (int)n, D, F, 1.0f, act, F, s->w2.eff, F, 0.0f, y, D));
 fail:
     return st;
 }
@@ -737,10 +737,10 @@ seldp_status tmc_expert_forward(tmc_model *m, int l, int e, const float *x, size
     if (n == 0)
         return SELDP_OK;
     const size_t nF = n * (size_t)m->cfg.d_ff;
-    SELDP_CHECK(use_device(m));
-    SELDP_CHECK(scratch(m, 2 * nF * sizeof(float), (void **)&pre));
-    SELDP_CHECK(expert_ffn(m, s, x, n, pre, pre + nF, y));
-    SELDP_CHECK(finish(m, "tmc_expert_forward"));
+    TM_CHECK(use_device(m));
+    TM_CHECK(scratch(m, 2 * nF * sizeof(float), (void **)&pre));
+    TM_CHECK(expert_ffn(m, s, x, n, pre, pre + nF, y));
+    TM_CHECK(finish(m, "tmc_expert_forward"));
 fail:
     return st;
 }
@@ -752,10 +752,10 @@ static seldp_status lora_backward(tmc_model *m, const tmc_linear *lin, const flo
     const int r = m->cfg.lora_rank;
     const float c = (float)(m->cfg.lora_alpha / r);
     // dB (out,r) += c dW (out,in) . A^T (in,r)
-    SELDP_CHECK(gemm(m, false, true, lin->out, r, lin->in, c, dW, lin->in, m->work[lin->lora_a],
+    TM_CHECK(gemm(m, false, true, lin->out, r, lin->in, c, dW, lin->in, m->work[lin->lora_a],
                      lin->in, 1.0f, m->grad[lin->lora_b], r));
     // dA (r,in) += c B^T (r,out) . dW (out,in)
-    SELDP_CHECK(gemm(m, true, false, r, lin->in, lin->out, c, m->work[lin->lora_b], r, dW, lin->in,
+    TM_CHECK(gemm(m, true, false, r, lin->in, lin->out, c, m->work[lin->lora_b], r, dW, lin->in,
                      1.0f, m->grad[lin->lora_a], lin->in));
 fail:
     return st;
@@ -774,29 +774,29 @@ seldp_status tmc_expert_backward(tmc_model *m, int l, int e, const float *x, con
     const int D = m->cfg.d_model, F = m->cfg.d_ff;
     const bool dense = s->w1.dense >= 0;
     const size_t nF = n * (size_t)F;
-    SELDP_CHECK(use_device(m));
-    SELDP_CHECK(
+    TM_CHECK(use_device(m));
+    TM_CHECK(
         scratch(m, (3 * nF + (dense ? 0 : (size_t)D * (size_t)F)) * sizeof(float), (void **)&buf));
     float *pre = buf, *act = buf + nF, *dact = buf + 2 * nF;
     float *dW = dense ? NULL : buf + 3 * nF; /* (D,F) or (F,D): both D*F floats */
-    SELDP_CHECK(expert_ffn(m, s, x, n, pre, act, NULL));
+    TM_CHECK(expert_ffn(m, s, x, n, pre, act, NULL));
     // dact (n,F) = dy (n,D) . w2 (D,F)
-    SELDP_CHECK(gemm(m, false, false, (int)n, F, D, 1.0f, dy, D, s->w2.eff, F, 0.0f, dact, F));
+    TM_CHECK(gemm(m, false, false, (int)n, F, D, 1.0f, dy, D, s->w2.eff, F, 0.0f, dact, F));
     // dw2 (D,F) = dy^T (D,n) . act (n,F)
-    SELDP_CHECK(gemm(m, true, false, D, F, (int)n, 1.0f, dy, D, act, F, dense ? 1.0f : 0.0f,
+    TM_CHECK(gemm(m, true, false, D, F, (int)n, 1.0f, dy, D, act, F, dense ? 1.0f : 0.0f,
                      dense ? m->grad[s->w2.dense] : dW, F));
     if (!dense)
-        SELDP_CHECK(lora_backward(m, &s->w2, dW));
+        TM_CHECK(lora_backward(m, &s->w2, dW));
     CUDA_TRY(tmc_k_silu_backward(m->stream, pre, dact, nF), "silu backward");
     // dw1 (F,D) = dpre^T (F,n) . x (n,D)
-    SELDP_CHECK(gemm(m, true, false, F, D, (int)n, 1.0f, dact, F, x, D, dense ? 1.0f : 0.0f,
+    TM_CHECK(gemm(m, true, false, F, D, (int)n, 1.0f, dact, F, x, D, dense ? 1.0f : 0.0f,
                      dense ? m->grad[s->w1.dense] : dW, D));
     if (!dense)
-        SELDP_CHECK(lora_backward(m, &s->w1, dW));
+        TM_CHECK(lora_backward(m, &s->w1, dW));
     // dx (n,D) = dpre (n,F) . w1 (F,D)
     if (dx)
-        SELDP_CHECK(gemm(m, false, false, (int)n, D, F, 1.0f, dact, F, s->w1.eff, D, 0.0f, dx, D));
-    SELDP_CHECK(finish(m, "tmc_expert_backward"));
+        TM_CHECK(gemm(m, false, false, (int)n, D, F, 1.0f, dact, F, s->w1.eff, D, 0.0f, dx, D));
+    TM_CHECK(finish(m, "tmc_expert_backward"));
     m->seen[(size_t)l * (size_t)m->cfg.experts + (size_t)e] = true;
 fail:
     return st;
@@ -808,22 +808,22 @@ seldp_status tmc_head_forward_backward(tmc_model *m, const float *h, const int32
     seldp_status st = SELDP_OK;
     float *host_loss = NULL;
     if (!m->embedded)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: tmc_head_forward_backward before tmc_embed_forward", m->rank);
     const size_t T = m->T;
     const int D = m->cfg.d_model, V = m->cfg.vocab;
     for (size_t t = 0; t < T; t++)
         if (targets[t] < 0 || targets[t] >= V)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                                "rank %d: target %zu is %d, expected an id in [0, %d)", m->rank, t,
                                (int)targets[t], V);
     double loss = 0.0;
     if (T == 0)
         goto done;
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     const size_t TD = T * (size_t)D;
     float *buf = NULL;
-    SELDP_CHECK(scratch(m, (2 * TD + 2 * T + T * (size_t)V) * sizeof(float) + T * sizeof(int32_t),
+    TM_CHECK(scratch(m, (2 * TD + 2 * T + T * (size_t)V) * sizeof(float) + T * sizeof(int32_t),
                         (void **)&buf));
     float *z = buf, *dz = buf + TD, *rstd = buf + 2 * TD, *tok_loss = rstd + T;
     float *logits = tok_loss + T;
@@ -831,19 +831,19 @@ seldp_status tmc_head_forward_backward(tmc_model *m, const float *h, const int32
     const float *gf = m->work[m->final_norm], *emb = m->work[m->embed];
     host_loss = malloc(T * sizeof *host_loss);
     if (!host_loss)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu token losses", m->rank, T);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for %zu token losses", m->rank, T);
     CUDA_TRY(
         cudaMemcpyAsync(dtargets, targets, T * sizeof *targets, cudaMemcpyHostToDevice, m->stream),
         "target upload");
     CUDA_TRY(tmc_k_rmsnorm_forward(m->stream, h, gf, T, D, (float)m->cfg.eps, z, rstd),
              "final rmsnorm");
     // logits (T,V) = z (T,D) . embed^T (D,V)
-    SELDP_CHECK(gemm(m, false, true, (int)T, V, D, 1.0f, z, D, emb, D, 0.0f, logits, V));
+    TM_CHECK(gemm(m, false, true, (int)T, V, D, 1.0f, z, D, emb, D, 0.0f, logits, V));
     CUDA_TRY(tmc_k_cross_entropy(m->stream, logits, dtargets, T, V, tok_loss), "cross-entropy");
     // dz (T,D) = dlogits (T,V) . embed (V,D)
-    SELDP_CHECK(gemm(m, false, false, (int)T, D, V, 1.0f, logits, V, emb, D, 0.0f, dz, D));
+    TM_CHECK(gemm(m, false, false, (int)T, D, V, 1.0f, logits, V, emb, D, 0.0f, dz, D));
     // d embed (V,D) += dlogits^T (V,T) . z (T,D)   (the tied lm_head)
-    SELDP_CHECK(
+    TM_CHECK(
         gemm(m, true, false, V, D, (int)T, 1.0f, logits, V, z, D, 1.0f, m->grad[m->embed], D));
     CUDA_TRY(cudaMemsetAsync(dh, 0, TD * sizeof *dh, m->stream), "cudaMemset");
     CUDA_TRY(tmc_k_rmsnorm_backward(m->stream, dz, h, gf, rstd, T, D, dh, m->grad[m->final_norm]),
@@ -851,7 +851,7 @@ seldp_status tmc_head_forward_backward(tmc_model *m, const float *h, const int32
     CUDA_TRY(cudaMemcpyAsync(host_loss, tok_loss, T * sizeof *host_loss, cudaMemcpyDeviceToHost,
                              m->stream),
              "loss download");
-    SELDP_CHECK(finish(m, "tmc_head_forward_backward"));
+    TM_CHECK(finish(m, "tmc_head_forward_backward"));
     for (size_t t = 0; t < T; t++)
         loss += (double)host_loss[t];
 done:
@@ -868,12 +868,12 @@ seldp_status tmc_copy_rows(tmc_model *m, float *dst, const int64_t *dst_rows, co
     seldp_status st = SELDP_OK;
     if (n == 0)
         return SELDP_OK;
-    SELDP_CHECK(use_device(m));
+    TM_CHECK(use_device(m));
     if (2 * n > m->rows_capacity) {
         cudaFree(m->rows);
         m->rows = NULL;
         m->rows_capacity = 0;
-        SELDP_CHECK(device_alloc(m, 2 * n * sizeof(int64_t), (void **)&m->rows));
+        TM_CHECK(device_alloc(m, 2 * n * sizeof(int64_t), (void **)&m->rows));
         m->rows_capacity = 2 * n;
     }
     int64_t *d_dst = NULL, *d_src = NULL;
@@ -890,7 +890,7 @@ seldp_status tmc_copy_rows(tmc_model *m, float *dst, const int64_t *dst_rows, co
                  "row index upload");
     }
     CUDA_TRY(tmc_k_copy_rows(m->stream, dst, d_dst, src, d_src, n, D), "row copy");
-    SELDP_CHECK(finish(m, "tmc_copy_rows"));
+    TM_CHECK(finish(m, "tmc_copy_rows"));
 fail:
     return st;
 }
@@ -914,49 +914,49 @@ seldp_status tmc_step_local(tmc_model *m, const int32_t *tokens, const int32_t *
     int64_t *tok_rows = NULL, *slot_rows = NULL;
     for (int e = 0; e < E; e++)
         if (!m->experts[e].held)
-            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+            return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                                "rank %d: tmc_step_local needs every expert; expert %d is not held",
                                m->rank, e);
     const size_t TD = T * (size_t)D, TKD = T * (size_t)K * (size_t)D;
-    SELDP_CHECK(use_device(m));
-    SELDP_CHECK(device_alloc(m, (2 * TD + 5 * TKD + 1) * sizeof(float), (void **)&buf));
+    TM_CHECK(use_device(m));
+    TM_CHECK(device_alloc(m, (2 * TD + 5 * TKD + 1) * sizeof(float), (void **)&buf));
     tok_rows = malloc((T * (size_t)K + 1) * sizeof *tok_rows);
     slot_rows = malloc((T * (size_t)K + 1) * sizeof *slot_rows);
     if (!tok_rows || !slot_rows)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for a step of %zu tokens", m->rank, T);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory for a step of %zu tokens", m->rank, T);
     float *h = buf, *dh = buf + TD, *y = buf + 2 * TD, *dy = y + TKD;
     float *xe = dy + TKD, *ye = xe + TKD, *de = ye + TKD; /* packed rows of one expert */
 
-    SELDP_CHECK(tmc_begin_step(m));
-    SELDP_CHECK(tmc_embed_forward(m, tokens, T, h));
+    TM_CHECK(tmc_begin_step(m));
+    TM_CHECK(tmc_embed_forward(m, tokens, T, h));
     for (int l = 0; l < L; l++) {
         tmc_route route;
-        SELDP_CHECK(tmc_route_forward(m, l, h, &route));
+        TM_CHECK(tmc_route_forward(m, l, h, &route));
         for (int e = 0; e < E; e++) {
             size_t n = routed_rows(&route, e, false, tok_rows);
             routed_rows(&route, e, true, slot_rows);
-            SELDP_CHECK(tmc_copy_rows(m, xe, NULL, route.x, tok_rows, n, D));
-            SELDP_CHECK(tmc_expert_forward(m, l, e, xe, n, ye));
-            SELDP_CHECK(tmc_copy_rows(m, y, slot_rows, ye, NULL, n, D));
+            TM_CHECK(tmc_copy_rows(m, xe, NULL, route.x, tok_rows, n, D));
+            TM_CHECK(tmc_expert_forward(m, l, e, xe, n, ye));
+            TM_CHECK(tmc_copy_rows(m, y, slot_rows, ye, NULL, n, D));
         }
-        SELDP_CHECK(tmc_combine_forward(m, l, y, h));
+        TM_CHECK(tmc_combine_forward(m, l, y, h));
     }
-    SELDP_CHECK(tmc_head_forward_backward(m, h, targets, loss_sum, dh));
+    TM_CHECK(tmc_head_forward_backward(m, h, targets, loss_sum, dh));
     for (int l = L - 1; l >= 0; l--) {
         tmc_route route;
-        SELDP_CHECK(tmc_route_get(m, l, &route));
-        SELDP_CHECK(tmc_combine_backward(m, l, dh, dy));
+        TM_CHECK(tmc_route_get(m, l, &route));
+        TM_CHECK(tmc_combine_backward(m, l, dh, dy));
         for (int e = 0; e < E; e++) {
             size_t n = routed_rows(&route, e, false, tok_rows);
             routed_rows(&route, e, true, slot_rows);
-            SELDP_CHECK(tmc_copy_rows(m, xe, NULL, route.x, tok_rows, n, D));
-            SELDP_CHECK(tmc_copy_rows(m, de, NULL, dy, slot_rows, n, D));
-            SELDP_CHECK(tmc_expert_backward(m, l, e, xe, de, n, ye));
-            SELDP_CHECK(tmc_copy_rows(m, y, slot_rows, ye, NULL, n, D)); /* y: dx per slot */
+            TM_CHECK(tmc_copy_rows(m, xe, NULL, route.x, tok_rows, n, D));
+            TM_CHECK(tmc_copy_rows(m, de, NULL, dy, slot_rows, n, D));
+            TM_CHECK(tmc_expert_backward(m, l, e, xe, de, n, ye));
+            TM_CHECK(tmc_copy_rows(m, y, slot_rows, ye, NULL, n, D)); /* y: dx per slot */
         }
-        SELDP_CHECK(tmc_route_backward(m, l, y, dh));
+        TM_CHECK(tmc_route_backward(m, l, y, dh));
     }
-    SELDP_CHECK(tmc_embed_backward(m, dh));
+    TM_CHECK(tmc_embed_backward(m, dh));
 fail:
     cudaFree(buf);
     free(tok_rows);
@@ -984,11 +984,11 @@ seldp_status tmc_export_grads(const tmc_model *m, unsigned roles, double scale, 
     seldp_param_id *put = NULL;
     size_t n_put = 0;
     if (!m || !out)
-        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "tmc_export_grads: NULL argument");
-    SELDP_CHECK(use_device(m));
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "tmc_export_grads: NULL argument");
+    TM_CHECK(use_device(m));
     put = malloc((m->n ? m->n : 1) * sizeof *put);
     if (!put)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory exporting gradients", m->rank);
+        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory exporting gradients", m->rank);
     for (size_t i = 0; i < m->n; i++) {
         const tm_param_info *p = m->info[i];
         if (!m->grad[i] || m->alias[i] || !(p->role & roles))
@@ -998,7 +998,7 @@ seldp_status tmc_export_grads(const tmc_model *m, unsigned roles, double scale, 
         seldp_tensor t = m->dev[i];
         t.dtype = fp32 ? SELDP_F32 : m->dev[i].dtype;
         t.data = NULL;
-        SELDP_CHECK(seldp_tensor_alloc(&t));
+        TM_CHECK(seldp_tensor_alloc(&t));
         cudaError_t err =
             tmc_k_export(m->stream, m->grad[i], seldp_tensor_numel(&t), scale, t.dtype, t.data);
         if (err == cudaSuccess)
@@ -1010,7 +1010,7 @@ seldp_status tmc_export_grads(const tmc_model *m, unsigned roles, double scale, 
             snprintf(why, sizeof why, "%s",
                      err != cudaSuccess ? cudaGetErrorString(err) : seldp_last_error());
             seldp_tensor_free(&t);
-            SELDP_FAIL(err != cudaSuccess ? SELDP_ERR_TRANSPORT : st,
+            TM_FAIL(err != cudaSuccess ? SELDP_ERR_TRANSPORT : st,
                        "rank %d: exporting the gradient of %s (id %llu): %s", m->rank, p->path,
                        (unsigned long long)p->id, why);
         }
