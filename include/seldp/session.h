@@ -10,7 +10,33 @@
  * Collective order is the lexicographic order of full paths; a ParamId tied at several
  * paths is ordered by its smallest path and communicated once. Every collective call
  * returns the same status on every rank of the group; on failure the caller's model
- * and gradient container are unchanged (initialize's one exception is documented there). */
+ * and gradient container are unchanged (initialize's one exception is documented there).
+ * Error messages name the public call that failed (seldp_session_sum, ...).
+ *
+ * Agreement: the ranks of a group must make the same calls on the same sessions in the
+ * same order. Each reduction agrees, before anything moves, on the method, the missing-
+ * gradient policy and a fingerprint of the session: a digest of its selection's schema
+ * and how many reductions the session has run. Two sessions of one communicator called in
+ * a different order on different ranks, or a call one rank missed, is SELDP_ERR_DISAGREE
+ * on every rank, naming each side's session (by its first selected path), method and call
+ * number; nothing is written. A session whose ranks fell out of step stays so (every later
+ * reduction fails the same way): destroy it and initialize a new one. Settings that change
+ * the outcome (bucket_bytes, check_finite) must be equal on every rank at initialize.
+ *
+ * Memory and timing (the price of "nothing is lost"):
+ * - A session stages its selection in FP32: the bucketed reduce path (every transport
+ *   but the host-staged one, and device memory) allocates, at its first reduction, one
+ *   F32 buffer of every reducible selected element on the communicator's device (4 bytes
+ *   an element, twice a BF16 selection's size) and keeps it until seldp_session_destroy;
+ *   gradients are converted into it, reduced, and only converted back into the caller's
+ *   tensors once every collective has succeeded. The fused path of the host-staged
+ *   transport needs no such buffer. Results that cannot be written in place (FP32
+ *   variants of half inputs, entries added under the zero policy) are allocated before
+ *   any collective, so that the commit cannot run out of memory halfway.
+ * - A reduction starts when it is called, after backward: nothing overlaps the reduction
+ *   with the computation of later gradients (no bucket is sent while backward still
+ *   runs, unlike DDP's hooks). Call it once per step, when every selected gradient of the
+ *   step is final. */
 #ifndef SELDP_SESSION_H
 #define SELDP_SESSION_H
 
@@ -39,18 +65,40 @@ typedef enum seldp_missing_policy {
     SELDP_MISSING_ZERO = 1
 } seldp_missing_policy;
 
+/** How a reduction moves the gradients. Both paths give bit-identical results. */
+typedef enum seldp_reduce_path {
+    /** The environment variable SELDP_REDUCE_PATH decides ("fused" or "bucketed"); unset,
+     * empty or "auto": fused where the transport has a fused reduction (the host-staged
+     * one, on host memory), else bucketed. */
+    SELDP_REDUCE_PATH_AUTO = 0,
+    /** The transport reads every rank's gradients where they are and writes the results
+     * in one pass and one rendezvous, with no staging buffer. Host-staged transport on
+     * host memory only: elsewhere initialize fails with SELDP_ERR_INVALID_ARGUMENT. */
+    SELDP_REDUCE_PATH_FUSED = 1,
+    /** Gradients converted to F32 into the session's staging buffer, allreduced in buckets
+     * of bucket_bytes, scaled, and converted back: what NCCL and MPI always do. */
+    SELDP_REDUCE_PATH_BUCKETED = 2
+} seldp_reduce_path;
+
 /** Session settings; grows at the end. */
 typedef struct seldp_session_config {
-    size_t bucket_bytes; /**< upper bound of one coalesced collective's payload */
-    bool check_finite;   /**< reduce fails with SELDP_ERR_NONFINITE naming the first
-                              non-finite input gradient (by path and rank) */
+    size_t bucket_bytes;           /**< upper bound of one coalesced collective's payload; the same
+                                        on every rank */
+    bool check_finite;             /**< reduce fails with SELDP_ERR_NONFINITE naming the first
+                                        non-finite input gradient of an active rank, in path order,
+                                        then lowest group rank; the same on every rank */
+    seldp_reduce_path reduce_path; /**< may differ between ranks: the group takes the
+                                        fused path only when every rank can */
+    bool staged_commit;            /**< keep the full guarantee on every path: results are staged in
+                                        FP32 and committed only after a final agreement that every
+                                        rank's reduction succeeded; the same on every rank */
 } seldp_session_config;
 
 /** Initializer of seldp_session_config with the defaults: 25 MiB buckets, no finiteness
- * check. */
+ * check, the reduce path chosen by SELDP_REDUCE_PATH or the transport. */
 #define SELDP_SESSION_CONFIG_INIT                                                                  \
     {                                                                                              \
-        (size_t)25 << 20, false                                                                    \
+        (size_t)25 << 20, false, SELDP_REDUCE_PATH_AUTO, false                                     \
     }
 
 /** Collective: validate the selection on every rank of `comm`, then broadcast every
@@ -114,6 +162,10 @@ int seldp_session_rank(const seldp_session *session);
 
 /** Number of ranks in the session's group (local). */
 int seldp_session_size(const seldp_session *session);
+
+/** The reduce path the group agreed on at initialize (local): SELDP_REDUCE_PATH_FUSED or
+ * SELDP_REDUCE_PATH_BUCKETED; SELDP_REDUCE_PATH_AUTO for a NULL session. */
+seldp_reduce_path seldp_session_reduce_path(const seldp_session *session);
 
 /** The selected ids as given at initialization (local); *n receives their count. The
  * array is owned by the session. */
