@@ -199,8 +199,13 @@ static seldp_status reduce_prepare(reduce_call *c)
         if (t)
             SELDP_CHECK(check_gradient(c, &s->groups[i], t));
     }
-    /* Results that cannot be written in place are allocated now, so that the commit
-     * cannot fail after the collectives for want of memory. */
+    /* Results that cannot be written in place are allocated now, and room made in the
+     * container for those that become new entries, so that the commit cannot fail after
+     * the collectives for want of memory. */
+    size_t added = 0;
+    for (size_t k = 0; k < s->n_slots; k++)
+        added += !c->slots[k].has_grad;
+    SELDP_CHECK(seldp_grads_reserve(c->grads, added));
     for (size_t k = 0; k < s->n_slots; k++) {
         const session_group *g = &s->groups[s->slot_group[k]];
         reduce_slot *slot = &c->slots[k];
@@ -567,8 +572,8 @@ static seldp_status replace_gradient(seldp_grads *grads, seldp_param_id id, seld
     return SELDP_OK;
 }
 
-/* Write the results into the caller's container. Everything it needs was allocated before
- * the agreement; the only failure left possible is the container's own growth. */
+/* Write the results into the caller's container. Everything it needs, the container's
+ * room for new entries included, was allocated before the agreement. */
 static seldp_status reduce_commit(reduce_call *c)
 {
     seldp_status st = SELDP_OK;
