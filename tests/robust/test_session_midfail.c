@@ -181,8 +181,8 @@ static void fault_at_every_reduction_point(void **state)
 
 /* --- an abort that lands while the reduction runs ------------------------- */
 
-#define BIG_F32  ((int64_t)1 << 19)
-#define BIG_BF16 ((int64_t)1 << 17)
+#define BIG_F32  ((int64_t)1 << 18)
+#define BIG_BF16 ((int64_t)1 << 16)
 
 typedef struct abort_trial {
     bool staged;
@@ -266,7 +266,7 @@ static void abort_while_reducing(void **state)
     (void)state;
     int seen[2][4] = {{0}}; /* staged x (ok, unchanged, undefined, other) */
     for (int staged = 0; staged <= 1; staged++) {
-        for (long delay = 0; delay <= 3000; delay += 250) {
+        for (long delay = 0; delay <= 2000; delay += 200) {
             abort_trial t;
             char why[1200];
             memset(&t, 0, sizeof t);
