@@ -4,21 +4,27 @@
  * every rank has passed validation and every collective has completed:
  *   prepare   validate this rank's gradients, allocate the staging buffer and every owned
  *             result the commit may need (a failure here is a local failure);
- *   agree     one all-gather of a fixed record per rank: status, method, FP32 flag,
- *             policy, weight and a presence bit per reducible parameter;
- *   decide    from the gathered records, the same on every rank: disagreement, local
- *             failures (whose message is then shared), weight overflow, presence, and
- *             gradients missing under the error policy;
+ *   agree     one all-gatherv of a record per rank: status, method, FP32 flag, policy,
+ *             weight, the session's fingerprint (schema digest, call count, first path),
+ *             the first non-finite gradient and a presence bit per reducible parameter;
+ *   decide    from the gathered records, the same on every rank: another session or
+ *             call, disagreement, local failures (whose message is then shared), non-finite
+ *             inputs, weight overflow, presence, and gradients missing under the error
+ *             policy;
  *   pack      contributions converted to F32 into the staging buffer, zeros for a rank
  *             that is inactive or has none;
  *   allreduce the staging buffer in buckets of cfg.bucket_bytes, then scale by 1/W;
+ *   confirm   with cfg.staged_commit only: one all-gather of every rank's status, so that
+ *             the results are committed everywhere or nowhere;
  *   commit    results written into the caller's tensors, or put as owned entries, and
  *             gradients absent on every active rank removed.
- * On host memory, a transport with a fused reduction (the host-staged one) replaces pack
- * and allreduce: it reads every rank's gradients where they are, upcasts halves, sums in
- * F32 in rank order, scales by 1/W and writes the results straight into the tensors the
- * commit would have written, in one pass and one rendezvous, so that a failure still
- * changes nothing. No staging buffer is allocated then; the results are the same bits. */
+ * On the fused path (the host-staged transport on host memory, unless the session chose
+ * the bucketed one) the transport's fused reduction replaces pack and allreduce: it reads
+ * every rank's gradients where they are, upcasts halves, sums in F32 in rank order, scales
+ * by 1/W and writes the results straight into the tensors the commit would have written,
+ * in one pass and one rendezvous, with no staging buffer; the results are the same bits. A
+ * failure after that writing began is SELDP_ERR_GRADS_UNDEFINED. With cfg.staged_commit it
+ * writes F32 results into the staging buffer instead, and the commit converts them. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
