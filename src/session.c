@@ -73,12 +73,13 @@ fail:
     return st;
 }
 
-seldp_status seldp__session_name_call(seldp_status st, const char *call)
+seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage)
 {
     char message[SESSION_MESSAGE_MAX];
     if (st == SELDP_OK || strstr(seldp_last_error(), "seldp_session_"))
         return st;
-    snprintf(message, sizeof message, "%s: %s", call, seldp_last_error());
+    snprintf(message, sizeof message, "%s: %s%s%s", call, stage ? stage : "",
+             stage ? " of the call failed: " : "", seldp_last_error());
     seldp__set_error(message);
     return st;
 }
@@ -324,7 +325,9 @@ static seldp_status init_agree(seldp_comm *comm, const init_record *mine, const 
     seldp_status st = SELDP_OK;
     int n = seldp_comm_size(comm);
 
-    SELDP_CHECK(seldp_comm_allgather(comm, mine, all, sizeof *mine, SELDP_HOST_DEVICE));
+    SELDP_CHECK(seldp__session_name_call(
+        seldp_comm_allgather(comm, mine, all, sizeof *mine, SELDP_HOST_DEVICE),
+        init_name(mine->with_buffers), "the agreement"));
     for (int r = 0; r < n; r++)
         world_ranks[r] = (int)all[r].world_rank;
     for (int r = 1; r < n; r++) {
@@ -376,8 +379,9 @@ static uint64_t digest_bytes(const unsigned char *p, size_t n)
 /* Collective: all-gather the manifests and compare every rank's with the root's. Every rank
  * decodes the same bytes, so every rank reaches the same verdict, and the same *digest of
  * the root's manifest: the session's schema fingerprint. */
-static seldp_status schema_agree(seldp_comm *comm, const void *blob, size_t blob_bytes, int root,
-                                 const int *world_ranks, uint64_t *digest)
+static seldp_status schema_agree(seldp_comm *comm, const char *call, const void *blob,
+                                 size_t blob_bytes, int root, const int *world_ranks,
+                                 uint64_t *digest)
 {
     seldp_status st = SELDP_OK;
     int n = seldp_comm_size(comm), decoded = 0;
@@ -388,7 +392,9 @@ static seldp_status schema_agree(seldp_comm *comm, const void *blob, size_t blob
 
     if (!lengths || !manifests)
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory gathering %d schema manifests", n);
-    SELDP_CHECK(seldp_comm_allgatherv(comm, blob, blob_bytes, (void **)&all, lengths));
+    SELDP_CHECK(seldp__session_name_call(
+        seldp_comm_allgatherv(comm, blob, blob_bytes, (void **)&all, lengths), call,
+        "the schema exchange"));
     for (; decoded < n; decoded++) {
         st = seldp__manifest_decode(all + offset, lengths[decoded], &manifests[decoded]);
         if (st != SELDP_OK) {
@@ -499,8 +505,11 @@ static seldp_status session_initialize(seldp_comm *comm, seldp_model *model, int
     s->fused = true;
     for (int r = 0; r < n; r++)
         s->fused = s->fused && all[r].fused;
-    SELDP_CHECK(schema_agree(comm, blob, blob_bytes, root, world_ranks, &s->digest));
-    SELDP_CHECK(broadcast_selection(s, root, bucket));
+    SELDP_CHECK(schema_agree(comm, init_name(with_buffers), blob, blob_bytes, root, world_ranks,
+                             &s->digest));
+    SELDP_CHECK(seldp__session_name_call(broadcast_selection(s, root, bucket),
+                                         init_name(with_buffers),
+                                         "the broadcast of the selection"));
     *out = s;
     s = NULL;
 fail:
@@ -509,7 +518,7 @@ fail:
     free(blob);
     free(world_ranks);
     free(all);
-    return seldp__session_name_call(st, init_name(with_buffers));
+    return seldp__session_name_call(st, init_name(with_buffers), NULL);
 }
 
 seldp_status seldp_session_initialize(seldp_comm *comm, seldp_model *model, int root,

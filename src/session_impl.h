@@ -61,9 +61,10 @@ seldp_status seldp__session_share_error(seldp_comm *comm, int failing, seldp_sta
 void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks, char *buf,
                               size_t size);
 
-/* Make the calling thread's last error start with `call` ("seldp_session_sum: ...")
- * unless it names a public session call already; returns st. */
-seldp_status seldp__session_name_call(seldp_status st, const char *call);
+/* Make the calling thread's last error start with `call` and the stage of the call a
+ * transport error came from ("seldp_session_sum: the agreement of the call failed: ...";
+ * `stage` may be NULL) unless it names a public session call already. Returns st. */
+seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage);
 
 /* "host" or "cuda:N" into buf; returns buf. */
 const char *seldp__session_device_name(seldp_device device, char *buf, size_t size);

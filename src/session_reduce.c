@@ -536,7 +536,9 @@ static seldp_status reduce_confirm(reduce_call *c, seldp_status reduced)
                                                  "out of memory confirming a reduction over %d "
                                                  "ranks",
                                                  n);
-    st = seldp_comm_allgather(comm, &mine, all, sizeof mine, SELDP_HOST_DEVICE);
+    st = seldp__session_name_call(
+        seldp_comm_allgather(comm, &mine, all, sizeof mine, SELDP_HOST_DEVICE),
+        method_name(c->normalize, c->fp32), "the confirmation");
     if (st != SELDP_OK && reduced != SELDP_OK) {
         seldp__set_error(own); /* this rank's own failure says more than the confirmation's */
         st = reduced;
@@ -650,8 +652,9 @@ static seldp_status session_reduce(seldp_session *s, seldp_grads *grads, uint64_
     seldp__session_save_message(s->comm, local, message);
     fill_record(&c, local, (reduce_record *)mine);
     /* Variable-length, so that ranks in sessions of different sizes meet here and say so. */
-    SELDP_CHECK(seldp_comm_allgatherv(s->comm, mine, c.record_bytes, (void **)&c.records,
-                                      c.record_lengths));
+    SELDP_CHECK(seldp__session_name_call(
+        seldp_comm_allgatherv(s->comm, mine, c.record_bytes, (void **)&c.records, c.record_lengths),
+        method_name(normalize, fp32), "the agreement"));
     SELDP_CHECK(reduce_decide(&c, message));
     if (c.fused) {
         st = reduce_fused(&c);
@@ -660,6 +663,7 @@ static seldp_status session_reduce(seldp_session *s, seldp_grads *grads, uint64_
         if (st == SELDP_OK)
             st = reduce_allreduce(&c);
     }
+    st = seldp__session_name_call(st, method_name(normalize, fp32), "the reduction");
     if (s->cfg.staged_commit)
         st = reduce_confirm(&c, st);
     SELDP_CHECK(st);
@@ -677,7 +681,7 @@ fail:
     free(c.record_lengths);
     free(c.records);
     free(c.slots);
-    return seldp__session_name_call(st, method_name(normalize, fp32));
+    return seldp__session_name_call(st, method_name(normalize, fp32), NULL);
 }
 
 seldp_status seldp_session_reduce(seldp_session *session, seldp_grads *grads, uint64_t local_weight,

@@ -807,7 +807,7 @@ static const row MATRIX[] = {
      1,
      nothing,
      SELDP_ERR_DISAGREE,
-     {"allgather", "rank 1", NULL},
+     {"the agreement of the call failed: ", "rank 1", NULL},
      false,
      NULL},
     /* --- reductions: gradients ------------------------------------------------------------ */

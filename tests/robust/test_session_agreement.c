@@ -317,6 +317,10 @@ static int rank_absent(seldp_rank_ctx *ctx)
                    "returned %s: %s", seldp_status_name(got[0]), seldp_last_error());
         RANK_CHECK(ctx, strncmp(seldp_last_error(), "seldp_session_sum_fp32: ", 24) == 0,
                    "the message does not start with the public call: %s", seldp_last_error());
+        RANK_CHECK(ctx,
+                   strstr(seldp_last_error(), "seldp_session_sum_fp32: the agreement of the call "
+                                              "failed: "),
+                   "the message does not name the stage of the call: %s", seldp_last_error());
     } else {
         /* never arrives: sleeps past rank 0's timeout, then leaves */
         struct timespec ts = {0, 600 * 1000 * 1000};
