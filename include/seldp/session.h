@@ -21,8 +21,10 @@
  * a different order on different ranks, or a call one rank missed, is SELDP_ERR_DISAGREE
  * on every rank, naming each side's session (by its first selected path), method and call
  * number; nothing is written. A session whose ranks fell out of step stays so (every later
- * reduction fails the same way): destroy it and initialize a new one. Settings that change
- * the outcome (bucket_bytes, check_finite) must be equal on every rank at initialize.
+ * reduction fails the same way): destroy it and initialize a new one. Two sessions of one
+ * communicator with the same selection share a schema digest and are told apart by their
+ * call counts only. Settings that change the outcome (bucket_bytes, check_finite,
+ * staged_commit) must be equal on every rank at initialize.
  *
  * Memory and timing (the price of "nothing is lost"):
  * - A session stages its selection in FP32: the bucketed reduce path (every transport
