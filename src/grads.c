@@ -4,6 +4,7 @@
  * they allocate everything they need before moving anything, so a failure leaves
  * every container as it was. */
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +68,22 @@ static grad_entry *find(const seldp_grads *g, seldp_param_id id)
 {
     size_t at = lower_bound(g, id);
     return at < g->count && g->entries[at].id == id ? &g->entries[at] : NULL;
+}
+
+seldp_status seldp_grads_reserve(seldp_grads *grads, size_t n)
+{
+    if (!grads)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "grads_reserve: container is NULL");
+    if (n <= grads->capacity - grads->count)
+        return SELDP_OK;
+    if (n > SIZE_MAX / sizeof(grad_entry) - grads->count)
+        return seldp__fail(SELDP_ERR_NOMEM, "grads_reserve: %zu more entries overflow", n);
+    grad_entry *e = realloc(grads->entries, (grads->count + n) * sizeof *e);
+    if (!e)
+        return seldp__fail(SELDP_ERR_NOMEM, "out of memory reserving %zu more gradients", n);
+    grads->entries = e;
+    grads->capacity = grads->count + n;
+    return SELDP_OK;
 }
 
 seldp_status seldp_grads_put(seldp_grads *grads, seldp_param_id id, const seldp_tensor *tensor,

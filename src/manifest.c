@@ -304,22 +304,53 @@ typedef enum entry_diff {
     DIFF_DEVICE
 } entry_diff;
 
-static entry_diff diff_entries(const seldp__manifest *ma, const seldp__manifest_entry *a,
-                               const seldp__manifest *mb, const seldp__manifest_entry *b)
+/* The next entry at or after index i tied with alias head `head`, or m->count. */
+static size_t next_tied(const seldp__manifest *m, size_t i, uint32_t head)
+{
+    while (i < m->count && m->entries[i].alias != head)
+        i++;
+    return i;
+}
+
+/* Whether the paths tied to a in ma (its alias set, a included) are those tied to b in mb.
+ * Alias groups are compared by their paths, not by index, so that a difference earlier in
+ * the list does not shift every later index. Linear in the manifests' length. */
+static bool same_alias_set(const seldp__manifest *ma, const seldp__manifest_entry *a,
+                           const seldp__manifest *mb, const seldp__manifest_entry *b)
+{
+    size_t i = next_tied(ma, a->alias, a->alias), j = next_tied(mb, b->alias, b->alias);
+    while (i < ma->count && j < mb->count) {
+        if (strcmp(ma->entries[i].path, mb->entries[j].path) != 0)
+            return false;
+        i = next_tied(ma, i + 1, a->alias);
+        j = next_tied(mb, j + 1, b->alias);
+    }
+    return i == ma->count && j == mb->count;
+}
+
+/* What differs between two entries of one path, the alias set aside. */
+static entry_diff diff_except_alias(const seldp__manifest_entry *a, const seldp__manifest_entry *b)
 {
     if (a->dtype != b->dtype)
         return DIFF_DTYPE;
     if (a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof a->shape[0]) != 0)
         return DIFF_SHAPE;
-    /* Alias groups are compared by the path they are tied to, not by index, so that a
-     * difference earlier in the list does not shift every later index. */
-    if (strcmp(ma->entries[a->alias].path, mb->entries[b->alias].path) != 0)
-        return DIFF_ALIAS;
     if (a->frozen != b->frozen)
         return DIFF_FROZEN;
     if (a->device_kind != b->device_kind)
         return DIFF_DEVICE;
     return DIFF_NONE;
+}
+
+static entry_diff diff_entries(const seldp__manifest *ma, const seldp__manifest_entry *a,
+                               const seldp__manifest *mb, const seldp__manifest_entry *b)
+{
+    entry_diff d = diff_except_alias(a, b);
+    if (d == DIFF_DTYPE || d == DIFF_SHAPE)
+        return d;
+    if (!same_alias_set(ma, a, mb, b))
+        return DIFF_ALIAS;
+    return d;
 }
 
 static const seldp__manifest_entry *find_entry(const seldp__manifest *m, const char *path)
@@ -338,27 +369,47 @@ static const seldp__manifest_entry *find_entry(const seldp__manifest *m, const c
     return NULL;
 }
 
-/* The first path (in merge order) where `m` differs from `root`, or NULL. */
+/* The earlier of two paths (NULL: none). */
+static const char *earlier(const char *x, const char *y)
+{
+    if (!x)
+        return y;
+    if (!y)
+        return x;
+    return strcmp(x, y) <= 0 ? x : y;
+}
+
+/* The first path (in path order) where `m` differs from `root`, or NULL. A path tied to
+ * A on one side and to B on the other changes the alias sets of A and of B, and the
+ * smaller of the two is the first path whose alias set differs on its account: so one
+ * pass over the paths, comparing only the paths they are tied to, finds the first. */
 static const char *first_difference(const seldp__manifest *root, const seldp__manifest *m)
 {
     size_t i = 0, j = 0;
-    while (i < root->count && j < m->count) {
-        const seldp__manifest_entry *a = &root->entries[i], *b = &m->entries[j];
-        int c = strcmp(a->path, b->path);
-        if (c < 0)
-            return a->path;
-        if (c > 0)
-            return b->path;
-        if (diff_entries(root, a, m, b) != DIFF_NONE)
-            return a->path;
+    const char *first = NULL;
+    while (i < root->count || j < m->count) {
+        const seldp__manifest_entry *a = i < root->count ? &root->entries[i] : NULL;
+        const seldp__manifest_entry *b = j < m->count ? &m->entries[j] : NULL;
+        int c = !a ? 1 : !b ? -1 : strcmp(a->path, b->path);
+        if (c < 0) {
+            first = earlier(first, a->path);
+            i++;
+            continue;
+        }
+        if (c > 0) {
+            first = earlier(first, b->path);
+            j++;
+            continue;
+        }
+        const char *ta = root->entries[a->alias].path, *tb = m->entries[b->alias].path;
+        if (strcmp(ta, tb) != 0)
+            first = earlier(first, earlier(ta, tb));
+        if (diff_except_alias(a, b) != DIFF_NONE)
+            first = earlier(first, a->path);
         i++;
         j++;
     }
-    if (i < root->count)
-        return root->entries[i].path;
-    if (j < m->count)
-        return m->entries[j].path;
-    return NULL;
+    return first;
 }
 
 static void describe(const seldp__manifest *m, const seldp__manifest_entry *e, entry_diff what,
@@ -377,12 +428,24 @@ static void describe(const seldp__manifest *m, const seldp__manifest_entry *e, e
         snprintf(buf, size, "shape ");
         seldp_shape_str(&t, buf + strlen(buf), size - strlen(buf));
         break;
-    case DIFF_ALIAS:
-        if (m->entries[e->alias].path == e->path)
-            snprintf(buf, size, "it untied (its own ParamId)");
-        else
-            snprintf(buf, size, "it tied to '%s'", m->entries[e->alias].path);
+    case DIFF_ALIAS: {
+        /* the alias set, in path order: {'a', 'c'} */
+        size_t used = (size_t)snprintf(buf, size, "alias set {");
+        size_t count = 0;
+        for (size_t i = next_tied(m, e->alias, e->alias); i < m->count && used < size;
+             i = next_tied(m, i + 1, e->alias), count++) {
+            if (used + strlen(m->entries[i].path) + 8 >= size) {
+                used += (size_t)snprintf(buf + used, size - used, ", ...");
+                break;
+            }
+            used += (size_t)snprintf(buf + used, size - used, "%s'%s'", count ? ", " : "",
+                                     m->entries[i].path);
+        }
+        if (used < size)
+            snprintf(buf + used, size - used, "}%s",
+                     count == 1 ? " (untied: its own ParamId)" : "");
         break;
+    }
     case DIFF_FROZEN:
         snprintf(buf, size, "it %s", e->frozen ? "frozen" : "trainable");
         break;
@@ -402,7 +465,7 @@ seldp_status seldp__manifest_compare(const seldp__manifest *manifests, int n, in
     const seldp__manifest *rm = &manifests[root];
     const char *first = NULL;
     const seldp__manifest_entry *re, *xe = NULL;
-    char ranks[256] = "", mine[160] = "", theirs[160] = "";
+    char ranks[256] = "", mine[320] = "", theirs[320] = "";
     int culprit = -1;
     entry_diff what = DIFF_NONE;
     size_t used = 0;
@@ -415,6 +478,7 @@ seldp_status seldp__manifest_compare(const seldp__manifest *manifests, int n, in
     if (!first)
         return SELDP_OK;
 
+    /* the root's entry at the first differing path, and the ranks that differ there */
     re = find_entry(rm, first);
     for (int r = 0; r < n; r++) {
         const seldp__manifest_entry *e;

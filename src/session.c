@@ -11,16 +11,20 @@
  *
  * Transport calls made by each public function (every rank of the group makes the same):
  *   seldp_session_initialize, seldp_session_initialize_with_buffers:
- *     1 allgather of a fixed record (status, world rank, call, root, bucket size);
+ *     1 allgather of a fixed record (status, world rank, call, root, bucket size, finiteness
+ *       check, whether the rank can take the fused reduce path);
  *     on a local failure somewhere: 1 allgatherv of the error messages, then return;
  *     1 allgatherv of the schema manifests;
  *     per dtype d of the selection, ceil(bytes_d / bucket) broadcasts from the root.
  *   seldp_session_reduce, _reduce_fp32, _sum, _sum_fp32 (session_reduce.c):
- *     1 allgather of a fixed record (status, world rank, method, FP32 flag, policy,
- *       weight, one presence bit per reducible parameter);
+ *     1 allgatherv of a record (status, world rank, method, FP32 flag, policy, weight,
+ *       the session's fingerprint, the first non-finite gradient, one presence bit per
+ *       reducible parameter), variable-length so that ranks in different sessions meet
+ *       in it and learn so;
  *     on a local failure somewhere: 1 allgatherv of the error messages, then return;
- *     ceil(4 * elements / bucket) F32 allreduces over the parameters that have a gradient
- *       on some active rank (none when no rank is active).
+ *     over the parameters that have a gradient on some active rank (none when no rank is
+ *       active): on the bucketed path ceil(4 * elements / bucket) F32 allreduces, on the
+ *       fused path one fused reduction.
  *   seldp_session_rank, _size, _selected, _destroy: none (local). */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -29,6 +33,7 @@
 #include <string.h>
 
 #include "bucket.h"
+#include "comm/comm_impl.h"
 #include "device.h"
 #include "internal.h"
 #include "manifest.h"
@@ -65,6 +70,17 @@ seldp_status seldp__session_share_error(seldp_comm *comm, int failing, seldp_sta
 fail:
     free(all);
     free(lengths);
+    return st;
+}
+
+seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage)
+{
+    char message[SESSION_MESSAGE_MAX];
+    if (st == SELDP_OK || strstr(seldp_last_error(), "seldp_session_"))
+        return st;
+    snprintf(message, sizeof message, "%s: %s%s%s", call, stage ? stage : "",
+             stage ? " of the call failed: " : "", seldp_last_error());
+    seldp__set_error(message);
     return st;
 }
 
@@ -183,10 +199,58 @@ static size_t largest_bucket(const seldp_session *s)
     return largest;
 }
 
+/* The reduce path this rank asks for: cfg.reduce_path, or for AUTO the environment's
+ * SELDP_REDUCE_PATH; AUTO when neither chooses. */
+static seldp_status requested_path(const seldp_session_config *cfg, seldp_reduce_path *path)
+{
+    const char *env = getenv("SELDP_REDUCE_PATH");
+    *path = cfg->reduce_path;
+    if (*path != SELDP_REDUCE_PATH_AUTO && *path != SELDP_REDUCE_PATH_FUSED &&
+        *path != SELDP_REDUCE_PATH_BUCKETED)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "cfg.reduce_path %d is invalid (expected SELDP_REDUCE_PATH_AUTO, "
+                           "_FUSED or _BUCKETED)",
+                           (int)*path);
+    if (*path != SELDP_REDUCE_PATH_AUTO || !env || !*env || strcmp(env, "auto") == 0)
+        return SELDP_OK;
+    if (strcmp(env, "fused") == 0)
+        *path = SELDP_REDUCE_PATH_FUSED;
+    else if (strcmp(env, "bucketed") == 0)
+        *path = SELDP_REDUCE_PATH_BUCKETED;
+    else
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "environment SELDP_REDUCE_PATH='%.64s' is invalid (expected fused, "
+                           "bucketed or auto)",
+                           env);
+    return SELDP_OK;
+}
+
+/* Whether this rank takes part in the fused path: it asked for it (or left it to the
+ * transport) and its transport has one over the session's memory. */
+static seldp_status choose_fused(const seldp_session *s, bool *fused)
+{
+    seldp_reduce_path path;
+    bool can = s->comm->ops->reduce_fused && s->device.kind == SELDP_DEVICE_HOST;
+    char where[32];
+    seldp_status st = requested_path(&s->cfg, &path);
+    *fused = false;
+    if (st != SELDP_OK)
+        return st;
+    if (path == SELDP_REDUCE_PATH_FUSED && !can)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "the fused reduce path was asked for, but the %s transport on %s has "
+                           "none (it needs the host-staged transport on host memory)",
+                           seldp_comm_transport(s->comm),
+                           seldp__session_device_name(s->device, where, sizeof where));
+    *fused = can && path != SELDP_REDUCE_PATH_BUCKETED;
+    return SELDP_OK;
+}
+
 /* Everything initialize can check and prepare on its own: the arguments, the selection,
  * this rank's manifest blob and the bucket buffer. */
 static seldp_status init_prepare(seldp_session *s, int root, const seldp_param_id *ids,
-                                 bool with_buffers, void **blob, size_t *blob_bytes, void **bucket)
+                                 bool with_buffers, void **blob, size_t *blob_bytes, void **bucket,
+                                 bool *fused)
 {
     seldp_status st = SELDP_OK;
     seldp_param_id *sorted = NULL;
@@ -200,6 +264,7 @@ static seldp_status init_prepare(seldp_session *s, int root, const seldp_param_i
                    size);
     if (s->cfg.bucket_bytes == 0)
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "cfg.bucket_bytes must be positive");
+    SELDP_CHECK(choose_fused(s, fused));
 
     s->ids = malloc((s->n_ids ? s->n_ids : 1) * sizeof *s->ids);
     sorted = malloc((s->n_ids ? s->n_ids : 1) * sizeof *sorted);
@@ -241,6 +306,9 @@ typedef struct init_record {
     int64_t with_buffers;
     int64_t root;
     int64_t bucket_bytes;
+    int64_t check_finite;
+    int64_t staged_commit;
+    int64_t fused; /* this rank can and may take the fused reduce path */
 } init_record;
 
 static const char *init_name(int64_t with_buffers)
@@ -249,15 +317,17 @@ static const char *init_name(int64_t with_buffers)
 }
 
 /* Collective: exchange the records; fail, the same on every rank, when the ranks called
- * different functions, with different roots or bucket sizes, or when any rank failed
- * locally. world_ranks[r] receives group rank r's world rank. */
+ * different functions, with different roots, bucket sizes or finiteness checks, or when
+ * any rank failed locally. world_ranks[r] receives group rank r's world rank. */
 static seldp_status init_agree(seldp_comm *comm, const init_record *mine, const char *message,
                                init_record *all, int *world_ranks)
 {
     seldp_status st = SELDP_OK;
     int n = seldp_comm_size(comm);
 
-    SELDP_CHECK(seldp_comm_allgather(comm, mine, all, sizeof *mine, SELDP_HOST_DEVICE));
+    SELDP_CHECK(seldp__session_name_call(
+        seldp_comm_allgather(comm, mine, all, sizeof *mine, SELDP_HOST_DEVICE),
+        init_name(mine->with_buffers), "the agreement"));
     for (int r = 0; r < n; r++)
         world_ranks[r] = (int)all[r].world_rank;
     for (int r = 1; r < n; r++) {
@@ -277,6 +347,18 @@ static seldp_status init_agree(seldp_comm *comm, const init_record *mine, const 
                        "ranks disagree on cfg.bucket_bytes: group rank 0 (world rank %d) passed "
                        "%" PRId64 ", group rank %d (world rank %d) passed %" PRId64,
                        world_ranks[0], all[0].bucket_bytes, r, world_ranks[r], all[r].bucket_bytes);
+        if (all[r].check_finite != all[0].check_finite)
+            SELDP_FAIL(SELDP_ERR_DISAGREE,
+                       "ranks disagree on cfg.check_finite: group rank 0 (world rank %d) passed "
+                       "%s, group rank %d (world rank %d) passed %s",
+                       world_ranks[0], all[0].check_finite ? "true" : "false", r, world_ranks[r],
+                       all[r].check_finite ? "true" : "false");
+        if (all[r].staged_commit != all[0].staged_commit)
+            SELDP_FAIL(SELDP_ERR_DISAGREE,
+                       "ranks disagree on cfg.staged_commit: group rank 0 (world rank %d) passed "
+                       "%s, group rank %d (world rank %d) passed %s",
+                       world_ranks[0], all[0].staged_commit ? "true" : "false", r, world_ranks[r],
+                       all[r].staged_commit ? "true" : "false");
     }
     for (int r = 0; r < n; r++)
         if (all[r].status != SELDP_OK)
@@ -285,10 +367,21 @@ fail:
     return st;
 }
 
+/* 64-bit FNV-1a of n bytes. */
+static uint64_t digest_bytes(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3u;
+    return h;
+}
+
 /* Collective: all-gather the manifests and compare every rank's with the root's. Every rank
- * decodes the same bytes, so every rank reaches the same verdict. */
-static seldp_status schema_agree(seldp_comm *comm, const void *blob, size_t blob_bytes, int root,
-                                 const int *world_ranks)
+ * decodes the same bytes, so every rank reaches the same verdict, and the same *digest of
+ * the root's manifest: the session's schema fingerprint. */
+static seldp_status schema_agree(seldp_comm *comm, const char *call, const void *blob,
+                                 size_t blob_bytes, int root, const int *world_ranks,
+                                 uint64_t *digest)
 {
     seldp_status st = SELDP_OK;
     int n = seldp_comm_size(comm), decoded = 0;
@@ -299,7 +392,9 @@ static seldp_status schema_agree(seldp_comm *comm, const void *blob, size_t blob
 
     if (!lengths || !manifests)
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory gathering %d schema manifests", n);
-    SELDP_CHECK(seldp_comm_allgatherv(comm, blob, blob_bytes, (void **)&all, lengths));
+    SELDP_CHECK(seldp__session_name_call(
+        seldp_comm_allgatherv(comm, blob, blob_bytes, (void **)&all, lengths), call,
+        "the schema exchange"));
     for (; decoded < n; decoded++) {
         st = seldp__manifest_decode(all + offset, lengths[decoded], &manifests[decoded]);
         if (st != SELDP_OK) {
@@ -308,6 +403,8 @@ static seldp_status schema_agree(seldp_comm *comm, const void *blob, size_t blob
             SELDP_FAIL(st, "the schema manifest of group rank %d (world rank %d) is malformed: %s",
                        decoded, world_ranks[decoded], why);
         }
+        if (decoded == root)
+            *digest = digest_bytes((const unsigned char *)all + offset, lengths[root]);
         offset += lengths[decoded];
     }
     SELDP_CHECK(seldp__manifest_compare(manifests, n, root, world_ranks));
@@ -373,6 +470,7 @@ static seldp_status session_initialize(seldp_comm *comm, seldp_model *model, int
     int *world_ranks = NULL;
     void *blob = NULL, *bucket = NULL;
     size_t blob_bytes = 0;
+    bool fused = false;
     char message[SESSION_MESSAGE_MAX];
 
     if (!comm || !out)
@@ -393,13 +491,25 @@ static seldp_status session_initialize(seldp_comm *comm, seldp_model *model, int
     s->cfg = cfg ? *cfg : defaults;
     s->n_ids = n_ids;
 
-    local = init_prepare(s, root, ids, with_buffers, &blob, &blob_bytes, &bucket);
+    local = init_prepare(s, root, ids, with_buffers, &blob, &blob_bytes, &bucket, &fused);
     seldp__session_save_message(comm, local, message);
-    mine = (init_record){local, seldp_comm_world_rank(comm), with_buffers, root,
-                         (int64_t)s->cfg.bucket_bytes};
+    mine = (init_record){.status = local,
+                         .world_rank = seldp_comm_world_rank(comm),
+                         .with_buffers = with_buffers,
+                         .root = root,
+                         .bucket_bytes = (int64_t)s->cfg.bucket_bytes,
+                         .check_finite = s->cfg.check_finite,
+                         .staged_commit = s->cfg.staged_commit,
+                         .fused = fused};
     SELDP_CHECK(init_agree(comm, &mine, message, all, world_ranks));
-    SELDP_CHECK(schema_agree(comm, blob, blob_bytes, root, world_ranks));
-    SELDP_CHECK(broadcast_selection(s, root, bucket));
+    s->fused = true;
+    for (int r = 0; r < n; r++)
+        s->fused = s->fused && all[r].fused;
+    SELDP_CHECK(schema_agree(comm, init_name(with_buffers), blob, blob_bytes, root, world_ranks,
+                             &s->digest));
+    SELDP_CHECK(seldp__session_name_call(broadcast_selection(s, root, bucket),
+                                         init_name(with_buffers),
+                                         "the broadcast of the selection"));
     *out = s;
     s = NULL;
 fail:
@@ -408,7 +518,7 @@ fail:
     free(blob);
     free(world_ranks);
     free(all);
-    return st;
+    return seldp__session_name_call(st, init_name(with_buffers), NULL);
 }
 
 seldp_status seldp_session_initialize(seldp_comm *comm, seldp_model *model, int root,
@@ -436,6 +546,13 @@ int seldp_session_rank(const seldp_session *session)
 int seldp_session_size(const seldp_session *session)
 {
     return session ? seldp_comm_size(session->comm) : 0;
+}
+
+seldp_reduce_path seldp_session_reduce_path(const seldp_session *session)
+{
+    if (!session)
+        return SELDP_REDUCE_PATH_AUTO;
+    return session->fused ? SELDP_REDUCE_PATH_FUSED : SELDP_REDUCE_PATH_BUCKETED;
 }
 
 const seldp_param_id *seldp_session_selected(const seldp_session *session, size_t *n)

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "seldp/session.h"
 
@@ -36,6 +37,12 @@ struct seldp_session {
     size_t n_slots;
     size_t slot_elems; /* elements of all reducible groups: the staging buffer's capacity */
     float *staging;    /* F32 on `device`, allocated by the first reduction */
+    bool fused;        /* the group agreed on the fused reduce path at initialize */
+    /* The fingerprint every reduction agrees on: a digest of the selection's schema (the
+     * same on every rank once initialize has compared the manifests) and the number of
+     * reductions this session has entered, failed ones included. */
+    uint64_t digest;
+    uint64_t reductions;
 };
 
 /* Prefix the calling thread's last error with the caller's group and world rank and copy
@@ -53,6 +60,11 @@ seldp_status seldp__session_share_error(seldp_comm *comm, int failing, seldp_sta
  * "group ranks 1,3 (world ranks 5,7)". */
 void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks, char *buf,
                               size_t size);
+
+/* Make the calling thread's last error start with `call` and the stage of the call a
+ * transport error came from ("seldp_session_sum: the agreement of the call failed: ...";
+ * `stage` may be NULL) unless it names a public session call already. Returns st. */
+seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage);
 
 /* "host" or "cuda:N" into buf; returns buf. */
 const char *seldp__session_device_name(seldp_device device, char *buf, size_t size);

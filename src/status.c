@@ -56,6 +56,8 @@ const char *seldp_status_name(seldp_status status)
         return "SELDP_ERR_IO";
     case SELDP_ERR_INTERNAL:
         return "SELDP_ERR_INTERNAL";
+    case SELDP_ERR_GRADS_UNDEFINED:
+        return "SELDP_ERR_GRADS_UNDEFINED";
     }
     return "SELDP_ERR_UNKNOWN";
 }

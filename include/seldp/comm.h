@@ -105,6 +105,9 @@ typedef struct seldp_comm_stats {
     uint64_t alltoallvs; /**< seldp_comm_alltoallv calls */
     uint64_t splits;     /**< seldp_comm_split calls */
     uint64_t bytes;      /**< payload bytes this rank passed in (send side) */
+    uint64_t reductions; /**< fused reductions: a session reduction over many tensors in
+                              one rendezvous (host-staged transport), counted here and
+                              not as allreduces */
 } seldp_comm_stats;
 
 /** Read the counters (local). */

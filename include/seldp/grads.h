@@ -40,6 +40,10 @@ SELDP_API void seldp_grads_destroy(seldp_grads *grads);
 SELDP_API seldp_status seldp_grads_put(seldp_grads *grads, seldp_param_id id,
                                        const seldp_tensor *tensor, seldp_ownership ownership);
 
+/** Make room for `n` more entries, so that the next `n` puts cannot fail for want of
+ * memory (as std::vector::reserve). On failure (SELDP_ERR_NOMEM) nothing changes. */
+SELDP_API seldp_status seldp_grads_reserve(seldp_grads *grads, size_t n);
+
 /** The gradient of `id`, or NULL. The pointer is valid until the container changes. */
 SELDP_API const seldp_tensor *seldp_grads_get(const seldp_grads *grads, seldp_param_id id);
 

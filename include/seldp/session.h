@@ -10,7 +10,59 @@
  * Collective order is the lexicographic order of full paths; a ParamId tied at several
  * paths is ordered by its smallest path and communicated once. Every collective call
  * returns the same status on every rank of the group; on failure the caller's model
- * and gradient container are unchanged (initialize's one exception is documented there). */
+ * and gradient container are unchanged (the two exceptions, both transport failures in
+ * the middle of a call, are documented below and at initialize). Error messages name the
+ * public call that failed (seldp_session_sum, ...).
+ *
+ * Agreement: the ranks of a group must make the same calls on the same sessions in the
+ * same order. Each reduction agrees, before anything moves, on the method, the missing-
+ * gradient policy and a fingerprint of the session: a digest of its selection's schema
+ * and how many reductions the session has run. Two sessions of one communicator called in
+ * a different order on different ranks, or a call one rank missed, is SELDP_ERR_DISAGREE
+ * on every rank, naming each side's session (by its first selected path), method and call
+ * number; nothing is written. A session whose ranks fell out of step stays so (every later
+ * reduction fails the same way): destroy it and initialize a new one. Two sessions of one
+ * communicator with the same selection share a schema digest and are told apart by their
+ * call counts only. Settings that change the outcome (bucket_bytes, check_finite,
+ * staged_commit) must be equal on every rank at initialize.
+ *
+ * Memory and timing (the price of "nothing is lost"):
+ * - A session stages its selection in FP32: the bucketed reduce path (every transport
+ *   but the host-staged one, and device memory) allocates, at its first reduction, one
+ *   F32 buffer of every reducible selected element on the communicator's device (4 bytes
+ *   an element, twice a BF16 selection's size) and keeps it until seldp_session_destroy;
+ *   gradients are converted into it, reduced, and only converted back into the caller's
+ *   tensors once every collective has succeeded. The fused path of the host-staged
+ *   transport needs no such buffer. Results that cannot be written in place (FP32
+ *   variants of half inputs, entries added under the zero policy) are allocated before
+ *   any collective, so that the commit cannot run out of memory halfway.
+ * - A reduction starts when it is called, after backward: nothing overlaps the reduction
+ *   with the computation of later gradients (no bucket is sent while backward still
+ *   runs, unlike DDP's hooks). Call it once per step, when every selected gradient of the
+ *   step is final.
+ *
+ * A transport failure in the middle of a reduction (a rank aborts or times out after
+ * every rank has passed the agreement):
+ * - Bucketed path: the results are still in the staging buffer, so the caller's gradients
+ *   are unchanged on every rank that returns an error.
+ * - Fused path: the results are written into the caller's tensors as they are computed,
+ *   in the one rendezvous every rank entered. If the transport fails after that writing
+ *   began, the call returns SELDP_ERR_GRADS_UNDEFINED: the selected gradients (inputs and
+ *   any results) hold undefined values, while entries and ownership in the container and
+ *   every unselected gradient are unchanged; a failure before it returns the transport's
+ *   status with the gradients unchanged. Recompute the step's gradients (or skip the step)
+ *   on SELDP_ERR_GRADS_UNDEFINED.
+ * - cfg.staged_commit keeps the full guarantee on both paths: the fused reduction writes
+ *   into the FP32 staging buffer instead, and every rank commits only after a final
+ *   agreement (one more small all-gather) that every rank's reduction succeeded, so any
+ *   failure before the commit leaves every rank's gradients unchanged. It costs the staging
+ *   buffer and a conversion pass; measured with seldp-bench --op reduce (64 MiB of mixed
+ *   F32/BF16 gradients per rank, 2 and 4 ranks on a loaded 2-core machine), about 5-8
+ *   times the time of one raw allreduce of the same bytes against 0.7-1.2 times for the
+ *   fused path without it, which is why it is not the default.
+ * Only the commit itself (writing the staged results into the container) follows the last
+ * collective, and it cannot fail: every result buffer and the container's room for new
+ * entries are allocated before the agreement. */
 #ifndef SELDP_SESSION_H
 #define SELDP_SESSION_H
 
@@ -40,18 +92,40 @@ typedef enum seldp_missing_policy {
     SELDP_MISSING_ZERO = 1
 } seldp_missing_policy;
 
+/** How a reduction moves the gradients. Both paths give bit-identical results. */
+typedef enum seldp_reduce_path {
+    /** The environment variable SELDP_REDUCE_PATH decides ("fused" or "bucketed"); unset,
+     * empty or "auto": fused where the transport has a fused reduction (the host-staged
+     * one, on host memory), else bucketed. */
+    SELDP_REDUCE_PATH_AUTO = 0,
+    /** The transport reads every rank's gradients where they are and writes the results
+     * in one pass and one rendezvous, with no staging buffer. Host-staged transport on
+     * host memory only: elsewhere initialize fails with SELDP_ERR_INVALID_ARGUMENT. */
+    SELDP_REDUCE_PATH_FUSED = 1,
+    /** Gradients converted to F32 into the session's staging buffer, allreduced in buckets
+     * of bucket_bytes, scaled, and converted back: what NCCL and MPI always do. */
+    SELDP_REDUCE_PATH_BUCKETED = 2
+} seldp_reduce_path;
+
 /** Session settings; grows at the end. */
 typedef struct seldp_session_config {
-    size_t bucket_bytes; /**< upper bound of one coalesced collective's payload */
-    bool check_finite;   /**< reduce fails with SELDP_ERR_NONFINITE naming the first
-                              non-finite input gradient (by path and rank) */
+    size_t bucket_bytes;           /**< upper bound of one coalesced collective's payload; the same
+                                        on every rank */
+    bool check_finite;             /**< reduce fails with SELDP_ERR_NONFINITE naming the first
+                                        non-finite input gradient of an active rank, in path order,
+                                        then lowest group rank; the same on every rank */
+    seldp_reduce_path reduce_path; /**< may differ between ranks: the group takes the
+                                        fused path only when every rank can */
+    bool staged_commit;            /**< keep the full guarantee on every path: results are staged in
+                                        FP32 and committed only after a final agreement that every
+                                        rank's reduction succeeded; the same on every rank */
 } seldp_session_config;
 
 /** Initializer of seldp_session_config with the defaults: 25 MiB buckets, no finiteness
- * check. */
+ * check, the reduce path chosen by SELDP_REDUCE_PATH or the transport. */
 #define SELDP_SESSION_CONFIG_INIT                                                                  \
     {                                                                                              \
-        (size_t)25 << 20, false                                                                    \
+        (size_t)25 << 20, false, SELDP_REDUCE_PATH_AUTO, false                                     \
     }
 
 /** Collective: validate the selection on every rank of `comm`, then broadcast every
@@ -91,7 +165,9 @@ SELDP_API seldp_status seldp_session_initialize_with_buffers(seldp_comm *comm, s
  * bytes are left alone). *global_weight (may be NULL) receives sum_r w_r.
  * Errors, the same on every rank: SELDP_ERR_DISAGREE (another method, flag or policy),
  * SELDP_ERR_MISSING_GRADIENT, SELDP_ERR_FROZEN, SELDP_ERR_SHAPE, SELDP_ERR_DTYPE,
- * SELDP_ERR_OVERFLOW, SELDP_ERR_NONFINITE, transport errors. On error `grads` is unchanged. */
+ * SELDP_ERR_OVERFLOW, SELDP_ERR_NONFINITE, transport errors. On error `grads` is unchanged, except
+ * SELDP_ERR_GRADS_UNDEFINED (a fused reduction that failed while writing; see the file
+ * comment). */
 SELDP_API seldp_status seldp_session_reduce(seldp_session *session, seldp_grads *grads,
                                             uint64_t local_weight, seldp_missing_policy policy,
                                             uint64_t *global_weight);
@@ -120,6 +196,10 @@ SELDP_API int seldp_session_rank(const seldp_session *session);
 
 /** Number of ranks in the session's group (local). */
 SELDP_API int seldp_session_size(const seldp_session *session);
+
+/** The reduce path the group agreed on at initialize (local): SELDP_REDUCE_PATH_FUSED or
+ * SELDP_REDUCE_PATH_BUCKETED; SELDP_REDUCE_PATH_AUTO for a NULL session. */
+SELDP_API seldp_reduce_path seldp_session_reduce_path(const seldp_session *session);
 
 /** The selected ids as given at initialization (local); *n receives their count. The
  * array is owned by the session. */

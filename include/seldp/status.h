@@ -36,7 +36,9 @@ typedef enum seldp_status {
     SELDP_ERR_UNSUPPORTED,      /**< not compiled in, or not supported by this transport */
     SELDP_ERR_PARSE,            /**< malformed input file or blob */
     SELDP_ERR_IO,               /**< a file could not be read or written */
-    SELDP_ERR_INTERNAL          /**< a broken invariant: a bug in seldp */
+    SELDP_ERR_INTERNAL,         /**< a broken invariant: a bug in seldp */
+    SELDP_ERR_GRADS_UNDEFINED   /**< a reduction failed after results were being written in
+                                     place: the selected gradients are undefined */
 } seldp_status;
 
 /** Stable upper-case name of a status, e.g. "SELDP_ERR_TIMEOUT". Never NULL. */

@@ -31,6 +31,9 @@ typedef struct seldp__reduce_fused_args {
     size_t n_segs;
     size_t bucket_elems;
     double scale;
+    /* May be NULL; else the transport sets *written once outputs of this rank may have been
+     * written (every rank arrived), so that a failure after it is told from one before. */
+    bool *written;
 } seldp__reduce_fused_args;
 
 /* The collectives, named alike in every transport's messages. */
@@ -91,19 +94,15 @@ seldp_comm *seldp__comm_new(const seldp_comm_ops *ops, int rank, int size, int w
 void seldp__comm_free(seldp_comm *comm);
 
 /* The fused reduction when the transport has one (comm->ops->reduce_fused), counted in
- * the stats as the ceil(elements / bucket_elems) F32 allreduces it stands for. The caller
- * checks that the transport has it and that the segments are host memory. */
+ * the stats as one reduction, its bytes those of the contributions this rank passed in.
+ * The caller checks that the transport has it and that the segments are host memory. */
 static inline seldp_status seldp__comm_reduce_fused(seldp_comm *comm,
                                                     const seldp__reduce_fused_args *args)
 {
-    size_t elems = 0;
     for (size_t i = 0; i < args->n_segs; i++)
-        elems += args->segs[i].count;
-    if (args->bucket_elems)
-        comm->stats.allreduces += elems / args->bucket_elems + (elems % args->bucket_elems != 0);
-    else
-        comm->stats.allreduces += elems != 0;
-    comm->stats.bytes += elems * sizeof(float);
+        if (args->segs[i].in)
+            comm->stats.bytes += args->segs[i].count * seldp_dtype_size(args->segs[i].in_dtype);
+    comm->stats.reductions++;
     return comm->ops->reduce_fused(comm, args);
 }
 

@@ -1498,6 +1498,8 @@ static void fused_execute(const seldp_comm *comm, void *arg)
         out_bytes += f->segs[j].count * seldp_dtype_size(f->segs[j].out_dtype);
     sum_mode m = {f->scale != 1.0, f->scale, out_bytes * (size_t)g->size >= STREAM_MIN_BYTES,
                   impl_of(comm)->world->simd};
+    if (f->written)
+        *f->written = true;
 
     for (size_t b0 = 0; b0 < total; b0 += bucket) {
         size_t len = total - b0 < bucket ? total - b0 : bucket;

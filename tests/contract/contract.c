@@ -259,6 +259,11 @@ void expect_same_failure(const outcome *o, int n, seldp_status expected, const c
     }
 }
 
+uint64_t stats_moves(seldp_comm_stats s)
+{
+    return s.allreduces + s.reductions;
+}
+
 void gs_take(grads_snapshot *s, const seldp_grads *grads)
 {
     memset(s, 0, sizeof *s);

@@ -106,6 +106,9 @@ void outcome_record(outcome *o, int rank, seldp_status st);
 void expect_same_failure(const outcome *o, int n, seldp_status expected, const char *needle1,
                          const char *needle2);
 
+/* Collectives that moved gradient data: allreduces and fused reductions. */
+uint64_t stats_moves(seldp_comm_stats s);
+
 /* What a gradient container holds: ids, descriptors, ownership and bytes. */
 typedef struct grads_snapshot {
     size_t n;

@@ -345,6 +345,99 @@ static void session_copies_ids_and_reports_group(void **state)
     seldp_session_destroy(NULL);
 }
 
+/* --- the reduce path ------------------------------------------------------ */
+
+typedef struct path_arg {
+    seldp_reduce_path asked[MAX_RANKS]; /* per rank */
+    seldp_reduce_path expected;         /* what the group must agree on */
+    outcome o;                          /* with an invalid request */
+} path_arg;
+
+/* The group takes the fused path only when every rank may; either way the reduction is
+ * exact (small integers) and the path is reported alike on every rank. */
+static int rank_path(seldp_rank_ctx *ctx)
+{
+    path_arg *a = ctx->arg;
+    seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
+    test_model m;
+    test_grads g;
+    seldp_session *s = NULL;
+    void *data;
+    seldp_comm_stats s0, s1;
+
+    cfg.reduce_path = a->asked[ctx->rank];
+    seldp_status st = std_session(ctx->world, &m, &cfg, &s);
+    if (a->expected == SELDP_REDUCE_PATH_AUTO) { /* the request is invalid */
+        outcome_record(&a->o, ctx->rank, st);
+        a->o.unchanged[ctx->rank] = s == NULL;
+        snprintf(a->o.why[ctx->rank], sizeof a->o.why[0], "a session was returned");
+        tm_free(&m);
+        return 0;
+    }
+    RANK_CHECK(ctx, st == SELDP_OK, "initialize returned %s: %s", seldp_status_name(st),
+               seldp_last_error());
+    RANK_CHECK(ctx, seldp_session_reduce_path(s) == a->expected, "path %d, expected %d",
+               (int)seldp_session_reduce_path(s), (int)a->expected);
+    RANK_CHECK_OK(ctx, tg_init(&g));
+    RANK_CHECK_OK(ctx, std_put_grad(&g, ctx->rank, 1, SELDP_F32, false, &data));
+    for (int i = 0; i < 4; i++)
+        ((float *)data)[i] = (float)(ctx->rank + i);
+    s0 = seldp_comm_get_stats(ctx->world);
+    RANK_CHECK_OK(ctx, seldp_session_sum(s, g.grads, true, SELDP_MISSING_ZERO, NULL));
+    s1 = seldp_comm_get_stats(ctx->world);
+    bool fused = a->expected == SELDP_REDUCE_PATH_FUSED;
+    RANK_CHECK(ctx,
+               s1.reductions - s0.reductions == (fused ? 1u : 0u) &&
+                   (s1.allreduces - s0.allreduces > 0) == !fused,
+               "%llu fused reductions and %llu allreduces on the %s path",
+               (unsigned long long)(s1.reductions - s0.reductions),
+               (unsigned long long)(s1.allreduces - s0.allreduces), fused ? "fused" : "bucketed");
+    for (int i = 0; i < 4; i++) {
+        float want = (float)(ctx->size * (ctx->size - 1) / 2 + ctx->size * i);
+        RANK_CHECK(ctx, ((float *)data)[i] == want, "element %d: %g, expected %g", i,
+                   ((float *)data)[i], want);
+    }
+    tg_free(&g);
+    seldp_session_destroy(s);
+    tm_free(&m);
+    return 0;
+}
+
+static void reduce_path_agreed_by_the_group(void **state)
+{
+    (void)state;
+    const char *env = getenv("SELDP_REDUCE_PATH");
+    bool env_bucketed = env && strcmp(env, "bucketed") == 0;
+    for (int n = 1; n <= 3; n++) {
+        path_arg a;
+        memset(&a, 0, sizeof a);
+        /* AUTO: the environment decides, else the host transport's fused reduction */
+        a.expected = env_bucketed ? SELDP_REDUCE_PATH_BUCKETED : SELDP_REDUCE_PATH_FUSED;
+        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        for (int r = 0; r < n; r++)
+            a.asked[r] = SELDP_REDUCE_PATH_BUCKETED;
+        a.expected = SELDP_REDUCE_PATH_BUCKETED;
+        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        /* one rank asking for the bucketed path takes the group with it */
+        for (int r = 0; r < n; r++)
+            a.asked[r] = r == n - 1 ? SELDP_REDUCE_PATH_BUCKETED : SELDP_REDUCE_PATH_FUSED;
+        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        if (!env_bucketed) {
+            for (int r = 0; r < n; r++)
+                a.asked[r] = SELDP_REDUCE_PATH_FUSED;
+            a.expected = SELDP_REDUCE_PATH_FUSED;
+            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        }
+        /* an invalid request on one rank fails everywhere */
+        memset(&a, 0, sizeof a);
+        a.asked[n - 1] = (seldp_reduce_path)7;
+        a.expected = SELDP_REDUCE_PATH_AUTO;
+        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        expect_same_failure(&a.o, n, SELDP_ERR_INVALID_ARGUMENT, "cfg.reduce_path 7 is invalid",
+                            "seldp_session_initialize");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -356,6 +449,7 @@ int main(void)
         cmocka_unit_test(empty_selection_is_valid),
         cmocka_unit_test(full_model_session_is_ddp),
         cmocka_unit_test(session_copies_ids_and_reports_group),
+        cmocka_unit_test(reduce_path_agreed_by_the_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

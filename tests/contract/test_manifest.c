@@ -352,8 +352,18 @@ static void comparison_names_first_path_and_ranks(void **state)
     expect_schema(ms, 4, 0, "at 'c'", "shape [5]");
 
     memcpy(r[1], base, sizeof base);
-    r[1][2].alias = 2; /* c untied on rank 1 */
-    expect_schema(ms, 4, 0, "at 'c'", "tied to 'a'");
+    /* c untied on rank 1: a's alias set is the first that differs, and both sets are named */
+    r[1][2].alias = 2;
+    expect_schema(ms, 4, 0, "at 'a'",
+                  "root (group rank 0, world rank 10) has alias set {'a', 'c'}");
+    expect_schema(ms, 4, 0, "group rank 1 (world rank 11) has alias set {'a'} (untied", NULL);
+    /* a tied to b instead of c on rank 1: a's set differs, not only b's and c's */
+    r[1][1].alias = 0;
+    r[1][2].alias = 2;
+    expect_schema(ms, 4, 0, "at 'a'", "alias set {'a', 'b'}, root");
+    /* the same sets under other indices are equal */
+    memcpy(r[1], base, sizeof base);
+    assert_int_equal(seldp__manifest_compare(ms, 4, 0, (int[]){0, 1, 2, 3}), SELDP_OK);
 
     memcpy(r[1], base, sizeof base);
     r[3][1].frozen = false;

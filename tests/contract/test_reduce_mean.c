@@ -218,7 +218,7 @@ static int rank_zero_weight(seldp_rank_ctx *ctx)
     RANK_CHECK_OK(ctx, seldp_session_reduce(s, g.grads, 0, SELDP_MISSING_ERROR, &total));
     s1 = seldp_comm_get_stats(ctx->world);
     RANK_CHECK(ctx, total == 0, "global weight %llu", (unsigned long long)total);
-    RANK_CHECK(ctx, s1.allreduces == s0.allreduces, "a zero global weight still allreduced");
+    RANK_CHECK(ctx, stats_moves(s1) == stats_moves(s0), "a zero global weight still allreduced");
     for (size_t j = 0; j < N_TRAINABLE; j++)
         RANK_CHECK(ctx, seldp_grads_get(g.grads, std_id(ctx->rank, TRAINABLE[j])) == NULL,
                    "'%s' still has a gradient", STD[TRAINABLE[j]].path);
@@ -325,6 +325,7 @@ static int rank_stats(seldp_rank_ctx *ctx)
 
     cfg.bucket_bytes = a->bucket_bytes;
     RANK_CHECK_OK(ctx, std_session(ctx->world, &m, &cfg, &s));
+    bool fused = seldp_session_reduce_path(s) == SELDP_REDUCE_PATH_FUSED;
     for (int call = 0; call < 3; call++) {
         if (put_std_grads(ctx, &g, data))
             return 1;
@@ -334,10 +335,15 @@ static int rank_stats(seldp_rank_ctx *ctx)
         s1 = seldp_comm_get_stats(ctx->world);
         RANK_CHECK(ctx, s1.allgathers - s0.allgathers == 1, "%llu agreement collectives",
                    (unsigned long long)(s1.allgathers - s0.allgathers));
-        RANK_CHECK(ctx, s1.allreduces - s0.allreduces == a->allreduces,
-                   "bucket %zu: %llu allreduces, expected %llu", a->bucket_bytes,
-                   (unsigned long long)(s1.allreduces - s0.allreduces),
-                   (unsigned long long)a->allreduces);
+        /* the fused path stands for the same buckets in one counted reduction */
+        uint64_t allreduces = fused ? 0 : a->allreduces, reductions = fused ? 1 : 0;
+        RANK_CHECK(ctx,
+                   s1.allreduces - s0.allreduces == allreduces &&
+                       s1.reductions - s0.reductions == reductions,
+                   "bucket %zu: %llu allreduces and %llu fused reductions, expected %llu and %llu",
+                   a->bucket_bytes, (unsigned long long)(s1.allreduces - s0.allreduces),
+                   (unsigned long long)(s1.reductions - s0.reductions),
+                   (unsigned long long)allreduces, (unsigned long long)reductions);
         RANK_CHECK(ctx, s1.broadcasts == s0.broadcasts && s1.barriers == s0.barriers,
                    "reduce made broadcasts or barriers");
         /* the tied embedding is reduced once: not doubled */
@@ -364,7 +370,10 @@ static void one_agreement_then_bucketed_allreduces(void **state)
 /* --- collective failures --------------------------------------------------- */
 
 typedef struct fail_arg {
-    int mode; /* 0: weight overflow; 1: non-finite checked; 2: non-finite half checked */
+    /* 0: weight overflow; 1: non-finite checked; 2: non-finite half checked; 3: rank 0 has a
+     * non-finite value at a later path than the last rank; 4: every rank from 1 on has one
+     * at the same path */
+    int mode;
     outcome o;
 } fail_arg;
 
@@ -391,13 +400,19 @@ static int rank_failure(seldp_rank_ctx *ctx)
         ((float *)data[1])[2] = INFINITY; /* final_norm.weight */
     if (a->mode == 2 && ctx->rank == ctx->size - 1)
         tm_set(SELDP_BF16, data[2], 1, NAN); /* layers.0.norm.weight */
+    if (a->mode == 3 && ctx->rank == 0)
+        tm_set(SELDP_F16, data[3], 5, INFINITY); /* layers.0.router.weight */
+    if (a->mode == 3 && ctx->rank == ctx->size - 1)
+        ((float *)data[1])[3] = NAN; /* final_norm.weight, earlier in path order */
+    if (a->mode == 4 && ctx->rank >= 1)
+        ((float *)data[0])[ctx->rank] = -INFINITY; /* embed.weight */
     gs_take(&before, g.grads);
     s0 = seldp_comm_get_stats(ctx->world);
     st = seldp_session_reduce(s, g.grads, weight, SELDP_MISSING_ERROR, &total);
     s1 = seldp_comm_get_stats(ctx->world);
     outcome_record(&a->o, ctx->rank, st);
     a->o.unchanged[ctx->rank] = gs_same(&before, g.grads, a->o.why[ctx->rank], sizeof a->o.why[0]);
-    RANK_CHECK(ctx, s1.allreduces == s0.allreduces, "data moved before the failure was known");
+    RANK_CHECK(ctx, stats_moves(s1) == stats_moves(s0), "data moved before the failure was known");
     RANK_CHECK(ctx, total == 0, "global weight written on failure");
     gs_free(&before);
     tg_free(&g);
@@ -432,6 +447,28 @@ static void nonfinite_gradient_detected_when_asked(void **state)
         a.mode = 2;
         seldp_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_NONFINITE, "'layers.0.norm.weight'", needle);
+    }
+}
+
+/* The error names the first non-finite gradient in path order, then the lowest rank: not
+ * the lowest rank's first, nor the first rank to notice. */
+static void nonfinite_named_in_path_then_rank_order(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 4; n++) {
+        fail_arg a;
+        char needle[64];
+        memset(&a, 0, sizeof a);
+        a.mode = 3;
+        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
+        snprintf(needle, sizeof needle, "group rank %d (world rank %d) is not finite at element 3",
+                 n - 1, n - 1);
+        expect_same_failure(&a.o, n, SELDP_ERR_NONFINITE, "'final_norm.weight'", needle);
+        memset(&a, 0, sizeof a);
+        a.mode = 4;
+        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
+        expect_same_failure(&a.o, n, SELDP_ERR_NONFINITE, "'embed.weight'",
+                            "group rank 1 (world rank 1) is not finite at element 1 of 32");
     }
 }
 
@@ -474,6 +511,7 @@ int main(void)
         cmocka_unit_test(one_agreement_then_bucketed_allreduces),
         cmocka_unit_test(weight_sum_overflow),
         cmocka_unit_test(nonfinite_gradient_detected_when_asked),
+        cmocka_unit_test(nonfinite_named_in_path_then_rank_order),
         cmocka_unit_test(nonfinite_gradient_reduced_when_not_asked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -32,6 +32,8 @@ typedef enum defect {
     ROOT_DIFFERS,     /* one rank passes another root */
     CALL_DIFFERS,     /* one rank calls initialize_with_buffers */
     BUCKET_DIFFERS,   /* one rank passes another bucket size */
+    FINITE_DIFFERS,   /* one rank asks for the finiteness check */
+    STAGED_DIFFERS,   /* one rank asks for staged commits */
     BUCKET_ZERO,      /* every rank passes bucket_bytes 0 */
     NULL_MODEL,       /* one rank passes no model */
     TWO_FAILURES,     /* the lower failing rank's status and message win */
@@ -136,6 +138,12 @@ static seldp_status build(const vcase *c, int rank, int size, test_model *m, sel
         break;
     case BUCKET_DIFFERS:
         cfg->bucket_bytes = 64;
+        break;
+    case FINITE_DIFFERS:
+        cfg->check_finite = true;
+        break;
+    case STAGED_DIFFERS:
+        cfg->staged_commit = true;
         break;
     case NULL_MODEL:
         *no_model = true;
@@ -284,7 +292,12 @@ static void shape_differs(void **state)
 static void alias_topology_differs(void **state)
 {
     (void)state;
-    run_defect(ALIAS_DIFFERS, SELDP_ERR_SCHEMA, "'lm_head.weight'", true);
+    /* the first path whose alias set differs is the tied group's first path */
+    run_defect(ALIAS_DIFFERS, SELDP_ERR_SCHEMA, "at 'embed.weight': group rank", true);
+    run_defect(ALIAS_DIFFERS, SELDP_ERR_SCHEMA,
+               "has alias set {'embed.weight'} (untied: its own ParamId), root (group rank 0, "
+               "world rank 0) has alias set {'embed.weight', 'lm_head.weight'}",
+               true);
 }
 
 static void frozen_flag_differs(void **state)
@@ -316,6 +329,10 @@ static void bucket_size_differs(void **state)
 {
     (void)state;
     run_defect(BUCKET_DIFFERS, SELDP_ERR_DISAGREE, "bucket_bytes", true);
+    /* settings that change the outcome must agree too */
+    run_defect(FINITE_DIFFERS, SELDP_ERR_DISAGREE,
+               "seldp_session_initialize: ranks disagree on cfg.check_finite", true);
+    run_defect(STAGED_DIFFERS, SELDP_ERR_DISAGREE, "cfg.staged_commit", true);
     run_defect(BUCKET_ZERO, SELDP_ERR_INVALID_ARGUMENT, "bucket_bytes", false);
 }
 

@@ -280,12 +280,34 @@ static void test_random_partition(void **state)
     seldp_grads_destroy(g);
 }
 
+/* reserve: room for n more entries; an impossible request fails and changes nothing. */
+static void test_reserve(void **state)
+{
+    (void)state;
+    seldp_grads *g = new_grads();
+    seldp_tensor a = borrowed_tensor(0), b = borrowed_tensor(1);
+    assert_int_equal(seldp_grads_put(g, 5, &a, SELDP_BORROWED), SELDP_OK);
+    assert_int_equal(seldp_grads_reserve(g, 100), SELDP_OK);
+    assert_ids(g, (const seldp_param_id[]){5}, 1);
+    assert_ptr_equal(seldp_grads_get(g, 5)->data, borrowed[0]);
+    assert_int_equal(seldp_grads_reserve(g, SIZE_MAX), SELDP_ERR_NOMEM);
+    assert_non_null(strstr(seldp_last_error(), "reserv"));
+    assert_ids(g, (const seldp_param_id[]){5}, 1);
+    for (seldp_param_id id = 100; id < 200; id++)
+        assert_int_equal(seldp_grads_put(g, id, id == 150 ? &b : &a, SELDP_BORROWED), SELDP_OK);
+    assert_int_equal(seldp_grads_count(g), 101);
+    assert_ptr_equal(seldp_grads_get(g, 150)->data, borrowed[1]);
+    assert_int_equal(seldp_grads_reserve(g, 0), SELDP_OK);
+    assert_int_equal(seldp_grads_reserve(NULL, 1), SELDP_ERR_INVALID_ARGUMENT);
+    seldp_grads_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_order),    cmocka_unit_test(test_ownership_take_remove),
         cmocka_unit_test(test_partition),        cmocka_unit_test(test_merge_overlap),
-        cmocka_unit_test(test_random_partition),
+        cmocka_unit_test(test_random_partition), cmocka_unit_test(test_reserve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
