@@ -52,6 +52,13 @@ typedef struct hx_options {
     bool experts_given; /* --experts on the command line */
     bool ep_given;      /* --ep on the command line (excludes --layout-file) */
     bool order_given;   /* --order on the command line (excludes --layout-file) */
+    bool tokens_given;  /* --tokens or --token-spread on the command line */
+
+    /* layout-independent runs and checkpoints (SPEC §5.2, §7) */
+    int global_batch;       /* > 0: the global batch of each step, split over the data shards */
+    const char *save_dir;   /* NULL: no checkpoints */
+    int save_every;         /* save after every N-th step (0: after the last step only) */
+    const char *resume_dir; /* NULL: start from step 0 */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */
