@@ -185,9 +185,11 @@ seldp_status hx_ckpt_write_rank(hx_rank *rk, int step)
     HX_CHECK(publish(tmp, final));
 fail:
     hx_st_writer_destroy(w);
-    if (st != SELDP_OK)
-        hx_fail(st, "rank %d: saving step %d into %s: %s", rk->rank, step + 1, dir,
-                hx_last_error());
+    if (st != SELDP_OK) {
+        char why[768];
+        snprintf(why, sizeof why, "%s", hx_last_error());
+        hx_fail(st, "rank %d: saving step %d into %s: %s", rk->rank, step + 1, dir, why);
+    }
     return st;
 }
 
@@ -353,8 +355,11 @@ seldp_status hx_ckpt_commit(hx_run *run, int step)
     remove_stale(dir, step + 1, run->ckpt_generation, writes, W);
     run->ckpt_generation++;
 fail:
-    if (st != SELDP_OK)
-        hx_fail(st, "saving step %d into %s: %s", step + 1, dir, hx_last_error());
+    if (st != SELDP_OK) {
+        char why[768];
+        snprintf(why, sizeof why, "%s", hx_last_error());
+        hx_fail(st, "saving step %d into %s: %s", step + 1, dir, why);
+    }
     free(writes);
     hx_buf_free(&files);
     hx_buf_free(&tensors);
@@ -653,7 +658,7 @@ static seldp_status check_config(const hx_ckpt *c, const char *index, const hx_o
     if (a->dtype != b->dtype)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                        "%s: dtype change: the checkpoint holds %s parameters, this run stores %s "
-                       "(--dtype %s)",
+                       "(resume with --dtype %s)",
                        index, tm_dtype_name(a->dtype), tm_dtype_name(b->dtype),
                        tm_dtype_name(a->dtype));
     struct {

@@ -800,7 +800,7 @@ static seldp_status checkpoint_options(hx_run *run)
     if (st == SELDP_OK)
         st = hx_ckpt_verify(run->resume, o);
     if (st != SELDP_OK)
-        return hx_fail(st, "--resume %s: %s", o->resume_dir, hx_last_error());
+        return st; /* the message names the file under DIR and the problem */
     run->first_step = hx_ckpt_step(run->resume);
     if (run->first_step >= o->steps)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
