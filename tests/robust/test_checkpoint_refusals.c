@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "checkpoint.h"
+#include "checkpoint_index.h"
 #include "cli.h"
 #include "harness_test.h"
 #include "options.h"
@@ -297,6 +298,30 @@ static void test_corruption_sweeps(void **state)
     assert_true(flips > (full ? 40000 : 4000));
 }
 
+/* The index parser reads only the `len` bytes it is given (a fuzzing find: it once searched
+ * for its checksum key past the end of a text without a NUL; ASan sees such reads). */
+static void test_index_without_nul(void **state)
+{
+    (void)state;
+    char path[2300], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/index.json", pristine);
+    assert_int_equal(hx_read_file(path, &text, &len), SELDP_OK);
+    for (size_t cut = 0; cut <= len; cut += cut < 64 || len - cut < 64 ? 1 : 97) {
+        char *exact = malloc(cut ? cut : 1); /* no NUL after the text */
+        assert_non_null(exact);
+        memcpy(exact, text, cut);
+        hx_ckpt *c = NULL;
+        seldp_status st = hx_ckpt_parse(exact, cut, "index.json", pristine, &c);
+        /* only the whole text (or all but its final newline) is a complete index */
+        assert_int_equal(st == SELDP_OK, cut >= len - 1);
+        assert_true(st == SELDP_OK ? c != NULL : c == NULL);
+        hx_ckpt_close(c);
+        free(exact);
+    }
+    free(text);
+}
+
 int main(int argc, char **argv)
 {
     full = argc > 1 && strcmp(argv[1], "full") == 0;
@@ -306,6 +331,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_corrupted),
         cmocka_unit_test(test_index_of_another_model),
         cmocka_unit_test(test_does_not_fit_the_run),
+        cmocka_unit_test(test_index_without_nul),
         cmocka_unit_test(test_corruption_sweeps),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
