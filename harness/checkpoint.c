@@ -50,12 +50,12 @@ static void shard_name(char *buf, size_t size, int step, int generation, int ran
     snprintf(buf, size, "step%06d-g%d-rank%05d.safetensors", step, generation, rank);
 }
 
-/* The generation of a shard name, or -1 for any other name. */
+/* The generation of a shard's name (or of its temporary name), or -1 for any other name. */
 static int shard_generation(const char *name)
 {
     int step = 0, generation = 0, rank = 0, end = 0;
     if (sscanf(name, "step%d-g%d-rank%d.safetensors%n", &step, &generation, &rank, &end) != 3 ||
-        end <= 0)
+        end <= 0 || (name[end] != '\0' && strcmp(name + end, ".tmp") != 0))
         return -1;
     return generation;
 }
@@ -225,11 +225,9 @@ static void remove_stale(const char *dir, int step, int generation, const bool *
     char path[4096], keep[256];
     while ((e = readdir(d)) != NULL) {
         const char *n = e->d_name;
-        size_t len = strlen(n);
-        bool tmp = len > 4 && strcmp(n + len - 4, ".tmp") == 0;
         bool shard = shard_generation(n) >= 0;
-        if (!tmp && !shard)
-            continue;
+        if (!shard && strcmp(n, CKPT_INDEX ".tmp") != 0)
+            continue; /* not a file of a checkpoint: left alone */
         bool named = false;
         for (int r = 0; shard && r < world && !named; r++) {
             shard_name(keep, sizeof keep, step, generation, r);

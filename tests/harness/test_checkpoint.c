@@ -315,6 +315,41 @@ static void test_global_batch_repeatable(void **state)
     free(b);
 }
 
+/* A layout file with a hot (redundant) expert and roots on non-first ranks, resumed on a
+ * generated layout of another world and back; files of others in the folder are left alone. */
+static void test_layout_file_reshard(void **state)
+{
+    (void)state;
+    const char *hot = hx_test_layout("hot-expert.json");
+    char *full = dir_of("hot-full"), *k = dir_of("hot-k"), *resumed = dir_of("hot-resumed");
+    char *back = dir_of("hot-back");
+    char mine[1400], notes[1400];
+    snprintf(mine, sizeof mine, "%s/mine.txt", k);
+    snprintf(notes, sizeof notes, "%s/notes.tmp", k);
+    assert_int_equal(hx_write_file(mine, "x", 1), SELDP_OK);
+    assert_int_equal(hx_write_file(notes, "y", 1), SELDP_OK);
+    const char *args = "--dtype f32 --global-batch 120 --quiet --out none";
+    run_ok("%s --layout-file %s --steps 4 --save %s", args, hot, full);
+    run_ok("%s --layout-file %s --steps 2 --save %s", args, hot, k);
+    run_ok("%s --world 2 --ep 2 --experts 4 --steps 3 --resume %s --save %s", args, k, resumed);
+    run_ok("%s --layout-file %s --steps 4 --resume %s --save %s", args, hot, resumed, back);
+    assert_int_equal(access(mine, F_OK), 0);
+    assert_int_equal(access(notes, F_OK), 0);
+    ckpt_test a, b;
+    ckpt_test_read(full, &a);
+    ckpt_test_read(back, &b);
+    char worst[160] = "";
+    double d = ckpt_test_distance(&b, &a, worst, sizeof worst);
+    if (!(d <= 1e-5))
+        fail_msg("hot-expert layout -> world 2 -> back: %s differs by %.3e", worst, d);
+    ckpt_test_free(&a);
+    ckpt_test_free(&b);
+    free(full);
+    free(k);
+    free(resumed);
+    free(back);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,6 +359,7 @@ int main(void)
         cmocka_unit_test(test_global_batch_initial_weights),
         cmocka_unit_test(test_global_batch_invariance),
         cmocka_unit_test(test_global_batch_repeatable),
+        cmocka_unit_test(test_layout_file_reshard),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
