@@ -19,6 +19,7 @@ static const char *const check_names[HX_CHECK_COUNT] = {
     [HX_CHECK_REDUCE_UNTOUCHED] = "reductions touch only their selected gradients",
     [HX_CHECK_ABSENT] = "experts no token reached stay absent",
     [HX_CHECK_GRAD_NORM] = "global gradient norm vs the FP64 reference",
+    [HX_CHECK_LOADED_REPLICAS] = "replicas bit-identical after --resume",
 };
 
 const char *hx_check_name(hx_check_id id)
@@ -142,7 +143,11 @@ void hx_check_init(hx_run *run)
                                 "initialize",
                                 name, rk->rank, p->path, root->rank);
             }
-            if (rk != root)
+            if (rk != root && run->resume)
+                hx_check_record(run, HX_CHECK_LOADED_REPLICAS, differed, 0,
+                                "group %s: rank %d loaded values that differ from root rank %d's",
+                                name, rk->rank, root->rank);
+            else if (rk != root)
                 hx_check_record(run, HX_CHECK_DIFFER_BEFORE_INIT, !differed, 0,
                                 "group %s: rank %d held the same values as root rank %d before "
                                 "initialize, so the broadcast is not tested",

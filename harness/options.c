@@ -50,6 +50,10 @@ enum {
     OPT_AUX_LOSS_SCOPE,
     OPT_Z_LOSS_COEFF,
     OPT_CAPACITY_FACTOR,
+    OPT_GLOBAL_BATCH,
+    OPT_SAVE,
+    OPT_SAVE_EVERY,
+    OPT_RESUME,
     OPT_HELP,
     OPT_VERSION,
     OPT_FRAMEWORK,
@@ -172,6 +176,21 @@ static const option_doc docs[] = {
      "X",
      "model: expert capacity ceil(X*T*K/E) per rank and layer, later assignments dropped "
      "(0: no capacity)"},
+    {{"global-batch", required_argument, NULL, OPT_GLOBAL_BATCH},
+     "N",
+     "layout-independent run: N tokens per step from one stream, split over the ranks (the "
+     "first N mod world ranks take one more), and initial weights that depend only on the seed; "
+     "replaces --tokens and --token-spread"},
+    {{"save", required_argument, NULL, OPT_SAVE},
+     "DIR",
+     "write a checkpoint (safetensors shards + index.json) here at the end of the last step and "
+     "of every --save-every-th step"},
+    {{"save-every", required_argument, NULL, OPT_SAVE_EVERY},
+     "N",
+     "with --save: also after every N-th step (0: only after the last)"},
+    {{"resume", required_argument, NULL, OPT_RESUME},
+     "DIR",
+     "continue from the checkpoint in DIR up to --steps, under any layout and world"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},
     {{"version", no_argument, NULL, OPT_VERSION}, NULL, "print the library version and exit"},
 };
@@ -299,7 +318,13 @@ static void default_text(int id, char *buf, size_t size)
         break;
     case OPT_DUMP:
     case OPT_SUMMARY:
+    case OPT_GLOBAL_BATCH:
+    case OPT_SAVE:
+    case OPT_RESUME:
         snprintf(buf, size, "none");
+        break;
+    case OPT_SAVE_EVERY:
+        snprintf(buf, size, "%d", d.save_every);
         break;
     case OPT_TIMEOUT:
         snprintf(buf, size, "%g", d.timeout_s);
@@ -613,11 +638,13 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             ok = parse_int(arg, 1, 1 << 20, &v);
             expected = "an integer in 1..1048576";
             o->tokens = (int)v;
+            o->tokens_given = true;
             break;
         case OPT_TOKEN_SPREAD:
             ok = parse_int(arg, 0, 1 << 20, &v);
             expected = "a non-negative integer";
             o->token_spread = (int)v;
+            o->tokens_given = true;
             break;
         case OPT_LR:
             ok = parse_double(arg, 0.0, 1e6, &x);
@@ -711,6 +738,22 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
         case OPT_AUX_LOSS_SCOPE:
             ok = tm_aux_scope_parse(arg, &o->model.aux_loss_scope);
             expected = "global or local";
+            break;
+        case OPT_GLOBAL_BATCH:
+            ok = parse_int(arg, 1, 1 << 24, &v);
+            expected = "an integer in 1..16777216";
+            o->global_batch = (int)v;
+            break;
+        case OPT_SAVE:
+        case OPT_RESUME:
+            ok = arg[0] != '\0';
+            expected = "a directory";
+            *(c == OPT_SAVE ? &o->save_dir : &o->resume_dir) = arg;
+            break;
+        case OPT_SAVE_EVERY:
+            ok = parse_int(arg, 0, 100000, &v);
+            expected = "an integer in 0..100000";
+            o->save_every = (int)v;
             break;
         case OPT_HELP:
             hx_options_usage(out);

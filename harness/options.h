@@ -56,6 +56,13 @@ typedef struct hx_options {
     hx_grid grid;       /* --framework, --tp, --pp, --cp, --etp and --order (SPEC section 5.1) */
     bool grid_given;    /* one of --framework, --tp, --pp, --cp, --etp (excludes --layout-file) */
     bool print_layout;  /* --print-layout: print the groups and exit without training */
+    bool tokens_given;  /* --tokens or --token-spread on the command line */
+
+    /* layout-independent runs and checkpoints (SPEC §5.2, §7) */
+    int global_batch;       /* > 0: the global batch of each step, split over the data shards */
+    const char *save_dir;   /* NULL: no checkpoints */
+    int save_every;         /* save after every N-th step (0: after the last step only) */
+    const char *resume_dir; /* NULL: start from step 0 */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */

@@ -172,10 +172,10 @@ static void report_json(const hx_run *run, hx_buf *b)
         hx_buf_puts(b, "}");
     }
     hx_buf_puts(b, "\n  ],\n  \"steps\": [");
-    for (int s = 0; s < run->steps_done; s++) {
+    for (int s = run->first_step; s < run->steps_done; s++) { /* a resumed run: its own steps */
         const hx_step_record *r = &run->steps[s];
-        hx_buf_printf(b, "%s\n    {\"step\": %d, \"tokens\": %zu, \"loss\": ", s ? "," : "", s + 1,
-                      r->tokens);
+        hx_buf_printf(b, "%s\n    {\"step\": %d, \"tokens\": %zu, \"loss\": ",
+                      s > run->first_step ? "," : "", s + 1, r->tokens);
         hx_buf_json_number(b, r->loss);
         hx_buf_puts(b, ", \"reference_loss\": ");
         hx_buf_json_number(b, r->ref_loss);
@@ -346,7 +346,7 @@ static void report_md(const hx_run *run, hx_buf *b)
                 "\n## Steps\n\n| step | tokens | loss | reference loss | worst rel. error | "
                 "failures | absent experts | step ms | compute ms | dispatch ms | reduce ms | "
                 "reference ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (int s = 0; s < run->steps_done; s++) {
+    for (int s = run->first_step; s < run->steps_done; s++) {
         const hx_step_record *r = &run->steps[s];
         hx_buf_printf(b,
                       "| %d | %zu | %.6f | %.6f | %.2e | %lld | %d | %.1f | %.1f | %.1f | %.1f "
@@ -421,8 +421,8 @@ seldp_status hx_report_append_summary(const hx_run *run, const char *name, const
         hx_buf_printf(&row, "E=%d K=%d %s+LoRA", m->experts, m->top_k, tm_quant_name(m->quant));
     hx_buf_printf(&row, " | %s | %s | %d | ", hx_flow_name(o->flow), hx_policy_name(o->policy),
                   run->steps_done);
-    if (run->steps_done)
-        hx_buf_printf(&row, "%.4f → %.4f", run->steps[0].loss,
+    if (run->steps_done > run->first_step)
+        hx_buf_printf(&row, "%.4f → %.4f", run->steps[run->first_step].loss,
                       run->steps[run->steps_done - 1].loss);
     else
         hx_buf_puts(&row, "-");

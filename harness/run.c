@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "clip.h"
+#include "checkpoint.h"
 #include "gpu.h"
 #include "router.h"
 
@@ -215,6 +216,56 @@ fail:
     return st;
 }
 
+/* ---- layout-independent runs and resumed runs ------------------------------------------- */
+
+/* --global-batch: the logical model's values depend only on the seed. The root of each replica
+ * set takes them before initialize broadcasts them (the other replicas keep their
+ * rank-dependent values, so the broadcast is still tested): after initialize every layout
+ * holds the same logical model. */
+static seldp_status logical_values(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    const hx_layout *l = rk->run->layout;
+    tm_model *logical = NULL;
+    tm_config cfg = rk->run->opts.model;
+    uint64_t key = cfg.seed ^ tm_hash_path("harness.logical-model");
+    cfg.seed = tm_splitmix64(&key);
+    int *rooted = hx_calloc((size_t)l->experts, sizeof *rooted);
+    int n = 0;
+    if (!rooted)
+        return SELDP_ERR_NOMEM;
+    for (int e = 0; e < l->experts; e++)
+        if (l->owners[e].root == rk->rank)
+            rooted[n++] = e;
+    HX_CHECK_LIB(tm_model_create(&cfg, 0, rooted, n, NULL, NULL, &logical),
+                 "rank %d: creating the logical model's values", rk->rank);
+    if (l->shared.root == rk->rank)
+        HX_CHECK_LIB(tm_model_copy_params(rk->model, logical, TM_ROLES_SHARED_GROUP, -1),
+                     "rank %d: the logical shared parameters", rk->rank);
+    if (n > 0)
+        HX_CHECK_LIB(tm_model_copy_params(rk->model, logical, TM_ROLES_EXPERT_GROUP, -1),
+                     "rank %d: the logical expert parameters", rk->rank);
+fail:
+    tm_model_destroy(logical);
+    free(rooted);
+    return st;
+}
+
+/* The values a rank starts from: a checkpoint's (each rank reads the slices it holds), the
+ * logical model's (--global-batch), or its own rank-dependent ones (SPEC §5). */
+static seldp_status rank_initial_values(hx_rank *rk)
+{
+    const hx_options *o = &rk->run->opts;
+    if (o->global_batch > 0) {
+        uint64_t key = o->model.seed ^ tm_hash_path("harness.global-tokens");
+        rk->token_state =
+            rk->run->resume ? hx_ckpt_token_state(rk->run->resume) : tm_splitmix64(&key);
+    }
+    if (rk->run->resume)
+        return hx_ckpt_load_rank(rk->run->resume, rk, false);
+    return o->global_batch > 0 ? logical_values(rk) : SELDP_OK;
+}
+
 static seldp_status rank_setup(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
@@ -234,6 +285,7 @@ static seldp_status rank_setup(hx_rank *rk)
     HX_CHECK_LIB(
         tm_model_create(&run->opts.model, rk->rank, owned, n_owned, NULL, NULL, &rk->model),
         "rank %d: creating its model", rk->rank);
+    HX_CHECK(rank_initial_values(rk));
 
     rk->n_params = tm_param_count(rk->model);
     rk->pre_init = hx_calloc(rk->n_params, sizeof *rk->pre_init);
@@ -283,6 +335,8 @@ static seldp_status rank_setup(hx_rank *rk)
                 HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
             to_f32(&p->tensor, rk->master[i]);
         }
+        if (run->resume)
+            HX_CHECK(hx_ckpt_load_rank(run->resume, rk, true));
     }
 fail:
     free(owned);
@@ -293,8 +347,12 @@ fail:
 
 /* Rank r's tokens of step s: a count around --tokens (different on every rank), ids drawn
  * uniformly, each target the next id (a task SGD can learn, so the loss falls). */
+static seldp_status draw_global_tokens(hx_rank *rk);
+
 static seldp_status draw_tokens(hx_rank *rk, int step)
 {
+    if (rk->run->opts.global_batch > 0)
+        return draw_global_tokens(rk);
     const hx_options *o = &rk->run->opts;
     uint64_t state = o->model.seed ^ tm_hash_path("harness.tokens");
     state += 0x9e3779b97f4a7c15ull * (uint64_t)(rk->rank + 1);
@@ -318,6 +376,33 @@ static seldp_status draw_tokens(hx_rank *rk, int step)
     for (size_t t = 0; t < rk->T; t++) {
         rk->tokens[t] = (int32_t)(tm_splitmix64(&state) % (uint64_t)V);
         rk->targets[t] = (rk->tokens[t] + 1) % V;
+    }
+    return SELDP_OK;
+}
+
+/* --global-batch N: the step's N tokens come from one stream that every rank walks whole; rank
+ * r keeps its slice, N / W tokens and one more on the first N mod W ranks, in rank order (with
+ * TP = CP = 1 every rank is a data shard). */
+static seldp_status draw_global_tokens(hx_rank *rk)
+{
+    const hx_options *o = &rk->run->opts;
+    size_t N = (size_t)o->global_batch, W = (size_t)o->world, r = (size_t)rk->rank;
+    size_t base = N / W, extra = N % W;
+    size_t begin = r * base + (r < extra ? r : extra);
+    free(rk->tokens);
+    free(rk->targets);
+    rk->T = base + (r < extra ? 1 : 0);
+    rk->tokens = hx_calloc(rk->T ? rk->T : 1, sizeof *rk->tokens);
+    rk->targets = hx_calloc(rk->T ? rk->T : 1, sizeof *rk->targets);
+    if (!rk->tokens || !rk->targets)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    int V = o->model.vocab;
+    for (size_t t = 0; t < N; t++) {
+        int32_t id = (int32_t)(tm_splitmix64(&rk->token_state) % (uint64_t)V);
+        if (t >= begin && t < begin + rk->T) {
+            rk->tokens[t - begin] = id;
+            rk->targets[t - begin] = (id + 1) % V;
+        }
     }
     return SELDP_OK;
 }
@@ -663,7 +748,7 @@ static void *rank_main(void *arg)
     }
     if (!gate_wait(run) || !gate_wait(run)) /* the main thread checks initialize */
         goto out;
-    for (int step = 0; step < run->opts.steps; step++) {
+    for (int step = run->first_step; step < run->opts.steps; step++) {
         st = rank_step(rk, step);
         if (st != SELDP_OK) {
             rank_fail(rk, st);
@@ -675,6 +760,15 @@ static void *rank_main(void *arg)
         if (st != SELDP_OK) {
             rank_fail(rk, st);
             goto out;
+        }
+        if (hx_ckpt_due(run, step)) {
+            st = hx_ckpt_write_rank(rk, step);
+            if (st != SELDP_OK) {
+                rank_fail(rk, st);
+                goto out;
+            }
+            if (!gate_wait(run)) /* the main thread writes the index */
+                goto out;
         }
     }
 out:
@@ -692,6 +786,38 @@ static int gcd(int a, int b)
         b = t;
     }
     return a;
+}
+
+/* --global-batch, --save and --resume against the other options; the checkpoint to resume
+ * from is read and verified whole here, so that a bad one is refused before anything runs. */
+static seldp_status checkpoint_options(hx_run *run)
+{
+    seldp_status st = SELDP_OK;
+    const hx_options *o = &run->opts;
+    if (o->global_batch > 0 && o->tokens_given)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--global-batch %d and --tokens/--token-spread exclude each other: the "
+                       "global batch is split over the ranks",
+                       o->global_batch);
+    if (o->save_every > 0 && !o->save_dir)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--save-every %d: needs --save DIR",
+                       o->save_every);
+    if (o->save_dir)
+        run->ckpt_generation = hx_ckpt_next_generation(o->save_dir);
+    if (!o->resume_dir)
+        return SELDP_OK;
+    st = hx_ckpt_open(o->resume_dir, &run->resume);
+    if (st == SELDP_OK)
+        st = hx_ckpt_verify(run->resume, o);
+    if (st != SELDP_OK)
+        return st; /* the message names the file under DIR and the problem */
+    run->first_step = hx_ckpt_step(run->resume);
+    if (run->first_step >= o->steps)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--resume %s: the checkpoint ends step %d; --steps %d leaves nothing to "
+                       "train (--steps is the total, resumed steps included)",
+                       o->resume_dir, run->first_step, o->steps);
+    return st;
 }
 
 seldp_status hx_run_create(const hx_options *opts, hx_run **out)
@@ -737,6 +863,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     if (hx_options_spread(o) > o->tokens)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--token-spread %d: must not exceed --tokens %d",
                 hx_options_spread(o), o->tokens);
+    HX_CHECK(checkpoint_options(run));
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
     HX_CHECK(hx_router_check(run));
     run->grad_dtype = o->fp32_master ? SELDP_F32 : o->model.dtype;
@@ -797,6 +924,16 @@ static void print_header(const hx_run *run, FILE *out)
     fprintf(out, "  steps   %d, %d +- %d tokens per rank, SGD lr %g%s, seed %llu\n", o->steps,
             o->tokens, hx_options_spread(o), o->lr, o->fp32_master ? " on FP32 master weights" : "",
             (unsigned long long)m->seed);
+    if (o->global_batch > 0)
+        fprintf(out,
+                "  batch   --global-batch %d: one token stream and logical initial weights, "
+                "independent of the layout\n",
+                o->global_batch);
+    if (run->resume)
+        fprintf(out, "  resume  from %s at step %d\n", o->resume_dir, run->first_step);
+    if (o->save_dir)
+        fprintf(out, "  save    into %s after step %d%s\n", o->save_dir, o->steps,
+                o->save_every ? " and every --save-every steps" : "");
     if (o->inject == HX_FAULT_FAIL)
         fprintf(out, "  inject  fail: rank %d fails in step 1; every rank must stop\n",
                 o->world - 1);
@@ -913,6 +1050,17 @@ static seldp_status dump_if_last(const hx_run *run, int step)
     return hx_dump_write(run, step, run->opts.dump_dir);
 }
 
+/* --save: the index of the step's shards, and the line that says so. */
+static seldp_status save_commit(hx_run *run, int step)
+{
+    seldp_status st = hx_ckpt_commit(run, step);
+    if (st == SELDP_OK && run->out) {
+        fprintf(run->out, "checkpoint: step %d saved in %s\n", step + 1, run->opts.save_dir);
+        fflush(run->out);
+    }
+    return st;
+}
+
 /* Every rank a thread of this process, the main thread checking between the phases. */
 static seldp_status execute_threads(hx_run *run)
 {
@@ -936,7 +1084,7 @@ static seldp_status execute_threads(hx_run *run)
     print_init(run);
     if (!gate_wait(run))
         goto joined;
-    for (int step = 0; step < run->opts.steps; step++) {
+    for (int step = run->first_step; step < run->opts.steps; step++) {
         double ts = hx_now();
         if (!gate_wait(run))
             goto joined;
@@ -954,6 +1102,17 @@ static seldp_status execute_threads(hx_run *run)
         print_progress(run, step, run->steps[step].t_step);
         if (!gate_wait(run))
             goto joined;
+        if (hx_ckpt_due(run, step)) {
+            if (!gate_wait(run)) /* every writer has written its shard */
+                goto joined;
+            st = save_commit(run, step);
+            if (st != SELDP_OK) {
+                snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+                run->status = st;
+                gate_break(run);
+                goto joined;
+            }
+        }
     }
 joined:
     for (int r = 0; r < W; r++)
@@ -1002,7 +1161,7 @@ static seldp_status execute_processes(hx_run *run)
         run->t_init = hx_now() - t0;
         print_init(run);
     }
-    for (int step = 0; step < run->opts.steps; step++) {
+    for (int step = run->first_step; step < run->opts.steps; step++) {
         double ts = hx_now();
         st = rank_step(rk, step);
         if (st != SELDP_OK)
@@ -1021,6 +1180,10 @@ static seldp_status execute_processes(hx_run *run)
         st = rank_update(rk);
         if (st != SELDP_OK)
             goto aborted;
+        if (hx_ckpt_due(run, step)) {
+            HX_CHECK(hx_gather_verdict(run, hx_ckpt_write_rank(rk, step), 0));
+            HX_CHECK(hx_gather_verdict(run, root ? save_commit(run, step) : SELDP_OK, 0));
+        }
     }
     /* every process exits with the status rank 0's checks decide */
     HX_CHECK(hx_gather_verdict(run, SELDP_OK, root ? hx_run_failures(run) : 0));
@@ -1111,6 +1274,7 @@ void hx_run_destroy(hx_run *run)
         tm_model_destroy(rk->model);
     }
     tm_model_destroy(run->global);
+    hx_ckpt_close(run->resume);
     free(run->ranks);
     free(run->groups);
     free(run->steps);

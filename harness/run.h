@@ -48,6 +48,7 @@ typedef enum hx_check_id {
     HX_CHECK_REDUCE_UNTOUCHED,   /* a reduce leaves gradients outside its selection alone */
     HX_CHECK_ABSENT,             /* experts that no token reached have no gradient anywhere */
     HX_CHECK_GRAD_NORM,          /* --clip-grad: the global gradient norm vs the reference's */
+    HX_CHECK_LOADED_REPLICAS,    /* --resume: every replica loaded its root's bytes */
     HX_CHECK_COUNT
 } hx_check_id;
 
@@ -141,6 +142,11 @@ typedef struct hx_run {
 
     /* one rank per process: the failed checks rank 0 counted (every rank learns them) */
     int64_t root_failures;
+
+    /* checkpoints (checkpoint.h) */
+    struct hx_ckpt *resume; /* --resume: the checkpoint the ranks load */
+    int first_step;         /* 0-based: the first step this run trains (the checkpoint's step) */
+    int ckpt_generation;    /* --save: the generation of the next save's shard names */
 
     /* phase gate shared by the rank threads and the main thread */
     pthread_mutex_t gate_lock;
@@ -241,7 +247,9 @@ struct hx_rank {
     double t_compute;
     double t_dispatch;
     double t_reduce;
-    double grad_norm; /* --clip-grad: seldp_grad_norm of the reduced gradients */
+    double grad_norm;           /* --clip-grad: seldp_grad_norm of the reduced gradients */
+    uint64_t token_state;       /* --global-batch: the global token stream after this step */
+    uint64_t saved_token_state; /* its value at the last save (read by the main thread) */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;

@@ -1,0 +1,65 @@
+/* The parsed index.json of a checkpoint, shared by checkpoint.c (the saves, the checks against
+ * a run, the reads) and checkpoint_index.c (the parser, which depends on nothing but the JSON
+ * reader, so the fuzz target can run it). */
+#ifndef HX_CHECKPOINT_INDEX_H
+#define HX_CHECKPOINT_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/status.h"
+#include "seldp/tensor.h"
+#include "tinymoe.h"
+
+#include "checkpoint.h"
+
+#define CKPT_FORMAT         "seldp-checkpoint"
+#define CKPT_VERSION        1
+#define CKPT_INDEX          "index.json"
+#define CKPT_INDEX_CHECKSUM "\"index_checksum\""
+#define CKPT_MASTER_PREFIX  "master/"
+
+typedef struct ckpt_file {
+    char *name;
+    uint64_t bytes;
+    uint64_t header_checksum;
+} ckpt_file;
+
+typedef struct ckpt_tensor {
+    char *path;
+    seldp_dtype dtype;
+    int ndim;
+    int64_t shape[SELDP_MAX_DIMS];
+    int64_t slice[SELDP_MAX_DIMS][2];
+    int file;        /* index into files */
+    uint64_t offset; /* bytes from the start of the file */
+    uint64_t nbytes;
+    uint64_t checksum;
+} ckpt_tensor;
+
+/* A checkpoint read for --resume (checkpoint.h). */
+struct hx_ckpt {
+    char *dir;
+    int step;
+    int generation;
+    tm_config config;
+    bool fp32_master;
+    bool global_stream;
+    uint64_t token_state;
+    ckpt_file *files;
+    size_t n_files;
+    ckpt_tensor *tensors;
+    size_t n_tensors;
+};
+
+/* 16 lower-case hex digits into *out; false for anything else. */
+bool hx_ckpt_hex64(const char *text, uint64_t *out);
+
+/* Parse the `len` bytes of an index.json (`path` names it in errors; `dir` is the checkpoint's
+ * directory, copied): its own checksum first, then its structure. SELDP_ERR_PARSE with one line
+ * naming the path and the problem. Free with hx_ckpt_close. */
+seldp_status hx_ckpt_parse(const char *text, size_t len, const char *path, const char *dir,
+                           hx_ckpt **out);
+
+#endif
