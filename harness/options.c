@@ -117,10 +117,11 @@ static const option_doc docs[] = {
      "S",
      "seconds a collective may wait for a rank"},
     {{"inject", required_argument, NULL, OPT_INJECT},
-     "none|grad|replica|absent|fail|ep-scale|rank-mean|world-div|tied-twice",
-     "self-test: plant a defect on the last rank that the checks must catch, or (fail) an error "
-     "in its first step that must stop every rank (exit 1), or a framework bug in every rank's "
-     "reduction (SPEC 5.2) that the checks and a sweep must catch and name"},
+     "FAULT",
+     "self-test: grad, replica or absent plant a defect on the last rank that the checks must "
+     "catch; fail an error in its first step that must stop every rank (exit 1); ep-scale, "
+     "rank-mean, world-div or tied-twice a framework bug in every rank's reduction (SPEC 5.2) "
+     "that the checks and a sweep must catch and name"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
@@ -147,9 +148,10 @@ static const option_doc docs[] = {
      "DIR",
      "continue from the checkpoint in DIR up to --steps, under any layout and world"},
     {{"sweep", required_argument, NULL, OPT_SWEEP},
-     "FILE|ep|worlds",
+     "FILE|PRESET",
      "run a list of layouts (a JSON list of option objects, or a preset: ep = every ep of "
-     "--world in both orders, worlds = worlds 1, 2, 4, 8) with the other options, compare each "
+     "--world in both orders, worlds = worlds 1, 2, 4, 8, worlds-32 = up to 32) with the other "
+     "options, compare each "
      "run's losses and final weights with the first run's; sweep.md, sweep.json and a plot go "
      "to --out"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},

@@ -545,6 +545,13 @@ done:
                     i + 1, s->n, e->label, r->checks_passed ? "PASS" : "FAIL",
                     (long long)r->failures, r->max_loss_dev, r->weight_dev, r->tolerance,
                     r->agrees ? "agrees" : "DEVIATES", r->seconds);
+        if (r->completed && !r->agrees && s->results[0].completed) {
+            int worst = 0;
+            for (int k = 1; k < steps; k++)
+                worst = r->loss_dev[k] > r->loss_dev[worst] ? k : worst;
+            fprintf(out, "  deviates: loss by %.2e at step %d, final weights by %.2e in %s\n",
+                    steps ? r->loss_dev[worst] : 0.0, worst + 1, r->weight_dev, r->worst_tensor);
+        }
         if (r->diagnosis[0])
             fprintf(out, "  diagnosis: %s\n", r->diagnosis);
         fflush(out);
