@@ -220,12 +220,29 @@ void hx_inject_diagnose(hx_run *run, int step, const tm_reference *ref)
         any = any || fits[c].bad;
     if (!any)
         return;
+    char *d = run->diagnosis;
+    size_t size = sizeof run->diagnosis;
+    /* a reduction bug leaves the forward alone: when the loss or the routing already differ
+     * (a near tie between experts), the gradients differ for that reason */
+    if (run->checks[HX_CHECK_LOSS].failed > 0 || run->checks[HX_CHECK_ROUTING].failed > 0) {
+        snprintf(d, size,
+                 "step %d: the loss or the routing already differs from the reference's, so the "
+                 "gradients differ too: not a reduction bug (a near tie between experts?)",
+                 step + 1);
+        return;
+    }
+    /* the framework bugs make every rank reduce the same wrong value */
+    if (run->checks[HX_CHECK_GRAD_REPLICAS].failed > 0) {
+        snprintf(d, size,
+                 "step %d: the replicas of a reduced gradient differ: a defect on one rank, not "
+                 "a reduction mistake every rank makes (see the replica check)",
+                 step + 1);
+        return;
+    }
     const diag_fit *ex = &fits[DIAG_EXPERT], *em = &fits[DIAG_EMBED], *sh = &fits[DIAG_SHARED];
     int ep = run->layout->ep[0].size;
     double se = fit_scale(ex), sm = fit_scale(em);
     bool scaled_ex = ex->bad && fit_residual(ex) < 0.05 * fabs(se);
-    char *d = run->diagnosis;
-    size_t size = sizeof run->diagnosis;
     if (scaled_ex && !em->bad && !sh->bad && ep > 1 && near(se, ep))
         snprintf(d, size,
                  "step %d: %s are %d\xc3\x97 too large (EP size %d) while the shared gradients "

@@ -138,6 +138,21 @@ static void test_no_bug(void **state)
     }
 }
 
+/* Defects that are not reduction mistakes are not blamed on one: a gradient doubled on one
+ * rank breaks the replicas. */
+static void test_not_a_framework_bug(void **state)
+{
+    (void)state;
+    hx_test_run run;
+    hx_test_harness(&run, "--inject grad --steps 1 --out none");
+    assert_int_equal(run.status, HX_EXIT_FAIL);
+    if (!strstr(run.out, "diagnosis: step 1: the replicas of a reduced gradient differ: a defect "
+                         "on one rank"))
+        fail_msg("--inject grad: unexpected diagnosis in\n%s", run.out);
+    assert_null(strstr(run.out, "DeepSpeed"));
+    assert_null(strstr(run.out, "torchtitan"));
+}
+
 static void test_inject_names(void **state)
 {
     (void)state;
@@ -153,9 +168,10 @@ static void test_inject_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ep_scale),  cmocka_unit_test(test_world_div),
-        cmocka_unit_test(test_rank_mean), cmocka_unit_test(test_tied_twice),
-        cmocka_unit_test(test_no_bug),    cmocka_unit_test(test_inject_names),
+        cmocka_unit_test(test_ep_scale),     cmocka_unit_test(test_world_div),
+        cmocka_unit_test(test_rank_mean),    cmocka_unit_test(test_tied_twice),
+        cmocka_unit_test(test_no_bug),       cmocka_unit_test(test_not_a_framework_bug),
+        cmocka_unit_test(test_inject_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
