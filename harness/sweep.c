@@ -13,53 +13,10 @@
 #include "cli.h"
 #include "json.h"
 #include "run.h"
+#include "sweep_report.h"
 #include "util.h"
 
-#define MAX_ENTRY_ARGS 48
-#define MAX_RUNS       256
-
-/* One run of the sweep: the options it adds to the command line's. */
-typedef struct sweep_entry {
-    char label[128];
-    char *args[MAX_ENTRY_ARGS]; /* owned: "--world", "8", ... */
-    int n_args;
-    int line, column; /* of its object in the sweep file; 0 for a preset */
-    hx_options opts;  /* the command line's options with the entry's on top */
-} sweep_entry;
-
-/* The final logical weights of a run: every trainable tensor, as F32. */
-typedef struct sweep_weights {
-    size_t n;
-    char **paths;
-    float **values;
-    size_t *numel;
-} sweep_weights;
-
-typedef struct sweep_result {
-    bool completed;
-    bool checks_passed;
-    int64_t failures;
-    int steps;
-    double *loss;     /* [steps] */
-    double *loss_dev; /* [steps] relative to the first run's */
-    double max_loss_dev;
-    double weight_dev;
-    char worst_tensor[128];
-    double tolerance;
-    bool agrees;
-    double seconds;
-    char diagnosis[400];
-    char error[1024];
-} sweep_result;
-
-typedef struct sweep {
-    const char *name; /* the file or preset */
-    const char *out_dir;
-    sweep_entry *entries;
-    int n;
-    sweep_result *results;
-    sweep_weights first;
-} sweep;
+#define MAX_RUNS 256
 
 /* Option keys of a sweep file: the JSON key, the harness option, whether it takes no value. */
 static const struct {
@@ -94,7 +51,7 @@ static double dtype_tolerance(seldp_dtype dtype)
     return dtype == SELDP_BF16 ? 1e-2 : dtype == SELDP_F16 ? 2e-3 : 1e-5;
 }
 
-static void weights_free(sweep_weights *w)
+static void weights_free(hx_sweep_weights *w)
 {
     for (size_t i = 0; i < w->n; i++) {
         free(w->paths[i]);
@@ -103,10 +60,10 @@ static void weights_free(sweep_weights *w)
     free(w->paths);
     free(w->values);
     free(w->numel);
-    *w = (sweep_weights){0};
+    *w = (hx_sweep_weights){0};
 }
 
-static void entries_free(sweep *s)
+static void entries_free(hx_sweep *s)
 {
     for (int i = 0; s->entries && i < s->n; i++)
         for (int a = 0; a < s->entries[i].n_args; a++)
@@ -120,9 +77,9 @@ static void entries_free(sweep *s)
     weights_free(&s->first);
 }
 
-static bool entry_add(sweep_entry *e, const char *option, const char *value)
+static bool entry_add(hx_sweep_entry *e, const char *option, const char *value)
 {
-    if (e->n_args + 2 > MAX_ENTRY_ARGS)
+    if (e->n_args + 2 > HX_SWEEP_MAX_ARGS)
         return false;
     size_t n = strlen(option) + 3;
     char *opt = malloc(n);
@@ -162,7 +119,7 @@ static bool parse_options(int argc, char **argv, hx_options *o, char *msg, size_
 }
 
 /* The options of one object of a sweep file. */
-static bool entry_from_json(const char *file, const hx_json *obj, sweep_entry *e, FILE *err)
+static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry *e, FILE *err)
 {
     e->line = obj->line;
     e->column = obj->column;
@@ -245,7 +202,7 @@ nomem:
     return false;
 }
 
-static bool entries_from_file(sweep *s, FILE *err)
+static bool entries_from_file(hx_sweep *s, FILE *err)
 {
     char *text = NULL;
     size_t len = 0;
@@ -280,7 +237,7 @@ out:
 }
 
 /* The presets: every ep of the world in both orders; worlds 1, 2, 4, 8 (and 16, 32). */
-static bool entries_from_preset(sweep *s, const hx_options *base, bool *is_preset)
+static bool entries_from_preset(hx_sweep *s, const hx_options *base, bool *is_preset)
 {
     *is_preset = true;
     int worlds[] = {1, 2, 4, 8, 16, 32};
@@ -294,7 +251,7 @@ static bool entries_from_preset(sweep *s, const hx_options *base, bool *is_prese
             for (int order = 0; order < 2; order++) {
                 char v[16];
                 snprintf(v, sizeof v, "%d", ep);
-                sweep_entry *e = &s->entries[s->n++];
+                hx_sweep_entry *e = &s->entries[s->n++];
                 if (!entry_add(e, "ep", v) || !entry_add(e, "order", order ? "dp-ep" : "ep-dp"))
                     return false;
             }
@@ -316,7 +273,7 @@ static bool entries_from_preset(sweep *s, const hx_options *base, bool *is_prese
         char w[16], v[16];
         snprintf(w, sizeof w, "%d", worlds[i]);
         snprintf(v, sizeof v, "%d", ep < 1 ? 1 : ep);
-        sweep_entry *e = &s->entries[s->n++];
+        hx_sweep_entry *e = &s->entries[s->n++];
         if (!entry_add(e, "world", w) || !entry_add(e, "ep", v))
             return false;
     }
@@ -325,7 +282,7 @@ static bool entries_from_preset(sweep *s, const hx_options *base, bool *is_prese
 
 /* Resolve every entry's options on top of the command line's, and validate each run as the
  * harness would, before anything runs or is written. */
-static bool entries_resolve(sweep *s, int argc, char **argv, FILE *err)
+static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
 {
     char *args[512];
     int base = 0;
@@ -342,7 +299,7 @@ static bool entries_resolve(sweep *s, int argc, char **argv, FILE *err)
     int world0 = 0;
     bool mixed = false;
     for (int i = 0; i < s->n; i++) {
-        sweep_entry *e = &s->entries[i];
+        hx_sweep_entry *e = &s->entries[i];
         int n = base;
         for (int a = 0; a < e->n_args; a++)
             args[n++] = e->args[a];
@@ -399,7 +356,7 @@ static bool entries_resolve(sweep *s, int argc, char **argv, FILE *err)
     return true;
 }
 
-static seldp_status weights_of(const hx_run *run, sweep_weights *w)
+static seldp_status weights_of(const hx_run *run, hx_sweep_weights *w)
 {
     seldp_status st = SELDP_OK;
     const hx_layout *l = run->layout;
@@ -449,7 +406,7 @@ fail:
 }
 
 /* The largest ||w - w0|| / ||w0|| over the tensors, and where. */
-static double weights_deviation(const sweep_weights *w0, const sweep_weights *w, char *worst,
+static double weights_deviation(const hx_sweep_weights *w0, const hx_sweep_weights *w, char *worst,
                                 size_t size)
 {
     double dev = 0;
@@ -478,10 +435,10 @@ static double weights_deviation(const sweep_weights *w0, const sweep_weights *w,
 }
 
 /* Run entry i and compare it with the first run. */
-static void sweep_run(sweep *s, int i, FILE *out)
+static void sweep_run(hx_sweep *s, int i, FILE *out)
 {
-    sweep_entry *e = &s->entries[i];
-    sweep_result *r = &s->results[i];
+    hx_sweep_entry *e = &s->entries[i];
+    hx_sweep_result *r = &s->results[i];
     int steps = e->opts.steps;
     r->steps = steps;
     r->loss = hx_calloc((size_t)(steps ? steps : 1), sizeof *r->loss);
@@ -490,7 +447,7 @@ static void sweep_run(sweep *s, int i, FILE *out)
         fmax(dtype_tolerance(e->opts.model.dtype), dtype_tolerance(s->entries[0].opts.model.dtype));
     double t0 = hx_now();
     hx_run *run = NULL;
-    sweep_weights w = {0};
+    hx_sweep_weights w = {0};
     if (!r->loss || !r->loss_dev || hx_run_create(&e->opts, &run) != SELDP_OK) {
         snprintf(r->error, sizeof r->error, "%s", hx_last_error());
         goto done;
@@ -516,7 +473,7 @@ static void sweep_run(sweep *s, int i, FILE *out)
     }
     if (i == 0) {
         s->first = w;
-        w = (sweep_weights){0};
+        w = (hx_sweep_weights){0};
     } else if (s->results[0].completed) {
         r->weight_dev = weights_deviation(&s->first, &w, r->worst_tensor, sizeof r->worst_tensor);
     }
@@ -558,228 +515,9 @@ done:
     }
 }
 
-static bool run_ok(const sweep_result *r)
-{
-    return r->completed && r->checks_passed && r->agrees;
-}
-
-/* The largest deviation of any run from the first at each step. */
-static double step_deviation(const sweep *s, int k)
-{
-    double dev = 0;
-    for (int i = 1; i < s->n; i++)
-        if (s->results[i].completed && k < s->results[i].steps)
-            dev = fmax(dev, s->results[i].loss_dev[k]);
-    return dev;
-}
-
-static seldp_status write_json(const sweep *s, bool pass)
-{
-    hx_buf b = {0};
-    int steps = s->entries[0].opts.steps;
-    hx_buf_puts(&b, "{\n  \"sweep\": ");
-    hx_buf_json_string(&b, s->name);
-    hx_buf_printf(&b, ",\n  \"steps\": %d,\n  \"seed\": %llu,\n  \"global_batch\": %d,\n", steps,
-                  (unsigned long long)s->entries[0].opts.model.seed,
-                  s->entries[0].opts.global_batch);
-    hx_buf_printf(&b, "  \"result\": \"%s\",\n  \"max_deviation_per_step\": [",
-                  pass ? "PASS" : "FAIL");
-    for (int k = 0; k < steps; k++) {
-        hx_buf_puts(&b, k ? ", " : "");
-        hx_buf_json_number(&b, step_deviation(s, k));
-    }
-    hx_buf_puts(&b, "],\n  \"runs\": [");
-    for (int i = 0; i < s->n; i++) {
-        const sweep_entry *e = &s->entries[i];
-        const sweep_result *r = &s->results[i];
-        hx_buf_puts(&b, i ? ",\n    {" : "\n    {");
-        hx_buf_puts(&b, "\"name\": ");
-        hx_buf_json_string(&b, e->label);
-        hx_buf_printf(&b,
-                      ", \"world\": %d, \"ep\": %d, \"order\": \"%s\", \"dtype\": \"%s\", "
-                      "\"flow\": \"%s\", \"inject\": \"%s\", \"layout_file\": ",
-                      e->opts.world, e->opts.ep, hx_order_name(e->opts.order),
-                      tm_dtype_name(e->opts.model.dtype), hx_flow_name(e->opts.flow),
-                      hx_fault_name(e->opts.inject));
-        if (e->opts.layout_file)
-            hx_buf_json_string(&b, e->opts.layout_file);
-        else
-            hx_buf_puts(&b, "null");
-        hx_buf_printf(&b,
-                      ",\n     \"completed\": %s, \"checks_passed\": %s, \"failed_checks\": "
-                      "%lld, \"agrees\": %s, \"tolerance\": ",
-                      r->completed ? "true" : "false", r->checks_passed ? "true" : "false",
-                      (long long)r->failures, r->agrees ? "true" : "false");
-        hx_buf_json_number(&b, r->tolerance);
-        hx_buf_puts(&b, ", \"max_loss_deviation\": ");
-        hx_buf_json_number(&b, r->max_loss_dev);
-        hx_buf_puts(&b, ", \"weight_deviation\": ");
-        hx_buf_json_number(&b, r->weight_dev);
-        hx_buf_puts(&b, ", \"worst_tensor\": ");
-        hx_buf_json_string(&b, r->worst_tensor[0] ? r->worst_tensor : "-");
-        hx_buf_puts(&b, ",\n     \"loss\": [");
-        for (int k = 0; k < r->steps; k++) {
-            hx_buf_puts(&b, k ? ", " : "");
-            hx_buf_json_number(&b, r->completed ? r->loss[k] : NAN);
-        }
-        hx_buf_puts(&b, "], \"loss_deviation\": [");
-        for (int k = 0; k < r->steps; k++) {
-            hx_buf_puts(&b, k ? ", " : "");
-            hx_buf_json_number(&b, r->completed ? r->loss_dev[k] : NAN);
-        }
-        hx_buf_puts(&b, "],\n     \"diagnosis\": ");
-        hx_buf_json_string(&b, r->diagnosis);
-        hx_buf_puts(&b, ", \"error\": ");
-        hx_buf_json_string(&b, r->error);
-        hx_buf_printf(&b, ", \"seconds\": %.3f}", r->seconds);
-    }
-    hx_buf_puts(&b, "\n  ]\n}\n");
-    seldp_status st = hx_buf_ok(&b) ? SELDP_OK : SELDP_ERR_NOMEM;
-    char path[1100];
-    snprintf(path, sizeof path, "%s/sweep.json", s->out_dir);
-    if (st == SELDP_OK)
-        st = hx_write_file(path, b.data, b.len);
-    hx_buf_free(&b);
-    return st;
-}
-
-static seldp_status write_md(const sweep *s, bool pass, const char *plot_note)
-{
-    hx_buf b = {0};
-    const hx_options *o = &s->entries[0].opts;
-    hx_buf_printf(&b, "# Sweep %s: %s\n\n", s->name, pass ? "PASS" : "FAIL");
-    hx_buf_printf(&b,
-                  "%d runs, %d steps each, seed %llu, global batch %d; each run's per-step loss "
-                  "and final logical weights compared with run 1's (relative; the limit is the "
-                  "dtype's: f32 1e-5, f16 2e-3, bf16 1e-2).\n\n",
-                  s->n, o->steps, (unsigned long long)o->model.seed, o->global_batch);
-    hx_buf_puts(&b, "| # | run | world | ep | order | dtype | inject | checks | loss dev | weight "
-                    "dev | worst tensor | limit | agrees |\n");
-    hx_buf_puts(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int i = 0; i < s->n; i++) {
-        const sweep_entry *e = &s->entries[i];
-        const sweep_result *r = &s->results[i];
-        hx_buf_printf(&b, "| %d | %s | %d | %d | %s | %s | %s | ", i + 1, e->label, e->opts.world,
-                      e->opts.ep, e->opts.layout_file ? "file" : hx_order_name(e->opts.order),
-                      tm_dtype_name(e->opts.model.dtype), hx_fault_name(e->opts.inject));
-        if (!r->completed)
-            hx_buf_puts(&b, "stopped | - | - | - | - | no |\n");
-        else
-            hx_buf_printf(&b, "%s (%lld failed) | %.2e | %.2e | %s | %.0e | %s |\n",
-                          r->checks_passed ? "PASS" : "FAIL", (long long)r->failures,
-                          r->max_loss_dev, r->weight_dev,
-                          r->worst_tensor[0] ? r->worst_tensor : "-", r->tolerance,
-                          r->agrees ? "yes" : "**no**");
-    }
-    hx_buf_puts(&b, "\n## Largest loss deviation from run 1, per step\n\n| step | deviation |\n"
-                    "|---|---|\n");
-    for (int k = 0; k < o->steps; k++)
-        hx_buf_printf(&b, "| %d | %.3e |\n", k + 1, step_deviation(s, k));
-    bool any = false;
-    for (int i = 0; i < s->n; i++) {
-        const sweep_result *r = &s->results[i];
-        if (!r->diagnosis[0] && !r->error[0])
-            continue;
-        if (!any)
-            hx_buf_puts(&b, "\n## Findings\n\n");
-        any = true;
-        hx_buf_printf(&b, "- run %d (%s): %s\n", i + 1, s->entries[i].label,
-                      r->diagnosis[0] ? r->diagnosis : r->error);
-    }
-    hx_buf_printf(&b, "\n## Plot\n\n%s\n", plot_note);
-    seldp_status st = hx_buf_ok(&b) ? SELDP_OK : SELDP_ERR_NOMEM;
-    char path[1100];
-    snprintf(path, sizeof path, "%s/sweep.md", s->out_dir);
-    if (st == SELDP_OK)
-        st = hx_write_file(path, b.data, b.len);
-    hx_buf_free(&b);
-    return st;
-}
-
-/* `text` as a single-quoted shell word, into buf. */
-static void shell_quote(const char *text, char *buf, size_t size)
-{
-    size_t n = 0;
-    if (size < 3)
-        return;
-    buf[n++] = '\'';
-    for (const char *c = text; *c && n + 6 < size; c++) {
-        if (*c == '\'') {
-            memcpy(buf + n, "'\\''", 4);
-            n += 4;
-        } else {
-            buf[n++] = *c;
-        }
-    }
-    buf[n++] = '\'';
-    buf[n] = '\0';
-}
-
-/* sweep.dat and sweep.gp, and sweep.png when gnuplot is installed. The note for sweep.md says
- * which. */
-static seldp_status write_plot(const sweep *s, char *note, size_t size)
-{
-    hx_buf dat = {0}, gp = {0};
-    int steps = s->entries[0].opts.steps;
-    hx_buf_puts(&dat, "# step, largest relative loss deviation from run 1, then each run's loss\n");
-    for (int k = 0; k < steps; k++) {
-        hx_buf_printf(&dat, "%d %.9e", k + 1, fmax(step_deviation(s, k), 1e-17));
-        for (int i = 0; i < s->n; i++)
-            hx_buf_printf(&dat, " %.12e", s->results[i].completed ? s->results[i].loss[k] : NAN);
-        hx_buf_puts(&dat, "\n");
-    }
-    hx_buf_printf(&gp,
-                  "# gnuplot sweep.gp (in this folder) draws sweep.png from sweep.dat\n"
-                  "set terminal pngcairo size 1100,900 noenhanced\n"
-                  "set output 'sweep.png'\n"
-                  "set multiplot layout 2,1 title 'sweep %s: loss per step of every run, and the "
-                  "largest deviation from run 1'\n"
-                  "set xlabel 'step'\nset ylabel 'loss'\nset xtics 1\nset key outside right\n"
-                  "plot ",
-                  s->name);
-    for (int i = 0; i < s->n; i++)
-        hx_buf_printf(&gp, "%s'sweep.dat' using 1:%d with linespoints dashtype %d title '%s'",
-                      i ? ", \\\n     " : "", i + 3, 1 + i % 5, s->entries[i].label);
-    hx_buf_printf(&gp,
-                  "\nset logscale y\nset format y '%%.0e'\nset ylabel 'relative deviation'\n"
-                  "plot 'sweep.dat' using 1:2 with linespoints lw 2 title 'largest loss "
-                  "deviation', %g with lines dashtype 2 title 'limit (%s)'\n"
-                  "unset multiplot\n",
-                  s->results[0].tolerance, tm_dtype_name(s->entries[0].opts.model.dtype));
-    seldp_status st = hx_buf_ok(&dat) && hx_buf_ok(&gp) ? SELDP_OK : SELDP_ERR_NOMEM;
-    char path[1100];
-    snprintf(path, sizeof path, "%s/sweep.dat", s->out_dir);
-    if (st == SELDP_OK)
-        st = hx_write_file(path, dat.data, dat.len);
-    snprintf(path, sizeof path, "%s/sweep.gp", s->out_dir);
-    if (st == SELDP_OK)
-        st = hx_write_file(path, gp.data, gp.len);
-    hx_buf_free(&dat);
-    hx_buf_free(&gp);
-    if (st != SELDP_OK)
-        return st;
-    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
-        snprintf(note, size,
-                 "gnuplot is not installed: no sweep.png; `gnuplot sweep.gp` in this folder "
-                 "draws it from sweep.dat.");
-        return SELDP_OK;
-    }
-    char dir[2100], cmd[2300];
-    shell_quote(s->out_dir, dir, sizeof dir);
-    snprintf(cmd, sizeof cmd, "cd %s && gnuplot sweep.gp 2>/dev/null", dir);
-    if (system(cmd) != 0) {
-        snprintf(note, size, "gnuplot failed on sweep.gp: no sweep.png.");
-        return SELDP_OK;
-    }
-    snprintf(note, size,
-             "![loss per step of every run, and the largest deviation from run 1](sweep.png)\n\n"
-             "Drawn by `gnuplot sweep.gp` from sweep.dat.");
-    return SELDP_OK;
-}
-
 int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE *err)
 {
-    sweep s = {.name = opts->sweep, .out_dir = opts->out_dir};
+    hx_sweep s = {.name = opts->sweep, .out_dir = opts->out_dir};
     int status = HX_EXIT_USAGE;
     const char *excluded = opts->dump_dir     ? "--dump"
                            : opts->save_dir   ? "--save"
@@ -802,6 +540,11 @@ int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE
         fprintf(err, "seldp-harness: out of memory\n");
         goto out;
     }
+    if (!is_preset && strcmp(s.name, "frameworks") == 0 && access(s.name, F_OK) != 0) {
+        fprintf(err, "seldp-harness: --sweep frameworks: this build has no framework presets "
+                     "(--framework); sweep ep, worlds, worlds-32 or a file\n");
+        goto out;
+    }
     if (!is_preset && !entries_from_file(&s, err))
         goto out;
     if (!entries_resolve(&s, argc, argv, err))
@@ -820,19 +563,17 @@ int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE
     bool pass = true;
     for (int i = 0; i < s.n; i++) {
         sweep_run(&s, i, out);
-        pass = pass && run_ok(&s.results[i]);
+        pass = pass && hx_sweep_run_ok(&s.results[i]);
     }
-    char note[512] = "";
     status = pass ? HX_EXIT_PASS : HX_EXIT_FAIL;
-    if (write_plot(&s, note, sizeof note) != SELDP_OK || write_json(&s, pass) != SELDP_OK ||
-        write_md(&s, pass, note) != SELDP_OK) {
+    if (hx_sweep_write(&s, pass) != SELDP_OK) {
         fprintf(err, "seldp-harness: %s\n", hx_last_error());
         status = HX_EXIT_FAIL;
     }
     if (out) {
         int agree = 0;
         for (int i = 0; i < s.n; i++)
-            agree += run_ok(&s.results[i]);
+            agree += hx_sweep_run_ok(&s.results[i]);
         fprintf(out,
                 "sweep result: %s (%d of %d runs pass their checks and agree with run 1); "
                 "%s/sweep.md\n",

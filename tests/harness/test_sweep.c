@@ -212,8 +212,25 @@ static void test_malformed_sweep_files(void **state)
                    "%s:1:11: \"seed\": the same in every run of a sweep; give --seed");
     expect_refusal("[{\"ep\": 2},\n {\"ep\": 3}]", gb, "%s:2:2: --ep 3: must be >= 1 and divide");
     expect_refusal("[{\"ep\": 2, \"ep\": 4}]", gb, "%s:1:12: ");
-    expect_refusal(NULL, "--global-batch 64 --dump /tmp/never",
+    expect_refusal("[{\"ep\": 2}]", "--global-batch 64 --dump /tmp/never",
                    "--sweep and --dump exclude each other");
+}
+
+/* Names that are neither a preset nor a file, and a sweep with nowhere to write. */
+static void test_unknown_presets(void **state)
+{
+    (void)state;
+    hx_test_run run;
+    hx_test_harness(&run, "--sweep frameworks --global-batch 64 --out %s/x",
+                    hx_test_dir("unknown"));
+    assert_int_equal(run.status, HX_EXIT_USAGE);
+    assert_non_null(strstr(run.err, "--sweep frameworks: this build has no framework presets"));
+    hx_test_harness(&run, "--sweep eps --global-batch 64 --out %s/x", hx_test_dir("unknown"));
+    assert_int_equal(run.status, HX_EXIT_USAGE);
+    assert_non_null(strstr(run.err, "--sweep eps: not a preset (ep, worlds, worlds-32) and "));
+    hx_test_harness(&run, "--sweep ep --global-batch 64 --out none");
+    assert_int_equal(run.status, HX_EXIT_USAGE);
+    assert_non_null(strstr(run.err, "--sweep needs --out DIR"));
 }
 
 static void test_mixed_worlds_need_global_batch(void **state)
@@ -240,6 +257,7 @@ int main(void)
         cmocka_unit_test(test_sweep_file),
         cmocka_unit_test(test_sweep_detects_deviation),
         cmocka_unit_test(test_malformed_sweep_files),
+        cmocka_unit_test(test_unknown_presets),
         cmocka_unit_test(test_mixed_worlds_need_global_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
