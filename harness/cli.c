@@ -5,6 +5,7 @@
 
 #include "options.h"
 #include "run.h"
+#include "sweep.h"
 
 int hx_main(int argc, char **argv, FILE *out, FILE *err)
 {
@@ -40,6 +41,8 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
         seldp_layout_destroy(grid);
         return HX_EXIT_PASS;
     }
+    if (opts.sweep)
+        return hx_sweep_main(argc, argv, &opts, out, err);
     hx_run *run = NULL;
     if (hx_run_create(&opts, &run) != SELDP_OK) {
         fprintf(err, "seldp-harness: %s\n", hx_last_error());
@@ -50,6 +53,8 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
     bool root = hx_run_is_root(run);
     if (!opts.quiet && root)
         hx_report_print_checks(run, out);
+    if (root && run->diagnosis[0])
+        fprintf(out, "diagnosis: %s\n", run->diagnosis);
     if (st != SELDP_OK)
         fprintf(err, "seldp-harness: the run stopped: %s\n", run->error);
     int status = hx_run_passed(run) ? HX_EXIT_PASS : HX_EXIT_FAIL;

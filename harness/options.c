@@ -54,6 +54,7 @@ enum {
     OPT_SAVE,
     OPT_SAVE_EVERY,
     OPT_RESUME,
+    OPT_SWEEP,
     OPT_HELP,
     OPT_VERSION,
     OPT_FRAMEWORK,
@@ -146,9 +147,11 @@ static const option_doc docs[] = {
      "S",
      "seconds a collective may wait for a rank"},
     {{"inject", required_argument, NULL, OPT_INJECT},
-     "none|grad|replica|absent|fail",
-     "self-test: plant a defect on the last rank that the checks must catch, or (fail) an error "
-     "in its first step that must stop every rank (exit 1)"},
+     "FAULT",
+     "self-test: grad, replica or absent plant a defect on the last rank that the checks must "
+     "catch; fail an error in its first step that must stop every rank (exit 1); ep-scale, "
+     "rank-mean, world-div or tied-twice a framework bug in every rank's reduction (SPEC 5.2) "
+     "that the checks and a sweep must catch and name"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
@@ -191,6 +194,13 @@ static const option_doc docs[] = {
     {{"resume", required_argument, NULL, OPT_RESUME},
      "DIR",
      "continue from the checkpoint in DIR up to --steps, under any layout and world"},
+    {{"sweep", required_argument, NULL, OPT_SWEEP},
+     "FILE|PRESET",
+     "run a list of layouts (a JSON list of option objects, or a preset: ep = every ep of "
+     "--world in both orders, worlds = worlds 1, 2, 4, 8, worlds-32 = up to 32) with the other "
+     "options, compare each "
+     "run's losses and final weights with the first run's; sweep.md, sweep.json and a plot go "
+     "to --out"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},
     {{"version", no_argument, NULL, OPT_VERSION}, NULL, "print the library version and exit"},
 };
@@ -245,8 +255,10 @@ const char *hx_order_name(hx_order order)
 
 const char *hx_fault_name(hx_fault fault)
 {
-    static const char *const names[] = {"none", "grad", "replica", "absent", "fail"};
-    return (unsigned)fault < 5 ? names[fault] : "invalid";
+    static const char *const names[HX_FAULT_COUNT] = {"none",      "grad",      "replica",
+                                                      "absent",    "fail",      "ep-scale",
+                                                      "rank-mean", "world-div", "tied-twice"};
+    return (unsigned)fault < HX_FAULT_COUNT ? names[fault] : "invalid";
 }
 
 const char *hx_roots_name(hx_roots roots)
@@ -321,6 +333,7 @@ static void default_text(int id, char *buf, size_t size)
     case OPT_GLOBAL_BATCH:
     case OPT_SAVE:
     case OPT_RESUME:
+    case OPT_SWEEP:
         snprintf(buf, size, "none");
         break;
     case OPT_SAVE_EVERY:
@@ -686,10 +699,11 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             o->timeout_s = x;
             break;
         case OPT_INJECT:
-            expected = "none, grad, replica or absent (defects the checks must catch) or fail (an "
-                       "error that must stop every rank)";
+            expected = "none, grad, replica or absent (defects the checks must catch), fail (an "
+                       "error that must stop every rank), or ep-scale, rank-mean, world-div or "
+                       "tied-twice (framework bugs)";
             ok = false;
-            for (int f = 0; f < 5; f++) {
+            for (int f = 0; f < HX_FAULT_COUNT; f++) {
                 if (strcasecmp(arg, hx_fault_name((hx_fault)f)) == 0) {
                     o->inject = (hx_fault)f;
                     ok = true;
@@ -754,6 +768,11 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             ok = parse_int(arg, 0, 100000, &v);
             expected = "an integer in 0..100000";
             o->save_every = (int)v;
+            break;
+        case OPT_SWEEP:
+            o->sweep = arg;
+            ok = arg[0] != '\0';
+            expected = "a sweep file or a preset (ep, worlds)";
             break;
         case OPT_HELP:
             hx_options_usage(out);

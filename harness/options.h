@@ -24,7 +24,13 @@ typedef enum hx_fault {
     HX_FAULT_GRAD = 1,    /* double one reduced gradient after the reductions */
     HX_FAULT_REPLICA = 2, /* flip a bit of embed.weight after initialize */
     HX_FAULT_ABSENT = 3,  /* give an expert no token reached a zero gradient */
-    HX_FAULT_FAIL = 4     /* fail in the first step: every other rank must stop, none hang */
+    HX_FAULT_FAIL = 4,    /* fail in the first step: every other rank must stop, none hang */
+    /* framework bugs (SPEC §5.2, inject.c): planted in the reductions of every rank */
+    HX_FAULT_EP_SCALE = 5,   /* expert grads scaled by the EP size (DeepSpeed #6545) */
+    HX_FAULT_RANK_MEAN = 6,  /* per-rank token mean instead of the global (torchtitan #1842) */
+    HX_FAULT_WORLD_DIV = 7,  /* expert grads divided by the world, not the expert-data size */
+    HX_FAULT_TIED_TWICE = 8, /* the tied embedding reduced twice */
+    HX_FAULT_COUNT
 } hx_fault;
 
 typedef struct hx_options {
@@ -63,6 +69,8 @@ typedef struct hx_options {
     const char *save_dir;   /* NULL: no checkpoints */
     int save_every;         /* save after every N-th step (0: after the last step only) */
     const char *resume_dir; /* NULL: start from step 0 */
+
+    const char *sweep; /* NULL: one run; else a sweep file or preset name (sweep.h) */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */

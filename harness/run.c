@@ -12,6 +12,7 @@
 #include "checkpoint.h"
 #include "gpu.h"
 #include "router.h"
+#include "inject.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -572,17 +573,18 @@ static seldp_status rank_reduce(hx_rank *rk)
                      rk->rank);
     /* on a GPU the sessions reduce device tensors; the checks read their host copies */
     seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
-    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_SHARED, 1.0, fp32, grads),
+    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_SHARED, hx_inject_shared_scale(rk), fp32, grads),
                  "rank %d: exporting the shared gradients", rk->rank);
     /* sum flow: normalize by the global token count here; mean flow: the reduce divides */
     double scale = run->opts.flow == HX_FLOW_SUM ? 1.0 / (double)rk->global_tokens : 1.0;
+    scale *= hx_inject_expert_factor(rk); /* 1 unless a framework bug is planted */
     HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
                  "rank %d: exporting the expert gradients", rk->rank);
     if (run->opts.policy == SELDP_MISSING_ERROR)
         HX_CHECK(add_zero_grads(rk, grads));
 
-    HX_CHECK(
-        reduce_session(rk, rk->shared_session, 0, REDUCE_MEAN, rk->T, grads, &rk->shared_weight));
+    HX_CHECK(reduce_session(rk, rk->shared_session, 0, REDUCE_MEAN, hx_inject_shared_weight(rk),
+                            grads, &rk->shared_weight));
     for (int d = 0; d < run->layout->n_data; d++) {
         if (!rk->data_sessions[d])
             continue;
@@ -595,6 +597,7 @@ static seldp_status rank_reduce(hx_rank *rk)
         HX_CHECK(hx_clip_norm(rk, grads));
     if (rk->gpu)
         HX_CHECK(grads_to_host(rk));
+    HX_CHECK(hx_inject_after_reduce(rk));
 fail:
     rk->t_reduce = hx_now() - t0;
     return st;
@@ -937,6 +940,9 @@ static void print_header(const hx_run *run, FILE *out)
     if (o->inject == HX_FAULT_FAIL)
         fprintf(out, "  inject  fail: rank %d fails in step 1; every rank must stop\n",
                 o->world - 1);
+    else if (hx_inject_is_framework_bug(o->inject))
+        fprintf(out, "  inject  %s: %s; the checks must fail\n", hx_fault_name(o->inject),
+                hx_inject_describe(o->inject));
     else if (o->inject != HX_FAULT_NONE)
         fprintf(out, "  inject  %s: a planted defect on rank %d; the checks must fail\n",
                 hx_fault_name(o->inject), o->world - 1);
@@ -1001,6 +1007,7 @@ static seldp_status main_step(hx_run *run, int step)
     HX_CHECK(hx_check_step(run, step, ref));
     if (run->opts.clip_grad > 0)
         hx_clip_check(run, step, ref);
+    hx_inject_diagnose(run, step, ref);
     rec->t_check = hx_now() - t0;
 fail:
     tm_reference_destroy(ref);

@@ -140,6 +140,9 @@ typedef struct hx_run {
     seldp_status status;
     char error[1024];
 
+    /* the likely cause of the first failed gradient check (inject.c); "" when none */
+    char diagnosis[400];
+
     /* one rank per process: the failed checks rank 0 counted (every rank learns them) */
     int64_t root_failures;
 

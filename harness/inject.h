@@ -1,0 +1,38 @@
+/* Planted framework bugs (--inject, SPEC §5.2): the reduction mistakes real frameworks
+ * shipped, planted where a framework makes them (the scale of the exported gradients, the
+ * weights of the reductions, a second reduction), and the diagnosis that names them from
+ * the gradients and the FP64 reference. */
+#ifndef HX_INJECT_H
+#define HX_INJECT_H
+
+#include <stdbool.h>
+
+#include "run.h"
+
+/* True for the faults that are framework bugs (ep-scale, rank-mean, world-div, tied-twice). */
+bool hx_inject_is_framework_bug(hx_fault fault);
+
+/* One line: what the planted bug does, for the run's header. */
+const char *hx_inject_describe(hx_fault fault);
+
+/* The factor rank rk applies, on top of the flow's own scale, to the expert gradients it
+ * exports this step (1 without a planted bug). */
+double hx_inject_expert_factor(const hx_rank *rk);
+
+/* The scale rank rk exports its shared (loss-sum) gradients with (1 without a planted bug),
+ * and the weight it reduces them with (rk->T without a planted bug): the reduction returns
+ * sum_r g_r / sum_r w_r. */
+double hx_inject_shared_scale(const hx_rank *rk);
+uint64_t hx_inject_shared_weight(const hx_rank *rk);
+
+/* After the reductions (rk->grads on the host): --inject tied-twice reduces the tied
+ * embedding's gradient a second time, summed over the shared group as an embedding group
+ * does. Collective over the shared group; a no-op for the other faults. */
+seldp_status hx_inject_after_reduce(hx_rank *rk);
+
+/* Main thread, after the checks of `step`: when the gradient check failed in this step and
+ * no diagnosis is recorded yet, fit every gradient class (expert, tied embedding, other
+ * shared) to the reference and write the likely cause into run->diagnosis. */
+void hx_inject_diagnose(hx_run *run, int step, const tm_reference *ref);
+
+#endif

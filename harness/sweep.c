@@ -1,0 +1,586 @@
+/* Sweeps: parse the list of runs (a JSON file or a preset), run each in this process, compare
+ * its per-step loss and final logical weights with the first run's, and write sweep.md,
+ * sweep.json and a gnuplot plot. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "sweep.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "json.h"
+#include "run.h"
+#include "sweep_report.h"
+#include "util.h"
+
+#define MAX_RUNS 256
+
+/* Option keys of a sweep file: the JSON key, the harness option, whether it takes no value. */
+static const struct {
+    const char *key;
+    const char *option;
+    bool flag;
+} sweep_keys[] = {
+    {"world", "world", false},
+    {"ep", "ep", false},
+    {"order", "order", false},
+    {"layout-file", "layout-file", false},
+    {"roots", "roots", false},
+    {"dtype", "dtype", false},
+    {"quant", "quant", false},
+    {"flow", "expert-reduce", false},
+    {"expert-reduce", "expert-reduce", false},
+    {"fp32-master", "fp32-master", true},
+    {"policy", "policy", false},
+    {"inject", "inject", false},
+    {"lora-rank", "lora-rank", false},
+    {"lora-alpha", "lora-alpha", false},
+};
+#define N_SWEEP_KEYS (sizeof sweep_keys / sizeof sweep_keys[0])
+
+/* Options that must be the same in every run, and so only come from the command line. */
+static const char *const shared_keys[] = {
+    "seed",    "global-batch", "steps",   "tokens", "token-spread", "lr",     "vocab",
+    "d-model", "d-ff",         "experts", "top-k",  "layers",       "backend"};
+
+static double dtype_tolerance(seldp_dtype dtype)
+{
+    return dtype == SELDP_BF16 ? 1e-2 : dtype == SELDP_F16 ? 2e-3 : 1e-5;
+}
+
+static void weights_free(hx_sweep_weights *w)
+{
+    for (size_t i = 0; i < w->n; i++) {
+        free(w->paths[i]);
+        free(w->values[i]);
+    }
+    free(w->paths);
+    free(w->values);
+    free(w->numel);
+    *w = (hx_sweep_weights){0};
+}
+
+static void entries_free(hx_sweep *s)
+{
+    for (int i = 0; s->entries && i < s->n; i++)
+        for (int a = 0; a < s->entries[i].n_args; a++)
+            free(s->entries[i].args[a]);
+    free(s->entries);
+    for (int i = 0; s->results && i < s->n; i++) {
+        free(s->results[i].loss);
+        free(s->results[i].loss_dev);
+    }
+    free(s->results);
+    weights_free(&s->first);
+}
+
+static bool entry_add(hx_sweep_entry *e, const char *option, const char *value)
+{
+    if (e->n_args + 2 > HX_SWEEP_MAX_ARGS)
+        return false;
+    size_t n = strlen(option) + 3;
+    char *opt = malloc(n);
+    if (!opt)
+        return false;
+    snprintf(opt, n, "--%s", option);
+    e->args[e->n_args++] = opt;
+    if (value) {
+        char *v = hx_strdup(value);
+        if (!v)
+            return false;
+        e->args[e->n_args++] = v;
+    }
+    return true;
+}
+
+/* Parse `argv` (argv[0] first) into *o, the error line (without the program's prefix) into
+ * msg. Returns false on a bad option. */
+static bool parse_options(int argc, char **argv, hx_options *o, char *msg, size_t size)
+{
+    hx_options_default(o);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *err = open_memstream(&text, &len);
+    if (!err) {
+        snprintf(msg, size, "out of memory");
+        return false;
+    }
+    hx_parse_result r = hx_options_parse(argc, argv, o, err, err);
+    fclose(err);
+    const char *m = text ? text : "";
+    if (strncmp(m, "seldp-harness: ", 15) == 0)
+        m += 15;
+    snprintf(msg, size, "%.*s", (int)strcspn(m, "\n"), m);
+    free(text);
+    return r == HX_PARSE_RUN;
+}
+
+/* The options of one object of a sweep file. */
+static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry *e, FILE *err)
+{
+    e->line = obj->line;
+    e->column = obj->column;
+    if (obj->type != HX_JSON_OBJECT) {
+        fprintf(err,
+                "seldp-harness: %s:%d:%d: a run must be an object of harness options, not %s\n",
+                file, obj->line, obj->column, hx_json_type_name(obj->type));
+        return false;
+    }
+    for (size_t k = 0; k < obj->count; k++) {
+        const char *key = obj->keys[k];
+        const hx_json *v = &obj->items[k];
+        if (strcmp(key, "name") == 0) {
+            if (v->type != HX_JSON_STRING || !v->string[0]) {
+                fprintf(err, "seldp-harness: %s:%d:%d: \"name\": expected a non-empty string\n",
+                        file, v->line, v->column);
+                return false;
+            }
+            snprintf(e->label, sizeof e->label, "%s", v->string);
+            continue;
+        }
+        for (size_t s = 0; s < sizeof shared_keys / sizeof shared_keys[0]; s++) {
+            if (strcmp(key, shared_keys[s]) == 0) {
+                fprintf(err,
+                        "seldp-harness: %s:%d:%d: \"%s\": the same in every run of a sweep; give "
+                        "--%s on the command line\n",
+                        file, v->line, v->column, key, key);
+                return false;
+            }
+        }
+        size_t s = 0;
+        while (s < N_SWEEP_KEYS && strcmp(key, sweep_keys[s].key) != 0)
+            s++;
+        if (s == N_SWEEP_KEYS) {
+            fprintf(err,
+                    "seldp-harness: %s:%d:%d: unknown key \"%s\": expected name, world, ep, "
+                    "order, layout-file, roots, dtype, quant, flow, fp32-master, policy, inject, "
+                    "lora-rank or lora-alpha\n",
+                    file, v->line, v->column, key);
+            return false;
+        }
+        char value[256];
+        if (sweep_keys[s].flag) {
+            if (v->type != HX_JSON_BOOL) {
+                fprintf(err, "seldp-harness: %s:%d:%d: \"%s\": expected true or false\n", file,
+                        v->line, v->column, key);
+                return false;
+            }
+            if (v->boolean && !entry_add(e, sweep_keys[s].option, NULL))
+                goto nomem;
+            continue;
+        }
+        if (v->type == HX_JSON_STRING)
+            snprintf(value, sizeof value, "%s", v->string);
+        else if (v->type == HX_JSON_NUMBER && v->is_integer)
+            snprintf(value, sizeof value, "%lld", (long long)v->integer);
+        else if (v->type == HX_JSON_NUMBER && strcmp(key, "lora-alpha") == 0)
+            snprintf(value, sizeof value, "%.17g", v->number);
+        else {
+            fprintf(err,
+                    "seldp-harness: %s:%d:%d: \"%s\": expected a string or an integer, not %s\n",
+                    file, v->line, v->column, key, hx_json_type_name(v->type));
+            return false;
+        }
+        /* the value alone, so that its error points at it */
+        char opt[64], msg[512];
+        snprintf(opt, sizeof opt, "--%s", sweep_keys[s].option);
+        char *one[] = {"seldp-harness", opt, value, NULL};
+        hx_options scratch;
+        if (!parse_options(3, one, &scratch, msg, sizeof msg)) {
+            fprintf(err, "seldp-harness: %s:%d:%d: %s\n", file, v->line, v->column, msg);
+            return false;
+        }
+        if (!entry_add(e, sweep_keys[s].option, value))
+            goto nomem;
+    }
+    return true;
+nomem:
+    fprintf(err, "seldp-harness: %s: out of memory or too many options in one run\n", file);
+    return false;
+}
+
+static bool entries_from_file(hx_sweep *s, FILE *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    hx_json *root = NULL;
+    bool ok = false;
+    if (hx_read_file(s->name, &text, &len) != SELDP_OK) {
+        fprintf(err, "seldp-harness: --sweep %s: not a preset (ep, worlds, worlds-32) and %s\n",
+                s->name, hx_last_error());
+        return false;
+    }
+    if (hx_json_parse(text, len, s->name, &root) != SELDP_OK) {
+        fprintf(err, "seldp-harness: %s\n", hx_last_error());
+        goto out;
+    }
+    if (root->type != HX_JSON_ARRAY || root->count == 0 || root->count > MAX_RUNS) {
+        fprintf(err, "seldp-harness: %s:%d:%d: expected a list of 1 to %d runs\n", s->name,
+                root->line, root->column, MAX_RUNS);
+        goto out;
+    }
+    s->entries = hx_calloc(root->count, sizeof *s->entries);
+    if (!s->entries)
+        goto out;
+    s->n = (int)root->count;
+    for (size_t i = 0; i < root->count; i++)
+        if (!entry_from_json(s->name, &root->items[i], &s->entries[i], err))
+            goto out;
+    ok = true;
+out:
+    hx_json_free(root);
+    free(text);
+    return ok;
+}
+
+/* The presets: every ep of the world in both orders; worlds 1, 2, 4, 8 (and 16, 32). */
+static bool entries_from_preset(hx_sweep *s, const hx_options *base, bool *is_preset)
+{
+    *is_preset = true;
+    int worlds[] = {1, 2, 4, 8, 16, 32};
+    if (strcmp(s->name, "ep") == 0) {
+        s->entries = hx_calloc(2 * 64, sizeof *s->entries);
+        if (!s->entries)
+            return false;
+        for (int ep = 1; ep <= base->world && s->n < 128; ep++) {
+            if (base->world % ep != 0 || base->model.experts % ep != 0)
+                continue;
+            for (int order = 0; order < 2; order++) {
+                char v[16];
+                snprintf(v, sizeof v, "%d", ep);
+                hx_sweep_entry *e = &s->entries[s->n++];
+                if (!entry_add(e, "ep", v) || !entry_add(e, "order", order ? "dp-ep" : "ep-dp"))
+                    return false;
+            }
+        }
+        return true;
+    }
+    int n_worlds = strcmp(s->name, "worlds") == 0 ? 4 : strcmp(s->name, "worlds-32") == 0 ? 6 : 0;
+    if (n_worlds == 0) {
+        *is_preset = false;
+        return true;
+    }
+    s->entries = hx_calloc((size_t)n_worlds, sizeof *s->entries);
+    if (!s->entries)
+        return false;
+    for (int i = 0; i < n_worlds; i++) {
+        int ep = base->ep;
+        while (ep > 1 && (worlds[i] % ep != 0 || base->model.experts % ep != 0))
+            ep /= 2;
+        char w[16], v[16];
+        snprintf(w, sizeof w, "%d", worlds[i]);
+        snprintf(v, sizeof v, "%d", ep < 1 ? 1 : ep);
+        hx_sweep_entry *e = &s->entries[s->n++];
+        if (!entry_add(e, "world", w) || !entry_add(e, "ep", v))
+            return false;
+    }
+    return true;
+}
+
+/* Resolve every entry's options on top of the command line's, and validate each run as the
+ * harness would, before anything runs or is written. */
+static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
+{
+    char *args[512];
+    int base = 0;
+    for (int i = 0; i < argc && base < 400; i++) {
+        const char *a = argv[i];
+        if (i > 0 && (strcmp(a, "--sweep") == 0 || strcmp(a, "--out") == 0)) {
+            i++;
+            continue;
+        }
+        if (i > 0 && (strncmp(a, "--sweep=", 8) == 0 || strncmp(a, "--out=", 6) == 0))
+            continue;
+        args[base++] = argv[i];
+    }
+    int world0 = 0;
+    bool mixed = false;
+    for (int i = 0; i < s->n; i++) {
+        hx_sweep_entry *e = &s->entries[i];
+        int n = base;
+        for (int a = 0; a < e->n_args; a++)
+            args[n++] = e->args[a];
+        args[n] = NULL;
+        char msg[512], where[300];
+        if (e->line)
+            snprintf(where, sizeof where, "%s:%d:%d", s->name, e->line, e->column);
+        else
+            snprintf(where, sizeof where, "--sweep %s, run %d", s->name, i + 1);
+        if (!parse_options(n, args, &e->opts, msg, sizeof msg)) {
+            fprintf(err, "seldp-harness: %s: %s\n", where, msg);
+            return false;
+        }
+        e->opts.sweep = NULL;
+        e->opts.out_dir = "";
+        e->opts.quiet = true;
+        hx_run *run = NULL;
+        if (hx_run_create(&e->opts, &run) != SELDP_OK) {
+            fprintf(err, "seldp-harness: %s: %s\n", where, hx_last_error());
+            return false;
+        }
+        bool multi = hx_backend_multiprocess(run->backend);
+        e->opts.world = run->opts.world;
+        hx_run_destroy(run);
+        if (multi) {
+            fprintf(err, "seldp-harness: --sweep runs every layout in this process; start it "
+                         "without mpirun\n");
+            return false;
+        }
+        if (i == 0)
+            world0 = e->opts.world;
+        mixed = mixed || e->opts.world != world0;
+        if (!e->label[0]) {
+            const hx_options *o = &e->opts;
+            int len = snprintf(e->label, sizeof e->label, "w%d-%s", o->world,
+                               o->layout_file ? "file" : "ep");
+            if (!o->layout_file)
+                len += snprintf(e->label + len, sizeof e->label - (size_t)len, "%d-%s", o->ep,
+                                hx_order_name(o->order));
+            len += snprintf(e->label + len, sizeof e->label - (size_t)len, "-%s",
+                            tm_dtype_name(o->model.dtype));
+            if (o->inject != HX_FAULT_NONE)
+                snprintf(e->label + len, sizeof e->label - (size_t)len, "-%s",
+                         hx_fault_name(o->inject));
+        }
+    }
+    if (mixed && s->entries[0].opts.global_batch == 0) {
+        fprintf(err,
+                "seldp-harness: --sweep %s mixes worlds without --global-batch: each world would "
+                "train another model on other tokens; give --global-batch N\n",
+                s->name);
+        return false;
+    }
+    return true;
+}
+
+static seldp_status weights_of(const hx_run *run, hx_sweep_weights *w)
+{
+    seldp_status st = SELDP_OK;
+    const hx_layout *l = run->layout;
+    tm_model *m = NULL;
+    int *all = hx_calloc((size_t)l->experts, sizeof *all);
+    if (!all)
+        return SELDP_ERR_NOMEM;
+    for (int e = 0; e < l->experts; e++)
+        all[e] = e;
+    HX_CHECK_LIB(tm_model_create(&run->opts.model, 0, all, l->experts, NULL, NULL, &m),
+                 "the logical model of a sweep run");
+    HX_CHECK_LIB(
+        tm_model_copy_params(m, run->ranks[l->shared.root].model, TM_ROLES_SHARED_GROUP, -1),
+        "copying the shared parameters of rank %d", l->shared.root);
+    for (int e = 0; e < l->experts; e++)
+        HX_CHECK_LIB(
+            tm_model_copy_params(m, run->ranks[l->owners[e].root].model, TM_ROLES_EXPERT_GROUP, e),
+            "copying expert %d from rank %d", e, l->owners[e].root);
+    size_t count = tm_param_count(m);
+    w->paths = hx_calloc(count, sizeof *w->paths);
+    w->values = hx_calloc(count, sizeof *w->values);
+    w->numel = hx_calloc(count, sizeof *w->numel);
+    if (!w->paths || !w->values || !w->numel)
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < count; i++) {
+        const tm_param_info *p = tm_param_at(m, i);
+        if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+            continue;
+        size_t n = seldp_tensor_numel(&p->tensor);
+        w->paths[w->n] = hx_strdup(p->path);
+        w->values[w->n] = hx_calloc(n ? n : 1, sizeof(float));
+        w->numel[w->n] = n;
+        if (!w->paths[w->n] || !w->values[w->n]) {
+            w->n++;
+            HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+        }
+        if (p->tensor.dtype == SELDP_F32)
+            memcpy(w->values[w->n], p->tensor.data, n * sizeof(float));
+        else
+            seldp_half_to_f32(p->tensor.dtype, p->tensor.data, w->values[w->n], n);
+        w->n++;
+    }
+fail:
+    tm_model_destroy(m);
+    free(all);
+    return st;
+}
+
+/* The largest ||w - w0|| / ||w0|| over the tensors, and where. */
+static double weights_deviation(const hx_sweep_weights *w0, const hx_sweep_weights *w, char *worst,
+                                size_t size)
+{
+    double dev = 0;
+    snprintf(worst, size, "-");
+    for (size_t i = 0; i < w->n; i++) {
+        size_t j = 0;
+        while (j < w0->n && strcmp(w0->paths[j], w->paths[i]) != 0)
+            j++;
+        if (j == w0->n || w0->numel[j] != w->numel[i]) {
+            snprintf(worst, size, "%s (absent from the first run)", w->paths[i]);
+            return INFINITY;
+        }
+        double d2 = 0, r2 = 0;
+        for (size_t k = 0; k < w->numel[i]; k++) {
+            double a = w->values[i][k], b = w0->values[j][k];
+            d2 += (a - b) * (a - b);
+            r2 += b * b;
+        }
+        double rel = r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
+        if (!(rel <= dev)) {
+            dev = rel;
+            snprintf(worst, size, "%s", w->paths[i]);
+        }
+    }
+    return dev;
+}
+
+/* Run entry i and compare it with the first run. */
+static void sweep_run(hx_sweep *s, int i, FILE *out)
+{
+    hx_sweep_entry *e = &s->entries[i];
+    hx_sweep_result *r = &s->results[i];
+    int steps = e->opts.steps;
+    r->steps = steps;
+    r->loss = hx_calloc((size_t)(steps ? steps : 1), sizeof *r->loss);
+    r->loss_dev = hx_calloc((size_t)(steps ? steps : 1), sizeof *r->loss_dev);
+    r->tolerance =
+        fmax(dtype_tolerance(e->opts.model.dtype), dtype_tolerance(s->entries[0].opts.model.dtype));
+    double t0 = hx_now();
+    hx_run *run = NULL;
+    hx_sweep_weights w = {0};
+    if (!r->loss || !r->loss_dev || hx_run_create(&e->opts, &run) != SELDP_OK) {
+        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
+        goto done;
+    }
+    if (hx_run_execute(run, NULL) != SELDP_OK) {
+        snprintf(r->error, sizeof r->error, "%s", run->error);
+        goto done;
+    }
+    r->completed = true;
+    r->checks_passed = hx_run_passed(run);
+    r->failures = hx_run_failures(run);
+    snprintf(r->diagnosis, sizeof r->diagnosis, "%s", run->diagnosis);
+    for (int k = 0; k < steps; k++)
+        r->loss[k] = run->steps[k].loss;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/runs/%02d-%s", s->out_dir, i + 1, e->label);
+    if (hx_report_write(run, dir) != SELDP_OK)
+        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
+    if (weights_of(run, &w) != SELDP_OK) {
+        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
+        r->completed = false;
+        goto done;
+    }
+    if (i == 0) {
+        s->first = w;
+        w = (hx_sweep_weights){0};
+    } else if (s->results[0].completed) {
+        r->weight_dev = weights_deviation(&s->first, &w, r->worst_tensor, sizeof r->worst_tensor);
+    }
+    if (s->results[0].completed) {
+        for (int k = 0; k < steps; k++) {
+            double l0 = s->results[0].loss[k];
+            r->loss_dev[k] = fabs(r->loss[k] - l0) / fmax(fabs(l0), 1e-300);
+            if (!(r->loss_dev[k] <= r->max_loss_dev))
+                r->max_loss_dev = r->loss_dev[k];
+        }
+    }
+    r->agrees = s->results[0].completed && r->max_loss_dev <= r->tolerance &&
+                r->weight_dev <= r->tolerance && !r->error[0];
+done:
+    r->seconds = hx_now() - t0;
+    weights_free(&w);
+    hx_run_destroy(run);
+    if (out) {
+        if (!r->completed)
+            fprintf(out, "sweep [%d/%d] %s: the run stopped: %s\n", i + 1, s->n, e->label,
+                    r->error);
+        else
+            fprintf(out,
+                    "sweep [%d/%d] %s: checks %s (%lld failed), loss deviation %.2e, weight "
+                    "deviation %.2e (limit %.0e): %s (%.2f s)\n",
+                    i + 1, s->n, e->label, r->checks_passed ? "PASS" : "FAIL",
+                    (long long)r->failures, r->max_loss_dev, r->weight_dev, r->tolerance,
+                    r->agrees ? "agrees" : "DEVIATES", r->seconds);
+        if (r->completed && !r->agrees && s->results[0].completed) {
+            int worst = 0;
+            for (int k = 1; k < steps; k++)
+                worst = r->loss_dev[k] > r->loss_dev[worst] ? k : worst;
+            fprintf(out, "  deviates: loss by %.2e at step %d, final weights by %.2e in %s\n",
+                    steps ? r->loss_dev[worst] : 0.0, worst + 1, r->weight_dev, r->worst_tensor);
+        }
+        if (r->diagnosis[0])
+            fprintf(out, "  diagnosis: %s\n", r->diagnosis);
+        fflush(out);
+    }
+}
+
+int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE *err)
+{
+    hx_sweep s = {.name = opts->sweep, .out_dir = opts->out_dir};
+    int status = HX_EXIT_USAGE;
+    const char *excluded = opts->dump_dir     ? "--dump"
+                           : opts->save_dir   ? "--save"
+                           : opts->resume_dir ? "--resume"
+                           : opts->summary    ? "--summary"
+                                              : NULL;
+    if (excluded) {
+        fprintf(err,
+                "seldp-harness: --sweep and %s exclude each other: a sweep writes its own "
+                "reports\n",
+                excluded);
+        return HX_EXIT_USAGE;
+    }
+    if (!s.out_dir || !s.out_dir[0]) {
+        fprintf(err, "seldp-harness: --sweep needs --out DIR for sweep.md and sweep.json\n");
+        return HX_EXIT_USAGE;
+    }
+    bool is_preset = false;
+    if (!entries_from_preset(&s, opts, &is_preset)) {
+        fprintf(err, "seldp-harness: out of memory\n");
+        goto out;
+    }
+    if (!is_preset && strcmp(s.name, "frameworks") == 0 && access(s.name, F_OK) != 0) {
+        fprintf(err, "seldp-harness: --sweep frameworks: this build has no framework presets "
+                     "(--framework); sweep ep, worlds, worlds-32 or a file\n");
+        goto out;
+    }
+    if (!is_preset && !entries_from_file(&s, err))
+        goto out;
+    if (!entries_resolve(&s, argc, argv, err))
+        goto out;
+    s.results = hx_calloc((size_t)s.n, sizeof *s.results);
+    if (!s.results || hx_mkdir_p(s.out_dir) != SELDP_OK) {
+        fprintf(err, "seldp-harness: %s\n", hx_last_error());
+        status = HX_EXIT_FAIL;
+        goto out;
+    }
+    if (out)
+        fprintf(out, "sweep %s: %d runs, %d steps, seed %llu, global batch %d, reports in %s\n",
+                s.name, s.n, s.entries[0].opts.steps,
+                (unsigned long long)s.entries[0].opts.model.seed, s.entries[0].opts.global_batch,
+                s.out_dir);
+    bool pass = true;
+    for (int i = 0; i < s.n; i++) {
+        sweep_run(&s, i, out);
+        pass = pass && hx_sweep_run_ok(&s.results[i]);
+    }
+    status = pass ? HX_EXIT_PASS : HX_EXIT_FAIL;
+    if (hx_sweep_write(&s, pass) != SELDP_OK) {
+        fprintf(err, "seldp-harness: %s\n", hx_last_error());
+        status = HX_EXIT_FAIL;
+    }
+    if (out) {
+        int agree = 0;
+        for (int i = 0; i < s.n; i++)
+            agree += hx_sweep_run_ok(&s.results[i]);
+        fprintf(out,
+                "sweep result: %s (%d of %d runs pass their checks and agree with run 1); "
+                "%s/sweep.md\n",
+                status == HX_EXIT_PASS ? "PASS" : "FAIL", agree, s.n, s.out_dir);
+        fflush(out);
+    }
+out:
+    entries_free(&s);
+    return status;
+}

@@ -1,0 +1,241 @@
+/* The reports of a sweep: sweep.json, sweep.md, and sweep.png drawn by gnuplot from sweep.dat
+ * and sweep.gp (left to draw by hand when gnuplot is absent). */
+#define _POSIX_C_SOURCE 200809L
+
+#include "sweep_report.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tinymoe.h"
+#include "util.h"
+
+bool hx_sweep_run_ok(const hx_sweep_result *r)
+{
+    return r->completed && r->checks_passed && r->agrees;
+}
+
+double hx_sweep_step_deviation(const hx_sweep *s, int k)
+{
+    double dev = 0;
+    for (int i = 1; i < s->n; i++)
+        if (s->results[i].completed && k < s->results[i].steps)
+            dev = fmax(dev, s->results[i].loss_dev[k]);
+    return dev;
+}
+
+static seldp_status write_json(const hx_sweep *s, bool pass)
+{
+    hx_buf b = {0};
+    int steps = s->entries[0].opts.steps;
+    hx_buf_puts(&b, "{\n  \"sweep\": ");
+    hx_buf_json_string(&b, s->name);
+    hx_buf_printf(&b, ",\n  \"steps\": %d,\n  \"seed\": %llu,\n  \"global_batch\": %d,\n", steps,
+                  (unsigned long long)s->entries[0].opts.model.seed,
+                  s->entries[0].opts.global_batch);
+    hx_buf_printf(&b, "  \"result\": \"%s\",\n  \"max_deviation_per_step\": [",
+                  pass ? "PASS" : "FAIL");
+    for (int k = 0; k < steps; k++) {
+        hx_buf_puts(&b, k ? ", " : "");
+        hx_buf_json_number(&b, hx_sweep_step_deviation(s, k));
+    }
+    hx_buf_puts(&b, "],\n  \"runs\": [");
+    for (int i = 0; i < s->n; i++) {
+        const hx_sweep_entry *e = &s->entries[i];
+        const hx_sweep_result *r = &s->results[i];
+        hx_buf_puts(&b, i ? ",\n    {" : "\n    {");
+        hx_buf_puts(&b, "\"name\": ");
+        hx_buf_json_string(&b, e->label);
+        hx_buf_printf(&b,
+                      ", \"world\": %d, \"ep\": %d, \"order\": \"%s\", \"dtype\": \"%s\", "
+                      "\"flow\": \"%s\", \"inject\": \"%s\", \"layout_file\": ",
+                      e->opts.world, e->opts.ep, hx_order_name(e->opts.order),
+                      tm_dtype_name(e->opts.model.dtype), hx_flow_name(e->opts.flow),
+                      hx_fault_name(e->opts.inject));
+        if (e->opts.layout_file)
+            hx_buf_json_string(&b, e->opts.layout_file);
+        else
+            hx_buf_puts(&b, "null");
+        hx_buf_printf(&b,
+                      ",\n     \"completed\": %s, \"checks_passed\": %s, \"failed_checks\": "
+                      "%lld, \"agrees\": %s, \"tolerance\": ",
+                      r->completed ? "true" : "false", r->checks_passed ? "true" : "false",
+                      (long long)r->failures, r->agrees ? "true" : "false");
+        hx_buf_json_number(&b, r->tolerance);
+        hx_buf_puts(&b, ", \"max_loss_deviation\": ");
+        hx_buf_json_number(&b, r->max_loss_dev);
+        hx_buf_puts(&b, ", \"weight_deviation\": ");
+        hx_buf_json_number(&b, r->weight_dev);
+        hx_buf_puts(&b, ", \"worst_tensor\": ");
+        hx_buf_json_string(&b, r->worst_tensor[0] ? r->worst_tensor : "-");
+        hx_buf_puts(&b, ",\n     \"loss\": [");
+        for (int k = 0; k < r->steps; k++) {
+            hx_buf_puts(&b, k ? ", " : "");
+            hx_buf_json_number(&b, r->completed ? r->loss[k] : NAN);
+        }
+        hx_buf_puts(&b, "], \"loss_deviation\": [");
+        for (int k = 0; k < r->steps; k++) {
+            hx_buf_puts(&b, k ? ", " : "");
+            hx_buf_json_number(&b, r->completed ? r->loss_dev[k] : NAN);
+        }
+        hx_buf_puts(&b, "],\n     \"diagnosis\": ");
+        hx_buf_json_string(&b, r->diagnosis);
+        hx_buf_puts(&b, ", \"error\": ");
+        hx_buf_json_string(&b, r->error);
+        hx_buf_printf(&b, ", \"seconds\": %.3f}", r->seconds);
+    }
+    hx_buf_puts(&b, "\n  ]\n}\n");
+    seldp_status st = hx_buf_ok(&b) ? SELDP_OK : SELDP_ERR_NOMEM;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/sweep.json", s->out_dir);
+    if (st == SELDP_OK)
+        st = hx_write_file(path, b.data, b.len);
+    hx_buf_free(&b);
+    return st;
+}
+
+static seldp_status write_md(const hx_sweep *s, bool pass, const char *plot_note)
+{
+    hx_buf b = {0};
+    const hx_options *o = &s->entries[0].opts;
+    hx_buf_printf(&b, "# Sweep %s: %s\n\n", s->name, pass ? "PASS" : "FAIL");
+    hx_buf_printf(&b,
+                  "%d runs, %d steps each, seed %llu, global batch %d; each run's per-step loss "
+                  "and final logical weights compared with run 1's (relative; the limit is the "
+                  "dtype's: f32 1e-5, f16 2e-3, bf16 1e-2).\n\n",
+                  s->n, o->steps, (unsigned long long)o->model.seed, o->global_batch);
+    hx_buf_puts(&b, "| # | run | world | ep | order | dtype | inject | checks | loss dev | weight "
+                    "dev | worst tensor | limit | agrees |\n");
+    hx_buf_puts(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < s->n; i++) {
+        const hx_sweep_entry *e = &s->entries[i];
+        const hx_sweep_result *r = &s->results[i];
+        hx_buf_printf(&b, "| %d | %s | %d | %d | %s | %s | %s | ", i + 1, e->label, e->opts.world,
+                      e->opts.ep, e->opts.layout_file ? "file" : hx_order_name(e->opts.order),
+                      tm_dtype_name(e->opts.model.dtype), hx_fault_name(e->opts.inject));
+        if (!r->completed)
+            hx_buf_puts(&b, "stopped | - | - | - | - | no |\n");
+        else
+            hx_buf_printf(&b, "%s (%lld failed) | %.2e | %.2e | %s | %.0e | %s |\n",
+                          r->checks_passed ? "PASS" : "FAIL", (long long)r->failures,
+                          r->max_loss_dev, r->weight_dev,
+                          r->worst_tensor[0] ? r->worst_tensor : "-", r->tolerance,
+                          r->agrees ? "yes" : "**no**");
+    }
+    hx_buf_puts(&b, "\n## Largest loss deviation from run 1, per step\n\n| step | deviation |\n"
+                    "|---|---|\n");
+    for (int k = 0; k < o->steps; k++)
+        hx_buf_printf(&b, "| %d | %.3e |\n", k + 1, hx_sweep_step_deviation(s, k));
+    bool any = false;
+    for (int i = 0; i < s->n; i++) {
+        const hx_sweep_result *r = &s->results[i];
+        if (!r->diagnosis[0] && !r->error[0])
+            continue;
+        if (!any)
+            hx_buf_puts(&b, "\n## Findings\n\n");
+        any = true;
+        hx_buf_printf(&b, "- run %d (%s): %s\n", i + 1, s->entries[i].label,
+                      r->diagnosis[0] ? r->diagnosis : r->error);
+    }
+    hx_buf_printf(&b, "\n## Plot\n\n%s\n", plot_note);
+    seldp_status st = hx_buf_ok(&b) ? SELDP_OK : SELDP_ERR_NOMEM;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/sweep.md", s->out_dir);
+    if (st == SELDP_OK)
+        st = hx_write_file(path, b.data, b.len);
+    hx_buf_free(&b);
+    return st;
+}
+
+/* `text` as a single-quoted shell word, into buf. */
+static void shell_quote(const char *text, char *buf, size_t size)
+{
+    size_t n = 0;
+    if (size < 3)
+        return;
+    buf[n++] = '\'';
+    for (const char *c = text; *c && n + 6 < size; c++) {
+        if (*c == '\'') {
+            memcpy(buf + n, "'\\''", 4);
+            n += 4;
+        } else {
+            buf[n++] = *c;
+        }
+    }
+    buf[n++] = '\'';
+    buf[n] = '\0';
+}
+
+/* sweep.dat and sweep.gp, and sweep.png when gnuplot is installed. The note for sweep.md says
+ * which. */
+static seldp_status write_plot(const hx_sweep *s, char *note, size_t size)
+{
+    hx_buf dat = {0}, gp = {0};
+    int steps = s->entries[0].opts.steps;
+    hx_buf_puts(&dat, "# step, largest relative loss deviation from run 1, then each run's loss\n");
+    for (int k = 0; k < steps; k++) {
+        hx_buf_printf(&dat, "%d %.9e", k + 1, fmax(hx_sweep_step_deviation(s, k), 1e-17));
+        for (int i = 0; i < s->n; i++)
+            hx_buf_printf(&dat, " %.12e", s->results[i].completed ? s->results[i].loss[k] : NAN);
+        hx_buf_puts(&dat, "\n");
+    }
+    hx_buf_printf(&gp,
+                  "# gnuplot sweep.gp (in this folder) draws sweep.png from sweep.dat\n"
+                  "set terminal pngcairo size 1100,900 noenhanced\n"
+                  "set output 'sweep.png'\n"
+                  "set multiplot layout 2,1 title 'sweep %s: loss per step of every run, and the "
+                  "largest deviation from run 1'\n"
+                  "set xlabel 'step'\nset ylabel 'loss'\nset xtics 1\nset key outside right\n"
+                  "plot ",
+                  s->name);
+    for (int i = 0; i < s->n; i++)
+        hx_buf_printf(&gp, "%s'sweep.dat' using 1:%d with linespoints dashtype %d title '%s'",
+                      i ? ", \\\n     " : "", i + 3, 1 + i % 5, s->entries[i].label);
+    hx_buf_printf(&gp,
+                  "\nset logscale y\nset format y '%%.0e'\nset ylabel 'relative deviation'\n"
+                  "plot 'sweep.dat' using 1:2 with linespoints lw 2 title 'largest loss "
+                  "deviation', %g with lines dashtype 2 title 'limit (%s)'\n"
+                  "unset multiplot\n",
+                  s->results[0].tolerance, tm_dtype_name(s->entries[0].opts.model.dtype));
+    seldp_status st = hx_buf_ok(&dat) && hx_buf_ok(&gp) ? SELDP_OK : SELDP_ERR_NOMEM;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/sweep.dat", s->out_dir);
+    if (st == SELDP_OK)
+        st = hx_write_file(path, dat.data, dat.len);
+    snprintf(path, sizeof path, "%s/sweep.gp", s->out_dir);
+    if (st == SELDP_OK)
+        st = hx_write_file(path, gp.data, gp.len);
+    hx_buf_free(&dat);
+    hx_buf_free(&gp);
+    if (st != SELDP_OK)
+        return st;
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        snprintf(note, size,
+                 "gnuplot is not installed: no sweep.png; `gnuplot sweep.gp` in this folder "
+                 "draws it from sweep.dat.");
+        return SELDP_OK;
+    }
+    char dir[2100], cmd[2300];
+    shell_quote(s->out_dir, dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "cd %s && gnuplot sweep.gp 2>/dev/null", dir);
+    if (system(cmd) != 0) {
+        snprintf(note, size, "gnuplot failed on sweep.gp: no sweep.png.");
+        return SELDP_OK;
+    }
+    snprintf(note, size,
+             "![loss per step of every run, and the largest deviation from run 1](sweep.png)\n\n"
+             "Drawn by `gnuplot sweep.gp` from sweep.dat.");
+    return SELDP_OK;
+}
+
+seldp_status hx_sweep_write(const hx_sweep *s, bool pass)
+{
+    char note[512] = "";
+    seldp_status st = write_plot(s, note, sizeof note);
+    if (st == SELDP_OK)
+        st = write_json(s, pass);
+    if (st == SELDP_OK)
+        st = write_md(s, pass, note);
+    return st;
+}

@@ -1,0 +1,67 @@
+/* The records of a sweep (sweep.c fills them) and its reports: sweep.json, sweep.md and the
+ * gnuplot plot of the loss curves and the largest deviation per step. */
+#ifndef HX_SWEEP_REPORT_H
+#define HX_SWEEP_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "options.h"
+
+#define HX_SWEEP_MAX_ARGS 48 /* option words one run of a sweep adds */
+
+/* One run of the sweep: the options it adds to the command line's. */
+typedef struct hx_sweep_entry {
+    char label[128];
+    char *args[HX_SWEEP_MAX_ARGS]; /* owned: "--world", "8", ... */
+    int n_args;
+    int line, column; /* of its object in the sweep file; 0 for a preset */
+    hx_options opts;  /* the command line's options with the entry's on top */
+} hx_sweep_entry;
+
+/* The final logical weights of a run: every trainable tensor, as F32. */
+typedef struct hx_sweep_weights {
+    size_t n;
+    char **paths;
+    float **values;
+    size_t *numel;
+} hx_sweep_weights;
+
+typedef struct hx_sweep_result {
+    bool completed;
+    bool checks_passed;
+    int64_t failures;
+    int steps;
+    double *loss;     /* [steps] */
+    double *loss_dev; /* [steps] relative to the first run's */
+    double max_loss_dev;
+    double weight_dev;
+    char worst_tensor[128];
+    double tolerance;
+    bool agrees;
+    double seconds;
+    char diagnosis[400];
+    char error[1024];
+} hx_sweep_result;
+
+typedef struct hx_sweep {
+    const char *name; /* the file or preset */
+    const char *out_dir;
+    hx_sweep_entry *entries;
+    int n;
+    hx_sweep_result *results;
+    hx_sweep_weights first;
+} hx_sweep;
+
+/* True when the run completed, passed its own checks and agrees with the first run. */
+bool hx_sweep_run_ok(const hx_sweep_result *r);
+
+/* The largest relative loss deviation of any run from the first at step k (0-based). */
+double hx_sweep_step_deviation(const hx_sweep *s, int k);
+
+/* Write sweep.dat, sweep.gp, sweep.png (when gnuplot is installed), sweep.json and sweep.md
+ * into s->out_dir. `pass`: the sweep's result. SELDP_ERR_IO naming the file on failure. */
+seldp_status hx_sweep_write(const hx_sweep *s, bool pass);
+
+#endif

@@ -1,0 +1,177 @@
+/* Planted framework bugs (--inject, SPEC §5.2): each of the reduction mistakes real frameworks
+ * shipped makes the reference check fail with a diagnosis naming the tensors and the likely
+ * cause, and makes a sweep deviate from its bug-free first run. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cli.h"
+#include "harness_test.h"
+
+typedef struct planted_bug {
+    const char *name;
+    const char *run_args; /* a single run that must fail its reference check */
+    const char *diagnosis;
+    const char *sweep; /* a preset whose first run is free of the bug's effect */
+} planted_bug;
+
+static const planted_bug bugs[] = {
+    {"ep-scale", "--world 8 --ep 4 --dtype f32",
+     "expert gradients (layers.*.experts.*) are 4\xc3\x97 too large (EP size 4) while the shared "
+     "gradients agree: expert grads scaled by the EP size?",
+     "ep"},
+    {"world-div", "--world 8 --ep 2 --dtype bf16",
+     "expert gradients (layers.*.experts.*) are 2\xc3\x97 too small (EP size 2) while the shared "
+     "gradients agree: expert grads divided by the world size instead of the expert-data size?",
+     "ep"},
+    {"rank-mean", "--world 4 --ep 2 --dtype f32",
+     "embed.weight and the shared gradients (norms, routers) deviate without a common scale",
+     "worlds"},
+    {"tied-twice", "--world 4 --ep 2 --dtype f32",
+     "the gradient of embed.weight (tied as lm_head.weight) is 4\xc3\x97 too large while every "
+     "other gradient agrees: the tied embedding reduced twice?",
+     "worlds"},
+};
+
+/* The reference check of one run fails and the diagnosis names the bug. */
+static void check_run(const planted_bug *bug)
+{
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", hx_test_dir("run"));
+    hx_test_run run;
+    hx_test_harness(&run, "%s --inject %s --steps 2 --out %s", bug->run_args, bug->name, dir);
+    if (run.status != HX_EXIT_FAIL)
+        fail_msg("--inject %s exited %d\n%s%s", bug->name, run.status, run.err, run.out);
+    if (!strstr(run.out, "diagnosis: step 1: ") || !strstr(run.out, bug->diagnosis))
+        fail_msg("--inject %s: no diagnosis '%s' in\n%s", bug->name, bug->diagnosis, run.out);
+    /* the reference check fails; the bug is the same on every rank, so replicas still agree */
+    hx_json *report = hx_test_report(dir);
+    int64_t tested = 0, failed = 0;
+    hx_test_check(report, "reduced gradients vs the FP64 reference", &tested, &failed);
+    assert_true(failed > 0);
+    hx_test_check(report, "reduced gradients bit-identical in each group", &tested, &failed);
+    assert_true(tested > 0);
+    assert_int_equal(failed, 0);
+    hx_json_free(report);
+}
+
+/* A sweep whose first run is unaffected deviates, and names the bug. */
+static void check_sweep(const planted_bug *bug)
+{
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/out", hx_test_dir(bug->name));
+    hx_test_run run;
+    hx_test_harness(&run,
+                    "--sweep %s --world 8 --dtype f32 --global-batch 255 --steps 2 "
+                    "--inject %s --out %s",
+                    bug->sweep, bug->name, dir);
+    if (run.status != HX_EXIT_FAIL)
+        fail_msg("sweep with --inject %s exited %d\n%s%s", bug->name, run.status, run.err, run.out);
+    assert_non_null(strstr(run.out, "DEVIATES"));
+    char path[1300], *md = NULL;
+    snprintf(path, sizeof path, "%s/sweep.md", dir);
+    assert_int_equal(hx_read_file(path, &md, NULL), SELDP_OK);
+    assert_non_null(strstr(md, "# Sweep "));
+    assert_non_null(strstr(md, ": FAIL"));
+    assert_non_null(strstr(md, "## Findings"));
+    /* the sweep's findings carry the diagnosis: the worst ep / world gives its own factor,
+     * so look for the cause only */
+    const char *cause = strstr(bug->diagnosis, ": ");
+    const char *needle = cause ? cause + 2 : bug->diagnosis;
+    if (strcmp(bug->name, "rank-mean") == 0)
+        needle = "a per-rank token mean instead of the global token mean? (torchtitan #1842)";
+    if (!strstr(md, needle))
+        fail_msg("sweep.md of --inject %s lacks '%s':\n%s", bug->name, needle, md);
+    free(md);
+}
+
+static void test_ep_scale(void **state)
+{
+    (void)state;
+    check_run(&bugs[0]);
+    check_sweep(&bugs[0]);
+}
+
+static void test_world_div(void **state)
+{
+    (void)state;
+    check_run(&bugs[1]);
+    check_sweep(&bugs[1]);
+}
+
+static void test_rank_mean(void **state)
+{
+    (void)state;
+    check_run(&bugs[2]);
+    check_sweep(&bugs[2]);
+    /* equal token counts on every rank hide the bug: the per-rank means average to the
+     * global mean */
+    hx_test_run run;
+    hx_test_harness(&run, "--world 4 --ep 2 --dtype f32 --inject rank-mean --global-batch 256 "
+                          "--steps 2 --out none");
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("rank-mean with equal counts exited %d\n%s%s", run.status, run.err, run.out);
+}
+
+static void test_tied_twice(void **state)
+{
+    (void)state;
+    check_run(&bugs[3]);
+    check_sweep(&bugs[3]);
+}
+
+/* Without a planted bug, the same runs pass and give no diagnosis. */
+static void test_no_bug(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof bugs / sizeof bugs[0]; i++) {
+        hx_test_run run;
+        hx_test_harness(&run, "%s --steps 2 --out none", bugs[i].run_args);
+        if (run.status != HX_EXIT_PASS)
+            fail_msg("%s exited %d\n%s%s", bugs[i].run_args, run.status, run.err, run.out);
+        assert_null(strstr(run.out, "diagnosis:"));
+    }
+}
+
+/* Defects that are not reduction mistakes are not blamed on one: a gradient doubled on one
+ * rank breaks the replicas. */
+static void test_not_a_framework_bug(void **state)
+{
+    (void)state;
+    hx_test_run run;
+    hx_test_harness(&run, "--inject grad --steps 1 --out none");
+    assert_int_equal(run.status, HX_EXIT_FAIL);
+    if (!strstr(run.out, "diagnosis: step 1: the replicas of a reduced gradient differ: a defect "
+                         "on one rank"))
+        fail_msg("--inject grad: unexpected diagnosis in\n%s", run.out);
+    assert_null(strstr(run.out, "DeepSpeed"));
+    assert_null(strstr(run.out, "torchtitan"));
+}
+
+static void test_inject_names(void **state)
+{
+    (void)state;
+    hx_test_run run;
+    hx_test_harness(&run, "--inject ep_scale");
+    assert_int_equal(run.status, HX_EXIT_USAGE);
+    assert_non_null(strstr(run.err, "ep-scale, rank-mean, world-div or tied-twice"));
+    hx_test_harness(&run, "--help");
+    assert_non_null(strstr(run.out, "--inject FAULT"));
+    assert_non_null(strstr(run.out, "ep-scale,"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ep_scale),     cmocka_unit_test(test_world_div),
+        cmocka_unit_test(test_rank_mean),    cmocka_unit_test(test_tied_twice),
+        cmocka_unit_test(test_no_bug),       cmocka_unit_test(test_not_a_framework_bug),
+        cmocka_unit_test(test_inject_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,264 @@
+/* Sweeps (--sweep, SPEC §5.2): with --global-batch every layout trains the same logical model
+ * on the same tokens, so a world-8 sweep over ep 1/2/4/8 in both orders agrees with its first
+ * run within the dtype's tolerance; a sweep file is parsed strictly (errors at line:column);
+ * a sweep mixing worlds without --global-batch is refused; nothing is written on refusal. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cli.h"
+#include "harness_test.h"
+
+static hx_json *read_sweep(const char *dir)
+{
+    char path[1200], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/sweep.json", dir);
+    assert_int_equal(hx_read_file(path, &text, &len), SELDP_OK);
+    hx_json *s = NULL;
+    if (hx_json_parse(text, len, path, &s) != SELDP_OK)
+        fail_msg("%s", hx_last_error());
+    free(text);
+    return s;
+}
+
+static double number(const hx_json *obj, const char *key)
+{
+    const hx_json *v = hx_json_get(obj, key);
+    if (!v || v->type != HX_JSON_NUMBER)
+        fail_msg("sweep.json: no number \"%s\"", key);
+    return v->number;
+}
+
+static bool flag(const hx_json *obj, const char *key)
+{
+    const hx_json *v = hx_json_get(obj, key);
+    if (!v || v->type != HX_JSON_BOOL)
+        fail_msg("sweep.json: no boolean \"%s\"", key);
+    return v->boolean;
+}
+
+static bool exists(const char *dir, const char *file)
+{
+    char path[2400];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Every run of the ep preset at world 8 agrees with the first within `limit`, and the runs
+ * are ep 1, 1, 2, 2, 4, 4, 8, 8 in both orders. */
+static void ep_sweep_agrees(const char *dtype, double limit)
+{
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/out", hx_test_dir(dtype));
+    hx_test_run run;
+    hx_test_harness(&run, "--sweep ep --world 8 --dtype %s --global-batch 250 --steps 3 --out %s",
+                    dtype, dir);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("ep sweep in %s exited %d\n%s%s", dtype, run.status, run.err, run.out);
+    assert_non_null(strstr(run.out, "sweep [8/8] w8-ep8-dp-ep"));
+    assert_non_null(strstr(run.out, "sweep result: PASS (8 of 8 runs"));
+    hx_json *s = read_sweep(dir);
+    const hx_json *runs = hx_json_get(s, "runs");
+    assert_non_null(runs);
+    assert_int_equal(runs->count, 8);
+    for (size_t i = 0; i < runs->count; i++) {
+        const hx_json *r = &runs->items[i];
+        assert_int_equal(hx_test_int(r, "world"), 8);
+        assert_int_equal(hx_test_int(r, "ep"), 1 << (i / 2));
+        assert_string_equal(hx_json_get(r, "order")->string, i % 2 ? "dp-ep" : "ep-dp");
+        assert_true(flag(r, "checks_passed"));
+        assert_true(flag(r, "agrees"));
+        assert_true(number(r, "max_loss_deviation") <= limit);
+        assert_true(number(r, "weight_deviation") <= limit);
+        assert_true(number(r, "tolerance") == limit);
+        assert_int_equal(hx_json_get(r, "loss")->count, 3);
+    }
+    /* the layouts differ in their reduction order, not in what they compute: not bit-equal
+     * in general, but the first two (ep 1 in either order: the same groups) are */
+    assert_true(number(&runs->items[1], "max_loss_deviation") == 0);
+    assert_string_equal(hx_json_get(s, "result")->string, "PASS");
+    assert_int_equal(hx_json_get(s, "max_deviation_per_step")->count, 3);
+    hx_json_free(s);
+    assert_true(exists(dir, "sweep.md"));
+    assert_true(exists(dir, "sweep.gp"));
+    assert_true(exists(dir, "sweep.dat"));
+    assert_true(exists(dir, "runs/01-w8-ep1-ep-dp-f32") ||
+                exists(dir, "runs/01-w8-ep1-ep-dp-bf16"));
+    if (system("command -v gnuplot >/dev/null 2>&1") == 0)
+        assert_true(exists(dir, "sweep.png"));
+}
+
+static void test_ep_sweep_f32(void **state)
+{
+    (void)state;
+    ep_sweep_agrees("f32", 1e-5);
+}
+
+static void test_ep_sweep_bf16(void **state)
+{
+    (void)state;
+    ep_sweep_agrees("bf16", 1e-2);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A sweep file: runs across worlds with --global-batch, names from the file. */
+static void test_sweep_file(void **state)
+{
+    (void)state;
+    const char *base = hx_test_dir("file");
+    char file[1200], dir[1200];
+    snprintf(file, sizeof file, "%s/sweep.json", base);
+    snprintf(dir, sizeof dir, "%s/out", base);
+    write_text(file, "[\n"
+                     "  {\"name\": \"one\", \"world\": 1, \"ep\": 1},\n"
+                     "  {\"world\": 4, \"ep\": 2, \"order\": \"dp-ep\", \"flow\": \"mean\"},\n"
+                     "  {\"world\": 2, \"ep\": 2, \"fp32-master\": true}\n"
+                     "]\n");
+    hx_test_run run;
+    hx_test_harness(&run, "--sweep %s --dtype f32 --global-batch 101 --steps 2 --out %s", file,
+                    dir);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("sweep file exited %d\n%s%s", run.status, run.err, run.out);
+    hx_json *s = read_sweep(dir);
+    const hx_json *runs = hx_json_get(s, "runs");
+    assert_int_equal(runs->count, 3);
+    assert_string_equal(hx_json_get(&runs->items[0], "name")->string, "one");
+    assert_string_equal(hx_json_get(&runs->items[1], "name")->string, "w4-ep2-dp-ep-f32");
+    assert_string_equal(hx_json_get(&runs->items[1], "flow")->string, "mean");
+    assert_int_equal(hx_test_int(&runs->items[2], "world"), 2);
+    assert_int_equal(hx_test_int(s, "global_batch"), 101);
+    hx_json_free(s);
+}
+
+/* A run that trains another model deviates, and the sweep fails: without --global-batch
+ * each layout starts from rank-dependent weights. */
+static void test_sweep_detects_deviation(void **state)
+{
+    (void)state;
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/out", hx_test_dir("deviation"));
+    hx_test_run run;
+    hx_test_harness(&run, "--sweep ep --world 4 --dtype f32 --steps 2 --out %s", dir);
+    assert_int_equal(run.status, HX_EXIT_FAIL);
+    assert_non_null(strstr(run.out, "DEVIATES"));
+    hx_json *s = read_sweep(dir);
+    assert_string_equal(hx_json_get(s, "result")->string, "FAIL");
+    const hx_json *runs = hx_json_get(s, "runs");
+    assert_true(flag(&runs->items[0], "agrees"));
+    bool any = false;
+    for (size_t i = 1; i < runs->count; i++)
+        any = any || !flag(&runs->items[i], "agrees");
+    assert_true(any);
+    hx_json_free(s);
+}
+
+/* Exit 2, one line on stderr holding `why`, and no output folder. */
+static void expect_refusal(const char *sweep_text, const char *args, const char *why)
+{
+    const char *base = hx_test_dir("bad");
+    char file[1200], dir[1200], expected[1400];
+    snprintf(file, sizeof file, "%s/sweep.json", base);
+    snprintf(dir, sizeof dir, "%s/out", base);
+    if (sweep_text)
+        write_text(file, sweep_text);
+    hx_test_run run;
+    hx_test_harness(&run, "--sweep %s %s --out %s", sweep_text ? file : "worlds", args, dir);
+    if (run.status != HX_EXIT_USAGE)
+        fail_msg("'%s' exited %d, expected 2; stderr: %s", sweep_text, run.status, run.err);
+    snprintf(expected, sizeof expected, why, file);
+    if (!strstr(run.err, expected))
+        fail_msg("stderr '%s' lacks '%s'", run.err, expected);
+    const char *nl = strchr(run.err, '\n');
+    assert_non_null(nl);
+    assert_int_equal(nl[1], '\0');
+    struct stat st;
+    assert_int_not_equal(stat(dir, &st), 0);
+}
+
+static void test_malformed_sweep_files(void **state)
+{
+    (void)state;
+    const char *gb = "--global-batch 64";
+    expect_refusal("[\n  {\"ep\": 2},\n]\n", gb, "%s:3:1: ");
+    expect_refusal("[\n  {\"ep\": 2}\n", gb, "%s:3:1: ");
+    expect_refusal("{\"ep\": 2}\n", gb, "%s:1:1: expected a list of 1 to 256 runs");
+    expect_refusal("[]", gb, "%s:1:1: expected a list of 1 to 256 runs");
+    expect_refusal("[\n  {\"ep\": 2},\n  4\n]\n", gb,
+                   "%s:3:3: a run must be an object of harness options, not number");
+    expect_refusal("[{\"ep\": 2, \"tp\": 2}]", gb, "%s:1:18: unknown key \"tp\"");
+    expect_refusal("[{\"ep\": \"two\"}]", gb, "%s:1:9: --ep 'two': expected an integer");
+    expect_refusal("[{\"ep\": 2.5}]", gb, "%s:1:9: \"ep\": expected a string or an integer");
+    expect_refusal("[{\"order\": \"tp-dp\"}]", gb, "%s:1:12: --order 'tp-dp'");
+    expect_refusal("[{\"fp32-master\": 1}]", gb,
+                   "%s:1:18: \"fp32-master\": expected true or false");
+    expect_refusal("[{\"seed\": 7}]", gb,
+                   "%s:1:11: \"seed\": the same in every run of a sweep; give --seed");
+    expect_refusal("[{\"ep\": 2},\n {\"ep\": 3}]", gb, "%s:2:2: --ep 3: must be >= 1 and divide");
+    expect_refusal("[{\"ep\": 2, \"ep\": 4}]", gb, "%s:1:12: ");
+    expect_refusal("[{\"ep\": 2}]", "--global-batch 64 --dump /tmp/never",
+                   "--sweep and --dump exclude each other");
+}
+
+/* Names that are neither a preset nor a file, and a sweep with nowhere to write. */
+static void test_unknown_presets(void **state)
+{
+    (void)state;
+    hx_test_run run;
+    hx_test_harness(&run, "--sweep frameworks --global-batch 64 --out %s/x",
+                    hx_test_dir("unknown"));
+    assert_int_equal(run.status, HX_EXIT_USAGE);
+    assert_non_null(strstr(run.err, "--sweep frameworks: this build has no framework presets"));
+    hx_test_harness(&run, "--sweep eps --global-batch 64 --out %s/x", hx_test_dir("unknown"));
+    assert_int_equal(run.status, HX_EXIT_USAGE);
+    assert_non_null(strstr(run.err, "--sweep eps: not a preset (ep, worlds, worlds-32) and "));
+    hx_test_harness(&run, "--sweep ep --global-batch 64 --out none");
+    assert_int_equal(run.status, HX_EXIT_USAGE);
+    assert_non_null(strstr(run.err, "--sweep needs --out DIR"));
+}
+
+static void test_mixed_worlds_need_global_batch(void **state)
+{
+    (void)state;
+    expect_refusal("[{\"world\": 8}, {\"world\": 4}]", "",
+                   "--sweep %s mixes worlds without --global-batch");
+    expect_refusal(NULL, "", "--sweep worlds mixes worlds without --global-batch");
+    /* one world without --global-batch is allowed (it may still deviate) */
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/out", hx_test_dir("worlds"));
+    hx_test_run run;
+    hx_test_harness(&run, "--sweep worlds --dtype f32 --global-batch 77 --steps 2 --out %s", dir);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("worlds sweep exited %d\n%s%s", run.status, run.err, run.out);
+    assert_non_null(strstr(run.out, "sweep [4/4] w8-ep4"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ep_sweep_f32),
+        cmocka_unit_test(test_ep_sweep_bf16),
+        cmocka_unit_test(test_sweep_file),
+        cmocka_unit_test(test_sweep_detects_deviation),
+        cmocka_unit_test(test_malformed_sweep_files),
+        cmocka_unit_test(test_unknown_presets),
+        cmocka_unit_test(test_mixed_worlds_need_global_batch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
