@@ -556,6 +556,18 @@ seldp_status seldp__host_fault_set_stall(seldp_host_world *world, int rank, uint
     return st;
 }
 
+seldp_status seldp__host_fault_set_timeout(seldp_host_world *world, double seconds)
+{
+    if (!world || !(seconds > 0))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "host_fault_set_timeout: %s, expected a world and a timeout > 0 s",
+                           world ? "timeout <= 0" : "world is NULL");
+    pthread_mutex_lock(&world->lock);
+    world->timeout_s = seconds;
+    pthread_mutex_unlock(&world->lock);
+    return SELDP_OK;
+}
+
 uint64_t seldp__host_fault_count(seldp_host_world *world, int rank)
 {
     uint64_t n = 0;

@@ -48,6 +48,11 @@ seldp_status seldp__host_fault_set(seldp_host_world *world, int rank, uint64_t p
 seldp_status seldp__host_fault_set_stall(seldp_host_world *world, int rank, uint64_t point,
                                          double seconds);
 
+/* Change the world's timeout to `seconds` (> 0), so that a test can set a world up under a
+ * long timeout and run the collective under test with a short one. Only while no rank is
+ * inside a collective. SELDP_ERR_INVALID_ARGUMENT for a NULL world or a timeout <= 0. */
+seldp_status seldp__host_fault_set_timeout(seldp_host_world *world, double seconds);
+
 /* Collectives world rank `rank` has entered since the first seldp__host_fault_set on the
  * world (0 for a NULL world, a rank outside it, or a world without faults). */
 uint64_t seldp__host_fault_count(seldp_host_world *world, int rank);
