@@ -2038,6 +2038,7 @@ static seldp_status comm_wrap(seldp_host_world *w, host_group *g, int rank, seld
         hc->world = w;
         hc->group = g;
         hc->collectives = 0;
+        hc->stall_inside_s = 0.0;
         comm = seldp__comm_new(&host_ops, rank, g->size, g->world_ranks[rank], device, hc);
     }
     if (!comm) {
