@@ -76,7 +76,10 @@ static void usage(FILE *f, bool mpi)
         "differ from the expected result on any rank. JSON keys: op, impl (seldp-host,\n"
         "seldp-nccl, nccl, mpi, memcpy), ranks, bytes, time_us, algbw_GBps, busbw_GBps,\n"
         "bound_fraction, wrong, and for reduce rows dtype, bucket_bytes, tensors, raw_time_us,\n"
-        "peak_rss, rss_extra_per_rank, rss_budget_per_rank.\n",
+        "peak_rss, rss_extra_per_rank, rss_budget_per_rank.\n"
+        "With SELDP_DEBUG_COLLECTIVES=1 in the environment every seldp collective first agrees\n"
+        "on its fingerprint (the debug mode of seldp/comm.h), and the seldp rows say \"debug\":\n"
+        "run twice, with and without, to measure what the mode costs.\n",
         f);
 }
 
@@ -413,6 +416,10 @@ bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t byt
     row.bound_fraction = NAN;
     row.raw_time_us = NAN;
     row.peak_rss = row.rss_extra_per_rank = row.rss_budget_per_rank = -1;
+    /* the rows of seldp's communicators, in the debug mode of the collectives */
+    const char *debug = getenv("SELDP_DEBUG_COLLECTIVES");
+    if (strncmp(impl, "seldp", 5) == 0 && debug && *debug && strcmp(debug, "0") != 0)
+        snprintf(row.note, sizeof row.note, "debug");
     return row;
 }
 

@@ -7,8 +7,22 @@
  * arrive in time, the others return SELDP_ERR_ABORTED or SELDP_ERR_TIMEOUT instead
  * of hanging, and the world (every communicator split from it) stays aborted.
  *
+ * The timeout bounds arrival. On the host transport a rank that has arrived may be reading
+ * or writing the others' buffers, so it is waited for however late it is: at the timeout
+ * the waiting ranks abort the world, the late rank stops at its next chunk of work (a few
+ * hundred KiB), and every rank returns SELDP_ERR_TIMEOUT naming the ranks that stalled
+ * inside, or those that never arrived. Once a call has returned on a rank (success or
+ * error), no other rank reads or writes that rank's buffers. (MPI: see seldp/mpi.h.)
+ *
  * Buffers are on the device named by the `mem` argument: the host, or the CUDA
- * device of the rank. Transports stage what they cannot address directly. */
+ * device of the rank. Transports stage what they cannot address directly.
+ *
+ * Debug mode: with the environment variable SELDP_DEBUG_COLLECTIVES=1 when a communicator
+ * is created (the same on every rank), each of its collectives first agrees on a
+ * fingerprint of the call (collective, count, dtype, root, and the call's sequence number
+ * on the communicator), like TORCH_DISTRIBUTED_DEBUG=DETAIL; a mismatch is
+ * SELDP_ERR_DISAGREE on every rank, naming both calls, before any data moves. It costs one
+ * small allgather per call and is off by default. */
 #ifndef SELDP_COMM_H
 #define SELDP_COMM_H
 
@@ -114,7 +128,18 @@ typedef struct seldp_comm_stats {
 SELDP_API seldp_comm_stats seldp_comm_get_stats(const seldp_comm *comm);
 
 /** Abort the world (local, never blocks): every pending and later collective of any
- * communicator of this world returns SELDP_ERR_ABORTED on every rank. */
+ * communicator of this world returns SELDP_ERR_ABORTED on every rank.
+ *
+ * Thread-safe, like ncclCommAbort: a watchdog thread may call it while another thread of
+ * the process is inside a collective of any communicator of this world, at any phase
+ * (waiting for the others to arrive, moving data, waiting for the others to finish). That
+ * collective returns SELDP_ERR_ABORTED soon after, never leaving another rank reading or
+ * writing the caller's buffers (host transport: a rank moving data stops at its next
+ * chunk, and the others wait for it). The handle must stay alive until the call returns:
+ * destroy it only after the watchdog is done with it. On the MPI transport, a thread that
+ * may not call MPI (any thread but the one that joined, below MPI_THREAD_MULTIPLE) only
+ * records the abort; the notice to the other processes then goes from the collective
+ * running, or the next call of the world, or seldp_comm_destroy (seldp/mpi.h). */
 SELDP_API void seldp_comm_abort(seldp_comm *comm);
 
 /** Release the caller's handle (local). Destroy split communicators before the world's.

@@ -41,7 +41,12 @@
  *   communicators.
  *
  * Threads: call a world's communicators from one thread at a time (MPI_THREAD_FUNNELED
- * or MPI_THREAD_SERIALIZED is enough). */
+ * or MPI_THREAD_SERIALIZED is enough). seldp_comm_abort is the exception: any thread may
+ * call it at any time. From the thread that joined the world (or any thread under
+ * MPI_THREAD_MULTIPLE), while no call of the world runs, it sends the notices itself;
+ * otherwise it records the abort, and the thread inside a call of the world sends the
+ * notices at its next poll (within a millisecond), or, when none is running, the next call
+ * of the world or seldp_comm_destroy does. */
 #ifndef SELDP_MPI_H
 #define SELDP_MPI_H
 

@@ -5,10 +5,19 @@
  * it. Transports may assume valid pointers, counts that fit in size_t and roots
  * inside the group. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm/comm_impl.h"
 #include "internal.h"
+
+/* SELDP_DEBUG_COLLECTIVES set to anything but "" or "0". */
+static bool debug_collectives(void)
+{
+    const char *env = getenv("SELDP_DEBUG_COLLECTIVES");
+    return env && *env && strcmp(env, "0") != 0;
+}
 
 seldp_comm *seldp__comm_new(const seldp_comm_ops *ops, int rank, int size, int world_rank,
                             seldp_device device, void *impl)
@@ -22,6 +31,7 @@ seldp_comm *seldp__comm_new(const seldp_comm_ops *ops, int rank, int size, int w
     comm->world_rank = world_rank;
     comm->device = device;
     comm->impl = impl;
+    comm->debug = debug_collectives();
     return comm;
 }
 
@@ -59,6 +69,70 @@ seldp_comm_stats seldp_comm_get_stats(const seldp_comm *comm)
 {
     seldp_comm_stats none = {0};
     return comm ? comm->stats : none;
+}
+
+/* ---- the debug mode (comm_impl.h) ----------------------------------------------------- */
+
+/* One rank's fingerprint of one call; int64 fields, so that it is the same bytes on every
+ * rank and transport. */
+typedef struct call_print {
+    int64_t op, count, dtype, root;
+    uint64_t seq; /* the call's number on this communicator, from 1 */
+} call_print;
+
+/* "call #3 allreduce(count 64, f32)" */
+static void call_describe(const call_print *p, char *buf, size_t size)
+{
+    int n = snprintf(buf, size, "call #%llu %s(", (unsigned long long)p->seq,
+                     seldp__comm_op_name((int)p->op));
+    const char *sep = "";
+    if (n > 0 && (size_t)n < size && p->count >= 0) {
+        const char *unit = p->op == OP_ALLGATHER ? "bytes" : "count";
+        n += snprintf(buf + n, size - (size_t)n, "%s %lld", unit, (long long)p->count);
+        sep = ", ";
+    }
+    if (n > 0 && (size_t)n < size && p->dtype >= 0) {
+        n += snprintf(buf + n, size - (size_t)n, "%s%s", sep,
+                      seldp_dtype_name((seldp_dtype)p->dtype));
+        sep = ", ";
+    }
+    if (n > 0 && (size_t)n < size && p->root >= 0)
+        n += snprintf(buf + n, size - (size_t)n, "%sroot %lld", sep, (long long)p->root);
+    if (n > 0 && (size_t)n < size)
+        snprintf(buf + n, size - (size_t)n, ")");
+}
+
+seldp_status seldp__comm_debug_agree(seldp_comm *comm, seldp__comm_op op, int64_t count, int dtype,
+                                     int root)
+{
+    if (!comm->debug)
+        return SELDP_OK;
+    call_print mine = {op, count, dtype, root, ++comm->debug_calls};
+    call_print *all = calloc((size_t)comm->size, sizeof *all);
+    if (!all)
+        return seldp__fail(SELDP_ERR_NOMEM, "rank %d: %s: out of memory for the debug fingerprints",
+                           comm->rank, seldp__comm_op_name(op));
+    seldp_status st = comm->ops->allgather(comm, &mine, all, sizeof mine, SELDP_HOST_DEVICE);
+    if (st != SELDP_OK) {
+        free(all);
+        return st;
+    }
+    /* every rank holds the same fingerprints: the first that differs from rank 0's is named
+     * alike everywhere */
+    for (int r = 1; r < comm->size; r++) {
+        if (memcmp(&all[r], &all[0], sizeof mine) != 0) {
+            char first[160], other[160];
+            call_describe(&all[0], first, sizeof first);
+            call_describe(&all[r], other, sizeof other);
+            st = seldp__fail(SELDP_ERR_DISAGREE,
+                             "rank %d: %s: collective mismatch (SELDP_DEBUG_COLLECTIVES): rank 0 "
+                             "made %s but rank %d made %s",
+                             comm->rank, seldp__comm_op_name(op), first, r, other);
+            break;
+        }
+    }
+    free(all);
+    return st;
 }
 
 /* The communicator itself is usable; names the call when it is not. */
@@ -103,6 +177,8 @@ seldp_status seldp_comm_barrier(seldp_comm *comm)
     seldp_status st = check_comm(comm, "barrier");
     if (st != SELDP_OK)
         return st;
+    if ((st = seldp__comm_debug_agree(comm, OP_BARRIER, -1, -1, -1)) != SELDP_OK)
+        return st;
     comm->stats.barriers++;
     return comm->ops->barrier(comm);
 }
@@ -124,6 +200,9 @@ seldp_status seldp_comm_broadcast(seldp_comm *comm, void *buf, size_t count, sel
     if (bytes && !buf)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: broadcast buffer is NULL for %zu bytes", comm->rank, bytes);
+    if ((st = seldp__comm_debug_agree(comm, OP_BROADCAST, (int64_t)count, (int)dtype, root)) !=
+        SELDP_OK)
+        return st;
     comm->stats.broadcasts++;
     comm->stats.bytes += bytes;
     return comm->ops->broadcast(comm, buf, bytes, root, mem);
@@ -148,6 +227,9 @@ seldp_status seldp_comm_allreduce(seldp_comm *comm, const void *send, void *recv
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: allreduce %s buffer is NULL for %zu bytes", comm->rank,
                            send ? "receive" : "send", bytes);
+    if ((st = seldp__comm_debug_agree(comm, OP_ALLREDUCE, (int64_t)count, (int)dtype, -1)) !=
+        SELDP_OK)
+        return st;
     comm->stats.allreduces++;
     comm->stats.bytes += bytes;
     return comm->ops->allreduce(comm, send, recv, count, dtype, mem);
@@ -169,6 +251,8 @@ seldp_status seldp_comm_allgather(seldp_comm *comm, const void *send, void *recv
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: allgather %s buffer is NULL for %zu bytes per rank",
                            comm->rank, send ? "receive" : "send", bytes);
+    if ((st = seldp__comm_debug_agree(comm, OP_ALLGATHER, (int64_t)bytes, -1, -1)) != SELDP_OK)
+        return st;
     comm->stats.allgathers++;
     comm->stats.bytes += bytes;
     return comm->ops->allgather(comm, send, recv, bytes, mem);
@@ -188,6 +272,8 @@ seldp_status seldp_comm_allgatherv(seldp_comm *comm, const void *send, size_t se
                            "rank %d: allgatherv send blob is NULL for %zu bytes", comm->rank,
                            send_bytes);
     *recv = NULL;
+    if ((st = seldp__comm_debug_agree(comm, OP_ALLGATHERV, -1, -1, -1)) != SELDP_OK)
+        return st;
     comm->stats.allgathers++;
     comm->stats.bytes += send_bytes;
     return comm->ops->allgatherv(comm, send, send_bytes, recv, recv_bytes);
@@ -262,6 +348,7 @@ seldp_status seldp_comm_alltoallv(seldp_comm *comm, const void *send, const size
                    "rank %d: alltoallv receive buffer is NULL for %zu bytes", comm->rank,
                    recv_extent);
 
+    SELDP_CHECK(seldp__comm_debug_agree(comm, OP_ALLTOALLV, -1, (int)dtype, -1));
     comm->stats.alltoallvs++;
     for (size_t p = 0; p < n; p++)
         comm->stats.bytes += sb[p];
@@ -283,6 +370,8 @@ seldp_status seldp_comm_split(seldp_comm *comm, int color, int key, seldp_comm *
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "rank %d: split color %d, expected >= 0 or SELDP_COMM_NO_GROUP (-1)",
                            comm->rank, color);
+    if ((st = seldp__comm_debug_agree(comm, OP_SPLIT, -1, -1, -1)) != SELDP_OK)
+        return st;
     comm->stats.splits++;
     return comm->ops->split(comm, color, key, out);
 }

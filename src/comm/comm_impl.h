@@ -7,6 +7,8 @@
 #ifndef SELDP_COMM_IMPL_H
 #define SELDP_COMM_IMPL_H
 
+#include <stdbool.h>
+
 #include "seldp/comm.h"
 
 /* One tensor's part of a fused reduction (see reduce_fused below). */
@@ -85,6 +87,10 @@ struct seldp_comm {
     seldp_device device;
     seldp_comm_stats stats;
     void *impl; /* the transport's state */
+    /* SELDP_DEBUG_COLLECTIVES (see seldp__comm_debug_agree): on for this communicator, and
+     * the calls it has fingerprinted */
+    bool debug;
+    uint64_t debug_calls;
 };
 
 /* Allocate a communicator with the common fields set; the transport fills impl.
@@ -93,12 +99,32 @@ seldp_comm *seldp__comm_new(const seldp_comm_ops *ops, int rank, int size, int w
                             seldp_device device, void *impl);
 void seldp__comm_free(seldp_comm *comm);
 
+/* The debug mode of the collectives (like TORCH_DISTRIBUTED_DEBUG=DETAIL): with the
+ * environment variable SELDP_DEBUG_COLLECTIVES set to anything but "" or "0" when a
+ * communicator is created, each of its collectives first gathers every rank's fingerprint
+ * of the call (the collective, its count, dtype and root where they must agree, and the
+ * call's sequence number on this communicator) through the transport's own allgather. When
+ * they differ every rank returns SELDP_ERR_DISAGREE naming both calls, before any data
+ * moves. `count` and `root` are -1 where the ranks may differ; `dtype` is -1 where
+ * there is none. SELDP_OK at once when the mode is off. */
+seldp_status seldp__comm_debug_agree(seldp_comm *comm, seldp__comm_op op, int64_t count, int dtype,
+                                     int root);
+
 /* The fused reduction when the transport has one (comm->ops->reduce_fused), counted in
  * the stats as one reduction, its bytes those of the contributions this rank passed in.
  * The caller checks that the transport has it and that the segments are host memory. */
 static inline seldp_status seldp__comm_reduce_fused(seldp_comm *comm,
                                                     const seldp__reduce_fused_args *args)
 {
+    size_t elems = 0;
+    for (size_t i = 0; i < args->n_segs; i++)
+        elems += args->segs[i].count;
+    if (comm->debug) {
+        seldp_status st =
+            seldp__comm_debug_agree(comm, OP_REDUCE_FUSED, (int64_t)elems, SELDP_F32, -1);
+        if (st != SELDP_OK)
+            return st;
+    }
     for (size_t i = 0; i < args->n_segs; i++)
         if (args->segs[i].in)
             comm->stats.bytes += args->segs[i].count * seldp_dtype_size(args->segs[i].in_dtype);

@@ -11,6 +11,13 @@
  *      same over many tensors, with half upcasts and the 1/W scale in the same pass;
  *   3. leave: wait once more (phase "leave") so that no rank returns, and reuses or
  *      frees a buffer, while another is still reading or writing it.
+ * The timeout bounds arrival. A rank that has arrived holds access to the others' buffers
+ * until it leaves, so it is waited for however late it is: at the timeout the waiters
+ * abort the world, and a rank inside looks at the abort flag between chunks of its work
+ * (every EXEC_PACE_BYTES) and stops. Each rank says in its slot whether it finished its
+ * share; after "leave" every rank reads the same answer: success, or the world's abort
+ * (outputs are then incomplete). A rank that never arrived, or arrives after the others
+ * gave up, returns an error and touches nothing.
  * Collectives of at most EAGER_MAX bytes per rank (and barriers) skip "leave": the ranks
  * exchange copies of their inputs instead of reading one another's buffers.
  * Phases are counted without the lock (see phase_wait): every rank announces its arrival
@@ -71,6 +78,7 @@ typedef struct host_slot {
     host_group *new_group;                 /* split: published by the new group's rank 0 */
     const seldp__reduce_fused_args *fused; /* fused reduction; count holds its elements */
     const size_t *seg_starts;              /* fused: n_segs + 1 prefix sums of the counts */
+    bool finished; /* written before "leave": this rank's share of the execute step is done */
 } host_slot;
 
 /* A counter written by one rank, on a cache line of its own. */
@@ -121,7 +129,8 @@ struct seldp_host_world {
 typedef struct host_comm {
     seldp_host_world *world;
     host_group *group;
-    uint64_t collectives; /* entered on this group: the parity of the current one */
+    uint64_t collectives;  /* entered on this group: the parity of the current one */
+    double stall_inside_s; /* armed by SELDP__FAULT_STALL_INSIDE for the current collective */
 } host_comm;
 
 static const seldp_comm_ops host_ops;
@@ -276,7 +285,7 @@ static int missing_ranks(const host_group *g, int self, uint64_t gen, bool world
 }
 
 typedef enum wait_mode {
-    WAIT_UNLESS_ABORTED, /* stop waiting when the world aborts */
+    WAIT_UNLESS_ABORTED, /* stop waiting when the world aborts or the timeout passes */
     WAIT_FOR_ALL         /* every rank has passed the previous phase and will arrive */
 } wait_mode;
 
@@ -342,9 +351,37 @@ static bool give_up(host_group *g, int rank, uint64_t phases)
     return false;
 }
 
+/* The timeout of a WAIT_FOR_ALL phase passed with `missing` ranks of `g` still inside the
+ * collective (they had arrived and may be reading or writing this rank's buffers): abort
+ * the world so that they stop at their next chunk, and say who they are. The caller keeps
+ * waiting for them. Caller holds w->lock. */
+static seldp_status stalled_inside_locked(seldp_comm *comm, seldp__comm_op op, uint64_t phase)
+{
+    host_comm *hc = impl_of(comm);
+    seldp_host_world *w = hc->world;
+    host_group *g = hc->group;
+    char who[256] = "", world_who[200] = "", reason[512];
+    int missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
+    missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
+    snprintf(reason, sizeof reason,
+             "rank %d timed out after %g s in %s: %s %s stalled inside it (every rank had "
+             "arrived)",
+             comm->world_rank, w->timeout_s, seldp__comm_op_name(op),
+             missing > 1 ? "ranks" : "rank", world_who);
+    world_abort_locked(w, SELDP_ERR_TIMEOUT, reason);
+    return seldp__fail(SELDP_ERR_TIMEOUT,
+                       "rank %d: %s timed out after %g s: %s %s stalled inside it (every rank "
+                       "of the %d had arrived; this rank waited for %s to stop touching its "
+                       "buffers)",
+                       comm->rank, seldp__comm_op_name(op), w->timeout_s,
+                       missing > 1 ? "ranks" : "rank", who, g->size, missing > 1 ? "them" : "it");
+}
+
 /* Enter one phase of the group's rendezvous and wait for every rank of the group.
- * Under WAIT_FOR_ALL an abort does not stop the wait: a rank leaving early could
- * free a buffer that another rank is still reading.
+ * Under WAIT_FOR_ALL neither an abort nor the timeout stops the wait: every rank has
+ * arrived and may be reading or writing this rank's buffers, which the caller could free
+ * or reuse once it returns. At the timeout the world is aborted instead, so that the
+ * ranks still inside stop at their next chunk (see exec_pace), and the wait goes on.
  *
  * Every rank counts the phases it has entered on a cache line of its own (entered[]),
  * and every rank goes through the same phases, so phase k has completed once every
@@ -383,8 +420,18 @@ static seldp_status phase_wait(seldp_comm *comm, seldp__comm_op op, wait_mode mo
     pthread_mutex_lock(&w->lock);
     atomic_fetch_add(&g->sleepers, 1);
     struct timespec deadline = deadline_after(w->timeout_s);
+    bool overdue = false;
     while (!phase_complete(g, phases) && (mode == WAIT_FOR_ALL || !atomic_load(&w->aborted))) {
         int rc = pthread_cond_timedwait(&g->cond, &w->lock, &deadline);
+        if (rc == ETIMEDOUT && mode == WAIT_FOR_ALL) {
+            if (!overdue)
+                st = stalled_inside_locked(comm, op, phase);
+            overdue = true;
+            /* look again now and then: the ranks inside signal when they enter, but a
+             * look costs nothing once the collective has failed */
+            deadline = deadline_after(0.05);
+            continue;
+        }
         if (rc == ETIMEDOUT && give_up(g, comm->rank, phases)) {
             /* The phase will never complete: this rank is out of it. */
             char who[256] = "", reason[512];
@@ -403,7 +450,7 @@ static seldp_status phase_wait(seldp_comm *comm, seldp__comm_op op, wait_mode mo
             goto out;
         }
     }
-    if (!phase_complete(g, phases) && give_up(g, comm->rank, phases))
+    if (mode == WAIT_UNLESS_ABORTED && !phase_complete(g, phases) && give_up(g, comm->rank, phases))
         st = aborted_error_locked(comm, op);
 out:
     atomic_fetch_sub(&g->sleepers, 1);
@@ -417,6 +464,7 @@ typedef struct host_fault {
     uint64_t entered; /* collectives this world rank has entered */
     uint64_t point;
     seldp__host_fault_action action;
+    double stall_s; /* SELDP__FAULT_STALL_INSIDE: how long */
 } host_fault;
 
 /* Count this collective; when it is the rank's armed point, act. Returns true when the
@@ -456,6 +504,10 @@ static bool fault_strike(seldp_comm *comm, seldp__comm_op op, seldp_status *st)
             ;
         break;
     }
+    case SELDP__FAULT_STALL_INSIDE:
+        /* taken by the execute step after its first chunk (stall_inside) */
+        impl_of(comm)->stall_inside_s = f->stall_s > 0 ? f->stall_s : 2.0 * w->timeout_s;
+        break;
     default:
         break;
     }
@@ -470,7 +522,7 @@ seldp_status seldp__host_fault_set(seldp_host_world *world, int rank, uint64_t p
     if (!world || rank < 0 || rank >= world->nranks)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "host_fault_set: rank %d is outside the world", rank);
-    if ((int)action < (int)SELDP__FAULT_NONE || (int)action > (int)SELDP__FAULT_STALL)
+    if ((int)action < (int)SELDP__FAULT_NONE || (int)action > (int)SELDP__FAULT_STALL_INSIDE)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "host_fault_set: unknown action %d",
                            (int)action);
     pthread_mutex_lock(&world->lock);
@@ -479,11 +531,40 @@ seldp_status seldp__host_fault_set(seldp_host_world *world, int rank, uint64_t p
     if (world->faults) {
         world->faults[rank].point = point;
         world->faults[rank].action = action;
+        world->faults[rank].stall_s = 0.0;
         atomic_store(&world->faults_on, true);
     }
     pthread_mutex_unlock(&world->lock);
     if (!world->faults)
         return seldp__fail(SELDP_ERR_NOMEM, "host_fault_set: out of memory");
+    return SELDP_OK;
+}
+
+seldp_status seldp__host_fault_set_stall(seldp_host_world *world, int rank, uint64_t point,
+                                         double seconds)
+{
+    if (!(seconds > 0 && seconds < 3600))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "host_fault_set_stall: rank %d: stall of %g s, expected (0, 3600)", rank,
+                           seconds);
+    seldp_status st = seldp__host_fault_set(world, rank, point, SELDP__FAULT_STALL_INSIDE);
+    if (st == SELDP_OK) {
+        pthread_mutex_lock(&world->lock);
+        world->faults[rank].stall_s = seconds;
+        pthread_mutex_unlock(&world->lock);
+    }
+    return st;
+}
+
+seldp_status seldp__host_fault_set_timeout(seldp_host_world *world, double seconds)
+{
+    if (!world || !(seconds > 0))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "host_fault_set_timeout: %s, expected a world and a timeout > 0 s",
+                           world ? "timeout <= 0" : "world is NULL");
+    pthread_mutex_lock(&world->lock);
+    world->timeout_s = seconds;
+    pthread_mutex_unlock(&world->lock);
     return SELDP_OK;
 }
 
@@ -638,9 +719,76 @@ static seldp_status collective_leave(seldp_comm *comm, seldp__comm_op op)
     return phase_wait(comm, op, WAIT_FOR_ALL);
 }
 
-typedef void (*execute_fn)(const seldp_comm *comm, void *arg);
+/* Runs this rank's share of a collective that reads and writes the other ranks' buffers;
+ * false when it stopped early because the world was aborted (see exec_pace). */
+typedef bool (*execute_fn)(const seldp_comm *comm, void *arg);
 
 static void eager_execute(const seldp_comm *comm);
+
+/* A stall armed by SELDP__FAULT_STALL_INSIDE for this collective: sleep, holding access to
+ * the other ranks' buffers, as a descheduled or stopped thread would. */
+static void stall_inside(const seldp_comm *comm)
+{
+    host_comm *hc = impl_of(comm);
+    double s = hc->stall_inside_s;
+    if (!(s > 0))
+        return;
+    hc->stall_inside_s = 0.0;
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* Bytes an execute step moves between two looks at the abort flag: a rank that has
+ * arrived holds access to the others' buffers, and they wait for it however late it is
+ * (phase_wait), so it must notice an abort soon. Tens of microseconds of work. */
+#define EXEC_PACE_BYTES ((size_t)256 << 10)
+
+/* The pace of one rank's execute step: pace() after each piece of work. */
+typedef struct exec_pace {
+    const seldp_comm *comm;
+    size_t since; /* bytes since the last look */
+} exec_pace;
+
+/* Count `bytes` of work done; after every EXEC_PACE_BYTES, look at the abort flag. False
+ * once the world is aborted: the caller stops touching the other ranks' buffers. */
+static bool pace(exec_pace *p, size_t bytes)
+{
+    p->since += bytes;
+    if (p->since < EXEC_PACE_BYTES)
+        return true;
+    p->since = 0;
+    stall_inside(p->comm);
+    return !atomic_load_explicit(&impl_of(p->comm)->world->aborted, memory_order_relaxed);
+}
+
+/* Whether every rank of the group finished its share of the collective just left: the same
+ * answer on every rank, read from the slots after "leave". */
+static bool every_share_finished(const seldp_comm *comm)
+{
+    const host_slot *s = slots_of(comm);
+    for (int r = 0; r < comm->size; r++)
+        if (!s[r].finished)
+            return false;
+    return true;
+}
+
+/* The status of a collective every rank has left, from what every rank sees alike: success
+ * when every share finished, else the world's abort (a rank stopped early, so some outputs
+ * are incomplete). `left` is this rank's "leave" status: its own timeout message when it
+ * was the rank that gave the ones inside up. */
+static seldp_status collective_verdict(seldp_comm *comm, seldp__comm_op op, seldp_status left)
+{
+    if (every_share_finished(comm))
+        return SELDP_OK;
+    seldp_host_world *w = impl_of(comm)->world;
+    pthread_mutex_lock(&w->lock);
+    seldp_status st = w->abort_status;
+    if (left == SELDP_OK || left != st)
+        st = aborted_error_locked(comm, op);
+    pthread_mutex_unlock(&w->lock);
+    return st;
+}
 
 /* Enter, check agreement, execute, leave. Returns the first failure. A small collective
  * that every rank agrees on runs from the eager buffers and needs no "leave". */
@@ -654,18 +802,22 @@ static seldp_status collective_run(seldp_comm *comm, const host_slot *slot, exec
     seldp_status agreed = slots_agree(comm);
     if (agreed == SELDP_OK && eager_op(slot)) {
         eager_execute(comm);
+        stall_inside(comm); /* after the work: no other rank waits for this one */
         return SELDP_OK;
     }
+    bool finished = true;
     if (agreed == SELDP_OK && execute)
-        execute(comm, arg);
+        finished = execute(comm, arg);
     else if (agreed != SELDP_OK)
         snprintf(why, sizeof why, "%s", seldp_last_error());
+    stall_inside(comm); /* an armed stall the execute step did not take */
+    slots_of(comm)[comm->rank].finished = finished;
     st = collective_leave(comm, slot->op);
     if (agreed != SELDP_OK) {
         seldp__set_error(why);
         return agreed;
     }
-    return st;
+    return collective_verdict(comm, slot->op, st);
 }
 
 /* ---- staging of device buffers ----------------------------------------------------- */
@@ -764,7 +916,7 @@ static seldp_status host_barrier(seldp_comm *comm)
 /* Every rank, the root included, owns a slice of the payload and copies it from the root
  * into every other rank: the root is read once, the others written once, by all the
  * ranks' cores together. */
-static void broadcast_execute(const seldp_comm *comm, void *arg)
+static bool broadcast_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
@@ -774,17 +926,20 @@ static void broadcast_execute(const seldp_comm *comm, void *arg)
     size_t slice = slice_elems(bytes, g->size, 1);
     size_t begin = slice * (size_t)comm->rank;
     if (begin >= bytes || g->size == 1)
-        return;
+        return true;
     size_t end = bytes - begin < slice ? bytes : begin + slice;
-    bool stream = bytes * (size_t)(g->size - 1) >= STREAM_MIN_BYTES;
+    bool stream = bytes * (size_t)(g->size - 1) >= STREAM_MIN_BYTES, going = true;
     const char *src = s[root].send;
-    for (size_t at = begin; at < end; at += BROADCAST_CHUNK) {
+    exec_pace p = {comm, 0};
+    for (size_t at = begin; at < end && going; at += BROADCAST_CHUNK) {
         size_t n = end - at < BROADCAST_CHUNK ? end - at : BROADCAST_CHUNK;
         for (int r = 0; r < g->size; r++)
             if (r != root)
                 stream_copy((char *)s[r].recv + at, src + at, n, stream);
+        going = pace(&p, n * (size_t)(g->size - 1));
     }
     stream_fence(stream);
+    return going;
 }
 
 static seldp_status host_broadcast(seldp_comm *comm, void *buf, size_t bytes, int root,
@@ -1348,35 +1503,51 @@ DEFINE_REDUCE_SLICE(reduce_slice_f64, double)
 /* Signed sums wrap like unsigned ones (two's complement) instead of overflowing. */
 DEFINE_REDUCE_SLICE(reduce_slice_u64, uint64_t)
 
-static void allreduce_execute(const seldp_comm *comm, void *arg)
+/* Elements of one piece of an owner's slice between two looks at the abort flag. */
+static size_t pace_elems(size_t esize, int size)
+{
+    size_t n = EXEC_PACE_BYTES / (esize * (size_t)size);
+    return n < 1024 ? 1024 : n / 64 * 64;
+}
+
+static bool allreduce_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
     size_t count = s[comm->rank].count;
     seldp_dtype dtype = s[comm->rank].dtype;
-    size_t slice = slice_elems(count, g->size, seldp_dtype_size(dtype));
+    size_t esize = seldp_dtype_size(dtype);
+    size_t slice = slice_elems(count, g->size, esize);
     size_t begin = slice * (size_t)comm->rank;
     if (begin >= count)
-        return;
+        return true;
     size_t end = count - begin < slice ? count : begin + slice;
     sum_mode m = {false, 1.0, count * sizeof(float) * (size_t)g->size >= STREAM_MIN_BYTES,
                   impl_of(comm)->world->simd};
-    switch (dtype) {
-    case SELDP_F32:
-        sum_range(s, g->size, 0, begin, end, &m);
-        stream_fence(m.stream);
-        break;
-    case SELDP_F64:
-        reduce_slice_f64(s, g->size, begin, end);
-        break;
-    case SELDP_I64:
-    case SELDP_U64:
-        reduce_slice_u64(s, g->size, begin, end);
-        break;
-    default:
-        break; /* rejected by seldp_comm_allreduce */
+    size_t piece = pace_elems(esize, g->size);
+    exec_pace p = {comm, 0};
+    bool going = true;
+    for (size_t at = begin; at < end && going; at += piece) {
+        size_t stop = end - at < piece ? end : at + piece;
+        switch (dtype) {
+        case SELDP_F32:
+            sum_range(s, g->size, 0, at, stop, &m);
+            break;
+        case SELDP_F64:
+            reduce_slice_f64(s, g->size, at, stop);
+            break;
+        case SELDP_I64:
+        case SELDP_U64:
+            reduce_slice_u64(s, g->size, at, stop);
+            break;
+        default:
+            break; /* rejected by seldp_comm_allreduce */
+        }
+        going = pace(&p, (stop - at) * esize * (size_t)g->size);
     }
+    stream_fence(m.stream);
+    return going;
 }
 
 static seldp_status host_allreduce(seldp_comm *comm, const void *send, void *recv, size_t count,
@@ -1483,7 +1654,7 @@ static size_t segment_at(const size_t *starts, size_t n_segs, size_t at)
 
 /* Each bucket of the stream is cut into slices as an allreduce would be; this rank owns
  * its slice of every bucket and reduces it segment by segment. */
-static void fused_execute(const seldp_comm *comm, void *arg)
+static bool fused_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
@@ -1500,8 +1671,11 @@ static void fused_execute(const seldp_comm *comm, void *arg)
                   impl_of(comm)->world->simd};
     if (f->written)
         *f->written = true;
+    size_t piece = pace_elems(sizeof(float), g->size);
+    exec_pace p = {comm, 0};
+    bool going = true;
 
-    for (size_t b0 = 0; b0 < total; b0 += bucket) {
+    for (size_t b0 = 0; b0 < total && going; b0 += bucket) {
         size_t len = total - b0 < bucket ? total - b0 : bucket;
         size_t slice = slice_elems(len, g->size, sizeof(float));
         size_t lo = slice * (size_t)comm->rank;
@@ -1509,15 +1683,21 @@ static void fused_execute(const seldp_comm *comm, void *arg)
             continue;
         size_t end = b0 + (len - lo < slice ? len : lo + slice);
         size_t seg = segment_at(starts, f->n_segs, b0 + lo);
-        for (size_t at = b0 + lo; at < end; seg++) {
-            if (starts[seg + 1] <= at)
+        for (size_t at = b0 + lo; at < end && going;) {
+            if (starts[seg + 1] <= at) {
+                seg++;
                 continue;
+            }
             size_t stop = starts[seg + 1] < end ? starts[seg + 1] : end;
+            if (stop - at > piece)
+                stop = at + piece;
             sum_range(s, g->size, seg, at - starts[seg], stop - starts[seg], &m);
+            going = pace(&p, (stop - at) * sizeof(float) * (size_t)g->size);
             at = stop;
         }
     }
     stream_fence(m.stream);
+    return going;
 }
 
 static seldp_status host_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args)
@@ -1541,21 +1721,35 @@ static seldp_status host_reduce_fused(seldp_comm *comm, const seldp__reduce_fuse
 
 /* ---- allgather, allgatherv ------------------------------------------------------------ */
 
-static void allgather_execute(const seldp_comm *comm, void *arg)
+/* Copy `bytes` from src to dst in paced pieces; false when the world was aborted. */
+static bool copy_paced(exec_pace *p, void *dst, const void *src, size_t bytes, bool stream)
+{
+    for (size_t at = 0; at < bytes; at += EXEC_PACE_BYTES) {
+        size_t n = bytes - at < EXEC_PACE_BYTES ? bytes - at : EXEC_PACE_BYTES;
+        stream_copy((char *)dst + at, (const char *)src + at, n, stream);
+        if (!pace(p, n))
+            return false;
+    }
+    return true;
+}
+
+static bool allgather_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
     size_t bytes = s[comm->rank].bytes;
     char *recv = s[comm->rank].recv;
-    bool stream = bytes * (size_t)g->size * (size_t)g->size >= STREAM_MIN_BYTES;
-    for (int r = 0; r < g->size; r++) {
+    bool stream = bytes * (size_t)g->size * (size_t)g->size >= STREAM_MIN_BYTES, going = true;
+    exec_pace p = {comm, 0};
+    for (int r = 0; r < g->size && going; r++) {
         char *dst = recv + (size_t)r * bytes;
         /* A rank may gather in place, its send block already at its own offset. */
         if (bytes && dst != (const char *)s[r].send)
-            stream_copy(dst, s[r].send, bytes, stream);
+            going = copy_paced(&p, dst, s[r].send, bytes, stream);
     }
     stream_fence(stream);
+    return going;
 }
 
 static seldp_status host_allgather(seldp_comm *comm, const void *send, void *recv, size_t bytes,
@@ -1588,7 +1782,7 @@ typedef struct allgatherv_result {
     seldp_status status;
 } allgatherv_result;
 
-static void allgatherv_execute(const seldp_comm *comm, void *arg)
+static bool allgatherv_execute(const seldp_comm *comm, void *arg)
 {
     allgatherv_result *res = arg;
     const host_group *g = impl_of(comm)->group;
@@ -1599,7 +1793,7 @@ static void allgatherv_execute(const seldp_comm *comm, void *arg)
             res->status = seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                                       "rank %d: allgatherv: the blobs' total size overflows size_t",
                                       comm->rank);
-            return;
+            return true;
         }
         total += s[r].bytes;
     }
@@ -1607,16 +1801,18 @@ static void allgatherv_execute(const seldp_comm *comm, void *arg)
     if (!blob) {
         res->status = seldp__fail(
             SELDP_ERR_NOMEM, "rank %d: allgatherv: out of memory for %zu bytes", comm->rank, total);
-        return;
+        return true;
     }
     size_t at = 0;
-    for (int r = 0; r < g->size; r++) {
-        if (s[r].bytes)
-            memcpy(blob + at, s[r].send, s[r].bytes);
+    exec_pace p = {comm, 0};
+    bool going = true;
+    for (int r = 0; r < g->size && going; r++) {
+        going = copy_paced(&p, blob + at, s[r].send, s[r].bytes, false);
         res->recv_bytes[r] = s[r].bytes;
         at += s[r].bytes;
     }
-    res->blob = blob;
+    res->blob = blob; /* freed by the caller on failure */
+    return going;
 }
 
 static seldp_status host_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
@@ -1637,19 +1833,21 @@ static seldp_status host_allgatherv(seldp_comm *comm, const void *send, size_t s
 
 /* ---- alltoallv ------------------------------------------------------------------------ */
 
-static void alltoallv_execute(const seldp_comm *comm, void *arg)
+static bool alltoallv_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
     const host_slot *mine = &s[comm->rank];
     int me = comm->rank;
-    for (int p = 0; p < g->size; p++) {
+    exec_pace pc = {comm, 0};
+    bool going = true;
+    for (int p = 0; p < g->size && going; p++) {
         size_t n = mine->recv_bytes[p];
-        if (n)
-            memcpy((char *)mine->recv + mine->recv_displs[p],
-                   (const char *)s[p].send + s[p].send_displs[me], n);
+        going = copy_paced(&pc, (char *)mine->recv + mine->recv_displs[p],
+                           (const char *)s[p].send + s[p].send_displs[me], n, false);
     }
+    return going;
 }
 
 /* Bytes up to the end of the furthest piece. */
@@ -1721,7 +1919,7 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
     host_group *parent = hc->group;
     split_member *members = NULL;
     int *world_ranks = NULL;
-    seldp_status st = SELDP_OK, leave_st;
+    seldp_status st = SELDP_OK;
     host_slot slot = {.op = OP_SPLIT, .color = color, .key = key};
 
     st = collective_enter(comm, &slot);
@@ -1758,10 +1956,14 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
     host_group *created = NULL;
     if (new_rank == 0)
         created = group_new(w, n, world_ranks, n);
+    stall_inside(comm);
     pthread_mutex_lock(&w->lock);
     slots_of(comm)[comm->rank].new_group = created;
+    slots_of(comm)[comm->rank].finished = true;
     pthread_mutex_unlock(&w->lock);
-    st = phase_wait(comm, OP_SPLIT, WAIT_FOR_ALL);
+    /* Every rank has arrived and publishes its group: the wait always completes (a rank
+     * slow to publish is waited for) and so does the split, on every rank alike. */
+    (void)phase_wait(comm, OP_SPLIT, WAIT_FOR_ALL);
 
     host_group *group = NULL;
     if (st == SELDP_OK && color != SELDP_COMM_NO_GROUP) {
@@ -1785,12 +1987,8 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
         group_release_locked(group);
         pthread_mutex_unlock(&w->lock);
     }
-    leave_st = collective_leave(comm, OP_SPLIT);
-    if (st == SELDP_OK && leave_st != SELDP_OK) {
-        seldp_comm_destroy(*out);
-        *out = NULL;
-        st = leave_st;
-    }
+    /* every share finished (see above): the verdict is this rank's own status */
+    (void)collective_leave(comm, OP_SPLIT);
     free(members);
     free(world_ranks);
     return st;
@@ -1842,6 +2040,7 @@ static seldp_status comm_wrap(seldp_host_world *w, host_group *g, int rank, seld
         hc->world = w;
         hc->group = g;
         hc->collectives = 0;
+        hc->stall_inside_s = 0.0;
         comm = seldp__comm_new(&host_ops, rank, g->size, g->world_ranks[rank], device, hc);
     }
     if (!comm) {

@@ -25,7 +25,14 @@ typedef enum seldp__host_fault_action {
     SELDP__FAULT_RETURN = 2,
     /* Arrive late: wait until the world is aborted (the others' timeout) or for twice the
      * timeout, then enter the collective as usual. */
-    SELDP__FAULT_STALL = 3
+    SELDP__FAULT_STALL = 3,
+    /* Stall inside: enter and arrive as usual, then stop for a while (2 x the timeout, or
+     * what seldp__host_fault_set_stall says) after the first chunk of the collective's work,
+     * holding access to the other ranks' buffers, as a descheduled or stopped thread does.
+     * The others wait for it (it may be writing into their memory); at their timeout they
+     * abort the world, and it stops at its next chunk. A collective without work of its
+     * own to share (a barrier, a small one in a single phase) stalls after it. */
+    SELDP__FAULT_STALL_INSIDE = 4
 } seldp__host_fault_action;
 
 /* Arm `action` at collective point `point` of world rank `rank`, replacing any fault set
@@ -34,6 +41,17 @@ typedef enum seldp__host_fault_action {
  * world, a rank outside it or an unknown action; SELDP_ERR_NOMEM. */
 seldp_status seldp__host_fault_set(seldp_host_world *world, int rank, uint64_t point,
                                    seldp__host_fault_action action);
+
+/* SELDP__FAULT_STALL_INSIDE at `point` of world rank `rank`, stopping for `seconds` (in
+ * (0, 3600)). Errors as seldp__host_fault_set's, and SELDP_ERR_INVALID_ARGUMENT for a
+ * duration outside that range. */
+seldp_status seldp__host_fault_set_stall(seldp_host_world *world, int rank, uint64_t point,
+                                         double seconds);
+
+/* Change the world's timeout to `seconds` (> 0), so that a test can set a world up under a
+ * long timeout and run the collective under test with a short one. Only while no rank is
+ * inside a collective. SELDP_ERR_INVALID_ARGUMENT for a NULL world or a timeout <= 0. */
+seldp_status seldp__host_fault_set_timeout(seldp_host_world *world, double seconds);
 
 /* Collectives world rank `rank` has entered since the first seldp__host_fault_set on the
  * world (0 for a NULL world, a rank outside it, or a world without faults). */

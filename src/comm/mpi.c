@@ -24,7 +24,9 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,6 +79,13 @@ typedef struct mpi_world {
     MPI_Request notice_recv;
     notice incoming, outgoing;
     MPI_Request *notice_sends; /* one per world rank, while outgoing is in flight */
+    /* Held by the thread inside a call of this world (and by seldp_comm_abort while it
+     * sends notices); everything below it and every MPI call on the world's
+     * communicators is under it. */
+    pthread_mutex_t lock;
+    pthread_t owner;         /* the thread that joined: may call MPI under any thread level */
+    int thread_level;        /* MPI_Query_thread at the join */
+    atomic_bool abort_asked; /* seldp_comm_abort from a thread that could not send */
     bool aborted;
     seldp_status abort_status;
     char abort_reason[sizeof(((notice *)0)->reason)];
@@ -167,6 +176,10 @@ static bool world_poll_abort(mpi_world *w)
 {
     if (w->aborted)
         return true;
+    if (atomic_load(&w->abort_asked)) {
+        world_abort(w, SELDP_ERR_ABORTED, "rank %d aborted the world", w->rank);
+        return true;
+    }
     int arrived = 0;
     if (MPI_Test(&w->notice_recv, &arrived, MPI_STATUS_IGNORE) != MPI_SUCCESS || !arrived)
         return false;
@@ -416,14 +429,14 @@ static void stage_release(void *host, const void *buf)
 
 /* ---- barrier, broadcast -------------------------------------------------------------- */
 
-static seldp_status mpi_barrier(seldp_comm *comm)
+static seldp_status barrier_locked(seldp_comm *comm)
 {
     header h = {.op = OP_BARRIER};
     return collective_begin(comm, &h);
 }
 
-static seldp_status mpi_broadcast(seldp_comm *comm, void *buf, size_t bytes, int root,
-                                  seldp_device mem)
+static seldp_status broadcast_locked(seldp_comm *comm, void *buf, size_t bytes, int root,
+                                     seldp_device mem)
 {
     mpi_group *g = group_of(comm);
     size_t piece = g->world->max_message;
@@ -532,8 +545,8 @@ fail:
     return st;
 }
 
-static seldp_status mpi_allgather(seldp_comm *comm, const void *send, void *recv, size_t bytes,
-                                  seldp_device mem)
+static seldp_status allgather_locked(seldp_comm *comm, const void *send, void *recv, size_t bytes,
+                                     seldp_device mem)
 {
     int n = comm->size;
     size_t total = bytes * (size_t)n;
@@ -579,8 +592,8 @@ fail:
     return st;
 }
 
-static seldp_status mpi_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
-                                   void **recv, size_t *recv_bytes)
+static seldp_status allgatherv_locked(seldp_comm *comm, const void *send, size_t send_bytes,
+                                      void **recv, size_t *recv_bytes)
 {
     int n = comm->size;
     const header *s = group_of(comm)->headers;
@@ -652,8 +665,8 @@ static void add_into(void *dst, const void *src, size_t count, seldp_dtype dtype
  * transport does), and an MPI_Iallgatherv hands the sums to every rank. The order never
  * depends on MPI's choice of algorithm, so results are bit-identical on every rank,
  * from run to run, and to the host transport's. */
-static seldp_status mpi_allreduce(seldp_comm *comm, const void *send, void *recv, size_t count,
-                                  seldp_dtype dtype, seldp_device mem)
+static seldp_status allreduce_locked(seldp_comm *comm, const void *send, void *recv, size_t count,
+                                     seldp_dtype dtype, seldp_device mem)
 {
     mpi_group *g = group_of(comm);
     int n = comm->size, me = comm->rank;
@@ -797,9 +810,10 @@ static size_t messages_for(size_t bytes, size_t piece)
  * and may exceed int, and both ends know each pair's byte count, so every piece can be
  * cut into messages of at most max_message bytes without agreeing on rounds. MPI keeps
  * the messages of one pair, tag and communicator in order. */
-static seldp_status mpi_alltoallv(seldp_comm *comm, const void *send, const size_t *send_bytes,
-                                  const size_t *send_displs, void *recv, const size_t *recv_bytes,
-                                  const size_t *recv_displs, seldp_device mem)
+static seldp_status alltoallv_locked(seldp_comm *comm, const void *send, const size_t *send_bytes,
+                                     const size_t *send_displs, void *recv,
+                                     const size_t *recv_bytes, const size_t *recv_displs,
+                                     seldp_device mem)
 {
     mpi_group *g = group_of(comm);
     int n = comm->size, me = comm->rank;
@@ -907,6 +921,7 @@ static void world_release(mpi_world *w)
         free(w->notice_sends);
     }
     MPI_Comm_free(&w->ctrl);
+    pthread_mutex_destroy(&w->lock);
     free(w);
 }
 
@@ -964,7 +979,7 @@ static seldp_status group_new(mpi_world *w, MPI_Comm mc, int world_rank, seldp_d
 /* MPI has no non-blocking split. The headers carry every rank's color and key and
  * prove that every rank has arrived, so the blocking MPI_Comm_split that follows only
  * waits for ranks already on their way into it. */
-static seldp_status mpi_split(seldp_comm *comm, int color, int key, seldp_comm **out)
+static seldp_status split_locked(seldp_comm *comm, int color, int key, seldp_comm **out)
 {
     mpi_group *g = group_of(comm);
     header h = {.op = OP_SPLIT, .color = color, .key = key};
@@ -987,17 +1002,93 @@ static seldp_status mpi_split(seldp_comm *comm, int color, int key, seldp_comm *
     return SELDP_OK;
 }
 
+/* ---- the calls: one thread inside a world at a time ----------------------------------- */
+
+static mpi_world *world_enter(seldp_comm *comm)
+{
+    mpi_world *w = group_of(comm)->world;
+    pthread_mutex_lock(&w->lock);
+    return w;
+}
+
+static seldp_status world_leave(mpi_world *w, seldp_status st)
+{
+    pthread_mutex_unlock(&w->lock);
+    return st;
+}
+
+static seldp_status mpi_barrier(seldp_comm *comm)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(w, barrier_locked(comm));
+}
+
+static seldp_status mpi_broadcast(seldp_comm *comm, void *buf, size_t bytes, int root,
+                                  seldp_device mem)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(w, broadcast_locked(comm, buf, bytes, root, mem));
+}
+
+static seldp_status mpi_allreduce(seldp_comm *comm, const void *send, void *recv, size_t count,
+                                  seldp_dtype dtype, seldp_device mem)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(w, allreduce_locked(comm, send, recv, count, dtype, mem));
+}
+
+static seldp_status mpi_allgather(seldp_comm *comm, const void *send, void *recv, size_t bytes,
+                                  seldp_device mem)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(w, allgather_locked(comm, send, recv, bytes, mem));
+}
+
+static seldp_status mpi_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
+                                   void **recv, size_t *recv_bytes)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(w, allgatherv_locked(comm, send, send_bytes, recv, recv_bytes));
+}
+
+static seldp_status mpi_alltoallv(seldp_comm *comm, const void *send, const size_t *send_bytes,
+                                  const size_t *send_displs, void *recv, const size_t *recv_bytes,
+                                  const size_t *recv_displs, seldp_device mem)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(w, alltoallv_locked(comm, send, send_bytes, send_displs, recv, recv_bytes,
+                                           recv_displs, mem));
+}
+
+static seldp_status mpi_split(seldp_comm *comm, int color, int key, seldp_comm **out)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(w, split_locked(comm, color, key, out));
+}
+
+/* Any thread, any time (a watchdog's ncclCommAbort): the request is recorded at once; the
+ * notices go out now when this thread may call MPI (the thread that joined, or any under
+ * MPI_THREAD_MULTIPLE) and no call of the world is running, else from the thread inside
+ * the running call at its next poll, or at the next call of the world. */
 static void mpi_abort(seldp_comm *comm)
 {
-    world_abort(group_of(comm)->world, SELDP_ERR_ABORTED, "rank %d aborted the world",
-                comm->world_rank);
+    mpi_world *w = group_of(comm)->world;
+    atomic_store(&w->abort_asked, true);
+    if (!pthread_equal(pthread_self(), w->owner) && w->thread_level != MPI_THREAD_MULTIPLE)
+        return;
+    if (pthread_mutex_trylock(&w->lock) != 0)
+        return; /* a call is running: it sends the notices at its next poll */
+    world_abort(w, SELDP_ERR_ABORTED, "rank %d aborted the world", comm->world_rank);
+    pthread_mutex_unlock(&w->lock);
 }
 
 static void mpi_destroy(seldp_comm *comm)
 {
     mpi_group *g = group_of(comm);
-    mpi_world *w = g->world;
+    mpi_world *w = world_enter(comm);
+    (void)world_poll_abort(w); /* an abort asked from another thread leaves now at the latest */
     group_free(g);
+    world_leave(w, SELDP_OK);
     world_release(w);
     seldp__comm_free(comm);
 }
@@ -1090,6 +1181,14 @@ seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const sel
     w = calloc(1, sizeof *w);
     if (!w)
         return seldp__fail(SELDP_ERR_NOMEM, "rank %d: mpi_comm_init: out of memory", rank);
+    if (pthread_mutex_init(&w->lock, NULL) != 0) {
+        free(w);
+        return seldp__fail(SELDP_ERR_INTERNAL, "rank %d: mpi_comm_init: pthread_mutex_init failed",
+                           rank);
+    }
+    w->owner = pthread_self();
+    MPI_Query_thread(&w->thread_level);
+    atomic_init(&w->abort_asked, false);
     w->ctrl = MPI_COMM_NULL;
     w->notice_recv = MPI_REQUEST_NULL;
     w->rank = rank;
@@ -1137,6 +1236,7 @@ fail:
         MPI_Comm_free(&data);
     if (w->ctrl != MPI_COMM_NULL)
         MPI_Comm_free(&w->ctrl);
+    pthread_mutex_destroy(&w->lock);
     free(w);
     return st;
 }

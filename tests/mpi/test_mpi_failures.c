@@ -1,9 +1,15 @@
 /* The MPI transport under failure: a rank that never arrives makes the others return
  * SELDP_ERR_TIMEOUT naming it, and seldp_comm_abort on one rank (on any communicator of
- * the world) makes the others return SELDP_ERR_ABORTED, pending calls included, well
- * within the timeout. Every such world stays aborted. */
+ * the world, from any thread) makes the others return SELDP_ERR_ABORTED, pending calls
+ * included, well within the timeout. Every such world stays aborted.
+ *
+ * A failed check never leaves the test early: every rank makes every collective of the
+ * test, the checks are noted as they go and asserted at the end, so that no rank waits
+ * in a collective that a failing rank skipped. */
 #define _POSIX_C_SOURCE 200809L
 
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,12 +27,43 @@ static void sleep_s(double s)
     nanosleep(&ts, NULL);
 }
 
-static void expect_status(seldp_status st, seldp_status expected, const char *needle)
+/* What went wrong on this rank so far in the current test. */
+typedef struct notes {
+    char text[4096];
+    int count;
+} notes;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void
+note(notes *ns, const char *fmt, ...)
+{
+    size_t used = strlen(ns->text);
+    va_list ap;
+    va_start(ap, fmt);
+    if (used + 2 < sizeof ns->text) {
+        if (used)
+            ns->text[used++] = '\n';
+        vsnprintf(ns->text + used, sizeof ns->text - used, fmt, ap);
+    }
+    va_end(ap);
+    ns->count++;
+}
+
+static void expect_status(notes *ns, seldp_status st, seldp_status expected, const char *needle)
 {
     if (st != expected || (needle && !strstr(seldp_last_error(), needle)))
-        fail_msg("rank %d: got %s (%s), expected %s mentioning \"%s\"", mt_rank,
-                 seldp_status_name(st), seldp_last_error(), seldp_status_name(expected),
-                 needle ? needle : "");
+        note(ns, "rank %d: got %s (%s), expected %s mentioning \"%s\"", mt_rank,
+             seldp_status_name(st), seldp_last_error(), seldp_status_name(expected),
+             needle ? needle : "");
+}
+
+/* The end of a test, after its last collective: fail it with every note. */
+static void assert_no_notes(const notes *ns)
+{
+    if (ns->count)
+        fail_msg("rank %d: %d check(s) failed:\n%s", mt_rank, ns->count, ns->text);
 }
 
 typedef enum call {
@@ -88,6 +125,7 @@ static void test_a_rank_that_never_arrives(void **state)
     (void)state;
     int last = mt_size - 1;
     char who[32];
+    notes ns = {"", 0};
     snprintf(who, sizeof who, "rank %d", last);
     for (int c = 0; c < CALL_COUNT; c++) {
         seldp_comm *world = mt_world(SHORT_TIMEOUT_S);
@@ -95,25 +133,26 @@ static void test_a_rank_that_never_arrives(void **state)
             double t0 = mt_now();
             seldp_status st = run_call(world, (call)c);
             double waited = mt_now() - t0;
-            expect_status(st, SELDP_ERR_TIMEOUT, call_names[c]);
-            expect_status(st, SELDP_ERR_TIMEOUT, who);
+            expect_status(&ns, st, SELDP_ERR_TIMEOUT, call_names[c]);
+            expect_status(&ns, st, SELDP_ERR_TIMEOUT, who);
             if (waited < 0.8 * SHORT_TIMEOUT_S || waited > SHORT_TIMEOUT_S + 5.0)
-                fail_msg("rank %d: %s gave up after %.3f s with a timeout of %g s", mt_rank,
-                         call_names[c], waited, SHORT_TIMEOUT_S);
+                note(&ns, "rank %d: %s gave up after %.3f s with a timeout of %g s", mt_rank,
+                     call_names[c], waited, SHORT_TIMEOUT_S);
         } else {
             sleep_s(SHORT_TIMEOUT_S + 1.0);
             double t0 = mt_now();
             seldp_status st = run_call(world, (call)c);
-            expect_status(st, SELDP_ERR_TIMEOUT, "aborted");
+            expect_status(&ns, st, SELDP_ERR_TIMEOUT, "aborted");
             if (mt_now() - t0 > 5.0)
-                fail_msg("rank %d: the late %s took %.3f s to see the aborted world", mt_rank,
-                         call_names[c], mt_now() - t0);
+                note(&ns, "rank %d: the late %s took %.3f s to see the aborted world", mt_rank,
+                     call_names[c], mt_now() - t0);
         }
         /* The world stays aborted. */
-        expect_status(seldp_comm_barrier(world), SELDP_ERR_TIMEOUT, "aborted");
+        expect_status(&ns, seldp_comm_barrier(world), SELDP_ERR_TIMEOUT, "aborted");
         seldp_comm_destroy(world);
         mt_sync();
     }
+    assert_no_notes(&ns);
 }
 
 /* Rank 0 aborts through a split group while the others wait in a world allreduce. */
@@ -121,27 +160,29 @@ static void test_abort_reaches_ranks_waiting_in_a_collective(void **state)
 {
     (void)state;
     seldp_comm *world = mt_world(LONG_TIMEOUT_S), *group = NULL;
-    if (seldp_comm_split(world, mt_rank % 2, mt_rank, &group) != SELDP_OK)
-        fail_msg("rank %d: split: %s", mt_rank, seldp_last_error());
+    notes ns = {"", 0};
+    expect_status(&ns, seldp_comm_split(world, mt_rank % 2, mt_rank, &group), SELDP_OK, NULL);
     double data[4] = {1, 2, 3, 4}, out[4];
     if (mt_rank == 0) {
         sleep_s(0.2);
-        seldp_comm_abort(group);
-        expect_status(seldp_comm_allreduce(world, data, out, 4, SELDP_F64, SELDP_HOST_DEVICE),
+        seldp_comm_abort(group ? group : world);
+        expect_status(&ns, seldp_comm_allreduce(world, data, out, 4, SELDP_F64, SELDP_HOST_DEVICE),
                       SELDP_ERR_ABORTED, "rank 0 aborted the world");
     } else {
         double t0 = mt_now();
         seldp_status st = seldp_comm_allreduce(world, data, out, 4, SELDP_F64, SELDP_HOST_DEVICE);
         double waited = mt_now() - t0;
-        expect_status(st, SELDP_ERR_ABORTED, "rank 0 aborted the world");
+        expect_status(&ns, st, SELDP_ERR_ABORTED, "rank 0 aborted the world");
         if (waited > 5.0)
-            fail_msg("rank %d: the abort took %.3f s to arrive", mt_rank, waited);
+            note(&ns, "rank %d: the abort took %.3f s to arrive", mt_rank, waited);
     }
     /* Every communicator of the world is aborted, on every rank. */
-    expect_status(seldp_comm_barrier(group), SELDP_ERR_ABORTED, "aborted");
-    expect_status(seldp_comm_barrier(world), SELDP_ERR_ABORTED, "aborted");
+    if (group)
+        expect_status(&ns, seldp_comm_barrier(group), SELDP_ERR_ABORTED, "aborted");
+    expect_status(&ns, seldp_comm_barrier(world), SELDP_ERR_ABORTED, "aborted");
     seldp_comm_destroy(group);
     seldp_comm_destroy(world);
+    assert_no_notes(&ns);
 }
 
 /* An abort before the others call: their next collective fails at once. */
@@ -149,6 +190,7 @@ static void test_abort_before_the_others_call(void **state)
 {
     (void)state;
     seldp_comm *world = mt_world(LONG_TIMEOUT_S);
+    notes ns = {"", 0};
     int aborter = mt_size - 1;
     if (mt_rank == aborter)
         seldp_comm_abort(world);
@@ -158,10 +200,79 @@ static void test_abort_before_the_others_call(void **state)
     seldp_status st = seldp_comm_broadcast(world, &word, 1, SELDP_U64, 0, SELDP_HOST_DEVICE);
     char needle[64];
     snprintf(needle, sizeof needle, "rank %d aborted the world", aborter);
-    expect_status(st, SELDP_ERR_ABORTED, needle);
+    expect_status(&ns, st, SELDP_ERR_ABORTED, needle);
     if (mt_now() - t0 > 5.0)
-        fail_msg("rank %d: the broadcast took %.3f s to fail", mt_rank, mt_now() - t0);
+        note(&ns, "rank %d: the broadcast took %.3f s to fail", mt_rank, mt_now() - t0);
     seldp_comm_destroy(world);
+    assert_no_notes(&ns);
+}
+
+/* seldp_comm_abort from a watchdog thread of rank 0, as ncclCommAbort is used. */
+typedef struct watchdog {
+    seldp_comm *comm;
+    double after_s;
+} watchdog;
+
+static void *watchdog_main(void *p)
+{
+    watchdog *wd = p;
+    sleep_s(wd->after_s);
+    seldp_comm_abort(wd->comm);
+    return NULL;
+}
+
+/* While rank 0's own thread waits inside a broadcast for the others (who come 1 s late),
+ * its watchdog thread aborts: rank 0 returns at once, the others find the world aborted. */
+static void test_abort_from_a_watchdog_thread_during_a_call(void **state)
+{
+    (void)state;
+    seldp_comm *world = mt_world(LONG_TIMEOUT_S);
+    notes ns = {"", 0};
+    watchdog wd = {world, 0.2};
+    pthread_t thread;
+    bool started = false;
+    double buf[1024] = {0}, t0 = mt_now();
+    if (mt_rank == 0)
+        started = pthread_create(&thread, NULL, watchdog_main, &wd) == 0;
+    else
+        sleep_s(1.0);
+    seldp_status st = seldp_comm_broadcast(world, buf, 1024, SELDP_F64, 0, SELDP_HOST_DEVICE);
+    double took = mt_now() - t0;
+    expect_status(&ns, st, SELDP_ERR_ABORTED, "rank 0 aborted the world");
+    if (mt_rank == 0 && took > 0.9)
+        note(&ns, "rank 0: the broadcast returned %.3f s after the start, the abort came at 0.2 s",
+             took);
+    if (started)
+        pthread_join(thread, NULL);
+    else if (mt_rank == 0)
+        note(&ns, "rank 0: the watchdog thread could not start");
+    expect_status(&ns, seldp_comm_barrier(world), SELDP_ERR_ABORTED, "aborted");
+    seldp_comm_destroy(world);
+    assert_no_notes(&ns);
+}
+
+/* A watchdog's abort while rank 0's own thread is busy elsewhere: its next call fails and
+ * tells the others, who are waiting for it in a barrier. */
+static void test_abort_from_a_watchdog_thread_between_calls(void **state)
+{
+    (void)state;
+    seldp_comm *world = mt_world(LONG_TIMEOUT_S);
+    notes ns = {"", 0};
+    watchdog wd = {world, 0.05};
+    pthread_t thread;
+    if (mt_rank == 0) {
+        if (pthread_create(&thread, NULL, watchdog_main, &wd) == 0)
+            pthread_join(thread, NULL);
+        else
+            note(&ns, "rank 0: the watchdog thread could not start");
+    }
+    double t0 = mt_now();
+    seldp_status st = seldp_comm_barrier(world);
+    expect_status(&ns, st, SELDP_ERR_ABORTED, "rank 0 aborted the world");
+    if (mt_now() - t0 > 5.0)
+        note(&ns, "rank %d: the barrier took %.3f s to fail", mt_rank, mt_now() - t0);
+    seldp_comm_destroy(world);
+    assert_no_notes(&ns);
 }
 
 /* A world's abort stays in that world: a new one works. */
@@ -169,16 +280,18 @@ static void test_a_new_world_after_an_abort(void **state)
 {
     (void)state;
     seldp_comm *world = mt_world(LONG_TIMEOUT_S);
+    notes ns = {"", 0};
     if (mt_rank == 0)
         seldp_comm_abort(world);
     mt_sync();
     seldp_comm *fresh = mt_world(LONG_TIMEOUT_S);
     int64_t one = 1, count = 0;
-    expect_status(seldp_comm_allreduce(fresh, &one, &count, 1, SELDP_I64, SELDP_HOST_DEVICE),
+    expect_status(&ns, seldp_comm_allreduce(fresh, &one, &count, 1, SELDP_I64, SELDP_HOST_DEVICE),
                   SELDP_OK, NULL);
-    assert_int_equal(count, mt_size);
     seldp_comm_destroy(fresh);
     seldp_comm_destroy(world);
+    assert_no_notes(&ns);
+    assert_int_equal(count, mt_size);
 }
 
 int main(int argc, char **argv)
@@ -187,6 +300,8 @@ int main(int argc, char **argv)
         MT_TEST(test_a_rank_that_never_arrives),
         MT_TEST(test_abort_reaches_ranks_waiting_in_a_collective),
         MT_TEST(test_abort_before_the_others_call),
+        MT_TEST(test_abort_from_a_watchdog_thread_during_a_call),
+        MT_TEST(test_abort_from_a_watchdog_thread_between_calls),
         MT_TEST(test_a_new_world_after_an_abort),
     };
     return mt_main(argc, argv, "mpi_failures", tests, sizeof tests / sizeof *tests);
