@@ -630,5 +630,9 @@ int main(void)
         cmocka_unit_test(stall_inside_reduce),
         cmocka_unit_test(stall_inside_initialize),
     };
+    /* SELDP_STALL_ONLY=stall_inside_reduce (a cmocka pattern) with SELDP_STALL_REPS=200
+     * repeats one scenario many times */
+    if (getenv("SELDP_STALL_ONLY"))
+        cmocka_set_test_filter(getenv("SELDP_STALL_ONLY"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
