@@ -150,8 +150,9 @@ static const option_doc docs[] = {
      "FAULT",
      "self-test: grad, replica or absent plant a defect on the last rank that the checks must "
      "catch; fail an error in its first step that must stop every rank (exit 1); ep-scale, "
-     "rank-mean, world-div or tied-twice a framework bug in every rank's reduction (SPEC 5.2) "
-     "that the checks and a sweep must catch and name"},
+     "rank-mean, world-div or tied-twice a framework bug in every rank's reduction, local-aux "
+     "one in the load-balancing statistics (needs --aux-loss-coeff > 0 in global scope) "
+     "(SPEC 5.2), that the checks and a sweep must catch and name"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
@@ -255,9 +256,9 @@ const char *hx_order_name(hx_order order)
 
 const char *hx_fault_name(hx_fault fault)
 {
-    static const char *const names[HX_FAULT_COUNT] = {"none",      "grad",      "replica",
-                                                      "absent",    "fail",      "ep-scale",
-                                                      "rank-mean", "world-div", "tied-twice"};
+    static const char *const names[HX_FAULT_COUNT] = {
+        "none",     "grad",      "replica",   "absent",     "fail",
+        "ep-scale", "rank-mean", "world-div", "tied-twice", "local-aux"};
     return (unsigned)fault < HX_FAULT_COUNT ? names[fault] : "invalid";
 }
 
@@ -700,8 +701,8 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             break;
         case OPT_INJECT:
             expected = "none, grad, replica or absent (defects the checks must catch), fail (an "
-                       "error that must stop every rank), or ep-scale, rank-mean, world-div or "
-                       "tied-twice (framework bugs)";
+                       "error that must stop every rank), or ep-scale, rank-mean, world-div, "
+                       "tied-twice or local-aux (framework bugs)";
             ok = false;
             for (int f = 0; f < HX_FAULT_COUNT; f++) {
                 if (strcasecmp(arg, hx_fault_name((hx_fault)f)) == 0) {
@@ -796,6 +797,16 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
         fprintf(err,
                 "seldp-harness: --layout-file and --framework/--tp/--pp/--cp/--etp exclude each "
                 "other: the layout file lists the groups\n");
+        return HX_PARSE_ERROR;
+    }
+    if (o->inject == HX_FAULT_LOCAL_AUX &&
+        (!(o->model.aux_loss_coeff > 0.0) || o->model.aux_loss_scope != TM_AUX_GLOBAL)) {
+        fprintf(err,
+                "seldp-harness: --inject local-aux: expected --aux-loss-coeff > 0 with "
+                "--aux-loss-scope global (the bug normalizes the global load-balancing "
+                "statistics locally; this run has %s)\n",
+                o->model.aux_loss_coeff > 0.0 ? "--aux-loss-scope local"
+                                              : "no load-balancing loss");
         return HX_PARSE_ERROR;
     }
     if (optind < argc) {
