@@ -773,7 +773,7 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
         case OPT_SWEEP:
             o->sweep = arg;
             ok = arg[0] != '\0';
-            expected = "a sweep file or a preset (ep, worlds)";
+            expected = "a sweep file or a preset (ep, frameworks, worlds, worlds-32)";
             break;
         case OPT_HELP:
             hx_options_usage(out);

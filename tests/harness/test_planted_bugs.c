@@ -62,7 +62,21 @@ static void check_run(const planted_bug *bug)
     hx_test_check(report, "reduced gradients bit-identical in each group", &tested, &failed);
     assert_true(tested > 0);
     assert_int_equal(failed, 0);
+    /* report.json and report.md carry the diagnosis */
+    const hx_json *d = hx_json_get(report, "diagnosis");
+    assert_non_null(d);
+    assert_int_equal(d->type, HX_JSON_STRING);
+    if (!strstr(d->string, bug->diagnosis))
+        fail_msg("report.json of --inject %s: diagnosis '%s'", bug->name, d->string);
+    assert_string_equal(hx_json_get(report, "inject")->string, bug->name);
     hx_json_free(report);
+    char path[1300], *md = NULL, want[200];
+    snprintf(path, sizeof path, "%s/report.md", dir);
+    assert_int_equal(hx_read_file(path, &md, NULL), SELDP_OK);
+    snprintf(want, sizeof want, "**Diagnosis** (inject %s): step 1: ", bug->name);
+    if (!strstr(md, want) || !strstr(md, bug->diagnosis))
+        fail_msg("report.md of --inject %s lacks its diagnosis", bug->name);
+    free(md);
 }
 
 /* A sweep whose first run is unaffected deviates, and names the bug. */
@@ -171,6 +185,16 @@ static void test_no_bug(void **state)
             fail_msg("%s exited %d\n%s%s", bugs[i].run_args, run.status, run.err, run.out);
         assert_null(strstr(run.out, "diagnosis:"));
     }
+    /* a passing run's report has none */
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", hx_test_dir("clean"));
+    hx_test_run run;
+    hx_test_harness(&run, "%s --steps 1 --out %s", bugs[0].run_args, dir);
+    assert_int_equal(run.status, HX_EXIT_PASS);
+    hx_json *report = hx_test_report(dir);
+    assert_int_equal(hx_json_get(report, "diagnosis")->type, HX_JSON_NULL);
+    assert_string_equal(hx_json_get(report, "inject")->string, "none");
+    hx_json_free(report);
 }
 
 /* Defects that are not reduction mistakes are not blamed on one: a gradient doubled on one
