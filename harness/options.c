@@ -198,10 +198,10 @@ static const option_doc docs[] = {
     {{"sweep", required_argument, NULL, OPT_SWEEP},
      "FILE|PRESET",
      "run a list of layouts (a JSON list of option objects, or a preset: ep = every ep of "
-     "--world in both orders, worlds = worlds 1, 2, 4, 8, worlds-32 = up to 32) with the other "
-     "options, compare each "
-     "run's losses and final weights with the first run's; sweep.md, sweep.json and a plot go "
-     "to --out"},
+     "--world in both orders, frameworks = every --framework preset with its orders, worlds = "
+     "worlds 1, 2, 4, 8, worlds-32 = up to 32) with the other options, compare each run's "
+     "losses and final weights with the first run's (with the first of its objective where "
+     "the router options differ); sweep.md, sweep.json and a plot go to --out"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},
     {{"version", no_argument, NULL, OPT_VERSION}, NULL, "print the library version and exit"},
 };
