@@ -149,10 +149,9 @@ static const option_doc docs[] = {
     {{"inject", required_argument, NULL, OPT_INJECT},
      "FAULT",
      "self-test: grad, replica or absent plant a defect on the last rank that the checks must "
-     "catch; fail an error in its first step that must stop every rank (exit 1); ep-scale, "
-     "rank-mean, world-div or tied-twice a framework bug in every rank's reduction, local-aux "
-     "one in the load-balancing statistics (needs --aux-loss-coeff > 0 in global scope) "
-     "(SPEC 5.2), that the checks and a sweep must catch and name"},
+     "catch; fail stops every rank in step 1 (exit 1); ep-scale, rank-mean, world-div, "
+     "tied-twice or local-aux (global aux loss) a framework bug on every rank (SPEC 5.2) that "
+     "the checks and a sweep must catch and name"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
@@ -197,11 +196,10 @@ static const option_doc docs[] = {
      "continue from the checkpoint in DIR up to --steps, under any layout and world"},
     {{"sweep", required_argument, NULL, OPT_SWEEP},
      "FILE|PRESET",
-     "run a list of layouts (a JSON list of option objects, or a preset: ep = every ep of "
-     "--world in both orders, frameworks = every --framework preset with its orders, worlds = "
-     "worlds 1, 2, 4, 8, worlds-32 = up to 32) with the other options, compare each run's "
-     "losses and final weights with the first run's (with the first of its objective where "
-     "the router options differ); sweep.md, sweep.json and a plot go to --out"},
+     "run a list of layouts (a JSON file, or a preset: ep = every ep of --world in both "
+     "orders, frameworks = every --framework with its orders, worlds = 1, 2, 4, 8, worlds-32) "
+     "and compare each run's losses and final weights with the first run of its objective; "
+     "sweep.md, sweep.json and a plot go to --out"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},
     {{"version", no_argument, NULL, OPT_VERSION}, NULL, "print the library version and exit"},
 };
