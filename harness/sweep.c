@@ -6,6 +6,7 @@
 #include "sweep.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -355,6 +356,42 @@ static void objective_describe(const tm_config *m, char *buf, size_t size)
         snprintf(buf + len, size - (size_t)len, "%scf %g", len ? ", " : "", m->capacity_factor);
 }
 
+/* Append to a label, cutting it at its size. */
+static void label_append(hx_sweep_entry *e, const char *fmt, ...)
+{
+    size_t len = strlen(e->label);
+    va_list ap;
+    va_start(ap, fmt);
+    if (len + 1 < sizeof e->label)
+        vsnprintf(e->label + len, sizeof e->label - len, fmt, ap);
+    va_end(ap);
+}
+
+/* A run's name when the file gives none: world, framework, layout, objective, dtype, bug. */
+static void label_of(hx_sweep_entry *e)
+{
+    const hx_options *o = &e->opts;
+    e->label[0] = '\0';
+    label_append(e, "w%d-", o->world);
+    if (o->grid_given)
+        label_append(e, "%s-", seldp_framework_name(o->grid.framework));
+    if (o->layout_file)
+        label_append(e, "file");
+    else if (strcmp(e->order, "-") != 0)
+        label_append(e, "ep%d-%s", o->ep, e->order);
+    else
+        label_append(e, "ep%d", o->ep);
+    if (o->model.aux_loss_coeff > 0.0)
+        label_append(e, "-aux-%s", tm_aux_scope_name(o->model.aux_loss_scope));
+    if (o->model.z_loss_coeff > 0.0)
+        label_append(e, "-z");
+    if (o->model.capacity_factor > 0.0)
+        label_append(e, "-cf");
+    label_append(e, "-%s", tm_dtype_name(o->model.dtype));
+    if (o->inject != HX_FAULT_NONE)
+        label_append(e, "-%s", hx_fault_name(o->inject));
+}
+
 /* Resolve every entry's options on top of the command line's, and validate each run as the
  * harness would, before anything runs or is written. */
 static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
@@ -421,30 +458,8 @@ static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
                 break;
             }
         }
-        if (!e->label[0]) {
-            int len = snprintf(e->label, sizeof e->label, "w%d-", o->world);
-            if (o->grid_given)
-                len += snprintf(e->label + len, sizeof e->label - (size_t)len, "%s-",
-                                seldp_framework_name(o->grid.framework));
-            if (o->layout_file)
-                len += snprintf(e->label + len, sizeof e->label - (size_t)len, "file");
-            else
-                len += snprintf(e->label + len, sizeof e->label - (size_t)len, "ep%d%s%s", o->ep,
-                                strcmp(e->order, "-") ? "-" : "",
-                                strcmp(e->order, "-") ? e->order : "");
-            if (o->model.aux_loss_coeff > 0.0)
-                len += snprintf(e->label + len, sizeof e->label - (size_t)len, "-aux-%s",
-                                tm_aux_scope_name(o->model.aux_loss_scope));
-            if (o->model.z_loss_coeff > 0.0)
-                len += snprintf(e->label + len, sizeof e->label - (size_t)len, "-z");
-            if (o->model.capacity_factor > 0.0)
-                len += snprintf(e->label + len, sizeof e->label - (size_t)len, "-cf");
-            len += snprintf(e->label + len, sizeof e->label - (size_t)len, "-%s",
-                            tm_dtype_name(o->model.dtype));
-            if (o->inject != HX_FAULT_NONE)
-                snprintf(e->label + len, sizeof e->label - (size_t)len, "-%s",
-                         hx_fault_name(o->inject));
-        }
+        if (!e->label[0])
+            label_of(e);
     }
     if (mixed && s->entries[0].opts.global_batch == 0) {
         fprintf(err,
