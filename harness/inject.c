@@ -1,4 +1,4 @@
-/* Planted framework bugs (--inject ep-scale|rank-mean|world-div|tied-twice) and their
+/* Planted framework bugs (--inject ep-scale|rank-mean|world-div|tied-twice|local-aux) and their
  * diagnosis from the gradients and the FP64 reference. */
 #include "inject.h"
 
@@ -11,7 +11,8 @@
 bool hx_inject_is_framework_bug(hx_fault fault)
 {
     return fault == HX_FAULT_EP_SCALE || fault == HX_FAULT_RANK_MEAN ||
-           fault == HX_FAULT_WORLD_DIV || fault == HX_FAULT_TIED_TWICE;
+           fault == HX_FAULT_WORLD_DIV || fault == HX_FAULT_TIED_TWICE ||
+           fault == HX_FAULT_LOCAL_AUX;
 }
 
 const char *hx_inject_describe(hx_fault fault)
@@ -27,6 +28,9 @@ const char *hx_inject_describe(hx_fault fault)
     case HX_FAULT_TIED_TWICE:
         return "the tied embedding's gradient reduced a second time, as a sum over the "
                "embedding group";
+    case HX_FAULT_LOCAL_AUX:
+        return "the global-scope load-balancing loss normalized by each data shard's own tokens "
+               "(f_e from the shard's counts over its token count; the counts never combined)";
     default:
         return "";
     }
@@ -130,18 +134,19 @@ seldp_status hx_inject_after_reduce(hx_rank *rk)
     return SELDP_OK;
 }
 
-/* The three classes the diagnosis tells apart. */
-enum { DIAG_EXPERT, DIAG_EMBED, DIAG_SHARED, DIAG_COUNT };
+/* The classes the diagnosis tells apart. */
+enum { DIAG_EXPERT, DIAG_EMBED, DIAG_ROUTER, DIAG_SHARED, DIAG_COUNT };
 
 static const char *const diag_names[DIAG_COUNT] = {
     "expert gradients (layers.*.experts.*)",
     "the gradient of embed.weight (tied as lm_head.weight)",
-    "the shared gradients (norms, routers)"};
+    "the router weights (layers.*.router.weight)",
+    "the other shared gradients (norms, shared expert)"};
 
-/* Sums over every rank's gradients of one class: <g,ref>, <ref,ref>, <g,g>, and whether a
- * tensor of the class exceeded the tolerance. */
+/* Sums over every rank's gradients of one class: <g,ref>, <ref,ref>, <g,g>, <g-ref,g-ref>,
+ * and whether a tensor of the class exceeded the tolerance. */
 typedef struct diag_fit {
-    double gr, rr, gg;
+    double gr, rr, gg, dd;
     int64_t tensors;
     bool bad;
 } diag_fit;
@@ -159,6 +164,12 @@ static double fit_residual(const diag_fit *f)
     double s = fit_scale(f);
     double r2 = f->gg - 2 * s * f->gr + s * s * f->rr;
     return sqrt(fmax(r2, 0) / f->rr);
+}
+
+/* ||g - ref|| / ||ref|| over the class. */
+static double fit_error(const diag_fit *f)
+{
+    return f->rr > 0 ? sqrt(f->dd / f->rr) : sqrt(f->dd);
 }
 
 static bool near(double x, double want)
@@ -181,6 +192,7 @@ static void fit_add(diag_fit *f, const seldp_tensor *got, const double *want, si
     f->gr += gr;
     f->rr += rr;
     f->gg += gg;
+    f->dd += dd;
     f->tensors++;
     if (!(sqrt(dd) <= tol * sqrt(rr)))
         f->bad = true;
@@ -210,6 +222,7 @@ void hx_inject_diagnose(hx_run *run, int step, const tm_reference *ref)
                 return;
             int c = p->expert >= 0                         ? DIAG_EXPERT
                     : strcmp(p->path, "embed.weight") == 0 ? DIAG_EMBED
+                    : strstr(p->path, ".router.")          ? DIAG_ROUTER
                                                            : DIAG_SHARED;
             fit_add(&fits[c], got, want, n, run->tolerance, buf);
             free(buf);
@@ -222,6 +235,24 @@ void hx_inject_diagnose(hx_run *run, int step, const tm_reference *ref)
         return;
     char *d = run->diagnosis;
     size_t size = sizeof run->diagnosis;
+    const diag_fit *ex = &fits[DIAG_EXPERT], *em = &fits[DIAG_EMBED], *sh = &fits[DIAG_SHARED];
+    const diag_fit *rt = &fits[DIAG_ROUTER];
+    /* a global-scope load-balancing loss with local statistics changes the forward's loss
+     * (its aux term) and the router logits' gradient: the router weights deviate most, the
+     * rest only through what flows back from the router; the routing itself is untouched */
+    const tm_config *cfg = &run->opts.model;
+    double other = fmax(fit_error(ex), fmax(fit_error(em), fit_error(sh)));
+    if (rt->bad && cfg->aux_loss_coeff > 0.0 && cfg->aux_loss_scope == TM_AUX_GLOBAL &&
+        run->checks[HX_CHECK_ROUTING].failed == 0 &&
+        run->checks[HX_CHECK_GRAD_REPLICAS].failed == 0 && fit_error(rt) > 2.0 * other) {
+        snprintf(d, size,
+                 "step %d: %s deviate most (relative error %.3g, every other class at most "
+                 "%.3g) with the load-balancing loss in global scope: its statistics f_e "
+                 "normalized by each data shard's own token count instead of the global batch's "
+                 "(the assignment counts not combined over the data shards)?",
+                 step + 1, diag_names[DIAG_ROUTER], fit_error(rt), other);
+        return;
+    }
     /* a reduction bug leaves the forward alone: when the loss or the routing already differ
      * (a near tie between experts), the gradients differ for that reason */
     if (run->checks[HX_CHECK_LOSS].failed > 0 || run->checks[HX_CHECK_ROUTING].failed > 0) {
@@ -239,33 +270,34 @@ void hx_inject_diagnose(hx_run *run, int step, const tm_reference *ref)
                  step + 1);
         return;
     }
-    const diag_fit *ex = &fits[DIAG_EXPERT], *em = &fits[DIAG_EMBED], *sh = &fits[DIAG_SHARED];
     int ep = run->layout->ep[0].size;
     double se = fit_scale(ex), sm = fit_scale(em);
     bool scaled_ex = ex->bad && fit_residual(ex) < 0.05 * fabs(se);
-    if (scaled_ex && !em->bad && !sh->bad && ep > 1 && near(se, ep))
+    bool sh_bad = sh->bad || rt->bad;
+    if (scaled_ex && !em->bad && !sh_bad && ep > 1 && near(se, ep))
         snprintf(d, size,
                  "step %d: %s are %d\xc3\x97 too large (EP size %d) while the shared gradients "
                  "agree: expert grads scaled by the EP size? (DeepSpeed #6545)",
                  step + 1, diag_names[DIAG_EXPERT], ep, ep);
-    else if (scaled_ex && !em->bad && !sh->bad && ep > 1 && near(se * ep, 1.0))
+    else if (scaled_ex && !em->bad && !sh_bad && ep > 1 && near(se * ep, 1.0))
         snprintf(d, size,
                  "step %d: %s are %d\xc3\x97 too small (EP size %d) while the shared gradients "
                  "agree: expert grads divided by the world size instead of the expert-data size?",
                  step + 1, diag_names[DIAG_EXPERT], ep, ep);
-    else if (em->bad && !ex->bad && !sh->bad && fit_residual(em) < 0.05 * fabs(sm))
+    else if (em->bad && !ex->bad && !sh_bad && fit_residual(em) < 0.05 * fabs(sm))
         snprintf(d, size,
                  "step %d: %s is %.3g\xc3\x97 too large while every other gradient agrees: the "
                  "tied embedding reduced twice?",
                  step + 1, diag_names[DIAG_EMBED], sm);
-    else if ((em->bad || sh->bad) && lo != hi)
+    else if ((em->bad || sh_bad) && lo != hi)
         snprintf(d, size,
-                 "step %d: embed.weight and %s deviate without a common scale (best fit %.4g, "
-                 "residual %.3g) while the ranks held %zu to %zu tokens: a per-rank token mean "
-                 "instead of the global token mean? (torchtitan #1842)",
-                 step + 1, diag_names[DIAG_SHARED], fit_scale(sh), fit_residual(sh), lo, hi);
+                 "step %d: embed.weight and the shared gradients (norms, routers) deviate without "
+                 "a common scale (best fit %.4g, residual %.3g) while the ranks held %zu to %zu "
+                 "tokens: a per-rank token mean instead of the global token mean? (torchtitan "
+                 "#1842)",
+                 step + 1, fit_scale(sh), fit_residual(sh), lo, hi);
     else {
-        int c = ex->bad ? DIAG_EXPERT : em->bad ? DIAG_EMBED : DIAG_SHARED;
+        int c = ex->bad ? DIAG_EXPERT : em->bad ? DIAG_EMBED : rt->bad ? DIAG_ROUTER : DIAG_SHARED;
         snprintf(d, size,
                  "step %d: %s deviate from the reference (best-fit scale %.4g, residual %.3g): "
                  "no known framework bug matches",

@@ -9,7 +9,8 @@
 
 #include "run.h"
 
-/* True for the faults that are framework bugs (ep-scale, rank-mean, world-div, tied-twice). */
+/* True for the faults that are framework bugs (ep-scale, rank-mean, world-div, tied-twice,
+ * local-aux). */
 bool hx_inject_is_framework_bug(hx_fault fault);
 
 /* One line: what the planted bug does, for the run's header. */

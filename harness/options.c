@@ -149,9 +149,9 @@ static const option_doc docs[] = {
     {{"inject", required_argument, NULL, OPT_INJECT},
      "FAULT",
      "self-test: grad, replica or absent plant a defect on the last rank that the checks must "
-     "catch; fail an error in its first step that must stop every rank (exit 1); ep-scale, "
-     "rank-mean, world-div or tied-twice a framework bug in every rank's reduction (SPEC 5.2) "
-     "that the checks and a sweep must catch and name"},
+     "catch; fail stops every rank in step 1 (exit 1); ep-scale, rank-mean, world-div, "
+     "tied-twice or local-aux (global aux loss) a framework bug on every rank (SPEC 5.2) that "
+     "the checks and a sweep must catch and name"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
@@ -196,11 +196,10 @@ static const option_doc docs[] = {
      "continue from the checkpoint in DIR up to --steps, under any layout and world"},
     {{"sweep", required_argument, NULL, OPT_SWEEP},
      "FILE|PRESET",
-     "run a list of layouts (a JSON list of option objects, or a preset: ep = every ep of "
-     "--world in both orders, worlds = worlds 1, 2, 4, 8, worlds-32 = up to 32) with the other "
-     "options, compare each "
-     "run's losses and final weights with the first run's; sweep.md, sweep.json and a plot go "
-     "to --out"},
+     "run a list of layouts (a JSON file, or a preset: ep = every ep of --world in both "
+     "orders, frameworks = every --framework with its orders, worlds = 1, 2, 4, 8, worlds-32) "
+     "and compare each run's losses and final weights with the first run of its objective; "
+     "sweep.md, sweep.json and a plot go to --out"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},
     {{"version", no_argument, NULL, OPT_VERSION}, NULL, "print the library version and exit"},
 };
@@ -255,9 +254,9 @@ const char *hx_order_name(hx_order order)
 
 const char *hx_fault_name(hx_fault fault)
 {
-    static const char *const names[HX_FAULT_COUNT] = {"none",      "grad",      "replica",
-                                                      "absent",    "fail",      "ep-scale",
-                                                      "rank-mean", "world-div", "tied-twice"};
+    static const char *const names[HX_FAULT_COUNT] = {
+        "none",     "grad",      "replica",   "absent",     "fail",
+        "ep-scale", "rank-mean", "world-div", "tied-twice", "local-aux"};
     return (unsigned)fault < HX_FAULT_COUNT ? names[fault] : "invalid";
 }
 
@@ -700,8 +699,8 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             break;
         case OPT_INJECT:
             expected = "none, grad, replica or absent (defects the checks must catch), fail (an "
-                       "error that must stop every rank), or ep-scale, rank-mean, world-div or "
-                       "tied-twice (framework bugs)";
+                       "error that must stop every rank), or ep-scale, rank-mean, world-div, "
+                       "tied-twice or local-aux (framework bugs)";
             ok = false;
             for (int f = 0; f < HX_FAULT_COUNT; f++) {
                 if (strcasecmp(arg, hx_fault_name((hx_fault)f)) == 0) {
@@ -772,7 +771,7 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
         case OPT_SWEEP:
             o->sweep = arg;
             ok = arg[0] != '\0';
-            expected = "a sweep file or a preset (ep, worlds)";
+            expected = "a sweep file or a preset (ep, frameworks, worlds, worlds-32)";
             break;
         case OPT_HELP:
             hx_options_usage(out);
@@ -796,6 +795,16 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
         fprintf(err,
                 "seldp-harness: --layout-file and --framework/--tp/--pp/--cp/--etp exclude each "
                 "other: the layout file lists the groups\n");
+        return HX_PARSE_ERROR;
+    }
+    if (o->inject == HX_FAULT_LOCAL_AUX &&
+        (!(o->model.aux_loss_coeff > 0.0) || o->model.aux_loss_scope != TM_AUX_GLOBAL)) {
+        fprintf(err,
+                "seldp-harness: --inject local-aux: expected --aux-loss-coeff > 0 with "
+                "--aux-loss-scope global (the bug normalizes the global load-balancing "
+                "statistics locally; this run has %s)\n",
+                o->model.aux_loss_coeff > 0.0 ? "--aux-loss-scope local"
+                                              : "no load-balancing loss");
         return HX_PARSE_ERROR;
     }
     if (optind < argc) {

@@ -30,6 +30,7 @@ typedef enum hx_fault {
     HX_FAULT_RANK_MEAN = 6,  /* per-rank token mean instead of the global (torchtitan #1842) */
     HX_FAULT_WORLD_DIV = 7,  /* expert grads divided by the world, not the expert-data size */
     HX_FAULT_TIED_TWICE = 8, /* the tied embedding reduced twice */
+    HX_FAULT_LOCAL_AUX = 9,  /* load-balancing statistics of each data shard's own tokens */
     HX_FAULT_COUNT
 } hx_fault;
 

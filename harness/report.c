@@ -141,7 +141,14 @@ static void report_json(const hx_run *run, hx_buf *b)
         }
         hx_buf_puts(b, "}");
     }
-    hx_buf_puts(b, "\n  ],\n  \"tensor_classes\": [");
+    /* the likely cause of the first failed gradient check (inject.c), null when none */
+    hx_buf_printf(
+        b, "\n  ],\n  \"inject\": \"%s\",\n  \"diagnosis\": ", hx_fault_name(run->opts.inject));
+    if (run->diagnosis[0])
+        hx_buf_json_string(b, run->diagnosis);
+    else
+        hx_buf_puts(b, "null");
+    hx_buf_puts(b, ",\n  \"tensor_classes\": [");
     bool first = true;
     for (int c = 0; c < HX_CLASS_COUNT; c++) {
         if (!run->classes[c].tensors)
@@ -308,6 +315,9 @@ static void report_md(const hx_run *run, hx_buf *b)
         if (run->checks[i].failed)
             hx_buf_printf(b, "\nFirst failure of *%s*: %s\n", hx_check_name((hx_check_id)i),
                           run->checks[i].first_failure);
+    if (run->diagnosis[0])
+        hx_buf_printf(b, "\n**Diagnosis** (inject %s): %s\n", hx_fault_name(run->opts.inject),
+                      run->diagnosis);
 
     hx_buf_puts(b, "\n## Gradient error by tensor class\n\nRelative error ‖g − ref‖/‖ref‖ of "
                    "every reduced gradient on every rank.\n\n| class | tensors | worst | where |\n"

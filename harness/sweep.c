@@ -6,6 +6,7 @@
 #include "sweep.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@ static const struct {
     {"world", "world", false},
     {"ep", "ep", false},
     {"order", "order", false},
+    {"framework", "framework", false},
     {"layout-file", "layout-file", false},
     {"roots", "roots", false},
     {"dtype", "dtype", false},
@@ -38,13 +40,19 @@ static const struct {
     {"inject", "inject", false},
     {"lora-rank", "lora-rank", false},
     {"lora-alpha", "lora-alpha", false},
+    /* the objective: a run that differs in these is compared with the first run of its own
+     * objective, and its difference from run 1 is reported */
+    {"aux-loss-coeff", "aux-loss-coeff", false},
+    {"aux-loss-scope", "aux-loss-scope", false},
+    {"z-loss-coeff", "z-loss-coeff", false},
+    {"capacity-factor", "capacity-factor", false},
 };
 #define N_SWEEP_KEYS (sizeof sweep_keys / sizeof sweep_keys[0])
 
 /* Options that must be the same in every run, and so only come from the command line. */
 static const char *const shared_keys[] = {
-    "seed",    "global-batch", "steps",   "tokens", "token-spread", "lr",     "vocab",
-    "d-model", "d-ff",         "experts", "top-k",  "layers",       "backend"};
+    "seed",    "global-batch", "steps",   "tokens", "token-spread", "lr",      "vocab",
+    "d-model", "d-ff",         "experts", "top-k",  "layers",       "backend", "shared-expert-ff"};
 
 static double dtype_tolerance(seldp_dtype dtype)
 {
@@ -74,7 +82,9 @@ static void entries_free(hx_sweep *s)
         free(s->results[i].loss_dev);
     }
     free(s->results);
-    weights_free(&s->first);
+    for (int i = 0; s->baselines && i < s->n; i++)
+        weights_free(&s->baselines[i]);
+    free(s->baselines);
 }
 
 static bool entry_add(hx_sweep_entry *e, const char *option, const char *value)
@@ -156,8 +166,9 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
         if (s == N_SWEEP_KEYS) {
             fprintf(err,
                     "seldp-harness: %s:%d:%d: unknown key \"%s\": expected name, world, ep, "
-                    "order, layout-file, roots, dtype, quant, flow, fp32-master, policy, inject, "
-                    "lora-rank or lora-alpha\n",
+                    "order, framework, layout-file, roots, dtype, quant, flow, fp32-master, "
+                    "policy, inject, lora-rank, lora-alpha, aux-loss-coeff, aux-loss-scope, "
+                    "z-loss-coeff or capacity-factor\n",
                     file, v->line, v->column, key);
             return false;
         }
@@ -176,7 +187,9 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
             snprintf(value, sizeof value, "%s", v->string);
         else if (v->type == HX_JSON_NUMBER && v->is_integer)
             snprintf(value, sizeof value, "%lld", (long long)v->integer);
-        else if (v->type == HX_JSON_NUMBER && strcmp(key, "lora-alpha") == 0)
+        else if (v->type == HX_JSON_NUMBER &&
+                 (strcmp(key, "lora-alpha") == 0 || strstr(key, "-coeff") ||
+                  strcmp(key, "capacity-factor") == 0))
             snprintf(value, sizeof value, "%.17g", v->number);
         else {
             fprintf(err,
@@ -188,8 +201,12 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
         char opt[64], msg[512];
         snprintf(opt, sizeof opt, "--%s", sweep_keys[s].option);
         char *one[] = {"seldp-harness", opt, value, NULL};
+        /* a planted bug's requirements on other options are checked with the whole run; here
+         * only its name (local-aux needs a load-balancing loss) */
+        char *bug[] = {"seldp-harness", "--aux-loss-coeff", "1", opt, value, NULL};
+        bool is_inject = strcmp(key, "inject") == 0;
         hx_options scratch;
-        if (!parse_options(3, one, &scratch, msg, sizeof msg)) {
+        if (!parse_options(is_inject ? 5 : 3, is_inject ? bug : one, &scratch, msg, sizeof msg)) {
             fprintf(err, "seldp-harness: %s:%d:%d: %s\n", file, v->line, v->column, msg);
             return false;
         }
@@ -209,7 +226,9 @@ static bool entries_from_file(hx_sweep *s, FILE *err)
     hx_json *root = NULL;
     bool ok = false;
     if (hx_read_file(s->name, &text, &len) != SELDP_OK) {
-        fprintf(err, "seldp-harness: --sweep %s: not a preset (ep, worlds, worlds-32) and %s\n",
+        fprintf(err,
+                "seldp-harness: --sweep %s: not a preset (ep, frameworks, worlds, worlds-32) "
+                "and %s\n",
                 s->name, hx_last_error());
         return false;
     }
@@ -236,11 +255,41 @@ out:
     return ok;
 }
 
-/* The presets: every ep of the world in both orders; worlds 1, 2, 4, 8 (and 16, 32). */
+/* The frameworks preset: each framework at TP = PP = CP = ETP = 1 with each order it has
+ * (Megatron's with ep inside and outside dp; DeepSpeed's expert- and data-first; torchtitan's
+ * mesh has none). */
+static const struct {
+    const char *framework;
+    const char *order; /* NULL: the framework has no order */
+} framework_runs[] = {
+    {"megatron", "tp-cp-ep-dp-pp"},
+    {"megatron", "tp-cp-dp-ep-pp"},
+    {"megatron-0.9", "tp-cp-ep-dp-pp"},
+    {"megatron-0.9", "tp-cp-dp-ep-pp"},
+    {"deepspeed", "ep-dp"},
+    {"deepspeed", "dp-ep"},
+    {"torchtitan", NULL},
+};
+#define N_FRAMEWORK_RUNS (sizeof framework_runs / sizeof framework_runs[0])
+
+/* The presets: every ep of the world in both orders; every framework preset; worlds 1, 2, 4,
+ * 8 (and 16, 32). */
 static bool entries_from_preset(hx_sweep *s, const hx_options *base, bool *is_preset)
 {
     *is_preset = true;
     int worlds[] = {1, 2, 4, 8, 16, 32};
+    if (strcmp(s->name, "frameworks") == 0) {
+        s->entries = hx_calloc(N_FRAMEWORK_RUNS, sizeof *s->entries);
+        if (!s->entries)
+            return false;
+        for (size_t i = 0; i < N_FRAMEWORK_RUNS; i++) {
+            hx_sweep_entry *e = &s->entries[s->n++];
+            if (!entry_add(e, "framework", framework_runs[i].framework) ||
+                (framework_runs[i].order && !entry_add(e, "order", framework_runs[i].order)))
+                return false;
+        }
+        return true;
+    }
     if (strcmp(s->name, "ep") == 0) {
         s->entries = hx_calloc(2 * 64, sizeof *s->entries);
         if (!s->entries)
@@ -278,6 +327,69 @@ static bool entries_from_preset(hx_sweep *s, const hx_options *base, bool *is_pr
             return false;
     }
     return true;
+}
+
+/* The terms of the objective a run trains (SPEC §4.2): runs that differ in them train
+ * different models, and are not expected to agree. */
+static bool same_objective(const tm_config *a, const tm_config *b)
+{
+    bool aux = a->aux_loss_coeff > 0.0;
+    return a->aux_loss_coeff == b->aux_loss_coeff &&
+           (!aux || a->aux_loss_scope == b->aux_loss_scope) && a->z_loss_coeff == b->z_loss_coeff &&
+           a->capacity_factor == b->capacity_factor;
+}
+
+static void objective_describe(const tm_config *m, char *buf, size_t size)
+{
+    if (!(m->aux_loss_coeff > 0.0) && !(m->z_loss_coeff > 0.0) && !(m->capacity_factor > 0.0)) {
+        snprintf(buf, size, "plain");
+        return;
+    }
+    int len = 0;
+    buf[0] = '\0';
+    if (m->aux_loss_coeff > 0.0)
+        len += snprintf(buf + len, size - (size_t)len, "aux %g %s", m->aux_loss_coeff,
+                        tm_aux_scope_name(m->aux_loss_scope));
+    if (m->z_loss_coeff > 0.0 && (size_t)len < size)
+        len += snprintf(buf + len, size - (size_t)len, "%sz %g", len ? ", " : "", m->z_loss_coeff);
+    if (m->capacity_factor > 0.0 && (size_t)len < size)
+        snprintf(buf + len, size - (size_t)len, "%scf %g", len ? ", " : "", m->capacity_factor);
+}
+
+/* Append to a label, cutting it at its size. */
+static void label_append(hx_sweep_entry *e, const char *fmt, ...)
+{
+    size_t len = strlen(e->label);
+    va_list ap;
+    va_start(ap, fmt);
+    if (len + 1 < sizeof e->label)
+        vsnprintf(e->label + len, sizeof e->label - len, fmt, ap);
+    va_end(ap);
+}
+
+/* A run's name when the file gives none: world, framework, layout, objective, dtype, bug. */
+static void label_of(hx_sweep_entry *e)
+{
+    const hx_options *o = &e->opts;
+    e->label[0] = '\0';
+    label_append(e, "w%d-", o->world);
+    if (o->grid_given)
+        label_append(e, "%s-", seldp_framework_name(o->grid.framework));
+    if (o->layout_file)
+        label_append(e, "file");
+    else if (strcmp(e->order, "-") != 0)
+        label_append(e, "ep%d-%s", o->ep, e->order);
+    else
+        label_append(e, "ep%d", o->ep);
+    if (o->model.aux_loss_coeff > 0.0)
+        label_append(e, "-aux-%s", tm_aux_scope_name(o->model.aux_loss_scope));
+    if (o->model.z_loss_coeff > 0.0)
+        label_append(e, "-z");
+    if (o->model.capacity_factor > 0.0)
+        label_append(e, "-cf");
+    label_append(e, "-%s", tm_dtype_name(o->model.dtype));
+    if (o->inject != HX_FAULT_NONE)
+        label_append(e, "-%s", hx_fault_name(o->inject));
 }
 
 /* Resolve every entry's options on top of the command line's, and validate each run as the
@@ -332,19 +444,22 @@ static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
         if (i == 0)
             world0 = e->opts.world;
         mixed = mixed || e->opts.world != world0;
-        if (!e->label[0]) {
-            const hx_options *o = &e->opts;
-            int len = snprintf(e->label, sizeof e->label, "w%d-%s", o->world,
-                               o->layout_file ? "file" : "ep");
-            if (!o->layout_file)
-                len += snprintf(e->label + len, sizeof e->label - (size_t)len, "%d-%s", o->ep,
-                                hx_order_name(o->order));
-            len += snprintf(e->label + len, sizeof e->label - (size_t)len, "-%s",
-                            tm_dtype_name(o->model.dtype));
-            if (o->inject != HX_FAULT_NONE)
-                snprintf(e->label + len, sizeof e->label - (size_t)len, "-%s",
-                         hx_fault_name(o->inject));
+        const hx_options *o = &e->opts;
+        snprintf(e->order, sizeof e->order, "%s",
+                 o->layout_file                    ? "file"
+                 : o->grid_given && !o->grid.order ? "-"
+                 : o->grid_given || o->order_given ? (o->grid.order ? o->grid.order : "-")
+                                                   : hx_order_name(o->order));
+        objective_describe(&o->model, e->objective, sizeof e->objective);
+        e->baseline = i;
+        for (int j = 0; j < i; j++) {
+            if (same_objective(&s->entries[j].opts.model, &o->model)) {
+                e->baseline = j;
+                break;
+            }
         }
+        if (!e->label[0])
+            label_of(e);
     }
     if (mixed && s->entries[0].opts.global_batch == 0) {
         fprintf(err,
@@ -443,8 +558,9 @@ static void sweep_run(hx_sweep *s, int i, FILE *out)
     r->steps = steps;
     r->loss = hx_calloc((size_t)(steps ? steps : 1), sizeof *r->loss);
     r->loss_dev = hx_calloc((size_t)(steps ? steps : 1), sizeof *r->loss_dev);
+    const int b = e->baseline;
     r->tolerance =
-        fmax(dtype_tolerance(e->opts.model.dtype), dtype_tolerance(s->entries[0].opts.model.dtype));
+        fmax(dtype_tolerance(e->opts.model.dtype), dtype_tolerance(s->entries[b].opts.model.dtype));
     double t0 = hx_now();
     hx_run *run = NULL;
     hx_sweep_weights w = {0};
@@ -471,21 +587,25 @@ static void sweep_run(hx_sweep *s, int i, FILE *out)
         r->completed = false;
         goto done;
     }
-    if (i == 0) {
-        s->first = w;
+    if (b == i) {
+        s->baselines[i] = w;
         w = (hx_sweep_weights){0};
-    } else if (s->results[0].completed) {
-        r->weight_dev = weights_deviation(&s->first, &w, r->worst_tensor, sizeof r->worst_tensor);
+    } else if (s->results[b].completed) {
+        r->weight_dev =
+            weights_deviation(&s->baselines[b], &w, r->worst_tensor, sizeof r->worst_tensor);
     }
-    if (s->results[0].completed) {
-        for (int k = 0; k < steps; k++) {
-            double l0 = s->results[0].loss[k];
-            r->loss_dev[k] = fabs(r->loss[k] - l0) / fmax(fabs(l0), 1e-300);
-            if (!(r->loss_dev[k] <= r->max_loss_dev))
-                r->max_loss_dev = r->loss_dev[k];
-        }
+    for (int k = 0; k < steps && s->results[b].completed; k++) {
+        double l0 = s->results[b].loss[k];
+        r->loss_dev[k] = fabs(r->loss[k] - l0) / fmax(fabs(l0), 1e-300);
+        if (!(r->loss_dev[k] <= r->max_loss_dev))
+            r->max_loss_dev = r->loss_dev[k];
     }
-    r->agrees = s->results[0].completed && r->max_loss_dev <= r->tolerance &&
+    /* another objective than run 1's: how far it is from run 1, for the report only */
+    for (int k = 0; k < steps && b != 0 && s->results[0].completed; k++) {
+        double l0 = s->results[0].loss[k];
+        r->objective_dev = fmax(r->objective_dev, fabs(r->loss[k] - l0) / fmax(fabs(l0), 1e-300));
+    }
+    r->agrees = s->results[b].completed && r->max_loss_dev <= r->tolerance &&
                 r->weight_dev <= r->tolerance && !r->error[0];
 done:
     r->seconds = hx_now() - t0;
@@ -502,7 +622,10 @@ done:
                     i + 1, s->n, e->label, r->checks_passed ? "PASS" : "FAIL",
                     (long long)r->failures, r->max_loss_dev, r->weight_dev, r->tolerance,
                     r->agrees ? "agrees" : "DEVIATES", r->seconds);
-        if (r->completed && !r->agrees && s->results[0].completed) {
+        if (r->completed && b != 0)
+            fprintf(out, "  objective %s: compared with run %d; differs from run 1 (%s) by %.2e\n",
+                    e->objective, b + 1, s->entries[0].objective, r->objective_dev);
+        if (r->completed && !r->agrees && s->results[b].completed) {
             int worst = 0;
             for (int k = 1; k < steps; k++)
                 worst = r->loss_dev[k] > r->loss_dev[worst] ? k : worst;
@@ -540,17 +663,13 @@ int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE
         fprintf(err, "seldp-harness: out of memory\n");
         goto out;
     }
-    if (!is_preset && strcmp(s.name, "frameworks") == 0 && access(s.name, F_OK) != 0) {
-        fprintf(err, "seldp-harness: --sweep frameworks: this build has no framework presets "
-                     "(--framework); sweep ep, worlds, worlds-32 or a file\n");
-        goto out;
-    }
     if (!is_preset && !entries_from_file(&s, err))
         goto out;
     if (!entries_resolve(&s, argc, argv, err))
         goto out;
     s.results = hx_calloc((size_t)s.n, sizeof *s.results);
-    if (!s.results || hx_mkdir_p(s.out_dir) != SELDP_OK) {
+    s.baselines = hx_calloc((size_t)s.n, sizeof *s.baselines);
+    if (!s.results || !s.baselines || hx_mkdir_p(s.out_dir) != SELDP_OK) {
         fprintf(err, "seldp-harness: %s\n", hx_last_error());
         status = HX_EXIT_FAIL;
         goto out;
@@ -571,13 +690,16 @@ int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE
         status = HX_EXIT_FAIL;
     }
     if (out) {
-        int agree = 0;
-        for (int i = 0; i < s.n; i++)
+        int agree = 0, objectives = 0;
+        for (int i = 0; i < s.n; i++) {
             agree += hx_sweep_run_ok(&s.results[i]);
+            objectives += s.entries[i].baseline == i;
+        }
         fprintf(out,
-                "sweep result: %s (%d of %d runs pass their checks and agree with run 1); "
+                "sweep result: %s (%d of %d runs pass their checks and agree with %s); "
                 "%s/sweep.md\n",
-                status == HX_EXIT_PASS ? "PASS" : "FAIL", agree, s.n, s.out_dir);
+                status == HX_EXIT_PASS ? "PASS" : "FAIL", agree, s.n,
+                objectives > 1 ? "the first run of their objective" : "run 1", s.out_dir);
         fflush(out);
     }
 out:

@@ -47,12 +47,23 @@ static seldp_status write_json(const hx_sweep *s, bool pass)
         hx_buf_puts(&b, i ? ",\n    {" : "\n    {");
         hx_buf_puts(&b, "\"name\": ");
         hx_buf_json_string(&b, e->label);
+        hx_buf_printf(&b, ", \"world\": %d, \"ep\": %d, \"framework\": ", e->opts.world,
+                      e->opts.ep);
+        if (e->opts.grid_given)
+            hx_buf_json_string(&b, seldp_framework_name(e->opts.grid.framework));
+        else
+            hx_buf_puts(&b, "null");
+        hx_buf_puts(&b, ", \"order\": ");
+        hx_buf_json_string(&b, e->order);
         hx_buf_printf(&b,
-                      ", \"world\": %d, \"ep\": %d, \"order\": \"%s\", \"dtype\": \"%s\", "
-                      "\"flow\": \"%s\", \"inject\": \"%s\", \"layout_file\": ",
-                      e->opts.world, e->opts.ep, hx_order_name(e->opts.order),
+                      ", \"dtype\": \"%s\", \"flow\": \"%s\", \"inject\": \"%s\", \"objective\": ",
                       tm_dtype_name(e->opts.model.dtype), hx_flow_name(e->opts.flow),
                       hx_fault_name(e->opts.inject));
+        hx_buf_json_string(&b, e->objective);
+        hx_buf_printf(&b, ", \"compared_with_run\": %d, \"objective_deviation_from_run_1\": ",
+                      e->baseline + 1);
+        hx_buf_json_number(&b, r->objective_dev);
+        hx_buf_puts(&b, ", \"layout_file\": ");
         if (e->opts.layout_file)
             hx_buf_json_string(&b, e->opts.layout_file);
         else
@@ -102,18 +113,19 @@ static seldp_status write_md(const hx_sweep *s, bool pass, const char *plot_note
     hx_buf_printf(&b, "# Sweep %s: %s\n\n", s->name, pass ? "PASS" : "FAIL");
     hx_buf_printf(&b,
                   "%d runs, %d steps each, seed %llu, global batch %d; each run's per-step loss "
-                  "and final logical weights compared with run 1's (relative; the limit is the "
-                  "dtype's: f32 1e-5, f16 2e-3, bf16 1e-2).\n\n",
+                  "and final logical weights compared with run 1's, or with the first run of its "
+                  "objective where its router losses or capacity differ from run 1's (column "
+                  "vs; relative; the limit is the dtype's: f32 1e-5, f16 2e-3, bf16 1e-2).\n\n",
                   s->n, o->steps, (unsigned long long)o->model.seed, o->global_batch);
-    hx_buf_puts(&b, "| # | run | world | ep | order | dtype | inject | checks | loss dev | weight "
-                    "dev | worst tensor | limit | agrees |\n");
-    hx_buf_puts(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    hx_buf_puts(&b, "| # | run | world | ep | order | dtype | objective | inject | vs | checks | "
+                    "loss dev | weight dev | worst tensor | limit | agrees |\n");
+    hx_buf_puts(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < s->n; i++) {
         const hx_sweep_entry *e = &s->entries[i];
         const hx_sweep_result *r = &s->results[i];
-        hx_buf_printf(&b, "| %d | %s | %d | %d | %s | %s | %s | ", i + 1, e->label, e->opts.world,
-                      e->opts.ep, e->opts.layout_file ? "file" : hx_order_name(e->opts.order),
-                      tm_dtype_name(e->opts.model.dtype), hx_fault_name(e->opts.inject));
+        hx_buf_printf(&b, "| %d | %s | %d | %d | %s | %s | %s | %s | %d | ", i + 1, e->label,
+                      e->opts.world, e->opts.ep, e->order, tm_dtype_name(e->opts.model.dtype),
+                      e->objective, hx_fault_name(e->opts.inject), e->baseline + 1);
         if (!r->completed)
             hx_buf_puts(&b, "stopped | - | - | - | - | no |\n");
         else
@@ -123,10 +135,28 @@ static seldp_status write_md(const hx_sweep *s, bool pass, const char *plot_note
                           r->worst_tensor[0] ? r->worst_tensor : "-", r->tolerance,
                           r->agrees ? "yes" : "**no**");
     }
-    hx_buf_puts(&b, "\n## Largest loss deviation from run 1, per step\n\n| step | deviation |\n"
-                    "|---|---|\n");
+    hx_buf_puts(&b, "\n## Largest loss deviation from the run compared with, per step\n\n"
+                    "| step | deviation |\n|---|---|\n");
     for (int k = 0; k < o->steps; k++)
         hx_buf_printf(&b, "| %d | %.3e |\n", k + 1, hx_sweep_step_deviation(s, k));
+    /* the objectives: each is compared with itself; how far apart they are is reported */
+    bool objectives = false;
+    for (int i = 1; i < s->n; i++) {
+        const hx_sweep_entry *e = &s->entries[i];
+        if (e->baseline != i)
+            continue;
+        if (!objectives)
+            hx_buf_printf(&b,
+                          "\n## Objectives\n\nRuns of another objective than run 1's (%s) "
+                          "train another model and are compared among themselves; their "
+                          "largest relative loss difference from run 1 is reported, not "
+                          "checked.\n\n| first run | objective | loss difference from run 1 "
+                          "|\n|---|---|---|\n",
+                          s->entries[0].objective);
+        objectives = true;
+        hx_buf_printf(&b, "| %d (%s) | %s | %.3e |\n", i + 1, e->label, e->objective,
+                      s->results[i].objective_dev);
+    }
     bool any = false;
     for (int i = 0; i < s->n; i++) {
         const hx_sweep_result *r = &s->results[i];
@@ -173,7 +203,8 @@ static seldp_status write_plot(const hx_sweep *s, char *note, size_t size)
 {
     hx_buf dat = {0}, gp = {0};
     int steps = s->entries[0].opts.steps;
-    hx_buf_puts(&dat, "# step, largest relative loss deviation from run 1, then each run's loss\n");
+    hx_buf_puts(&dat, "# step, largest relative loss deviation from the run compared with, then "
+                      "each run's loss\n");
     for (int k = 0; k < steps; k++) {
         hx_buf_printf(&dat, "%d %.9e", k + 1, fmax(hx_sweep_step_deviation(s, k), 1e-17));
         for (int i = 0; i < s->n; i++)
@@ -185,7 +216,7 @@ static seldp_status write_plot(const hx_sweep *s, char *note, size_t size)
                   "set terminal pngcairo size 1100,900 noenhanced\n"
                   "set output 'sweep.png'\n"
                   "set multiplot layout 2,1 title 'sweep %s: loss per step of every run, and the "
-                  "largest deviation from run 1'\n"
+                  "largest deviation from the run compared with'\n"
                   "set xlabel 'step'\nset ylabel 'loss'\nset xtics 1\nset key outside right\n"
                   "plot ",
                   s->name);
@@ -224,7 +255,8 @@ static seldp_status write_plot(const hx_sweep *s, char *note, size_t size)
         return SELDP_OK;
     }
     snprintf(note, size,
-             "![loss per step of every run, and the largest deviation from run 1](sweep.png)\n\n"
+             "![loss per step of every run, and the largest deviation from the run compared "
+             "with](sweep.png)\n\n"
              "Drawn by `gnuplot sweep.gp` from sweep.dat.");
     return SELDP_OK;
 }

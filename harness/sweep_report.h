@@ -18,6 +18,9 @@ typedef struct hx_sweep_entry {
     int n_args;
     int line, column; /* of its object in the sweep file; 0 for a preset */
     hx_options opts;  /* the command line's options with the entry's on top */
+    char order[64];   /* the order as the run builds its groups: ep-dp, dp-ep, a Megatron order */
+    char objective[128]; /* the router losses and capacity that define its objective */
+    int baseline;        /* the run it is compared with: the first with the same objective */
 } hx_sweep_entry;
 
 /* The final logical weights of a run: every trainable tensor, as F32. */
@@ -41,6 +44,8 @@ typedef struct hx_sweep_result {
     double tolerance;
     bool agrees;
     double seconds;
+    double objective_dev; /* a run of another objective than run 1's: its largest relative loss
+                           * difference from run 1 (reported, not a deviation); else 0 */
     char diagnosis[400];
     char error[1024];
 } hx_sweep_result;
@@ -51,7 +56,7 @@ typedef struct hx_sweep {
     hx_sweep_entry *entries;
     int n;
     hx_sweep_result *results;
-    hx_sweep_weights first;
+    hx_sweep_weights *baselines; /* [n]: the final weights of each baseline run */
 } hx_sweep;
 
 /* True when the run completed, passed its own checks and agrees with the first run. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -17,25 +18,29 @@ typedef struct planted_bug {
     const char *name;
     const char *run_args; /* a single run that must fail its reference check */
     const char *diagnosis;
-    const char *sweep; /* a preset whose first run is free of the bug's effect */
+    const char *sweep;      /* a preset whose first run is free of the bug's effect */
+    const char *sweep_args; /* what the sweep needs besides the bug ("" for none) */
 } planted_bug;
 
 static const planted_bug bugs[] = {
     {"ep-scale", "--world 8 --ep 4 --dtype f32",
      "expert gradients (layers.*.experts.*) are 4\xc3\x97 too large (EP size 4) while the shared "
      "gradients agree: expert grads scaled by the EP size?",
-     "ep"},
+     "ep", ""},
     {"world-div", "--world 8 --ep 2 --dtype bf16",
      "expert gradients (layers.*.experts.*) are 2\xc3\x97 too small (EP size 2) while the shared "
      "gradients agree: expert grads divided by the world size instead of the expert-data size?",
-     "ep"},
+     "ep", ""},
     {"rank-mean", "--world 4 --ep 2 --dtype f32",
      "embed.weight and the shared gradients (norms, routers) deviate without a common scale",
-     "worlds"},
+     "worlds", ""},
     {"tied-twice", "--world 4 --ep 2 --dtype f32",
      "the gradient of embed.weight (tied as lm_head.weight) is 4\xc3\x97 too large while every "
      "other gradient agrees: the tied embedding reduced twice?",
-     "worlds"},
+     "worlds", ""},
+    /* the first run of the worlds sweep (world 1) is one data shard: local equals global */
+    {"local-aux", "--world 4 --ep 2 --dtype f32 --aux-loss-coeff 0.01",
+     "the router weights (layers.*.router.weight) deviate most", "worlds", "--aux-loss-coeff 0.01"},
 };
 
 /* The reference check of one run fails and the diagnosis names the bug. */
@@ -57,7 +62,21 @@ static void check_run(const planted_bug *bug)
     hx_test_check(report, "reduced gradients bit-identical in each group", &tested, &failed);
     assert_true(tested > 0);
     assert_int_equal(failed, 0);
+    /* report.json and report.md carry the diagnosis */
+    const hx_json *d = hx_json_get(report, "diagnosis");
+    assert_non_null(d);
+    assert_int_equal(d->type, HX_JSON_STRING);
+    if (!strstr(d->string, bug->diagnosis))
+        fail_msg("report.json of --inject %s: diagnosis '%s'", bug->name, d->string);
+    assert_string_equal(hx_json_get(report, "inject")->string, bug->name);
     hx_json_free(report);
+    char path[1300], *md = NULL, want[200];
+    snprintf(path, sizeof path, "%s/report.md", dir);
+    assert_int_equal(hx_read_file(path, &md, NULL), SELDP_OK);
+    snprintf(want, sizeof want, "**Diagnosis** (inject %s): step 1: ", bug->name);
+    if (!strstr(md, want) || !strstr(md, bug->diagnosis))
+        fail_msg("report.md of --inject %s lacks its diagnosis", bug->name);
+    free(md);
 }
 
 /* A sweep whose first run is unaffected deviates, and names the bug. */
@@ -67,9 +86,9 @@ static void check_sweep(const planted_bug *bug)
     snprintf(dir, sizeof dir, "%s/out", hx_test_dir(bug->name));
     hx_test_run run;
     hx_test_harness(&run,
-                    "--sweep %s --world 8 --dtype f32 --global-batch 255 --steps 2 "
+                    "--sweep %s --world 8 --dtype f32 --global-batch 255 --steps 2 %s "
                     "--inject %s --out %s",
-                    bug->sweep, bug->name, dir);
+                    bug->sweep, bug->sweep_args, bug->name, dir);
     if (run.status != HX_EXIT_FAIL)
         fail_msg("sweep with --inject %s exited %d\n%s%s", bug->name, run.status, run.err, run.out);
     assert_non_null(strstr(run.out, "DEVIATES"));
@@ -85,6 +104,8 @@ static void check_sweep(const planted_bug *bug)
     const char *needle = cause ? cause + 2 : bug->diagnosis;
     if (strcmp(bug->name, "rank-mean") == 0)
         needle = "a per-rank token mean instead of the global token mean? (torchtitan #1842)";
+    if (strcmp(bug->name, "local-aux") == 0)
+        needle = "the router weights (layers.*.router.weight) deviate most";
     if (!strstr(md, needle))
         fail_msg("sweep.md of --inject %s lacks '%s':\n%s", bug->name, needle, md);
     free(md);
@@ -125,6 +146,34 @@ static void test_tied_twice(void **state)
     check_sweep(&bugs[3]);
 }
 
+static void test_local_aux(void **state)
+{
+    (void)state;
+    check_run(&bugs[4]);
+    check_sweep(&bugs[4]);
+    /* the diagnosis names the cause */
+    hx_test_run run;
+    hx_test_harness(&run, "%s --inject local-aux --steps 1 --out none", bugs[4].run_args);
+    assert_int_equal(run.status, HX_EXIT_FAIL);
+    assert_non_null(strstr(run.out, "with the load-balancing loss in global scope: its statistics "
+                                    "f_e normalized by each data shard's own token count"));
+    /* in local scope the same statistics are right: the bug needs the global scope, and a
+     * load-balancing loss at all; refused before anything is written */
+    const char *refused[] = {"--aux-loss-coeff 0.01 --aux-loss-scope local", ""};
+    for (size_t i = 0; i < 2; i++) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s/out", hx_test_dir(i ? "refused-off" : "refused-local"));
+        hx_test_harness(&run, "--world 4 --ep 2 --dtype f32 %s --inject local-aux --out %s",
+                        refused[i], dir);
+        assert_int_equal(run.status, HX_EXIT_USAGE);
+        assert_non_null(strstr(run.err, "--inject local-aux: expected --aux-loss-coeff > 0 with "
+                                        "--aux-loss-scope global"));
+        assert_non_null(strstr(run.err, i ? "no load-balancing loss" : "--aux-loss-scope local"));
+        assert_null(strchr(strchr(run.err, '\n') + 1, '\n')); /* one line */
+        assert_int_not_equal(access(dir, F_OK), 0);
+    }
+}
+
 /* Without a planted bug, the same runs pass and give no diagnosis. */
 static void test_no_bug(void **state)
 {
@@ -136,6 +185,16 @@ static void test_no_bug(void **state)
             fail_msg("%s exited %d\n%s%s", bugs[i].run_args, run.status, run.err, run.out);
         assert_null(strstr(run.out, "diagnosis:"));
     }
+    /* a passing run's report has none */
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", hx_test_dir("clean"));
+    hx_test_run run;
+    hx_test_harness(&run, "%s --steps 1 --out %s", bugs[0].run_args, dir);
+    assert_int_equal(run.status, HX_EXIT_PASS);
+    hx_json *report = hx_test_report(dir);
+    assert_int_equal(hx_json_get(report, "diagnosis")->type, HX_JSON_NULL);
+    assert_string_equal(hx_json_get(report, "inject")->string, "none");
+    hx_json_free(report);
 }
 
 /* Defects that are not reduction mistakes are not blamed on one: a gradient doubled on one
@@ -159,7 +218,7 @@ static void test_inject_names(void **state)
     hx_test_run run;
     hx_test_harness(&run, "--inject ep_scale");
     assert_int_equal(run.status, HX_EXIT_USAGE);
-    assert_non_null(strstr(run.err, "ep-scale, rank-mean, world-div or tied-twice"));
+    assert_non_null(strstr(run.err, "ep-scale, rank-mean, world-div, tied-twice or local-aux"));
     hx_test_harness(&run, "--help");
     assert_non_null(strstr(run.out, "--inject FAULT"));
     assert_non_null(strstr(run.out, "ep-scale,"));
@@ -171,7 +230,7 @@ int main(void)
         cmocka_unit_test(test_ep_scale),     cmocka_unit_test(test_world_div),
         cmocka_unit_test(test_rank_mean),    cmocka_unit_test(test_tied_twice),
         cmocka_unit_test(test_no_bug),       cmocka_unit_test(test_not_a_framework_bug),
-        cmocka_unit_test(test_inject_names),
+        cmocka_unit_test(test_inject_names), cmocka_unit_test(test_local_aux),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -214,6 +214,125 @@ static void test_malformed_sweep_files(void **state)
     expect_refusal("[{\"ep\": 2, \"ep\": 4}]", gb, "%s:1:12: ");
     expect_refusal("[{\"ep\": 2}]", "--global-batch 64 --dump /tmp/never",
                    "--sweep and --dump exclude each other");
+    /* framework presets and the objective's keys */
+    expect_refusal("[{\"framework\": \"megatron-1\"}]", gb, "%s:1:16: --framework 'megatron-1'");
+    expect_refusal("[{\"framework\": \"torchtitan\", \"order\": \"ep-dp\"}]", gb,
+                   "%s:1:2: layout torchtitan (world 8, tp 1, pp 1, cp 1, ep 4, order ep-dp): "
+                   "torchtitan has no order");
+    expect_refusal("[{\"aux-loss-scope\": \"both\"}]", gb,
+                   "%s:1:21: --aux-loss-scope 'both': expected global or local");
+    expect_refusal("[{\"aux-loss-coeff\": -1}]", gb, "%s:1:21: --aux-loss-coeff '-1'");
+    expect_refusal("[{\"capacity-factor\": true}]", gb,
+                   "%s:1:22: \"capacity-factor\": expected a string or an integer");
+    expect_refusal("[{\"shared-expert-ff\": 8}]", gb,
+                   "%s:1:23: \"shared-expert-ff\": the same in every run of a sweep");
+    expect_refusal("[{\"ep\": 2},\n {\"inject\": \"local-aux\", \"aux-loss-coeff\": 0.01, "
+                   "\"aux-loss-scope\": \"local\"}]",
+                   gb, "%s:2:2: --inject local-aux: expected --aux-loss-coeff > 0 with");
+}
+
+/* Every framework preset at TP = PP = CP = ETP = 1, with each of its orders, trains the same
+ * logical model: the frameworks sweep agrees within f32's tolerance. */
+static void test_frameworks_sweep(void **state)
+{
+    (void)state;
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/out", hx_test_dir("frameworks"));
+    hx_test_run run;
+    hx_test_harness(&run,
+                    "--sweep frameworks --world 8 --ep 4 --dtype f32 --global-batch 255 --steps 2 "
+                    "--out %s",
+                    dir);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("frameworks sweep exited %d\n%s%s", run.status, run.err, run.out);
+    hx_json *s = read_sweep(dir);
+    const hx_json *runs = hx_json_get(s, "runs");
+    static const char *const expected[][2] = {{"megatron", "tp-cp-ep-dp-pp"},
+                                              {"megatron", "tp-cp-dp-ep-pp"},
+                                              {"megatron-0.9", "tp-cp-ep-dp-pp"},
+                                              {"megatron-0.9", "tp-cp-dp-ep-pp"},
+                                              {"deepspeed", "ep-dp"},
+                                              {"deepspeed", "dp-ep"},
+                                              {"torchtitan", "-"}};
+    assert_int_equal(runs->count, 7);
+    for (size_t i = 0; i < runs->count; i++) {
+        const hx_json *r = &runs->items[i];
+        assert_string_equal(hx_json_get(r, "framework")->string, expected[i][0]);
+        assert_string_equal(hx_json_get(r, "order")->string, expected[i][1]);
+        assert_int_equal(hx_test_int(r, "ep"), 4);
+        assert_true(flag(r, "checks_passed"));
+        assert_true(flag(r, "agrees"));
+        assert_true(number(r, "max_loss_deviation") <= 1e-5);
+        assert_true(number(r, "weight_deviation") <= 1e-5);
+    }
+    assert_string_equal(hx_json_get(&runs->items[0], "name")->string,
+                        "w8-megatron-ep4-tp-cp-ep-dp-pp-f32");
+    hx_json_free(s);
+    /* a file names them too */
+    const char *base = hx_test_dir("framework-file");
+    char file[1200];
+    snprintf(file, sizeof file, "%s/sweep.json", base);
+    snprintf(dir, sizeof dir, "%s/out", base);
+    write_text(file, "[{\"framework\": \"deepspeed\", \"order\": \"dp-ep\", \"ep\": 2},\n"
+                     " {\"framework\": \"torchtitan\", \"ep\": 4}, {\"ep\": 8}]\n");
+    hx_test_harness(&run, "--sweep %s --world 8 --dtype f32 --global-batch 99 --steps 2 --out %s",
+                    file, dir);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("framework file exited %d\n%s%s", run.status, run.err, run.out);
+    s = read_sweep(dir);
+    runs = hx_json_get(s, "runs");
+    assert_string_equal(hx_json_get(&runs->items[0], "name")->string, "w8-deepspeed-ep2-dp-ep-f32");
+    assert_string_equal(hx_json_get(&runs->items[1], "framework")->string, "torchtitan");
+    assert_int_equal(hx_json_get(&runs->items[2], "framework")->type, HX_JSON_NULL);
+    hx_json_free(s);
+}
+
+/* The load-balancing loss's scopes are two objectives: in one sweep each is compared with its
+ * own first run and agrees across layouts (global over worlds too, local over the layouts of
+ * one world, whose data shards are the same), while the two differ from each other. */
+static void test_scope_sweep(void **state)
+{
+    (void)state;
+    const char *base = hx_test_dir("scope");
+    char file[1200], dir[1200];
+    snprintf(file, sizeof file, "%s/sweep.json", base);
+    snprintf(dir, sizeof dir, "%s/out", base);
+    write_text(file, "[\n"
+                     " {\"world\": 2, \"ep\": 1, \"aux-loss-coeff\": 0.01},\n"
+                     " {\"world\": 8, \"ep\": 4, \"order\": \"dp-ep\", \"aux-loss-coeff\": 0.01},\n"
+                     " {\"world\": 8, \"ep\": 2, \"aux-loss-coeff\": 0.01, \"aux-loss-scope\": "
+                     "\"local\"},\n"
+                     " {\"world\": 8, \"ep\": 8, \"aux-loss-coeff\": \"0.01\", \"aux-loss-scope\": "
+                     "\"local\"}\n"
+                     "]\n");
+    hx_test_run run;
+    hx_test_harness(&run, "--sweep %s --dtype f32 --global-batch 200 --steps 2 --out %s", file,
+                    dir);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("scope sweep exited %d\n%s%s", run.status, run.err, run.out);
+    assert_non_null(strstr(run.out, "objective aux 0.01 local: compared with run 3; differs from "
+                                    "run 1 (aux 0.01 global) by "));
+    hx_json *s = read_sweep(dir);
+    const hx_json *runs = hx_json_get(s, "runs");
+    static const int baseline[] = {1, 1, 3, 3};
+    for (size_t i = 0; i < 4; i++) {
+        const hx_json *r = &runs->items[i];
+        assert_int_equal(hx_test_int(r, "compared_with_run"), baseline[i]);
+        assert_true(flag(r, "agrees"));
+        assert_true(number(r, "max_loss_deviation") <= 1e-5);
+    }
+    assert_string_equal(hx_json_get(&runs->items[2], "objective")->string, "aux 0.01 local");
+    assert_true(number(&runs->items[1], "objective_deviation_from_run_1") == 0);
+    /* the local scope's loss is another objective: well beyond f32's tolerance from run 1 */
+    assert_true(number(&runs->items[2], "objective_deviation_from_run_1") > 1e-4);
+    assert_true(number(&runs->items[3], "objective_deviation_from_run_1") > 1e-4);
+    hx_json_free(s);
+    char path[1300], *md = NULL;
+    snprintf(path, sizeof path, "%s/sweep.md", dir);
+    assert_int_equal(hx_read_file(path, &md, NULL), SELDP_OK);
+    assert_non_null(strstr(md, "## Objectives"));
+    assert_non_null(strstr(md, "| 3 (w8-ep2-ep-dp-aux-local-f32) | aux 0.01 local | "));
+    free(md);
 }
 
 /* Names that are neither a preset nor a file, and a sweep with nowhere to write. */
@@ -221,13 +340,10 @@ static void test_unknown_presets(void **state)
 {
     (void)state;
     hx_test_run run;
-    hx_test_harness(&run, "--sweep frameworks --global-batch 64 --out %s/x",
-                    hx_test_dir("unknown"));
-    assert_int_equal(run.status, HX_EXIT_USAGE);
-    assert_non_null(strstr(run.err, "--sweep frameworks: this build has no framework presets"));
     hx_test_harness(&run, "--sweep eps --global-batch 64 --out %s/x", hx_test_dir("unknown"));
     assert_int_equal(run.status, HX_EXIT_USAGE);
-    assert_non_null(strstr(run.err, "--sweep eps: not a preset (ep, worlds, worlds-32) and "));
+    assert_non_null(
+        strstr(run.err, "--sweep eps: not a preset (ep, frameworks, worlds, worlds-32) and "));
     hx_test_harness(&run, "--sweep ep --global-batch 64 --out none");
     assert_int_equal(run.status, HX_EXIT_USAGE);
     assert_non_null(strstr(run.err, "--sweep needs --out DIR"));
@@ -259,6 +375,8 @@ int main(void)
         cmocka_unit_test(test_malformed_sweep_files),
         cmocka_unit_test(test_unknown_presets),
         cmocka_unit_test(test_mixed_worlds_need_global_batch),
+        cmocka_unit_test(test_frameworks_sweep),
+        cmocka_unit_test(test_scope_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

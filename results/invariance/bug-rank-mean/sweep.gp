@@ -1,7 +1,7 @@
 # gnuplot sweep.gp (in this folder) draws sweep.png from sweep.dat
 set terminal pngcairo size 1100,900 noenhanced
 set output 'sweep.png'
-set multiplot layout 2,1 title 'sweep worlds: loss per step of every run, and the largest deviation from run 1'
+set multiplot layout 2,1 title 'sweep worlds: loss per step of every run, and the largest deviation from the run compared with'
 set xlabel 'step'
 set ylabel 'loss'
 set xtics 1

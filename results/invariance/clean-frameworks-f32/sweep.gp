@@ -1,0 +1,20 @@
+# gnuplot sweep.gp (in this folder) draws sweep.png from sweep.dat
+set terminal pngcairo size 1100,900 noenhanced
+set output 'sweep.png'
+set multiplot layout 2,1 title 'sweep frameworks: loss per step of every run, and the largest deviation from the run compared with'
+set xlabel 'step'
+set ylabel 'loss'
+set xtics 1
+set key outside right
+plot 'sweep.dat' using 1:3 with linespoints dashtype 1 title 'w8-megatron-ep4-tp-cp-ep-dp-pp-f32', \
+     'sweep.dat' using 1:4 with linespoints dashtype 2 title 'w8-megatron-ep4-tp-cp-dp-ep-pp-f32', \
+     'sweep.dat' using 1:5 with linespoints dashtype 3 title 'w8-megatron-0.9-ep4-tp-cp-ep-dp-pp-f32', \
+     'sweep.dat' using 1:6 with linespoints dashtype 4 title 'w8-megatron-0.9-ep4-tp-cp-dp-ep-pp-f32', \
+     'sweep.dat' using 1:7 with linespoints dashtype 5 title 'w8-deepspeed-ep4-ep-dp-f32', \
+     'sweep.dat' using 1:8 with linespoints dashtype 1 title 'w8-deepspeed-ep4-dp-ep-f32', \
+     'sweep.dat' using 1:9 with linespoints dashtype 2 title 'w8-torchtitan-ep4-f32'
+set logscale y
+set format y '%.0e'
+set ylabel 'relative deviation'
+plot 'sweep.dat' using 1:2 with linespoints lw 2 title 'largest loss deviation', 1e-05 with lines dashtype 2 title 'limit (f32)'
+unset multiplot

@@ -1,0 +1,22 @@
+# gnuplot sweep.gp (in this folder) draws sweep.png from sweep.dat
+set terminal pngcairo size 1100,900 noenhanced
+set output 'sweep.png'
+set multiplot layout 2,1 title 'sweep /work/wt/sweep2/results/invariance/scope.json: loss per step of every run, and the largest deviation from the run compared with'
+set xlabel 'step'
+set ylabel 'loss'
+set xtics 1
+set key outside right
+plot 'sweep.dat' using 1:3 with linespoints dashtype 1 title 'global-w1', \
+     'sweep.dat' using 1:4 with linespoints dashtype 2 title 'global-w2-ep2', \
+     'sweep.dat' using 1:5 with linespoints dashtype 3 title 'global-w4-ep4', \
+     'sweep.dat' using 1:6 with linespoints dashtype 4 title 'global-w8-ep4-dp-ep', \
+     'sweep.dat' using 1:7 with linespoints dashtype 5 title 'global-w8-ep8', \
+     'sweep.dat' using 1:8 with linespoints dashtype 1 title 'local-w8-ep1', \
+     'sweep.dat' using 1:9 with linespoints dashtype 2 title 'local-w8-ep2-dp-ep', \
+     'sweep.dat' using 1:10 with linespoints dashtype 3 title 'local-w8-ep4', \
+     'sweep.dat' using 1:11 with linespoints dashtype 4 title 'local-w8-ep8'
+set logscale y
+set format y '%.0e'
+set ylabel 'relative deviation'
+plot 'sweep.dat' using 1:2 with linespoints lw 2 title 'largest loss deviation', 1e-05 with lines dashtype 2 title 'limit (f32)'
+unset multiplot
