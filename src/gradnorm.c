@@ -92,30 +92,6 @@ static const char *call_str(const norm_header *h, char *buf, size_t size)
     return buf;
 }
 
-static uint64_t fnv1a(uint64_t h, const void *data, size_t bytes)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < bytes; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
-/* Fingerprint of a session's selection, equal on every member of its group (initialize
- * checked that they agree) and, short of a collision, different for another selection. */
-static uint64_t session_digest(const seldp_session *s)
-{
-    uint64_t h = fnv1a(14695981039346656037ull, &s->n_groups, sizeof s->n_groups);
-    for (size_t i = 0; i < s->n_groups; i++) {
-        const session_group *g = &s->groups[i];
-        int64_t fields[2 + SELDP_MAX_DIMS] = {(int64_t)g->tensor.dtype, g->frozen};
-        h = fnv1a(h, g->path, strlen(g->path) + 1);
-        memcpy(fields + 2, g->tensor.shape, (size_t)g->tensor.ndim * sizeof g->tensor.shape[0]);
-        h = fnv1a(h, &g->tensor.ndim, sizeof g->tensor.ndim);
-        h = fnv1a(h, fields, (size_t)(2 + g->tensor.ndim) * sizeof fields[0]);
-    }
-    return h;
-}
-
 static void session_label(const seldp_session *s, char *buf, size_t size)
 {
     if (s->n_groups == 0)
@@ -331,7 +307,7 @@ static void fill_record(const norm_call *c, seldp_status local, unsigned char *b
         norm_part_record r = {0};
         const seldp_session *s = c->parts ? c->parts[i].session : NULL;
         if (s) {
-            r.digest = session_digest(s);
+            r.digest = s->digest;
             r.group_rank = (uint64_t)seldp_comm_rank(s->comm);
             r.group_size = (uint64_t)seldp_comm_size(s->comm);
             r.kind = (uint64_t)c->parts[i].kind;
