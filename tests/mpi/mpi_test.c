@@ -91,6 +91,8 @@ int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *te
         MPI_Finalize();
         return 77;
     }
+    if (getenv("SELDP_MPI_TEST_FILTER")) /* a cmocka pattern: run those tests alone */
+        cmocka_set_test_filter(getenv("SELDP_MPI_TEST_FILTER"));
     int failed = _cmocka_run_group_tests(name, tests, count, NULL, NULL);
     /* Every rank reaches this point: a stuck collective times out instead of hanging. */
     int any = 0;
