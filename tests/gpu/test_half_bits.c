@@ -1,7 +1,7 @@
-/* The bit-level conversion code the CUDA kernels run (src/cuda/half/seldp_half_bits.cuh), compiled for
- * the host and compared with the library's host conversion: every F16 and BF16 pattern,
- * every rounding boundary between consecutive halves, and a sweep of F32 patterns. Needs
- * no GPU, so a GPU-less CI still proves that both sides share one set of rules. */
+/* The bit-level conversion code the CUDA kernels run (src/cuda/half/seldp_half_bits.cuh), compiled
+ * for the host and compared with the library's host conversion: every F16 and BF16 pattern, every
+ * rounding boundary between consecutive halves, and a sweep of F32 patterns. Needs no GPU, so a
+ * GPU-less CI still proves that both sides share one set of rules. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
