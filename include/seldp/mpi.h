@@ -31,7 +31,9 @@
  * - CUDA buffers are staged through pinned host memory.
  * - After a timeout or abort, MPI may still hold the failed operation's buffers (it
  *   cannot cancel a collective): do not reuse or free them while this world's
- *   communicators exist.
+ *   communicators exist. While such an operation is pending, Open MPI may also be unable
+ *   to create a new communicator of the same parent: a later seldp_mpi_comm_init on it can
+ *   time out (seen after an abort that landed inside a broadcast).
  * - MPI has no non-blocking split: seldp_comm_split calls MPI_Comm_split once the headers
  *   show that every rank has arrived. A rank that times out at that very moment can leave
  *   the others inside MPI_Comm_split.
