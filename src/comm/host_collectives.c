@@ -190,8 +190,8 @@ static void sum_chunked(const host_slot *s, int size, size_t seg, size_t begin, 
     }
 }
 
-/* Elements [begin, end) of segment seg: the register kernel for F32 and BF16 in groups
- * of at most HOST_SUM_MAX_RANKS, else the chunked path (F16, larger groups). */
+/* Elements [begin, end) of segment seg: the register kernel in groups of at most
+ * HOST_SUM_MAX_RANKS, else the chunked path. */
 static void sum_range(const host_slot *s, int size, size_t seg, size_t begin, size_t end,
                       const seldp__sum_mode *m)
 {
@@ -202,8 +202,7 @@ static void sum_range(const host_slot *s, int size, size_t seg, size_t begin, si
     bool fast = size <= HOST_SUM_MAX_RANKS;
     for (int r = 0; r < size && fast; r++) {
         sum_side d = side_of(&s[r], seg, begin);
-        fast = (!d.in || d.in_dtype == SELDP_F32 || d.in_dtype == SELDP_BF16) &&
-               (d.out_dtype == SELDP_F32 || d.out_dtype == SELDP_BF16);
+        fast = (!d.in || seldp__host_sum_dtype(d.in_dtype)) && seldp__host_sum_dtype(d.out_dtype);
         in[r] = d.in;
         in_dtype[r] = d.in_dtype;
         out[r] = d.out;

@@ -1,5 +1,10 @@
 /* The SIMD kernels of the host transport's reductions (see host_sum.h): SSE2, AVX2 and
- * AVX-512 blocks of 16 elements, chosen at run time, and the scalar reference they match. */
+ * AVX-512 blocks of 16 elements, chosen at run time, and the scalar reference they match.
+ *
+ * F32, BF16 and F16 inputs and outputs all take the same register path. The half
+ * conversions are those of src/half_simd.h: BF16 by integer shifts and rounding, F16 by
+ * F16C (VCVTPH2PS/VCVTPS2PH, 256 and 512 bits). The 128-bit kernel, for CPUs without AVX2
+ * and F16C, converts F16 through the scalar functions of src/dtype.c a block at a time. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +20,7 @@
 #endif
 
 #include "comm/host_sum.h"
+#include "half_simd.h"
 
 seldp__simd_width seldp__host_simd_of_cpu(void)
 {
@@ -26,7 +32,7 @@ seldp__simd_width seldp__host_simd_of_cpu(void)
 #if HOST_AVX2
     if (__builtin_cpu_supports("avx512f"))
         have = SIMD_512;
-    else if (__builtin_cpu_supports("avx2"))
+    else if (seldp__cpu_has_f16c())
         have = SIMD_256;
 #endif
     return have < cap ? have : cap;
@@ -37,13 +43,15 @@ static float sum_scale(float x, const seldp__sum_mode *m)
     return m->scaled ? (float)((double)x * m->scale) : x;
 }
 
-/* Element i of one rank's input (F32 or BF16; NULL counts as +0), exactly in F32. */
+/* Element i of one rank's input (NULL counts as +0), exactly in F32. */
 static float input_at(const void *in, seldp_dtype dtype, size_t i)
 {
     if (!in)
         return 0.0f;
-    return dtype == SELDP_F32 ? ((const float *)in)[i]
-                              : seldp_bf16_to_f32(((const uint16_t *)in)[i]);
+    if (dtype == SELDP_F32)
+        return ((const float *)in)[i];
+    uint16_t h = ((const uint16_t *)in)[i];
+    return dtype == SELDP_BF16 ? seldp_bf16_to_f32(h) : seldp_f16_to_f32(h);
 }
 
 /* Element i summed over the ranks in rank order, then scaled. */
@@ -60,8 +68,10 @@ static void output_at(void *out, seldp_dtype dtype, size_t i, float v)
 {
     if (dtype == SELDP_F32)
         ((float *)out)[i] = v;
-    else
+    else if (dtype == SELDP_BF16)
         ((uint16_t *)out)[i] = seldp_f32_to_bf16(v);
+    else
+        ((uint16_t *)out)[i] = seldp_f32_to_f16(v);
 }
 
 #if defined(__SSE2__)
@@ -76,7 +86,8 @@ static __m128 sum_scale4(__m128 x, const seldp__sum_mode *m)
 }
 
 /* Elements i..i+15 of one rank's input as four F32 vectors: a BF16's bits are the top
- * half of its F32's, so widening is exact; NULL gives +0. */
+ * half of its F32's, so widening is exact; an F16 goes through seldp_f16_to_f32; NULL
+ * gives +0. */
 static void load16(const void *in, seldp_dtype dtype, size_t i, __m128 v[4])
 {
     if (!in) {
@@ -85,43 +96,41 @@ static void load16(const void *in, seldp_dtype dtype, size_t i, __m128 v[4])
         const float *f = (const float *)in + i;
         for (int k = 0; k < 4; k++)
             v[k] = _mm_loadu_ps(f + 4 * k);
-    } else {
+    } else if (dtype == SELDP_BF16) {
         const uint16_t *h = (const uint16_t *)in + i;
-        __m128i z = _mm_setzero_si128();
         __m128i lo = _mm_loadu_si128((const __m128i *)h);
         __m128i hi = _mm_loadu_si128((const __m128i *)(h + 8));
-        v[0] = _mm_castsi128_ps(_mm_unpacklo_epi16(z, lo));
-        v[1] = _mm_castsi128_ps(_mm_unpackhi_epi16(z, lo));
-        v[2] = _mm_castsi128_ps(_mm_unpacklo_epi16(z, hi));
-        v[3] = _mm_castsi128_ps(_mm_unpackhi_epi16(z, hi));
+        v[0] = seldp__bf16x4_lo_to_f32(lo);
+        v[1] = seldp__bf16x4_hi_to_f32(lo);
+        v[2] = seldp__bf16x4_lo_to_f32(hi);
+        v[3] = seldp__bf16x4_hi_to_f32(hi);
+    } else {
+        float f[16];
+        seldp_half_to_f32(SELDP_F16, (const uint16_t *)in + i, f, 16);
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm_loadu_ps(f + 4 * k);
     }
 }
 
-/* seldp_f32_to_bf16 on four lanes: round to nearest even, a NaN stays a quiet NaN. The
- * result is sign-extended to 32 bits so that _mm_packs_epi32 keeps it exactly. */
-static __m128i bf16x4(__m128 x)
-{
-    __m128i b = _mm_castps_si128(x);
-    __m128i lsb = _mm_and_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(1));
-    __m128i rounded =
-        _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(b, _mm_set1_epi32(0x7fff)), lsb), 16);
-    __m128i nan =
-        _mm_cmpgt_epi32(_mm_and_si128(b, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
-    __m128i quiet = _mm_or_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(0x40));
-    __m128i r = _mm_or_si128(_mm_and_si128(nan, quiet), _mm_andnot_si128(nan, rounded));
-    return _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);
-}
-
 /* A block of 16 results as the bytes of the output dtype, converted once for every output:
- * F32 in the four vectors, BF16 in the first two. */
+ * F32 in the four vectors, BF16 or F16 in the first two. */
 static void encode16(seldp_dtype dtype, const __m128 v[4], __m128i e[4])
 {
     if (dtype == SELDP_F32) {
         for (int k = 0; k < 4; k++)
             e[k] = _mm_castps_si128(v[k]);
+    } else if (dtype == SELDP_BF16) {
+        e[0] = _mm_packs_epi32(seldp__f32x4_to_bf16(v[0]), seldp__f32x4_to_bf16(v[1]));
+        e[1] = _mm_packs_epi32(seldp__f32x4_to_bf16(v[2]), seldp__f32x4_to_bf16(v[3]));
     } else {
-        e[0] = _mm_packs_epi32(bf16x4(v[0]), bf16x4(v[1]));
-        e[1] = _mm_packs_epi32(bf16x4(v[2]), bf16x4(v[3]));
+        float f[16];
+        uint16_t h[16];
+        for (int k = 0; k < 4; k++)
+            _mm_storeu_ps(f + 4 * k, v[k]);
+        for (int k = 0; k < 16; k++)
+            h[k] = seldp_f32_to_f16(f[k]);
+        e[0] = _mm_loadu_si128((const __m128i *)h);
+        e[1] = _mm_loadu_si128((const __m128i *)(h + 8));
     }
 }
 
@@ -162,9 +171,10 @@ static size_t sum_blocks_sse2(int size, const void *const *in, const seldp_dtype
 #endif
 
 #if HOST_AVX2
-/* The same blocks with 256-bit vectors, for CPUs with AVX2 (half the instructions: the
- * scaling through doubles and the BF16 rounding make the 128-bit kernel compute-bound). */
-#define AVX2 __attribute__((target("avx2")))
+/* The same blocks with 256-bit vectors, for CPUs with AVX2 and F16C (half the
+ * instructions: the scaling through doubles and the BF16 rounding make the 128-bit kernel
+ * compute-bound). */
+#define AVX2 SELDP_TARGET_F16C
 
 AVX2 static void load16_avx2(const void *in, seldp_dtype dtype, size_t i, __m256 v[2])
 {
@@ -174,6 +184,10 @@ AVX2 static void load16_avx2(const void *in, seldp_dtype dtype, size_t i, __m256
         const float *f = (const float *)in + i;
         v[0] = _mm256_loadu_ps(f);
         v[1] = _mm256_loadu_ps(f + 8);
+    } else if (dtype == SELDP_F16) {
+        const uint16_t *h = (const uint16_t *)in + i;
+        v[0] = seldp__f16x8_to_f32(_mm_loadu_si128((const __m128i *)h));
+        v[1] = seldp__f16x8_to_f32(_mm_loadu_si128((const __m128i *)(h + 8)));
     } else {
         const uint16_t *h = (const uint16_t *)in + i;
         __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
@@ -206,12 +220,14 @@ AVX2 static __m256i bf16x8(__m256 x)
     return _mm256_blendv_epi8(rounded, quiet, nan);
 }
 
-/* encode16 with 256-bit vectors: F32 in both, BF16 in the first. */
+/* encode16 with 256-bit vectors: F32 in both, BF16 or F16 in the first. */
 AVX2 static void encode16_avx2(seldp_dtype dtype, const __m256 v[2], __m256i e[2])
 {
     if (dtype == SELDP_F32) {
         e[0] = _mm256_castps_si256(v[0]);
         e[1] = _mm256_castps_si256(v[1]);
+    } else if (dtype == SELDP_F16) {
+        e[0] = _mm256_set_m128i(seldp__f32x8_to_f16(v[1]), seldp__f32x8_to_f16(v[0]));
     } else {
         /* packus works within 128-bit lanes: put the four quarters back in order */
         e[0] = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16x8(v[0]), bf16x8(v[1])), 0xd8);
@@ -263,6 +279,8 @@ AVX512 static __m512 load16_avx512(const void *in, seldp_dtype dtype, size_t i)
     if (dtype == SELDP_F32)
         return _mm512_loadu_ps((const float *)in + i);
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)in + i));
+    if (dtype == SELDP_F16)
+        return seldp__f16x16_to_f32(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
@@ -278,12 +296,14 @@ AVX512 static __m512 sum_scale16(__m512 x, const seldp__sum_mode *m)
         _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
-/* A block of 16 results in the output dtype: 64 bytes of F32, or 32 of BF16 (bf16x4 on
- * sixteen lanes) in the low half. */
+/* A block of 16 results in the output dtype: 64 bytes of F32, or 32 of BF16 (the rounding
+ * of seldp__f32x4_to_bf16 on sixteen lanes) or F16 in the low half. */
 AVX512 static __m512i encode16_avx512(seldp_dtype dtype, __m512 v)
 {
     if (dtype == SELDP_F32)
         return _mm512_castps_si512(v);
+    if (dtype == SELDP_F16)
+        return _mm512_castsi256_si512(seldp__f32x16_to_f16(v));
     __m512i b = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
     __m512i rounded = _mm512_srli_epi32(
@@ -384,9 +404,9 @@ static void sum_partial(seldp__simd_width simd, int size, const void *const *in,
 }
 #endif
 
-/* out[r][i] = convert(scale(sum over r of in[r][i])) for i < n, inputs F32 or BF16 (NULL:
- * zeros), outputs F32 or BF16, size <= HOST_SUM_MAX_RANKS. The sums, the scaling and the rounding
- * are the scalar ones, bit for bit; only the vector width depends on the CPU. */
+/* out[r][i] = convert(scale(sum over r of in[r][i])) for i < n, inputs F32, BF16 or F16
+ * (NULL: zeros), outputs the same, size <= HOST_SUM_MAX_RANKS. The sums, the scaling and the
+ * rounding are the scalar ones, bit for bit; only the vector width depends on the CPU. */
 void seldp__host_sum(int size, const void *const *in, const seldp_dtype *in_dtype, int outs,
                      void *const *out, seldp_dtype out_dtype, size_t n, const seldp__sum_mode *m)
 {
@@ -439,5 +459,5 @@ void seldp__host_sum_scalar(int size, const void *const *in, const seldp_dtype *
 
 bool seldp__host_sum_dtype(seldp_dtype dtype)
 {
-    return dtype == SELDP_F32 || dtype == SELDP_BF16;
+    return dtype == SELDP_F32 || dtype == SELDP_BF16 || dtype == SELDP_F16;
 }

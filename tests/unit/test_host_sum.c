@@ -17,7 +17,7 @@
 #include "seldp/dtype.h"
 
 /* The dtypes the register kernel takes, each as input and as output. */
-static const seldp_dtype dtypes[] = {SELDP_F32, SELDP_BF16};
+static const seldp_dtype dtypes[] = {SELDP_F32, SELDP_BF16, SELDP_F16};
 #define N_DTYPES (sizeof dtypes / sizeof dtypes[0])
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -204,7 +204,7 @@ static void test_every_half_pattern(void **state)
     for (uint32_t i = 0; i < N; i++)
         in[i] = (uint16_t)i;
     seldp__simd_width top = seldp__host_simd_of_cpu();
-    static const seldp_dtype halves[] = {SELDP_BF16};
+    static const seldp_dtype halves[] = {SELDP_BF16, SELDP_F16};
     for (int w = SIMD_128; w <= (int)top; w++) {
         for (int k = 0; k < (int)(sizeof halves / sizeof halves[0]); k++) {
             seldp__sum_mode m = {false, 1.0, false, (seldp__simd_width)w};
@@ -251,7 +251,7 @@ static void test_random_f32_to_half(void **state)
             bits[i] = (bits[i] & ~0xffffu) | 0x8000u;
     }
     seldp__simd_width top = seldp__host_simd_of_cpu();
-    static const seldp_dtype halves[] = {SELDP_BF16};
+    static const seldp_dtype halves[] = {SELDP_BF16, SELDP_F16};
     for (int w = SIMD_128; w <= (int)top; w++) {
         for (int k = 0; k < (int)(sizeof halves / sizeof halves[0]); k++) {
             seldp__sum_mode m = {false, 1.0, false, (seldp__simd_width)w};
