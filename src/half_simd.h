@@ -54,6 +54,26 @@ static inline __m128i seldp__f32x4_to_bf16(__m128 x)
     return _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);
 }
 
+/* seldp__f32x4_to_bf16 on eight lanes (AVX2), the result zero-extended to 32 bits (for
+ * _mm256_packus_epi32). */
+SELDP_TARGET_F16C static inline __m256i seldp__f32x8_to_bf16(__m256 x)
+{
+    __m256i b = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+/* BF16 -> F32 on eight lanes (AVX2). */
+SELDP_TARGET_F16C static inline __m256 seldp__bf16x8_to_f32(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* F16 -> F32 on eight lanes, exactly: VCVTPH2PS, then the quiet bit (F32 bit 22) cleared
  * again in the lanes that held a signalling NaN (exponent all ones, quiet bit clear; an Inf
  * lane has bit 22 clear already). */

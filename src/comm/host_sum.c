@@ -190,10 +190,8 @@ AVX2 static void load16_avx2(const void *in, seldp_dtype dtype, size_t i, __m256
         v[1] = seldp__f16x8_to_f32(_mm_loadu_si128((const __m128i *)(h + 8)));
     } else {
         const uint16_t *h = (const uint16_t *)in + i;
-        __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
-        __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + 8)));
-        v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16));
-        v[1] = _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16));
+        v[0] = seldp__bf16x8_to_f32(_mm_loadu_si128((const __m128i *)h));
+        v[1] = seldp__bf16x8_to_f32(_mm_loadu_si128((const __m128i *)(h + 8)));
     }
 }
 
@@ -207,19 +205,6 @@ AVX2 static __m256 sum_scale8(__m256 x, const seldp__sum_mode *m)
     return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
 
-/* bf16x4 on eight lanes, the result zero-extended (for _mm256_packus_epi32). */
-AVX2 static __m256i bf16x8(__m256 x)
-{
-    __m256i b = _mm256_castps_si256(x);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(
-        _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
-                                     _mm256_set1_epi32(0x7f800000));
-    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
-    return _mm256_blendv_epi8(rounded, quiet, nan);
-}
-
 /* encode16 with 256-bit vectors: F32 in both, BF16 or F16 in the first. */
 AVX2 static void encode16_avx2(seldp_dtype dtype, const __m256 v[2], __m256i e[2])
 {
@@ -230,7 +215,8 @@ AVX2 static void encode16_avx2(seldp_dtype dtype, const __m256 v[2], __m256i e[2
         e[0] = _mm256_set_m128i(seldp__f32x8_to_f16(v[1]), seldp__f32x8_to_f16(v[0]));
     } else {
         /* packus works within 128-bit lanes: put the four quarters back in order */
-        e[0] = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16x8(v[0]), bf16x8(v[1])), 0xd8);
+        e[0] = _mm256_permute4x64_epi64(
+            _mm256_packus_epi32(seldp__f32x8_to_bf16(v[0]), seldp__f32x8_to_bf16(v[1])), 0xd8);
     }
 }
 
