@@ -85,29 +85,42 @@ static void group_release_locked(host_group *g)
 
 /* ---- staging of device buffers ----------------------------------------------------- */
 
-/* A host view of `bytes` at `ptr` on `mem`: the pointer itself for the host, else a
- * pinned buffer, filled from the device when `fill`. Release with seldp__host_stage_release. */
-seldp_status seldp__host_stage_in(const void *ptr, size_t bytes, seldp_device mem, bool fill,
-                                  void **host)
+/* Slices of the staging buffer start on cache lines, as the ranks' buffers would. */
+static size_t stage_round(size_t bytes)
 {
-    if (mem.kind == SELDP_DEVICE_HOST) {
-        *host = (void *)ptr;
-        return SELDP_OK;
-    }
-    seldp_status st = seldp__pinned_alloc(bytes, host);
-    if (st == SELDP_OK && fill && bytes)
-        st = seldp__device_copy(*host, SELDP_HOST_DEVICE, ptr, mem, bytes);
-    if (st != SELDP_OK) {
-        seldp__pinned_free(*host);
-        *host = NULL;
-    }
-    return st;
+    return (bytes + 63) & ~(size_t)63;
 }
 
-void seldp__host_stage_release(void *host, seldp_device mem)
+seldp_status seldp__host_stage(seldp_comm *comm, seldp_device mem, host_stage_view *views, int n)
 {
-    if (mem.kind != SELDP_DEVICE_HOST)
-        seldp__pinned_free(host);
+    host_comm *hc = impl_of(comm);
+    seldp_status st = SELDP_OK;
+    size_t need = 0;
+    for (int i = 0; i < n; i++) {
+        views[i].host = (void *)views[i].ptr;
+        need += stage_round(views[i].bytes);
+    }
+    if (mem.kind == SELDP_DEVICE_HOST)
+        return SELDP_OK;
+    if (need > hc->stage_bytes) {
+        seldp__pinned_free(hc->stage);
+        hc->stage = NULL;
+        hc->stage_bytes = 0;
+        st = seldp__pinned_alloc(need, &hc->stage);
+        if (st == SELDP_OK)
+            hc->stage_bytes = need;
+    }
+    size_t at = 0;
+    for (int i = 0; i < n && st == SELDP_OK; i++) {
+        views[i].host = (char *)hc->stage + at;
+        at += stage_round(views[i].bytes);
+        if (views[i].fill && views[i].bytes)
+            st = seldp__device_copy(views[i].host, SELDP_HOST_DEVICE, views[i].ptr, mem,
+                                    views[i].bytes);
+    }
+    for (int i = 0; i < n && st != SELDP_OK; i++)
+        views[i].host = NULL;
+    return st;
 }
 
 /* ---- split ------------------------------------------------------------------------------ */
@@ -228,6 +241,7 @@ static void host_destroy(seldp_comm *comm)
     pthread_mutex_lock(&hc->world->lock);
     group_release_locked(hc->group);
     pthread_mutex_unlock(&hc->world->lock);
+    seldp__pinned_free(hc->stage);
     free(hc);
     seldp__comm_free(comm);
 }
@@ -257,6 +271,8 @@ static seldp_status comm_wrap(seldp_host_world *w, host_group *g, int rank, seld
         hc->group = g;
         hc->collectives = 0;
         hc->stall_inside_s = 0.0;
+        hc->stage = NULL;
+        hc->stage_bytes = 0;
         comm = seldp__comm_new(&host_ops, rank, g->size, g->world_ranks[rank], device, hc);
     }
     if (!comm) {

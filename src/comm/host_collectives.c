@@ -116,15 +116,14 @@ seldp_status seldp__host_broadcast(seldp_comm *comm, void *buf, size_t bytes, in
                                    seldp_device mem)
 {
     bool is_root = comm->rank == root;
-    void *host = NULL;
+    host_stage_view v = {buf, bytes, is_root, NULL};
     host_slot slot = {.op = OP_BROADCAST, .bytes = bytes, .root = root};
-    slot.staged = seldp__host_stage_in(buf, bytes, mem, is_root, &host);
-    slot.send = host;
-    slot.recv = host;
+    slot.staged = seldp__host_stage(comm, mem, &v, 1);
+    slot.send = v.host;
+    slot.recv = v.host;
     seldp_status st = seldp__host_collective_run(comm, &slot, broadcast_execute, NULL);
     if (st == SELDP_OK && !is_root && mem.kind != SELDP_DEVICE_HOST)
-        st = seldp__device_copy(buf, mem, host, SELDP_HOST_DEVICE, bytes);
-    seldp__host_stage_release(host, mem);
+        st = seldp__device_copy(buf, mem, v.host, SELDP_HOST_DEVICE, bytes);
     return st;
 }
 
@@ -291,22 +290,20 @@ seldp_status seldp__host_allreduce(seldp_comm *comm, const void *send, void *rec
                                    seldp_dtype dtype, seldp_device mem)
 {
     size_t bytes = count * seldp_dtype_size(dtype);
-    void *host = NULL;
     host_slot slot = {.op = OP_ALLREDUCE, .count = count, .dtype = dtype};
     if (mem.kind == SELDP_DEVICE_HOST) {
         slot.send = send;
         slot.recv = recv;
     } else {
-        /* One staging buffer reduced in place. */
-        slot.staged = seldp__host_stage_in(send, bytes, mem, true, &host);
-        slot.send = host;
-        slot.recv = host;
+        /* One staging slice reduced in place. */
+        host_stage_view v = {send, bytes, true, NULL};
+        slot.staged = seldp__host_stage(comm, mem, &v, 1);
+        slot.send = v.host;
+        slot.recv = v.host;
     }
     seldp_status st = seldp__host_collective_run(comm, &slot, allreduce_execute, NULL);
     if (st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST)
-        st = seldp__device_copy(recv, mem, host, SELDP_HOST_DEVICE, bytes);
-    if (mem.kind != SELDP_DEVICE_HOST)
-        seldp__host_stage_release(host, mem);
+        st = seldp__device_copy(recv, mem, slot.recv, SELDP_HOST_DEVICE, bytes);
     return st;
 }
 
@@ -493,23 +490,14 @@ seldp_status seldp__host_allgather(seldp_comm *comm, const void *send, void *rec
                                    seldp_device mem)
 {
     size_t total = bytes * (size_t)comm->size;
-    void *hsend = NULL, *hrecv = NULL;
+    host_stage_view v[2] = {{send, bytes, true, NULL}, {recv, total, false, NULL}};
     host_slot slot = {.op = OP_ALLGATHER, .bytes = bytes};
-    slot.staged = seldp__host_stage_in(send, bytes, mem, true, &hsend);
-    if (slot.staged == SELDP_OK) {
-        slot.staged = seldp__host_stage_in(recv, total, mem, false, &hrecv);
-        if (slot.staged != SELDP_OK) {
-            seldp__host_stage_release(hsend, mem);
-            hsend = NULL;
-        }
-    }
-    slot.send = hsend;
-    slot.recv = hrecv;
+    slot.staged = seldp__host_stage(comm, mem, v, 2);
+    slot.send = v[0].host;
+    slot.recv = v[1].host;
     seldp_status st = seldp__host_collective_run(comm, &slot, allgather_execute, NULL);
     if (st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST)
-        st = seldp__device_copy(recv, mem, hrecv, SELDP_HOST_DEVICE, total);
-    seldp__host_stage_release(hsend, mem);
-    seldp__host_stage_release(hrecv, mem);
+        st = seldp__device_copy(recv, mem, v[1].host, SELDP_HOST_DEVICE, total);
     return st;
 }
 
@@ -587,46 +575,26 @@ static bool alltoallv_execute(const seldp_comm *comm, void *arg)
     return going;
 }
 
-/* Bytes up to the end of the furthest piece. */
-static size_t pieces_extent(const size_t *bytes, const size_t *displs, int n)
-{
-    size_t end = 0;
-    for (int p = 0; p < n; p++)
-        if (bytes[p] && displs[p] + bytes[p] > end)
-            end = displs[p] + bytes[p];
-    return end;
-}
-
 seldp_status seldp__host_alltoallv(seldp_comm *comm, const void *send, const size_t *send_bytes,
                                    const size_t *send_displs, void *recv, const size_t *recv_bytes,
-                                   const size_t *recv_displs, seldp_device mem)
+                                   const size_t *recv_displs, seldp_device mem, size_t send_extent,
+                                   size_t recv_extent)
 {
-    size_t send_extent = pieces_extent(send_bytes, send_displs, comm->size);
-    size_t recv_extent = pieces_extent(recv_bytes, recv_displs, comm->size);
-    void *hsend = NULL, *hrecv = NULL;
+    host_stage_view v[2] = {{send, send_extent, true, NULL}, {recv, recv_extent, false, NULL}};
     host_slot slot = {.op = OP_ALLTOALLV,
                       .send_bytes = send_bytes,
                       .send_displs = send_displs,
                       .recv_bytes = recv_bytes,
                       .recv_displs = recv_displs};
-    slot.staged = seldp__host_stage_in(send, send_extent, mem, true, &hsend);
-    if (slot.staged == SELDP_OK) {
-        slot.staged = seldp__host_stage_in(recv, recv_extent, mem, false, &hrecv);
-        if (slot.staged != SELDP_OK) {
-            seldp__host_stage_release(hsend, mem);
-            hsend = NULL;
-        }
-    }
-    slot.send = hsend;
-    slot.recv = hrecv;
+    slot.staged = seldp__host_stage(comm, mem, v, 2);
+    slot.send = v[0].host;
+    slot.recv = v[1].host;
     seldp_status st = seldp__host_collective_run(comm, &slot, alltoallv_execute, NULL);
     /* Copy back only the pieces received, leaving the rest of recv as it was. */
     for (int p = 0; st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST && p < comm->size; p++)
         if (recv_bytes[p])
             st = seldp__device_copy((char *)recv + recv_displs[p], mem,
-                                    (char *)hrecv + recv_displs[p], SELDP_HOST_DEVICE,
+                                    (char *)v[1].host + recv_displs[p], SELDP_HOST_DEVICE,
                                     recv_bytes[p]);
-    seldp__host_stage_release(hsend, mem);
-    seldp__host_stage_release(hrecv, mem);
     return st;
 }

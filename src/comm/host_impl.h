@@ -62,8 +62,8 @@ struct host_group {
      * collectives on the group), so a rank publishing its next collective never
      * overwrites a slot another rank may still read */
     host_slot *slots;
-    unsigned char *eager;             /* [2][size][EAGER_MAX], by parity like the slots */
-    rank_counter *entered;            /* phases each rank has entered (see seldp__host_phase_wait) */
+    unsigned char *eager;  /* [2][size][EAGER_MAX], by parity like the slots */
+    rank_counter *entered; /* phases each rank has entered (see seldp__host_phase_wait) */
     _Alignas(64) atomic_int sleepers; /* ranks waiting on cond */
     _Alignas(64) int refs;            /* communicators holding the group */
     pthread_cond_t cond;
@@ -91,6 +91,8 @@ typedef struct host_comm {
     host_group *group;
     uint64_t collectives;  /* entered on this group: the parity of the current one */
     double stall_inside_s; /* armed by SELDP__FAULT_STALL_INSIDE for the current collective */
+    void *stage;           /* pinned staging of device buffers, grow-only (seldp__host_stage) */
+    size_t stage_bytes;
 } host_comm;
 
 static inline host_comm *impl_of(const seldp_comm *comm)
@@ -182,16 +184,27 @@ seldp_status seldp__host_allgatherv(seldp_comm *comm, const void *send, size_t s
                                     void **recv, size_t *recv_bytes);
 seldp_status seldp__host_alltoallv(seldp_comm *comm, const void *send, const size_t *send_bytes,
                                    const size_t *send_displs, void *recv, const size_t *recv_bytes,
-                                   const size_t *recv_displs, seldp_device mem);
+                                   const size_t *recv_displs, seldp_device mem, size_t send_extent,
+                                   size_t recv_extent);
 seldp_status seldp__host_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args);
 
 /* ---- staging of device buffers (host.c) -------------------------------------------- */
 
-/* A host view of `bytes` at `ptr` on `mem`: the pointer itself for the host, else a
- * pinned buffer, filled from the device when `fill`. Release with seldp__host_stage_release. */
-seldp_status seldp__host_stage_in(const void *ptr, size_t bytes, seldp_device mem, bool fill,
-                                  void **host);
-void seldp__host_stage_release(void *host, seldp_device mem);
+/* One buffer of a collective on the caller's memory, and its host view. */
+typedef struct host_stage_view {
+    const void *ptr; /* the caller's buffer on `mem` */
+    size_t bytes;
+    bool fill;  /* copy the buffer's contents in (an input) */
+    void *host; /* set by seldp__host_stage: where the collective reads and writes it */
+} host_stage_view;
+
+/* Host views of the `n` buffers of a collective on `mem`: each pointer itself for the host;
+ * for a device, consecutive slices of the communicator's pinned staging buffer, filled from
+ * the device where asked. The buffer grows to the largest collective seen and is freed
+ * with the communicator, so that collectives of a steady size allocate no pinned memory.
+ * The views stay valid until the communicator's next collective. On failure (out of pinned
+ * memory, a failed device copy) every view is NULL. */
+seldp_status seldp__host_stage(seldp_comm *comm, seldp_device mem, host_stage_view *views, int n);
 
 /* ---- fault injection (host_fault.c) ------------------------------------------------- */
 
