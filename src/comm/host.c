@@ -149,7 +149,7 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
     split_member *members = NULL;
     int *world_ranks = NULL;
     seldp_status st = SELDP_OK;
-    host_slot slot = {.op = OP_SPLIT, .color = color, .key = key};
+    host_slot slot = {.call = {.op = OP_SPLIT, .color = color, .key = key}};
 
     st = seldp__host_collective_enter(comm, &slot);
     if (st != SELDP_OK)
@@ -170,8 +170,8 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
         world_ranks = malloc((size_t)parent->size * sizeof *world_ranks);
         if (members && world_ranks) {
             for (int r = 0; r < parent->size; r++)
-                if (s[r].color == color)
-                    members[n++] = (split_member){s[r].key, r};
+                if (s[r].call.color == color)
+                    members[n++] = (split_member){(int)s[r].call.key, r};
             qsort(members, (size_t)n, sizeof *members, split_member_cmp);
             for (int i = 0; i < n; i++) {
                 world_ranks[i] = parent->world_ranks[members[i].parent_rank];
@@ -379,7 +379,7 @@ seldp_status seldp_host_comm_init(seldp_host_world *world, int rank, seldp_devic
         pthread_mutex_unlock(&world->lock);
         goto fail;
     }
-    host_slot slot = {.op = OP_INIT};
+    host_slot slot = {.call = {.op = OP_INIT}};
     SELDP_CHECK(seldp__host_collective_run(comm, &slot, NULL, NULL));
     *out = comm;
     return SELDP_OK;

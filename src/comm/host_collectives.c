@@ -75,7 +75,7 @@ static void stream_fence(bool stream)
 
 seldp_status seldp__host_barrier(seldp_comm *comm)
 {
-    host_slot slot = {.op = OP_BARRIER};
+    host_slot slot = {.call = {.op = OP_BARRIER}};
     return seldp__host_collective_run(comm, &slot, NULL, NULL);
 }
 
@@ -91,8 +91,8 @@ static bool broadcast_execute(const seldp_comm *comm, void *arg)
     (void)arg;
     const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
-    size_t bytes = s[comm->rank].bytes;
-    int root = s[comm->rank].root;
+    size_t bytes = (size_t)s[comm->rank].call.bytes;
+    int root = (int)s[comm->rank].call.root;
     size_t slice = slice_elems(bytes, g->size, 1);
     size_t begin = slice * (size_t)comm->rank;
     if (begin >= bytes || g->size == 1)
@@ -117,8 +117,8 @@ seldp_status seldp__host_broadcast(seldp_comm *comm, void *buf, size_t bytes, in
 {
     bool is_root = comm->rank == root;
     host_stage_view v = {buf, bytes, is_root, NULL};
-    host_slot slot = {.op = OP_BROADCAST, .bytes = bytes, .root = root};
-    slot.staged = seldp__host_stage(comm, mem, &v, 1);
+    host_slot slot = {.call = {.op = OP_BROADCAST, .bytes = (int64_t)bytes, .root = root}};
+    slot.call.staged = seldp__host_stage(comm, mem, &v, 1);
     slot.send = v.host;
     slot.recv = v.host;
     seldp_status st = seldp__host_collective_run(comm, &slot, broadcast_execute, NULL);
@@ -139,7 +139,7 @@ typedef struct sum_side {
 static sum_side side_of(const host_slot *s, size_t seg, size_t at)
 {
     sum_side d;
-    if (s->op == OP_REDUCE_FUSED) {
+    if (s->call.op == OP_REDUCE_FUSED) {
         const seldp__reduce_seg *g = &s->fused->segs[seg];
         d.in_dtype = g->in_dtype;
         d.out_dtype = g->out_dtype;
@@ -251,8 +251,8 @@ static bool allreduce_execute(const seldp_comm *comm, void *arg)
     (void)arg;
     const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
-    size_t count = s[comm->rank].count;
-    seldp_dtype dtype = s[comm->rank].dtype;
+    size_t count = (size_t)s[comm->rank].call.count;
+    seldp_dtype dtype = (seldp_dtype)s[comm->rank].call.dtype;
     size_t esize = seldp_dtype_size(dtype);
     size_t slice = slice_elems(count, g->size, esize);
     size_t begin = slice * (size_t)comm->rank;
@@ -290,14 +290,14 @@ seldp_status seldp__host_allreduce(seldp_comm *comm, const void *send, void *rec
                                    seldp_dtype dtype, seldp_device mem)
 {
     size_t bytes = count * seldp_dtype_size(dtype);
-    host_slot slot = {.op = OP_ALLREDUCE, .count = count, .dtype = dtype};
+    host_slot slot = {.call = {.op = OP_ALLREDUCE, .count = (int64_t)count, .dtype = dtype}};
     if (mem.kind == SELDP_DEVICE_HOST) {
         slot.send = send;
         slot.recv = recv;
     } else {
         /* One staging slice reduced in place. */
         host_stage_view v = {send, bytes, true, NULL};
-        slot.staged = seldp__host_stage(comm, mem, &v, 1);
+        slot.call.staged = seldp__host_stage(comm, mem, &v, 1);
         slot.send = v.host;
         slot.recv = v.host;
     }
@@ -332,21 +332,23 @@ void seldp__host_eager_execute(const seldp_comm *comm)
 {
     const host_slot *s = slots_of(comm);
     const host_slot *mine = &s[comm->rank];
-    switch (mine->op) {
+    size_t bytes = (size_t)mine->call.bytes, count = (size_t)mine->call.count;
+    int root = (int)mine->call.root;
+    switch (mine->call.op) {
     case OP_BROADCAST:
-        if (comm->rank != mine->root && mine->bytes)
-            memcpy(mine->recv, eager_of(comm, mine->root), mine->bytes);
+        if (comm->rank != root && bytes)
+            memcpy(mine->recv, eager_of(comm, root), bytes);
         break;
     case OP_ALLGATHER:
-        for (int r = 0; r < comm->size && mine->bytes; r++) {
-            char *dst = (char *)mine->recv + (size_t)r * mine->bytes;
+        for (int r = 0; r < comm->size && bytes; r++) {
+            char *dst = (char *)mine->recv + (size_t)r * bytes;
             /* a rank may gather in place, its send block already at its own offset */
             if (dst != (const char *)s[r].send || r != comm->rank)
-                memcpy(dst, eager_of(comm, r), mine->bytes);
+                memcpy(dst, eager_of(comm, r), bytes);
         }
         break;
     case OP_ALLREDUCE:
-        if (mine->dtype == SELDP_F32 && comm->size <= HOST_SUM_MAX_RANKS) {
+        if (mine->call.dtype == SELDP_F32 && comm->size <= HOST_SUM_MAX_RANKS) {
             const void *in[HOST_SUM_MAX_RANKS];
             seldp_dtype in_dtype[HOST_SUM_MAX_RANKS];
             void *out[1] = {mine->recv};
@@ -355,13 +357,13 @@ void seldp__host_eager_execute(const seldp_comm *comm)
                 in[r] = eager_of(comm, r);
                 in_dtype[r] = SELDP_F32;
             }
-            seldp__host_sum(comm->size, in, in_dtype, 1, out, SELDP_F32, mine->count, &m);
-        } else if (mine->dtype == SELDP_F32) {
-            eager_sum_f32(comm, mine->recv, mine->count);
-        } else if (mine->dtype == SELDP_F64) {
-            eager_sum_f64(comm, mine->recv, mine->count);
+            seldp__host_sum(comm->size, in, in_dtype, 1, out, SELDP_F32, count, &m);
+        } else if (mine->call.dtype == SELDP_F32) {
+            eager_sum_f32(comm, mine->recv, count);
+        } else if (mine->call.dtype == SELDP_F64) {
+            eager_sum_f64(comm, mine->recv, count);
         } else {
-            eager_sum_u64(comm, mine->recv, mine->count);
+            eager_sum_u64(comm, mine->recv, count);
         }
         break;
     default:
@@ -396,7 +398,7 @@ static bool fused_execute(const seldp_comm *comm, void *arg)
     const host_slot *mine = &s[comm->rank];
     const seldp__reduce_fused_args *f = mine->fused;
     const size_t *starts = mine->seg_starts;
-    size_t total = mine->count;
+    size_t total = (size_t)mine->call.count;
     size_t bucket = f->bucket_elems ? f->bucket_elems : total;
     size_t out_bytes = 0;
     for (size_t j = 0; j < f->n_segs; j++)
@@ -437,14 +439,19 @@ static bool fused_execute(const seldp_comm *comm, void *arg)
 seldp_status seldp__host_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args)
 {
     size_t *starts = malloc((args->n_segs + 1) * sizeof *starts);
-    host_slot slot = {.op = OP_REDUCE_FUSED, .fused = args, .seg_starts = starts};
+    host_slot slot = {.call = {.op = OP_REDUCE_FUSED,
+                               .n_segs = (int64_t)args->n_segs,
+                               .bucket_elems = (int64_t)args->bucket_elems,
+                               .scale = args->scale},
+                      .fused = args,
+                      .seg_starts = starts};
     if (starts) {
         starts[0] = 0;
         for (size_t j = 0; j < args->n_segs; j++)
             starts[j + 1] = starts[j] + args->segs[j].count;
-        slot.count = starts[args->n_segs];
+        slot.call.count = (int64_t)starts[args->n_segs];
     } else {
-        slot.staged =
+        slot.call.staged =
             seldp__fail(SELDP_ERR_NOMEM, "rank %d: reduction: out of memory for %zu tensors",
                         comm->rank, args->n_segs);
     }
@@ -472,7 +479,7 @@ static bool allgather_execute(const seldp_comm *comm, void *arg)
     (void)arg;
     const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
-    size_t bytes = s[comm->rank].bytes;
+    size_t bytes = (size_t)s[comm->rank].call.bytes;
     char *recv = s[comm->rank].recv;
     bool stream = bytes * (size_t)g->size * (size_t)g->size >= STREAM_MIN_BYTES, going = true;
     exec_pace p = {comm, 0};
@@ -491,8 +498,8 @@ seldp_status seldp__host_allgather(seldp_comm *comm, const void *send, void *rec
 {
     size_t total = bytes * (size_t)comm->size;
     host_stage_view v[2] = {{send, bytes, true, NULL}, {recv, total, false, NULL}};
-    host_slot slot = {.op = OP_ALLGATHER, .bytes = bytes};
-    slot.staged = seldp__host_stage(comm, mem, v, 2);
+    host_slot slot = {.call = {.op = OP_ALLGATHER, .bytes = (int64_t)bytes}};
+    slot.call.staged = seldp__host_stage(comm, mem, v, 2);
     slot.send = v[0].host;
     slot.recv = v[1].host;
     seldp_status st = seldp__host_collective_run(comm, &slot, allgather_execute, NULL);
@@ -514,13 +521,13 @@ static bool allgatherv_execute(const seldp_comm *comm, void *arg)
     const host_slot *s = slots_of(comm);
     size_t total = 0;
     for (int r = 0; r < g->size; r++) {
-        if (s[r].bytes > SIZE_MAX - total) {
+        if ((size_t)s[r].call.bytes > SIZE_MAX - total) {
             res->status = seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                                       "rank %d: allgatherv: the blobs' total size overflows size_t",
                                       comm->rank);
             return true;
         }
-        total += s[r].bytes;
+        total += (size_t)s[r].call.bytes;
     }
     char *blob = malloc(total ? total : 1);
     if (!blob) {
@@ -532,9 +539,10 @@ static bool allgatherv_execute(const seldp_comm *comm, void *arg)
     exec_pace p = {comm, 0};
     bool going = true;
     for (int r = 0; r < g->size && going; r++) {
-        going = copy_paced(&p, blob + at, s[r].send, s[r].bytes, false);
-        res->recv_bytes[r] = s[r].bytes;
-        at += s[r].bytes;
+        size_t bytes = (size_t)s[r].call.bytes;
+        going = copy_paced(&p, blob + at, s[r].send, bytes, false);
+        res->recv_bytes[r] = bytes;
+        at += bytes;
     }
     res->blob = blob; /* freed by the caller on failure */
     return going;
@@ -543,7 +551,7 @@ static bool allgatherv_execute(const seldp_comm *comm, void *arg)
 seldp_status seldp__host_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
                                     void **recv, size_t *recv_bytes)
 {
-    host_slot slot = {.op = OP_ALLGATHERV, .send = send, .bytes = send_bytes};
+    host_slot slot = {.call = {.op = OP_ALLGATHERV, .bytes = (int64_t)send_bytes}, .send = send};
     allgatherv_result res = {NULL, recv_bytes, SELDP_OK};
     seldp_status st = seldp__host_collective_run(comm, &slot, allgatherv_execute, &res);
     if (st == SELDP_OK)
@@ -581,12 +589,12 @@ seldp_status seldp__host_alltoallv(seldp_comm *comm, const void *send, const siz
                                    size_t recv_extent)
 {
     host_stage_view v[2] = {{send, send_extent, true, NULL}, {recv, recv_extent, false, NULL}};
-    host_slot slot = {.op = OP_ALLTOALLV,
+    host_slot slot = {.call = {.op = OP_ALLTOALLV},
                       .send_bytes = send_bytes,
                       .send_displs = send_displs,
                       .recv_bytes = recv_bytes,
                       .recv_displs = recv_displs};
-    slot.staged = seldp__host_stage(comm, mem, v, 2);
+    slot.call.staged = seldp__host_stage(comm, mem, v, 2);
     slot.send = v[0].host;
     slot.recv = v[1].host;
     seldp_status st = seldp__host_collective_run(comm, &slot, alltoallv_execute, NULL);

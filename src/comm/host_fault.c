@@ -49,7 +49,7 @@ bool seldp__host_fault_strike(seldp_comm *comm, seldp__comm_op op, seldp_status 
         break;
     case SELDP__FAULT_STALL: {
         /* The others give up at their timeout and abort the world, which wakes this wait. */
-        struct timespec deadline = seldp__host_deadline_after(2.0 * w->timeout_s);
+        struct timespec deadline = seldp__proto_deadline_after(2.0 * w->timeout_s);
         while (!w->aborted && pthread_cond_timedwait(&g->cond, &w->lock, &deadline) != ETIMEDOUT)
             ;
         break;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "comm/protocol.h"
 #include "seldp/host.h"
 
 typedef struct host_group host_group;
@@ -25,18 +26,15 @@ typedef struct host_group host_group;
 /* What one rank publishes for one collective. Pointers are host memory (staged). Each
  * slot has cache lines of its own, so that ranks publishing at once do not contend. */
 typedef struct host_slot {
-    _Alignas(64) seldp__comm_op op;
-    seldp_status staged; /* SELDP_OK, or why this rank could not prepare its buffers */
+    /* the call (comm/protocol.h): op, staged, root, bytes (broadcast and allgather: per
+     * rank; allgatherv: this rank's blob), count (allreduce; fused: the elements of every
+     * segment), dtype, color and key (split), n_segs, bucket_elems and scale (fused) */
+    _Alignas(64) seldp__call_header call;
     const void *send;
     void *recv;
-    size_t bytes; /* broadcast and allgather: per rank; allgatherv: this rank's blob */
-    size_t count; /* allreduce */
-    seldp_dtype dtype;
-    int root;
     const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs; /* alltoallv */
-    int color, key;                                                    /* split */
     host_group *new_group;                 /* split: published by the new group's rank 0 */
-    const seldp__reduce_fused_args *fused; /* fused reduction; count holds its elements */
+    const seldp__reduce_fused_args *fused; /* fused reduction */
     const size_t *seg_starts;              /* fused: n_segs + 1 prefix sums of the counts */
     bool finished; /* written before "leave": this rank's share of the execute step is done */
 } host_slot;
@@ -128,9 +126,6 @@ typedef bool (*seldp__host_execute_fn)(const seldp_comm *comm, void *arg);
 
 /* Mark the world aborted (first reason wins) and wake every waiter. Caller holds w->lock. */
 void seldp__host_world_abort_locked(seldp_host_world *w, seldp_status status, const char *reason);
-
-/* CLOCK_MONOTONIC `seconds` from now, for pthread_cond_timedwait. */
-struct timespec seldp__host_deadline_after(double seconds);
 
 /* Enter one phase of the group's rendezvous and wait for every rank of the group. */
 seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op,

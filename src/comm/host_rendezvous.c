@@ -59,25 +59,21 @@ void seldp__host_world_abort_locked(seldp_host_world *w, seldp_status status, co
 static seldp_status aborted_error_locked(const seldp_comm *comm, seldp__comm_op op)
 {
     seldp_host_world *w = impl_of(comm)->world;
-    return seldp__fail(w->abort_status, "rank %d: %s aborted: %s", comm->rank,
-                       seldp__comm_op_name(op), w->abort_reason);
+    return seldp__proto_aborted(comm->rank, op, w->abort_status, w->abort_reason);
 }
 
-struct timespec seldp__host_deadline_after(double seconds)
+/* Whether rank r of a group has not entered a phase; ctx is a phase_probe. */
+typedef struct phase_probe {
+    const host_group *g;
+    uint64_t gen; /* the phase */
+} phase_probe;
+
+static bool not_entered(const void *ctx, int r)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    /* Clamp so that a huge timeout cannot overflow time_t. */
-    if (!(seconds < 1e9))
-        seconds = 1e9;
-    double whole = floor(seconds);
-    ts.tv_sec += (time_t)whole;
-    ts.tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
+    const phase_probe *p = ctx;
+    /* a rank that arrived and gave up is not missing */
+    return atomic_load_explicit(&p->g->entered[r].value, memory_order_relaxed) <= p->gen &&
+           p->g->entered[r].withdrawn != p->gen + 1;
 }
 
 /* Append the ranks of `g` other than `self` that have not entered phase `gen` ("3, 5") to
@@ -86,26 +82,9 @@ struct timespec seldp__host_deadline_after(double seconds)
 static int missing_ranks(const host_group *g, int self, uint64_t gen, bool world_numbering,
                          char *buf, size_t size)
 {
-    bool split = g != g->world->groups;
-    int n = 0;
-    size_t used = strlen(buf);
-    for (int r = 0; r < g->size; r++) {
-        /* a rank that arrived and gave up is not missing */
-        if (r == self || atomic_load_explicit(&g->entered[r].value, memory_order_relaxed) > gen ||
-            g->entered[r].withdrawn == gen + 1)
-            continue;
-        int wr = g->world_ranks[r];
-        if (used < size) {
-            if (world_numbering || !split)
-                used += (size_t)snprintf(buf + used, size - used, "%s%d", n ? ", " : "",
-                                         world_numbering ? wr : r);
-            else
-                used += (size_t)snprintf(buf + used, size - used, "%s%d (world rank %d)",
-                                         n ? ", " : "", r, wr);
-        }
-        n++;
-    }
-    return n;
+    phase_probe probe = {g, gen};
+    return seldp__proto_missing_ranks(g->size, self, g->world_ranks, g != g->world->groups,
+                                      world_numbering, not_entered, &probe, buf, size);
 }
 
 /* How long a waiter spins before it sleeps on the condition variable: long enough to
@@ -113,13 +92,6 @@ static int missing_ranks(const host_group *g, int self, uint64_t gen, bool world
  * futex wake-up costs tens of microseconds), short enough to waste little when a rank
  * is far behind. */
 #define SPIN_NS 20000L
-
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
 
 static bool every_rank_entered(host_group *g, uint64_t phases)
 {
@@ -137,21 +109,22 @@ static bool phase_complete(host_group *g, uint64_t phases)
     return every_rank_entered(g, phases) && every_rank_entered(g, phases);
 }
 
+typedef struct phase_target {
+    host_group *g;
+    uint64_t phases;
+} phase_target;
+
+static bool phase_done(void *arg)
+{
+    phase_target *t = arg;
+    return phase_complete(t->g, t->phases);
+}
+
 /* Spin, without the lock, until the phase completes (true) or SPIN_NS have passed. */
 static bool spin_until(host_group *g, uint64_t phases)
 {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        for (int i = 0; i < 16; i++) {
-            if (phase_complete(g, phases))
-                return true;
-            cpu_relax();
-        }
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > SPIN_NS)
-            return false;
-    }
+    phase_target t = {g, phases};
+    return seldp__proto_spin_until(phase_done, &t, SPIN_NS);
 }
 
 /* Take this rank's entry in phase `phases - 1` back, unless every other rank has entered
@@ -180,20 +153,13 @@ static seldp_status stalled_inside_locked(seldp_comm *comm, seldp__comm_op op, u
     seldp_host_world *w = hc->world;
     host_group *g = hc->group;
     char who[256] = "", world_who[200] = "", reason[512];
-    int missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
+    seldp__proto_timeout t = {comm->rank, comm->world_rank, g->size, op, w->timeout_s, 0,
+                              who,        world_who};
+    t.missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
     missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
-    snprintf(reason, sizeof reason,
-             "rank %d timed out after %g s in %s: %s %s stalled inside it (every rank had "
-             "arrived)",
-             comm->world_rank, w->timeout_s, seldp__comm_op_name(op),
-             missing > 1 ? "ranks" : "rank", world_who);
+    seldp_status st = seldp__proto_stalled_inside(&t, true, reason, sizeof reason);
     seldp__host_world_abort_locked(w, SELDP_ERR_TIMEOUT, reason);
-    return seldp__fail(SELDP_ERR_TIMEOUT,
-                       "rank %d: %s timed out after %g s: %s %s stalled inside it (every rank "
-                       "of the %d had arrived; this rank waited for %s to stop touching its "
-                       "buffers)",
-                       comm->rank, seldp__comm_op_name(op), w->timeout_s,
-                       missing > 1 ? "ranks" : "rank", who, g->size, missing > 1 ? "them" : "it");
+    return st;
 }
 
 /* Enter one phase of the group's rendezvous and wait for every rank of the group.
@@ -238,7 +204,7 @@ seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__
 
     pthread_mutex_lock(&w->lock);
     atomic_fetch_add(&g->sleepers, 1);
-    struct timespec deadline = seldp__host_deadline_after(w->timeout_s);
+    struct timespec deadline = seldp__proto_deadline_after(w->timeout_s);
     bool overdue = false;
     while (!phase_complete(g, phases) && (mode == WAIT_FOR_ALL || !atomic_load(&w->aborted))) {
         int rc = pthread_cond_timedwait(&g->cond, &w->lock, &deadline);
@@ -248,24 +214,18 @@ seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__
             overdue = true;
             /* look again now and then: the ranks inside signal when they enter, but a
              * look costs nothing once the collective has failed */
-            deadline = seldp__host_deadline_after(0.05);
+            deadline = seldp__proto_deadline_after(0.05);
             continue;
         }
         if (rc == ETIMEDOUT && give_up(g, comm->rank, phases)) {
             /* The phase will never complete: this rank is out of it. */
-            char who[256] = "", reason[512];
-            int missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
-            char world_who[200] = "";
+            char who[256] = "", world_who[200] = "", reason[512];
+            seldp__proto_timeout t = {comm->rank, comm->world_rank, g->size, op, w->timeout_s, 0,
+                                      who,        world_who};
+            t.missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
             missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
-            snprintf(reason, sizeof reason, "rank %d timed out after %g s in %s waiting for %s %s",
-                     comm->world_rank, w->timeout_s, seldp__comm_op_name(op),
-                     missing > 1 ? "ranks" : "rank", world_who);
+            st = seldp__proto_not_arrived(&t, reason, sizeof reason);
             seldp__host_world_abort_locked(w, SELDP_ERR_TIMEOUT, reason);
-            st = seldp__fail(SELDP_ERR_TIMEOUT,
-                             "rank %d: %s timed out after %g s: %s %s had not arrived (%d of %d "
-                             "ranks missing)",
-                             comm->rank, seldp__comm_op_name(op), w->timeout_s,
-                             missing > 1 ? "ranks" : "rank", who, missing, g->size);
             goto out;
         }
     }
@@ -281,84 +241,40 @@ out:
 
 /* Why the published slots of a collective do not agree, or SELDP_OK. Every rank reads
  * the same slots after "arrive", so every rank reaches the same verdict. */
+/* What the agreement check reads beyond the headers: the other ranks' arrays, which the
+ * ranks of this transport can see. ctx is the group's slots. */
+static const size_t *slot_send_bytes(const void *ctx, int r)
+{
+    return ((const host_slot *)ctx)[r].send_bytes;
+}
+
+static const size_t *slot_recv_bytes(const void *ctx, int r)
+{
+    return ((const host_slot *)ctx)[r].recv_bytes;
+}
+
+static const seldp__reduce_seg *slot_segs(const void *ctx, int r)
+{
+    return ((const host_slot *)ctx)[r].fused->segs;
+}
+
 seldp_status seldp__host_slots_agree(const seldp_comm *comm)
 {
-    const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
-    const host_slot *mine = &s[comm->rank];
-    for (int r = 0; r < g->size; r++) {
-        if (s[r].op != mine->op)
-            return seldp__fail(SELDP_ERR_DISAGREE,
-                               "rank %d: %s: rank %d called %s at the same point, expected every "
-                               "rank to call %s",
-                               comm->rank, seldp__comm_op_name(mine->op), r,
-                               seldp__comm_op_name(s[r].op), seldp__comm_op_name(mine->op));
-    }
-    for (int r = 0; r < g->size; r++) {
-        if (s[r].staged != SELDP_OK)
-            return seldp__fail(s[r].staged, "rank %d: %s: rank %d could not stage its buffers (%s)",
-                               comm->rank, seldp__comm_op_name(mine->op), r,
-                               seldp_status_name(s[r].staged));
-    }
-    for (int r = 0; r < g->size; r++) {
-        const host_slot *o = &s[r];
-        switch (mine->op) {
-        case OP_BROADCAST:
-            if (o->root != s[0].root || o->bytes != s[0].bytes)
-                return seldp__fail(SELDP_ERR_DISAGREE,
-                                   "rank %d: broadcast: rank 0 passed root %d and %zu bytes but "
-                                   "rank %d root %d and %zu bytes",
-                                   comm->rank, s[0].root, s[0].bytes, r, o->root, o->bytes);
-            break;
-        case OP_ALLREDUCE:
-            if (o->count != s[0].count || o->dtype != s[0].dtype)
-                return seldp__fail(SELDP_ERR_DISAGREE,
-                                   "rank %d: allreduce: rank 0 passed %zu elements of %s but rank "
-                                   "%d %zu of %s",
-                                   comm->rank, s[0].count, seldp_dtype_name(s[0].dtype), r,
-                                   o->count, seldp_dtype_name(o->dtype));
-            break;
-        case OP_ALLGATHER:
-            if (o->bytes != s[0].bytes)
-                return seldp__fail(SELDP_ERR_DISAGREE,
-                                   "rank %d: allgather: rank 0 passed %zu bytes but rank %d %zu",
-                                   comm->rank, s[0].bytes, r, o->bytes);
-            break;
-        case OP_REDUCE_FUSED:
-            if (o->count != s[0].count || o->fused->n_segs != s[0].fused->n_segs ||
-                o->fused->bucket_elems != s[0].fused->bucket_elems ||
-                o->fused->scale != s[0].fused->scale)
-                return seldp__fail(SELDP_ERR_DISAGREE,
-                                   "rank %d: reduction: rank 0 passed %zu tensors of %zu elements "
-                                   "(buckets of %zu, scale %g) but rank %d %zu of %zu (buckets of "
-                                   "%zu, scale %g)",
-                                   comm->rank, s[0].fused->n_segs, s[0].count,
-                                   s[0].fused->bucket_elems, s[0].fused->scale, r, o->fused->n_segs,
-                                   o->count, o->fused->bucket_elems, o->fused->scale);
-            for (size_t j = 0; j < o->fused->n_segs; j++) {
-                const seldp__reduce_seg *a = &s[0].fused->segs[j], *b = &o->fused->segs[j];
-                if (a->count != b->count || a->out_dtype != b->out_dtype)
-                    return seldp__fail(SELDP_ERR_DISAGREE,
-                                       "rank %d: reduction: tensor %zu is %zu elements of %s on "
-                                       "rank 0 but %zu of %s on rank %d",
-                                       comm->rank, j, a->count, seldp_dtype_name(a->out_dtype),
-                                       b->count, seldp_dtype_name(b->out_dtype), r);
-            }
-            break;
-        case OP_ALLTOALLV:
-            for (int p = 0; p < g->size; p++) {
-                if (o->send_bytes[p] != s[p].recv_bytes[r])
-                    return seldp__fail(SELDP_ERR_DISAGREE,
-                                       "rank %d: alltoallv: rank %d sends %zu bytes to rank %d, "
-                                       "which expects %zu",
-                                       comm->rank, r, o->send_bytes[p], p, s[p].recv_bytes[r]);
-            }
-            break;
-        default:
-            break;
-        }
-    }
-    return SELDP_OK;
+    seldp__proto_view v = {.size = comm->size,
+                           .rank = comm->rank,
+                           .headers = &s[0].call,
+                           .stride = sizeof *s,
+                           .ctx = s,
+                           .send_bytes = slot_send_bytes,
+                           .recv_bytes = slot_recv_bytes,
+                           .segs = slot_segs};
+    return seldp__proto_agree(&v);
+}
+
+static seldp__comm_op op_of(const host_slot *slot)
+{
+    return (seldp__comm_op)slot->call.op;
 }
 
 /* Whether a collective takes one phase, and the bytes of its eager buffers (see
@@ -366,15 +282,16 @@ seldp_status seldp__host_slots_agree(const seldp_comm *comm)
  * same answer once the slots agree. */
 static bool eager_op(const host_slot *slot)
 {
-    switch (slot->op) {
+    switch (slot->call.op) {
     case OP_INIT:
     case OP_BARRIER:
         return true;
     case OP_BROADCAST:
     case OP_ALLGATHER:
-        return slot->bytes <= EAGER_MAX;
+        return (size_t)slot->call.bytes <= EAGER_MAX;
     case OP_ALLREDUCE:
-        return slot->count <= EAGER_MAX / seldp_dtype_size(slot->dtype);
+        return (size_t)slot->call.count <=
+               EAGER_MAX / seldp_dtype_size((seldp_dtype)slot->call.dtype);
     default:
         return false;
     }
@@ -382,9 +299,11 @@ static bool eager_op(const host_slot *slot)
 
 static size_t eager_bytes(const host_slot *slot)
 {
-    if (!eager_op(slot) || slot->staged != SELDP_OK)
+    if (!eager_op(slot) || slot->call.staged != SELDP_OK)
         return 0;
-    return slot->op == OP_ALLREDUCE ? slot->count * seldp_dtype_size(slot->dtype) : slot->bytes;
+    if (slot->call.op == OP_ALLREDUCE)
+        return (size_t)slot->call.count * seldp_dtype_size((seldp_dtype)slot->call.dtype);
+    return (size_t)slot->call.bytes;
 }
 
 /* The one place every collective of this transport enters: publish this rank's slot
@@ -394,20 +313,20 @@ seldp_status seldp__host_collective_enter(seldp_comm *comm, const host_slot *slo
     host_comm *hc = impl_of(comm);
     seldp_status struck;
     if (atomic_load_explicit(&hc->world->faults_on, memory_order_relaxed) &&
-        seldp__host_fault_strike(comm, slot->op, &struck))
+        seldp__host_fault_strike(comm, op_of(slot), &struck))
         return struck;
     /* A collective of an aborted world fails at once, without publishing anything: an
      * earlier collective failed, so the others may never have finished with the slot. */
     if (atomic_load(&hc->world->aborted))
-        return seldp__host_phase_wait(comm, slot->op, WAIT_UNLESS_ABORTED);
+        return seldp__host_phase_wait(comm, op_of(slot), WAIT_UNLESS_ABORTED);
     /* No other rank reads this slot before the arrival below publishes it, and every rank
      * finished reading its contents of two collectives ago before arriving at the last. */
     hc->collectives++;
     slots_of(comm)[comm->rank] = *slot;
     size_t eager = eager_bytes(slot);
-    if (eager && (slot->op != OP_BROADCAST || comm->rank == slot->root))
+    if (eager && (slot->call.op != OP_BROADCAST || comm->rank == slot->call.root))
         memcpy(eager_of(comm, comm->rank), slot->send, eager);
-    return seldp__host_phase_wait(comm, slot->op, WAIT_UNLESS_ABORTED);
+    return seldp__host_phase_wait(comm, op_of(slot), WAIT_UNLESS_ABORTED);
 }
 
 /* Every rank has finished touching the others' buffers once this returns. */
@@ -492,10 +411,10 @@ seldp_status seldp__host_collective_run(seldp_comm *comm, const host_slot *slot,
         snprintf(why, sizeof why, "%s", seldp_last_error());
     seldp__host_stall_inside(comm); /* an armed stall the execute step did not take */
     slots_of(comm)[comm->rank].finished = finished;
-    st = seldp__host_collective_leave(comm, slot->op);
+    st = seldp__host_collective_leave(comm, op_of(slot));
     if (agreed != SELDP_OK) {
         seldp__set_error(why);
         return agreed;
     }
-    return collective_verdict(comm, slot->op, st);
+    return collective_verdict(comm, op_of(slot), st);
 }
