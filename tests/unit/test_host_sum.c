@@ -76,6 +76,24 @@ static unsigned bits_of(float f)
     return (unsigned)u;
 }
 
+/* Whether bits x of dtype are a NaN. */
+static bool is_nan(seldp_dtype dtype, uint32_t x)
+{
+    if (dtype == SELDP_F32)
+        return (x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu);
+    if (dtype == SELDP_BF16)
+        return (x & 0x7f80u) == 0x7f80u && (x & 0x7fu);
+    return (x & 0x7c00u) == 0x7c00u && (x & 0x3ffu);
+}
+
+static float load(const void *buf, seldp_dtype dtype, size_t i)
+{
+    if (dtype == SELDP_F32)
+        return ((const float *)buf)[i];
+    uint16_t h = ((const uint16_t *)buf)[i];
+    return dtype == SELDP_BF16 ? seldp_bf16_to_f32(h) : seldp_f16_to_f32(h);
+}
+
 static void store(void *buf, seldp_dtype dtype, size_t i, float v)
 {
     if (dtype == SELDP_F32)
@@ -95,7 +113,7 @@ static void check_case(seldp__simd_width simd, int size, const seldp_dtype *in_d
                        double scale, bool stream)
 {
     size_t osize = seldp_dtype_size(out_dtype);
-    size_t cap = (n + shift + 64) * 4;
+    size_t cap = ((n + shift + 64) * 4 + 63) / 64 * 64; /* aligned_alloc wants a multiple */
     unsigned char *a_in[HOST_SUM_MAX_RANKS], *b_in[HOST_SUM_MAX_RANKS];
     unsigned char *a_out[HOST_SUM_MAX_RANKS], *b_out[HOST_SUM_MAX_RANKS];
     const void *ia[HOST_SUM_MAX_RANKS], *ib[HOST_SUM_MAX_RANKS];
@@ -125,6 +143,14 @@ static void check_case(seldp__simd_width simd, int size, const seldp_dtype *in_d
         oa[r] = same ? (void *)ia[r] : a_out[r] + off * osize;
         ob[r] = same ? (void *)ib[r] : b_out[r] + off * osize;
     }
+    /* Where two NaNs meet (or Infs of both signs make one), which payload survives depends
+     * on the operand order the compiler picks for a commutative add, in the scalar code and
+     * in the intrinsics alike (x86 keeps the first operand's): any NaN is right there. */
+    unsigned char *nans = calloc(n + 1, 1);
+    assert_non_null(nans);
+    for (int r = 0; r < size; r++)
+        for (size_t i = 0; ia[r] && i < n; i++)
+            nans[i] += isfinite(load(ia[r], in_dtype[r], i)) ? 0 : 1;
     seldp__sum_mode m = {scale != 1.0, scale, stream, simd};
     seldp__host_sum(size, ia, in_dtype, outs, oa, out_dtype, n, &m);
     seldp__host_sum_scalar(size, ib, in_dtype, outs, ob, out_dtype, n, &m);
@@ -135,6 +161,8 @@ static void check_case(seldp__simd_width simd, int size, const seldp_dtype *in_d
             uint32_t x = 0, y = 0;
             memcpy(&x, (char *)oa[r] + i * osize, osize);
             memcpy(&y, (char *)ob[r] + i * osize, osize);
+            if (nans[i] > 1 && is_nan(out_dtype, x) && is_nan(out_dtype, y))
+                continue;
             fail_msg("simd %d, %d ranks (rank 0 %s, in %s...), %s out %d of %d, n %zu, shift %zu, "
                      "scale %g: element %zu is 0x%x, scalar 0x%x",
                      128 << simd, size, null0 ? "zeros" : seldp_dtype_name(in_dtype[0]),
@@ -150,6 +178,7 @@ static void check_case(seldp__simd_width simd, int size, const seldp_dtype *in_d
             assert_int_equal(a_out[r][(off + n) * osize], 0xa5);
         }
     }
+    free(nans);
     for (int r = 0; r < size; r++) {
         free(a_in[r]);
         free(b_in[r]);
