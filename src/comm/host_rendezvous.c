@@ -153,8 +153,13 @@ static seldp_status stalled_inside_locked(seldp_comm *comm, seldp__comm_op op, u
     seldp_host_world *w = hc->world;
     host_group *g = hc->group;
     char who[256] = "", world_who[200] = "", reason[512];
-    seldp__proto_timeout t = {comm->rank, comm->world_rank, g->size, op, w->timeout_s, 0,
-                              who,        world_who};
+    seldp__proto_timeout t = {.rank = comm->rank,
+                              .world_rank = comm->world_rank,
+                              .size = g->size,
+                              .op = op,
+                              .timeout_s = w->timeout_s,
+                              .who = who,
+                              .world_who = world_who};
     t.missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
     missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
     seldp_status st = seldp__proto_stalled_inside(&t, true, reason, sizeof reason);
@@ -220,8 +225,13 @@ seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__
         if (rc == ETIMEDOUT && give_up(g, comm->rank, phases)) {
             /* The phase will never complete: this rank is out of it. */
             char who[256] = "", world_who[200] = "", reason[512];
-            seldp__proto_timeout t = {comm->rank, comm->world_rank, g->size, op, w->timeout_s, 0,
-                                      who,        world_who};
+            seldp__proto_timeout t = {.rank = comm->rank,
+                                      .world_rank = comm->world_rank,
+                                      .size = g->size,
+                                      .op = op,
+                                      .timeout_s = w->timeout_s,
+                                      .who = who,
+                                      .world_who = world_who};
             t.missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
             missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
             st = seldp__proto_not_arrived(&t, reason, sizeof reason);
