@@ -4,7 +4,8 @@
  * F32, BF16 and F16 inputs and outputs all take the same register path. The half
  * conversions are those of src/half_simd.h: BF16 by integer shifts and rounding, F16 by
  * F16C (VCVTPH2PS/VCVTPS2PH, 256 and 512 bits). The 128-bit kernel, for CPUs without AVX2
- * and F16C, converts F16 through the scalar functions of src/dtype.c a block at a time. */
+ * and F16C, converts F16 a block at a time through the array conversions of src/dtype.c
+ * (F16C where the CPU has it after all, else the scalar functions). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +87,7 @@ static __m128 sum_scale4(__m128 x, const seldp__sum_mode *m)
 }
 
 /* Elements i..i+15 of one rank's input as four F32 vectors: a BF16's bits are the top
- * half of its F32's, so widening is exact; an F16 goes through seldp_f16_to_f32; NULL
+ * half of its F32's, so widening is exact; an F16 goes through seldp_half_to_f32; NULL
  * gives +0. */
 static void load16(const void *in, seldp_dtype dtype, size_t i, __m128 v[4])
 {
@@ -127,8 +128,7 @@ static void encode16(seldp_dtype dtype, const __m128 v[4], __m128i e[4])
         uint16_t h[16];
         for (int k = 0; k < 4; k++)
             _mm_storeu_ps(f + 4 * k, v[k]);
-        for (int k = 0; k < 16; k++)
-            h[k] = seldp_f32_to_f16(f[k]);
+        seldp_f32_to_half(SELDP_F16, f, h, 16);
         e[0] = _mm_loadu_si128((const __m128i *)h);
         e[1] = _mm_loadu_si128((const __m128i *)(h + 8));
     }
