@@ -16,15 +16,27 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SELDP_HALF_SIMD 1
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 
 #define SELDP_TARGET_F16C   __attribute__((target("avx2,f16c")))
 #define SELDP_TARGET_AVX512 __attribute__((target("avx512f")))
 
-/* Whether the CPU has AVX2 and F16C, which the 256-bit conversions need. */
+/* Whether the CPU has AVX2 and F16C, which the 256-bit conversions need. F16C is read from
+ * CPUID (clang's __builtin_cpu_supports does not know it) once per file: CPUID is slow,
+ * and in a virtual machine it traps, while the array conversions ask at every call. */
 static inline bool seldp__cpu_has_f16c(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    static atomic_int known = -1;
+    int has = atomic_load_explicit(&known, memory_order_relaxed);
+    if (has < 0) {
+        unsigned eax, ebx, ecx, edx;
+        has = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) &&
+              __builtin_cpu_supports("avx2");
+        atomic_store_explicit(&known, has, memory_order_relaxed);
+    }
+    return has;
 }
 
 /* BF16 -> F32 on four lanes of the low half of h (SSE2): the BF16 bits are the top half. */
