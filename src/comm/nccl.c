@@ -16,19 +16,16 @@
  * This file: the world (its unique id and abort mark), joining it, splits and teardown, and
  * the transport's table. nccl_wait.c: waiting, failing and staging; nccl_collectives.c: the
  * collectives; nccl_reduce.c: the fused reduction of a session's tensors. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
+#define _POSIX_C_SOURCE 200809L
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <sched.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/nccl_impl.h"
 #include "device.h"

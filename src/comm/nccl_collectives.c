@@ -5,15 +5,12 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <sched.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/nccl_impl.h"
 #include "device.h"
