@@ -186,8 +186,8 @@ __global__ void convert_batch_kernel(const BatchSeg *segs, size_t n_segs, size_t
                 __uint_as_float(seldp__bf16_to_f32_bits(((const uint16_t *)g.src)[j]));
             break;
         case kScaleF32:
-            ((uint32_t *)g.dst)[j] = seldp__scale_convert_bits(((const uint32_t *)g.src)[j],
-                                                               scale, SELDP_SCALE_TO_F32);
+            ((uint32_t *)g.dst)[j] =
+                seldp__scale_convert_bits(((const uint32_t *)g.src)[j], scale, SELDP_SCALE_TO_F32);
             break;
         case kF32ToHalf:
             ((uint16_t *)g.dst)[j] = (uint16_t)seldp__scale_convert_bits(

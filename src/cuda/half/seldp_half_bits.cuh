@@ -116,9 +116,9 @@ SELDP_HD uint16_t seldp__f32_bits_to_bf16(uint32_t x)
 }
 
 /* The dtypes seldp__scale_convert_bits writes. */
-#define SELDP_SCALE_TO_F32 0
+#define SELDP_SCALE_TO_F32  0
 #define SELDP_SCALE_TO_BF16 1
-#define SELDP_SCALE_TO_F16 2
+#define SELDP_SCALE_TO_F16  2
 
 /* An F32 result of a reduction (its bits) scaled and cast in one step, with exactly the
  * rounding of seldp__scale_f32 followed by seldp__convert: (float)((double)x * scale), unless
