@@ -362,9 +362,15 @@ static void compare_gloo_reads_the_program_rows(void **state)
              stub);
     r = run(args);
     assert_int_equal(r->status, 0);
-    assert_non_null(strstr(r->text, "beside Open MPI and gloo"));
-    /* 16 KiB in 2000 us: 0.01 GB/s */
-    assert_non_null(strstr(r->text, "0.01"));
+    const char *table = strstr(r->text, "beside Open MPI and gloo");
+    assert_non_null(table);
+    /* the 16 KiB line: size, seldp, mpi, x mpi, gloo (16 KiB in 2000 us: 0.01 GB/s) */
+    const char *line = strstr(table, "16.0 KiB");
+    assert_non_null(line);
+    char seldp[32], mpi[32], x_mpi[32], gloo[32];
+    assert_int_equal(sscanf(line, "16.0 KiB %31s %31s %31s %31s", seldp, mpi, x_mpi, gloo), 4);
+    assert_string_equal(mpi, "-");
+    assert_string_equal(gloo, "0.01");
 
     /* malformed rows are an error, not a silent gap */
     write_stub(stub, "echo '{\"op\":\"allreduce\",\"impl\":\"gloo\",\"ranks\":3,"
