@@ -6,6 +6,7 @@
  * with non-temporal stores (SSE2 _mm_stream_si128, or AVX2 _mm256_stream_si256 when the CPU
  * has it), which go to memory without that read, and ends with _mm_sfence so that the
  * stores are globally visible when it returns. Both are timed; B is the better of the two. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,10 +65,14 @@ static bench_copy_kind detect(void)
 
 bench_copy_kind bench_stream_kind(void)
 {
-    static bench_copy_kind kind = (bench_copy_kind)-1;
-    if ((int)kind == -1)
-        kind = detect();
-    return kind;
+    /* rank threads may ask at once: each computes the same answer */
+    static atomic_int kind = -1;
+    int k = atomic_load_explicit(&kind, memory_order_relaxed);
+    if (k == -1) {
+        k = (int)detect();
+        atomic_store_explicit(&kind, k, memory_order_relaxed);
+    }
+    return (bench_copy_kind)k;
 }
 
 const char *bench_stream_name(void)
