@@ -102,17 +102,10 @@ seldp_status seldp__host_stage(seldp_comm *comm, seldp_device mem, host_stage_vi
     }
     if (mem.kind == SELDP_DEVICE_HOST)
         return SELDP_OK;
-    if (need > hc->stage_bytes) {
-        seldp__pinned_free(hc->stage);
-        hc->stage = NULL;
-        hc->stage_bytes = 0;
-        st = seldp__pinned_alloc(need, &hc->stage);
-        if (st == SELDP_OK)
-            hc->stage_bytes = need;
-    }
+    st = seldp__pinned_reserve(&hc->stage, need);
     size_t at = 0;
     for (int i = 0; i < n && st == SELDP_OK; i++) {
-        views[i].host = (char *)hc->stage + at;
+        views[i].host = (char *)hc->stage.ptr + at;
         at += stage_round(views[i].bytes);
         if (views[i].fill && views[i].bytes)
             st = seldp__device_copy(views[i].host, SELDP_HOST_DEVICE, views[i].ptr, mem,
@@ -241,7 +234,7 @@ static void host_destroy(seldp_comm *comm)
     pthread_mutex_lock(&hc->world->lock);
     group_release_locked(hc->group);
     pthread_mutex_unlock(&hc->world->lock);
-    seldp__pinned_free(hc->stage);
+    seldp__pinned_release(&hc->stage);
     free(hc);
     seldp__comm_free(comm);
 }
@@ -271,8 +264,7 @@ static seldp_status comm_wrap(seldp_host_world *w, host_group *g, int rank, seld
         hc->group = g;
         hc->collectives = 0;
         hc->stall_inside_s = 0.0;
-        hc->stage = NULL;
-        hc->stage_bytes = 0;
+        hc->stage = (seldp__pinned_buffer){0};
         comm = seldp__comm_new(&host_ops, rank, g->size, g->world_ranks[rank], device, hc);
     }
     if (!comm) {

@@ -19,6 +19,7 @@
 
 #include "comm/comm_impl.h"
 #include "comm/protocol.h"
+#include "device.h"
 #include "seldp/host.h"
 
 typedef struct host_group host_group;
@@ -87,10 +88,9 @@ struct seldp_host_world {
 typedef struct host_comm {
     seldp_host_world *world;
     host_group *group;
-    uint64_t collectives;  /* entered on this group: the parity of the current one */
-    double stall_inside_s; /* armed by SELDP__FAULT_STALL_INSIDE for the current collective */
-    void *stage;           /* pinned staging of device buffers, grow-only (seldp__host_stage) */
-    size_t stage_bytes;
+    uint64_t collectives;       /* entered on this group: the parity of the current one */
+    double stall_inside_s;      /* armed by SELDP__FAULT_STALL_INSIDE for the current collective */
+    seldp__pinned_buffer stage; /* staging of device buffers (seldp__host_stage) */
 } host_comm;
 
 static inline host_comm *impl_of(const seldp_comm *comm)
