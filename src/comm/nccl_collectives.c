@@ -205,21 +205,12 @@ fail:
     return st;
 }
 
-/* Largest end of the per-rank pieces (comm.c has checked that it fits in size_t). */
-static size_t extent(const size_t *bytes, const size_t *displs, int n)
-{
-    size_t end = 0;
-    for (int p = 0; p < n; p++)
-        if (bytes[p] && displs[p] + bytes[p] > end)
-            end = displs[p] + bytes[p];
-    return end;
-}
-
 /* Grouped ncclSend/ncclRecv, one pair per peer with a non-empty piece; our own piece is a
  * device copy on the same stream. */
 seldp_status seldp__nccl_alltoallv(seldp_comm *comm, const void *send, const size_t *send_bytes,
                                    const size_t *send_displs, void *recv, const size_t *recv_bytes,
-                                   const size_t *recv_displs, seldp_device mem)
+                                   const size_t *recv_displs, seldp_device mem, size_t send_extent,
+                                   size_t recv_extent)
 {
     nccl_comm *c = comm->impl;
     seldp_status st = SELDP_OK;
@@ -232,8 +223,6 @@ seldp_status seldp__nccl_alltoallv(seldp_comm *comm, const void *send, const siz
             "nccl rank %d/%d: alltoallv sends itself %zu bytes but expects %zu", me, n,
             send_bytes[me], recv_bytes[me]);
     bool host = mem.kind == SELDP_DEVICE_HOST;
-    size_t send_extent = extent(send_bytes, send_displs, n);
-    size_t recv_extent = extent(recv_bytes, recv_displs, n);
     const char *dsend = send;
     char *drecv = recv;
     if (host) {

@@ -139,7 +139,8 @@ seldp_status seldp__nccl_allgatherv(seldp_comm *comm, const void *send, size_t s
                                     void **recv, size_t *recv_bytes);
 seldp_status seldp__nccl_alltoallv(seldp_comm *comm, const void *send, const size_t *send_bytes,
                                    const size_t *send_displs, void *recv, const size_t *recv_bytes,
-                                   const size_t *recv_displs, seldp_device mem);
+                                   const size_t *recv_displs, seldp_device mem, size_t send_extent,
+                                   size_t recv_extent);
 seldp_status seldp__nccl_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args);
 
 /* Sort a fused reduction's segments into GPU and host ones (c->reduce.side) and make the
