@@ -42,10 +42,12 @@ static double silu_d(double a)
     return a / (1.0 + exp(-a));
 }
 
-static double dsilu_d(double a)
+/* silu(a), and its derivative into *slope, from one exponential */
+static double silu_slope(double a, double *slope)
 {
     double s = 1.0 / (1.0 + exp(-a));
-    return s + a * s * (1.0 - s);
+    *slope = s + a * s * (1.0 - s);
+    return a * s;
 }
 
 /* y = x * r * g with r = 1 / sqrt(mean(x^2) + eps); returns r. */
@@ -133,8 +135,10 @@ typedef struct ref_work {
     double *SA;           /* (L,N,Fs) shared expert pre-activations */
     double *LG;           /* (N,E) one layer's router logits */
     size_t *next;         /* (E) */
+    double *taken;        /* (E) */
     double *X, *A, *S, *YE, *dYE, *dA, *dX; /* one expert: (n,D) (n,F) (n,F) (n,D) ... */
-    double *dW, *dgate, *SS, *dSA;          /* (D*F) (N,K) (N,Fs) (N,Fs) */
+    double *dHr, *P;                        /* one expert: (n,D) rows of dH, (n,F) dH W2 */
+    double *dW, *dgate, *SS, *dSS, *dSA;    /* (D*F) (N,K) (N,Fs) x3 */
     double *Z, *RF, *LOG, *dZ, *dH, *dU;    /* head: (N,D) (N) (N,V); (N,D) x3 */
 } ref_work;
 
@@ -159,6 +163,7 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->SA = tm__ref_calloc(r, L * NF, sizeof(double));
     w->LG = tm__ref_calloc(r, N * E, sizeof(double));
     w->next = tm__ref_calloc(r, E, sizeof(size_t));
+    w->taken = tm__ref_calloc(r, E, sizeof(double));
     w->X = tm__ref_calloc(r, NK * D, sizeof(double));
     w->A = tm__ref_calloc(r, NK * F, sizeof(double));
     w->S = tm__ref_calloc(r, NK * F, sizeof(double));
@@ -170,6 +175,9 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->dgate = tm__ref_calloc(r, NK, sizeof(double));
     w->SS = tm__ref_calloc(r, NF, sizeof(double));
     w->dSA = tm__ref_calloc(r, NF, sizeof(double));
+    w->dSS = tm__ref_calloc(r, NF, sizeof(double));
+    w->dHr = tm__ref_calloc(r, NK * D, sizeof(double));
+    w->P = tm__ref_calloc(r, NK * F, sizeof(double));
     w->Z = tm__ref_calloc(r, N * D, sizeof(double));
     w->RF = tm__ref_calloc(r, N, sizeof(double));
     w->LOG = tm__ref_calloc(r, N * V, sizeof(double));
@@ -177,9 +185,10 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->dH = tm__ref_calloc(r, N * D, sizeof(double));
     w->dU = tm__ref_calloc(r, N * D, sizeof(double));
     if (!w->H || !w->U || !w->R || !w->SEL || !w->GATE || !w->KEPT || !w->FIRST || !w->ORDER ||
-        (losses && (!w->DLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->X || !w->A ||
-        !w->S || !w->YE || !w->dYE || !w->dA || !w->dX || !w->dW || !w->dgate || !w->SS ||
-        !w->dSA || !w->Z || !w->RF || !w->LOG || !w->dZ || !w->dH || !w->dU)
+        (losses && (!w->DLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->taken || !w->X ||
+        !w->A || !w->S || !w->YE || !w->dYE || !w->dA || !w->dX || !w->dW || !w->dgate || !w->SS ||
+        !w->dSA || !w->dSS || !w->dHr || !w->P || !w->Z || !w->RF || !w->LOG || !w->dZ || !w->dH ||
+        !w->dU)
         return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     return SELDP_OK;
 }
@@ -246,7 +255,7 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
         for (int k = 0; k < K; k++)
             gate[t * K + k] = exp(z[sel[t * K + k]] - mx) / den;
     }
-    tm__ref_capacity(c, sel, w->shard_begin, w->n_shards, kept);
+    tm__ref_capacity(c, sel, w->shard_begin, w->n_shards, w->taken, kept);
     if (w->DLR)
         router_loss = tm__ref_router_losses(c, lg, sel, w->shard_begin, w->n_shards, w->RW,
                                             w->DLR + (size_t)l * N * E);
@@ -316,59 +325,64 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
     return loss / (double)N;
 }
 
-/* Expert e of layer l backward: dgate of its slots, its weights' gradients (through LoRA
- * for quantized bases) and its rows' part of dU. The forward is recomputed from X. */
+/* Add the gradient dW (out,in) of an expert linear's effective weight to its trainable
+ * tensors: the dense weight, or LoRA's B and A for W = base + c B A (dB = c dW A^T,
+ * dA = c B^T dW). */
+static void add_linear_grad(const tm_config *c, ref_linear *li, const double *dW)
+{
+    if (c->quant == TM_QUANT_NONE) {
+        const size_t nw = (size_t)li->out * (size_t)li->in;
+        for (size_t i = 0; i < nw; i++)
+            li->dense->g[i] += dW[i];
+        return;
+    }
+    const int r = c->lora_rank;
+    const double lscale = c->lora_alpha / c->lora_rank;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, li->out, r, li->in, lscale, dW, li->in,
+                li->lora_a->w, li->in, 1.0, li->lora_b->g, r);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, li->in, li->out, lscale, li->lora_b->w,
+                r, dW, li->in, 1.0, li->lora_a->g, li->in);
+}
+
+/* Expert e of layer l backward: dgate of its slots, its weights' gradients and its rows'
+ * part of dU. A and S are recomputed from X; the output y = S W2^T is not: with
+ * P = dH W2 (n,F), the gate's gradient dH . y is P . S and dS is gate * P. */
 static void expert_backward(tm_reference *ref, const ref_params *p, ref_work *w, int l, int e)
 {
     const tm_config *c = &ref->cfg;
     const int D = c->d_model, F = c->d_ff, E = c->experts, K = c->top_k;
-    const bool quant = c->quant != TM_QUANT_NONE;
-    const double lscale = quant ? c->lora_alpha / c->lora_rank : 0.0;
     const double *gate = w->GATE + (size_t)l * w->N * (size_t)K;
     ref_linear *w1 = &p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
     const size_t *rows;
     const size_t n = gather_rows(ref, w, l, e, &rows);
     if (n == 0)
         return;
-    expert_forward(c, w1, w2, n, w);
+    for (size_t i = 0; i < n; i++)
+        memcpy(w->dHr + i * D, w->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0,
+                w->A, F);
+    for (size_t i = 0; i < n * (size_t)F; i++)
+        w->S[i] = silu_slope(w->A[i], &w->dA[i]); /* dA holds silu'(A) for now */
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F,
+                0.0, w->P, F);
     for (size_t i = 0; i < n; i++) {
-        const size_t s = rows[i];
-        const double *dh = w->dH + (s / K) * D;
+        const double g = gate[rows[i]];
         double d = 0.0;
-        for (int j = 0; j < D; j++) {
-            d += dh[j] * w->YE[i * D + j];
-            w->dYE[i * D + j] = gate[s] * dh[j];
+        for (int f = 0; f < F; f++) {
+            d += w->P[i * F + f] * w->S[i * F + f];
+            w->dA[i * F + f] *= g * w->P[i * F + f];
         }
-        w->dgate[s] = d;
+        w->dgate[rows[i]] = d;
+        for (int j = 0; j < D; j++)
+            w->dYE[i * D + j] = g * w->dHr[i * D + j];
     }
-    /* w2: dW (D,F) = dY^T S; dS = dY w2 */
+    /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X */
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0,
                 w->dW, F);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dYE, D, w2->w, F,
-                0.0, w->dA, F);
-    ref_linear *pair[2] = {w2, w1};
-    for (int k = 0; k < 2; k++) {
-        ref_linear *li = pair[k];
-        if (k == 1) {
-            for (size_t i = 0; i < n * (size_t)F; i++)
-                w->dA[i] *= dsilu_d(w->A[i]);
-            /* w1: dW (F,D) = dA^T X */
-            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X,
-                        D, 0.0, w->dW, D);
-        }
-        const size_t nw = (size_t)li->out * (size_t)li->in;
-        if (!quant) {
-            for (size_t i = 0; i < nw; i++)
-                li->dense->g[i] += w->dW[i];
-            continue;
-        }
-        /* W = base + c B A: dB = c dW A^T, dA = c B^T dW */
-        const int r = c->lora_rank;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, li->out, r, li->in, lscale, w->dW,
-                    li->in, li->lora_a->w, li->in, 1.0, li->lora_b->g, r);
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, li->in, li->out, lscale,
-                    li->lora_b->w, r, w->dW, li->in, 1.0, li->lora_a->g, li->in);
-    }
+    add_linear_grad(c, w2, w->dW);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0,
+                w->dW, D);
+    add_linear_grad(c, w1, w->dW);
     /* dX (n,D) = dA w1 */
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D,
                 0.0, w->dX, D);
@@ -393,14 +407,14 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
         const size_t NF = N * (size_t)Fs;
         const double *sa = w->SA + (size_t)l * NF;
         for (size_t i = 0; i < NF; i++)
-            w->SS[i] = silu_d(sa[i]);
+            w->SS[i] = silu_slope(sa[i], &w->dSS[i]);
         /* W2s: dW (D,Fs) += dH^T S; dS = dH W2s; W1s: dW (Fs,D) += dA^T u; dU = dA W1s */
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fs, (int)N, 1.0, dH, D, w->SS, Fs,
                     1.0, p->sw2[l]->g, Fs);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, dH, D,
                     p->sw2[l]->w, Fs, 0.0, w->dSA, Fs);
         for (size_t i = 0; i < NF; i++)
-            w->dSA[i] *= dsilu_d(sa[i]);
+            w->dSA[i] *= w->dSS[i];
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fs, D, (int)N, 1.0, w->dSA, Fs, u, D,
                     1.0, p->sw1[l]->g, D);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, w->dSA, Fs,
