@@ -571,18 +571,12 @@ const double *tm_reference_grad(const tm_reference *ref, const char *path, size_
 {
     if (!ref || !path)
         return NULL;
-    const char *want = strcmp(path, "lm_head.weight") == 0 ? "embed.weight" : path;
-    for (size_t i = 0; i < ref->n_entries; i++) {
-        const ref_entry *en = &ref->entries[i];
-        if (strcmp(en->path, want) != 0)
-            continue;
-        if (en->expert >= 0 && tm_reference_routed(ref, en->layer, en->expert) == 0)
-            return NULL;
-        if (numel)
-            *numel = en->n;
-        return en->g;
-    }
-    return NULL;
+    const ref_entry *en = tm__ref_find(ref, path);
+    if (!en || (en->expert >= 0 && tm_reference_routed(ref, en->layer, en->expert) == 0))
+        return NULL;
+    if (numel)
+        *numel = en->n;
+    return en->g;
 }
 
 double tm_rel_error(const seldp_tensor *g, double scale, const double *ref, size_t n)

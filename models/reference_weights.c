@@ -162,6 +162,47 @@ static seldp_status decode_awq(const seldp_model *weights, const char *prefix, i
     return SELDP_OK;
 }
 
+static uint64_t path_hash(const char *path)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *path; path++)
+        h = (h ^ (unsigned char)*path) * 1099511628211ull;
+    return h;
+}
+
+/* The path index of tm__ref_find: the checks look up every tensor of every rank. */
+static seldp_status build_index(tm_reference *ref)
+{
+    size_t n = 16;
+    while (n < 2 * ref->n_entries)
+        n *= 2;
+    ref->slots = tm__ref_calloc(ref, n, sizeof *ref->slots);
+    if (!ref->slots)
+        return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory");
+    ref->n_slots = n;
+    for (size_t i = 0; i < ref->n_entries; i++) {
+        size_t at = (size_t)path_hash(ref->entries[i].path) & (n - 1);
+        while (ref->slots[at])
+            at = (at + 1) & (n - 1);
+        ref->slots[at] = i + 1;
+    }
+    return SELDP_OK;
+}
+
+ref_entry *tm__ref_find(const tm_reference *ref, const char *path)
+{
+    const char *want = strcmp(path, "lm_head.weight") == 0 ? "embed.weight" : path;
+    if (!ref->n_slots)
+        return NULL;
+    for (size_t at = (size_t)path_hash(want) & (ref->n_slots - 1); ref->slots[at];
+         at = (at + 1) & (ref->n_slots - 1)) {
+        ref_entry *en = &ref->entries[ref->slots[at] - 1];
+        if (strcmp(en->path, want) == 0)
+            return en;
+    }
+    return NULL;
+}
+
 seldp_status tm__ref_load_weights(tm_reference *ref, const seldp_model *weights,
                                   const tm_ref_perturb *perturb, ref_params *p)
 {
@@ -239,12 +280,9 @@ seldp_status tm__ref_load_weights(tm_reference *ref, const seldp_model *weights,
     }
     TM_CHECK(add_entry(ref, weights, "final_norm.weight", 1, (int64_t[]){D}, -1, -1, &p->fnorm));
 
+    TM_CHECK(build_index(ref));
     if (perturb) {
-        const char *want =
-            strcmp(perturb->path, "lm_head.weight") == 0 ? "embed.weight" : perturb->path;
-        ref_entry *hit = NULL;
-        for (size_t i = 0; i < ref->n_entries && !hit; i++)
-            hit = strcmp(ref->entries[i].path, want) == 0 ? &ref->entries[i] : NULL;
+        ref_entry *hit = tm__ref_find(ref, perturb->path);
         if (!hit || perturb->index >= hit->n)
             TM_FAIL(SELDP_ERR_INVALID_ARGUMENT,
                     "reference: cannot perturb element %zu of %s (not a trainable parameter "

@@ -42,6 +42,8 @@ struct tm_reference {
     size_t ties_followed;
     ref_entry *entries;
     size_t n_entries, cap_entries;
+    size_t *slots; /* (n_slots, a power of two) open-addressing index by path: entry + 1 */
+    size_t n_slots;
     void **allocs;
     size_t n_allocs, cap_allocs;
 };
@@ -49,6 +51,9 @@ struct tm_reference {
 /* calloc of count * size bytes (one byte at least) that ref frees in tm_reference_destroy;
  * NULL when out of memory. */
 void *tm__ref_calloc(tm_reference *ref, size_t count, size_t size);
+
+/* The entry of `path` (lm_head.weight: the tied embed.weight), or NULL. */
+ref_entry *tm__ref_find(const tm_reference *ref, const char *path);
 
 /* Element i of a float tensor as a double (NAN for a non-float dtype). */
 double tm__ref_stored_float(const seldp_tensor *t, size_t i);
