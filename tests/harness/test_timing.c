@@ -1,10 +1,14 @@
 /* The split of a step's time (harness/timing.h): report.json gives every step's wall time by
  * phase (ranks, reference, check, other) with each phase's CPU time, the phases add up to the
- * step, and the step line names them. No assertion depends on how fast the machine is. */
+ * step, and the step line names them. The run is the scale layout of results/bench/scale.sh
+ * (many experts, top-8) on a small world, so it also pins that the FP64 reference routes and
+ * differentiates a wide top-K as the ranks do. No assertion depends on how fast the machine
+ * is. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,10 +42,18 @@ static void phases_add_up_in_the_report(void **state)
     (void)state;
     hx_test_run run;
     const char *dir = hx_test_dir("report");
-    hx_test_harness(&run, "--world 4 --ep 2 --steps %d --out %s", STEPS, dir);
+    hx_test_harness(&run, "--world 8 --ep 4 --experts 64 --top-k 8 --steps %d --out %s", STEPS,
+                    dir);
     if (run.status != HX_EXIT_PASS)
         fail_msg("exited %d: %s%s", run.status, run.err, run.out);
     hx_json *report = hx_test_report(dir);
+    int64_t tested = 0, failed = 0;
+    hx_test_check(report, "tokens per expert equal the reference's", &tested, &failed);
+    assert_int_equal(tested, (int64_t)STEPS * 2 * 64); /* steps x layers x experts */
+    assert_int_equal(failed, 0);
+    hx_test_check(report, "reduced gradients vs the FP64 reference", &tested, &failed);
+    assert_true(tested > 0);
+    assert_int_equal(failed, 0);
     const hx_json *steps = hx_json_get(report, "steps");
     assert_non_null(steps);
     assert_int_equal(steps->count, STEPS);
