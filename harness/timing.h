@@ -3,7 +3,7 @@
  *
  *   ranks      from the step's start until every rank has finished its update, forward,
  *              backward and reductions (the main thread waits meanwhile: the CPU is the
- *              ranks')
+ *              ranks'); under mpirun, this process's rank and the gathering to rank 0
  *   reference  the replicas copied into the reference's model and the FP64 reference
  *   check      the step's checks
  *   other      the rest: the progress line, --dump, handing the phases over
