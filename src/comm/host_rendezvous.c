@@ -140,6 +140,9 @@ static bool give_up(host_group *g, int rank, uint64_t phases)
         }
     }
     atomic_store(&g->entered[rank].value, phases);
+    /* the phase completed while this rank's entry was out: the arrival that completed it
+     * may have found it incomplete and woken no one */
+    pthread_cond_broadcast(&g->cond);
     return false;
 }
 
@@ -182,7 +185,7 @@ static seldp_status stalled_inside_locked(seldp_comm *comm, seldp__comm_op op, u
  * complete only when two scans in a row find every rank in it, so either every rank sees
  * it complete or none does (the stores and loads are sequentially consistent). Waiters
  * spin first when the group has a core per rank, then sleep on the condition variable,
- * which every arriving rank signals when someone sleeps. */
+ * which the arrival that completes the phase signals when someone sleeps. */
 seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__host_wait_mode mode)
 {
     host_comm *hc = impl_of(comm);
@@ -199,7 +202,11 @@ seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__
     uint64_t phase = atomic_load_explicit(&g->entered[comm->rank].value, memory_order_relaxed);
     uint64_t phases = phase + 1;
     atomic_store(&g->entered[comm->rank].value, phases);
-    if (atomic_load(&g->sleepers)) {
+    /* Only the arrival that completes the phase wakes the sleepers: with thousands of ranks
+     * in a group, a wake-up per arrival costs more than the collective. The entries are
+     * sequentially consistent, so the last rank to enter sees every entry; a rank that
+     * gave up and stays (give_up) wakes them itself. */
+    if (atomic_load(&g->sleepers) && every_rank_entered(g, phases)) {
         pthread_mutex_lock(&w->lock);
         pthread_cond_broadcast(&g->cond);
         pthread_mutex_unlock(&w->lock);
