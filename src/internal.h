@@ -36,4 +36,16 @@ void seldp__set_error(const char *message);
         goto fail;                                                                                 \
     } while (0)
 
+/* Read a caller's config struct into *out, which holds the defaults. Every public config
+ * struct starts with `size_t struct_size`, the size of the struct as the caller's header
+ * declared it (its SELDP_*_CONFIG_INIT sets it), so the struct can grow at the end without
+ * breaking programs built against an older header: the fields the caller knew are copied,
+ * newer fields keep their defaults; a caller built against a newer header may pass a larger
+ * struct whose unknown tail is all zero. cfg NULL: the defaults. `known` is sizeof *out.
+ * Errors (SELDP_ERR_INVALID_ARGUMENT, naming `call`, `type` and `init`): a struct_size below
+ * the first field's end (a struct not started from `init`), or non-zero bytes past what this
+ * library knows. On return out->struct_size is `known`. */
+seldp_status seldp__config_read(void *out, size_t known, const void *cfg, const char *call,
+                                const char *type, const char *init);
+
 #endif

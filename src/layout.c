@@ -203,6 +203,12 @@ seldp_status seldp_layout_create(const seldp_layout_config *cfg, seldp_layout **
     if (!cfg || !out)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "seldp_layout_create: cfg and out must "
                                                        "not be NULL");
+    seldp_layout_config given = SELDP_LAYOUT_CONFIG_INIT;
+    seldp_status read = seldp__config_read(&given, sizeof given, cfg, "seldp_layout_create",
+                                           "seldp_layout_config", "SELDP_LAYOUT_CONFIG_INIT");
+    if (read != SELDP_OK)
+        return read;
+    cfg = &given;
     if ((unsigned)cfg->framework >= SELDP_FRAMEWORKS)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "seldp_layout_create: framework %d is not one of megatron, "

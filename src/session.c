@@ -488,10 +488,14 @@ static seldp_status session_initialize(seldp_comm *comm, seldp_model *model, int
     s->comm = comm;
     s->model = model;
     s->device = seldp_comm_device(comm);
-    s->cfg = cfg ? *cfg : defaults;
+    s->cfg = defaults;
     s->n_ids = n_ids;
 
-    local = init_prepare(s, root, ids, with_buffers, &blob, &blob_bytes, &bucket, &fused);
+    /* a malformed config is this rank's failure, reported on every rank like the others */
+    local = seldp__config_read(&s->cfg, sizeof s->cfg, cfg, init_name(with_buffers),
+                               "seldp_session_config", "SELDP_SESSION_CONFIG_INIT");
+    if (local == SELDP_OK)
+        local = init_prepare(s, root, ids, with_buffers, &blob, &blob_bytes, &bucket, &fused);
     seldp__session_save_message(comm, local, message);
     mine = (init_record){.status = local,
                          .world_rank = seldp_comm_world_rank(comm),

@@ -46,13 +46,16 @@ typedef struct seldp_comm seldp_comm;
 
 /** Settings shared by the transports; grows at the end. */
 typedef struct seldp_comm_config {
-    double timeout_s; /**< every blocking wait gives up after this many seconds */
+    size_t struct_size; /**< sizeof(seldp_comm_config) as the caller's header declared it: set by
+                           SELDP_COMM_CONFIG_INIT, which every config must start from (the struct
+                           grows at the end) */
+    double timeout_s;   /**< every blocking wait gives up after this many seconds */
 } seldp_comm_config;
 
 /** Initializer of seldp_comm_config with the defaults (a 300 s timeout). */
 #define SELDP_COMM_CONFIG_INIT                                                                     \
     {                                                                                              \
-        300.0                                                                                      \
+        sizeof(seldp_comm_config), 300.0                                                           \
     }
 
 /** Rank of the caller within the group (local). */

@@ -19,6 +19,8 @@
 #ifndef SELDP_LAYOUT_H
 #define SELDP_LAYOUT_H
 
+#include <stddef.h>
+
 #include "seldp/export.h"
 #include "seldp/status.h"
 
@@ -54,6 +56,9 @@ typedef enum seldp_group_kind {
 
 /** What to build. Grows at the end. */
 typedef struct seldp_layout_config {
+    size_t struct_size; /**< sizeof(seldp_layout_config) as the caller's header declared it: set by
+                           SELDP_LAYOUT_CONFIG_INIT, which every config must start from (the struct
+                           grows at the end) */
     seldp_framework framework; /**< whose group construction to reproduce */
     int world;                 /**< ranks; tp * pp * cp must divide it (dp is the quotient) */
     int tp;                    /**< tensor parallel size */
@@ -72,7 +77,7 @@ typedef struct seldp_layout_config {
 /** Initializer of seldp_layout_config: Megatron-Core, one rank, every size 1. */
 #define SELDP_LAYOUT_CONFIG_INIT                                                                   \
     {                                                                                              \
-        SELDP_FRAMEWORK_MEGATRON, 1, 1, 1, 1, 1, 0, 0, NULL                                        \
+        sizeof(seldp_layout_config), SELDP_FRAMEWORK_MEGATRON, 1, 1, 1, 1, 1, 0, 0, NULL           \
     }
 
 /** A built layout (opaque, immutable, safe to share between threads). */

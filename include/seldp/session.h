@@ -109,6 +109,9 @@ typedef enum seldp_reduce_path {
 
 /** Session settings; grows at the end. */
 typedef struct seldp_session_config {
+    size_t struct_size; /**< sizeof(seldp_session_config) as the caller's header declared it: set by
+                           SELDP_SESSION_CONFIG_INIT, which every config must start from (the struct
+                           grows at the end) */
     size_t bucket_bytes;           /**< upper bound of one coalesced collective's payload; the same
                                         on every rank */
     bool check_finite;             /**< reduce fails with SELDP_ERR_NONFINITE naming the first
@@ -125,7 +128,7 @@ typedef struct seldp_session_config {
  * check, the reduce path chosen by SELDP_REDUCE_PATH or the transport. */
 #define SELDP_SESSION_CONFIG_INIT                                                                  \
     {                                                                                              \
-        (size_t)25 << 20, false, SELDP_REDUCE_PATH_AUTO, false                                     \
+        sizeof(seldp_session_config), (size_t)25 << 20, false, SELDP_REDUCE_PATH_AUTO, false       \
     }
 
 /** Collective: validate the selection on every rank of `comm`, then broadcast every

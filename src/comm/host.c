@@ -283,8 +283,9 @@ seldp_status seldp_host_world_create(int nranks, const seldp_comm_config *cfg,
     seldp_host_world *w = NULL;
     int *identity = NULL;
     bool lock_ready = false, attr_ready = false;
-    if (!cfg)
-        cfg = &defaults;
+    SELDP_CHECK(seldp__config_read(&defaults, sizeof defaults, cfg, "seldp_host_world_create",
+                                   "seldp_comm_config", "SELDP_COMM_CONFIG_INIT"));
+    cfg = &defaults;
     if (!out)
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "host_world_create: out is NULL");
     if (nranks < 1)

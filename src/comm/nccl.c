@@ -56,9 +56,12 @@ static void world_release(seldp_nccl_world *w)
 static seldp_status world_new(int nranks, const seldp_comm_config *cfg, bool track_joins,
                               seldp_nccl_world **out)
 {
-    seldp_comm_config defaults = SELDP_COMM_CONFIG_INIT;
-    if (!cfg)
-        cfg = &defaults;
+    seldp_comm_config defaults = SELDP_COMM_CONFIG_INIT, given = SELDP_COMM_CONFIG_INIT;
+    seldp_status read = seldp__config_read(&given, sizeof given, cfg, "seldp_nccl_world_create",
+                                           "seldp_comm_config", "SELDP_COMM_CONFIG_INIT");
+    if (read != SELDP_OK)
+        return read;
+    cfg = &given;
     seldp_nccl_world *w = calloc(1, sizeof *w);
     if (!w)
         return seldp__fail(SELDP_ERR_NOMEM, "nccl: out of memory creating a world");

@@ -124,10 +124,16 @@ static void every_accepted_combination(void **state)
                         for (int d = 0; d < 3; d++)
                             for (int e = 0; e < 4; e++)
                                 for (int t = 0; t < 4; t++) {
-                                    seldp_layout_config cfg = {
-                                        (seldp_framework)f, world,  small[a], small[b],
-                                        small[d],           eps[e], etps[t],  16,
-                                        orders[f][o]};
+                                    seldp_layout_config cfg = {sizeof(seldp_layout_config),
+                                                               (seldp_framework)f,
+                                                               world,
+                                                               small[a],
+                                                               small[b],
+                                                               small[d],
+                                                               eps[e],
+                                                               etps[t],
+                                                               16,
+                                                               orders[f][o]};
                                     seldp_layout *l = NULL;
                                     if (seldp_layout_create(&cfg, &l) != SELDP_OK)
                                         continue;

@@ -72,8 +72,16 @@ static void framework_reasons(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const reject_case *c = &cases[i];
-        seldp_layout_config cfg = {c->framework, c->world, c->tp,      c->pp,   c->cp,
-                                   c->ep,        c->etp,   c->experts, c->order};
+        seldp_layout_config cfg = {sizeof(seldp_layout_config),
+                                   c->framework,
+                                   c->world,
+                                   c->tp,
+                                   c->pp,
+                                   c->cp,
+                                   c->ep,
+                                   c->etp,
+                                   c->experts,
+                                   c->order};
         seldp_layout *sentinel = (seldp_layout *)&cfg, *l = sentinel;
         seldp_status st = seldp_layout_create(&cfg, &l);
         if (!c->reason) {
