@@ -566,6 +566,7 @@ void seldp_session_destroy(seldp_session *session)
 {
     if (!session)
         return;
+    seldp__session_async_free(session); /* first: its progress thread uses the staging */
     seldp__device_free(session->device, session->staging);
     free(session->slot_group);
     free(session->groups);
