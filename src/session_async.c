@@ -8,7 +8,9 @@
  *   buckets   the reducible parameters laid out in reverse path order in the session's F32
  *             staging buffer, cut into buckets of cfg.bucket_bytes; bucket b, once every
  *             parameter it holds is marked: this rank's contributions converted into it
- *             (zeros where it has none), one allreduce, the scale by 1/W.
+ *             (zeros where it has none), one allreduce, the scale by 1/W; on a fused
+ *             session (the host-staged transport on host memory) the transport's fused
+ *             reduction does the three in one pass, the same bits, into the staging buffer.
  * The caller's thread marks (under the lock: the container is read there and only there)
  * and, at finish, marks the rest, allocates the results, waits for the thread, and runs
  * the final agreement (status, presence, first non-finite input) and the commit of the
@@ -236,10 +238,11 @@ static const session_group *find_group(const session_async *a, seldp_param_id id
 
 /* --- the progress thread ----------------------------------------------------- */
 
-/* Convert the contributions of the slots that begin before the end of bucket b and have
- * not been packed yet (*next: the next slot in layout order) into the staging buffer,
- * checking finiteness first; every one of them is marked. */
-static seldp_status pack_through(session_async *a, size_t b, size_t *next)
+/* The slots that begin before the end of bucket b and have not been seen yet (*next: the
+ * next slot in layout order), every one of them marked: their finiteness checked and, unless
+ * the transport reads them itself (`convert` false), their contributions converted into the
+ * staging buffer (zeros where this rank has none or is inactive). */
+static seldp_status pack_through(session_async *a, size_t b, size_t *next, bool convert)
 {
     seldp_status st = SELDP_OK;
     seldp_session *s = a->s;
@@ -251,12 +254,15 @@ static seldp_status pack_through(session_async *a, size_t b, size_t *next)
         size_t k = s->n_slots - 1 - *next;
         const reduce_slot *slot = &c->slots[k];
         size_t n = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
-        bool contributes = c->weight > 0 && slot->has_grad;
+        bool contributes;
         if (a->slot_offset[k] >= end)
-            break;
+            break; /* not necessarily marked yet: its slot is not read */
         if (n == 0)
             continue;
+        contributes = c->weight > 0 && slot->has_grad;
         SELDP_CHECK(seldp__reduce_check_finite(c, k));
+        if (!convert)
+            continue;
         batch[n_batch++] = (seldp__convert_seg){
             .dst = s->staging + a->slot_offset[k],
             .src = contributes ? slot->grad.data : NULL, /* NULL: zeros */
@@ -274,13 +280,60 @@ fail:
     return st;
 }
 
+/* Collective, on a fused session (the host-staged transport on host memory): bucket b in
+ * one fused reduction that reads every rank's gradients where they are and writes the
+ * scaled F32 sums into the staging buffer, the bits pack, allreduce and scale give, in one
+ * pass. Each slot's part in the bucket is one segment. */
+static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *first)
+{
+    seldp_session *s = a->s;
+    reduce_call *c = &a->c;
+    size_t lo = b * a->capacity, hi = lo + a->capacity, n = 0;
+
+    /* slots in layout order (rising offsets), from the first that reaches into bucket b */
+    for (size_t j = *first; j < s->n_slots; j++) {
+        size_t k = s->n_slots - 1 - j;
+        const reduce_slot *slot = &c->slots[k];
+        size_t off = a->slot_offset[k];
+        size_t count = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t from = off > lo ? off : lo, to = off + count < hi ? off + count : hi;
+        bool contributes;
+        if (off >= hi)
+            break; /* not necessarily marked yet: its slot is not read */
+        if (off + count <= lo) {
+            *first = j + 1; /* ends before this bucket, so before every later one */
+            continue;
+        }
+        if (count == 0)
+            continue;
+        contributes = c->weight > 0 && slot->has_grad;
+        c->segs[n++] = (seldp__reduce_seg){
+            .in = contributes ? (const char *)slot->grad.data +
+                                    (from - off) * seldp_dtype_size(slot->grad.dtype)
+                              : NULL,
+            .in_dtype = contributes ? slot->grad.dtype : SELDP_F32,
+            .out = s->staging + from,
+            .out_dtype = SELDP_F32,
+            .count = to - from,
+        };
+    }
+    seldp__reduce_fused_args args = {
+        .segs = c->segs,
+        .n_segs = n,
+        .bucket_elems = 0,
+        .scale = c->normalize ? 1.0 / (double)c->global_weight : 1.0,
+        .written = NULL,
+    };
+    return seldp__comm_reduce_fused(s->comm, &args);
+}
+
 /* Collective: the call's collectives, on the progress thread. */
 static seldp_status progress_run(session_async *a)
 {
     seldp_status st = SELDP_OK;
     seldp_session *s = a->s;
     reduce_call *c = &a->c;
-    size_t total = s->slot_elems * sizeof(float), next = 0;
+    size_t total = s->slot_elems * sizeof(float), next = 0, first = 0;
 
     st = seldp__reduce_agree(c, a->mine, a->start_message, NULL);
     if (st != SELDP_OK) {
@@ -301,7 +354,11 @@ static seldp_status progress_run(session_async *a)
         if (cancelled)
             return seldp__fail(SELDP_ERR_ABORTED, "the session was destroyed during the "
                                                   "reduction");
-        SELDP_CHECK(pack_through(a, b, &next));
+        SELDP_CHECK(pack_through(a, b, &next, !s->fused));
+        if (s->fused) {
+            SELDP_CHECK(reduce_bucket_fused(a, b, &first));
+            continue;
+        }
         seldp__bucket_span(total, a->capacity * sizeof(float), b, &offset, &bytes);
         at = s->staging + offset / sizeof(float);
         SELDP_CHECK(
@@ -423,6 +480,9 @@ static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t w
     SELDP_CHECK(seldp__reduce_call_alloc(c, seldp_comm_size(s->comm)));
     if (!(a->mine = calloc(1, c->record_bytes)))
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory for the agreement record");
+    if (s->fused && !(c->segs = calloc(s->n_slots ? s->n_slots : 1, sizeof *c->segs)))
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory planning the buckets of %zu tensors",
+                   s->n_slots);
     SELDP_CHECK(busy_add(s->comm));
     for (size_t k = 0; k < s->n_slots; k++) {
         c->slots[k].offset = a->slot_offset[k];

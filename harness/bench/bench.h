@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-typedef enum bench_op { BENCH_ALLREDUCE, BENCH_BROADCAST, BENCH_REDUCE } bench_op;
+typedef enum bench_op { BENCH_ALLREDUCE, BENCH_BROADCAST, BENCH_REDUCE, BENCH_OVERLAP } bench_op;
 
 #define BENCH_MAX_LIST 64
 
@@ -37,6 +37,7 @@ typedef struct bench_opts {
     bool bound;         /* the memcpy rows and bound fractions (--no-bound turns them off) */
     const char *out;    /* --out PREFIX: also PREFIX.jsonl and PREFIX.csv */
     const char *mpirun; /* --mpirun: the launcher for --compare mpi */
+    double compute_us;  /* --compute-us: overlap, the backward of one layer */
 } bench_opts;
 
 /* One measurement: a line of the table, a JSON object, a CSV row. */

@@ -139,10 +139,12 @@ int main(int argc, char **argv)
             failed = bench_gpu_rows(&o, &rows);
         else if (o.op == BENCH_REDUCE)
             failed = bench_reduce_rows(&o, o.ranks[p], &rows);
+        else if (o.op == BENCH_OVERLAP)
+            failed = bench_overlap_rows(&o, o.ranks[p], &rows);
         else
             failed = bench_host_rows(&o, o.ranks[p], &rows);
         if (!failed && o.compare_mpi && !o.gpu) {
-            if (o.op == BENCH_REDUCE)
+            if (o.op == BENCH_REDUCE || o.op == BENCH_OVERLAP)
                 fprintf(stderr, "seldp-bench: --compare mpi has no reduce; compare the raw "
                                 "allreduce rows with --op allreduce\n");
             else
