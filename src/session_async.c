@@ -14,7 +14,14 @@
  * The caller's thread marks (under the lock: the container is read there and only there)
  * and, at finish, marks the rest, allocates the results, waits for the thread, and runs
  * the final agreement (status, presence, first non-finite input) and the commit of the
- * blocking path (session_commit.c). Nothing is written into the container before then. */
+ * blocking path (session_commit.c). Nothing is written into the container before then.
+ *
+ * Transport calls, the same on every rank: on the progress thread, 1 allgatherv of the
+ * records (and, when some rank failed locally, 1 allgatherv of the messages); then, unless
+ * no rank is active, one allreduce or one fused reduction per bucket, ceil(4 * reducible
+ * elements / bucket_bytes) of them, every reducible parameter included (absent ones as
+ * zeros: presence is known only at finish). On the caller's thread at finish, 1 allgatherv
+ * of the final records (and 1 of the messages after a failure). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <inttypes.h>
@@ -55,8 +62,9 @@ typedef struct session_async {
     id_group *index;      /* selected ids, sorted, with their group */
     size_t n_index;
 
-    /* The call in flight. Under the lock: in_flight, job, cancel, quit, marked, pending. */
-    bool in_flight; /* a start returned SELDP_OK and its finish has not returned */
+    /* The call in flight. Under the lock: job, cancel, quit, marked, pending. */
+    bool in_flight; /* a start returned SELDP_OK and its finish has not returned; read and
+                       written by the caller's thread only */
     bool job;       /* the progress thread has this call's collectives to run */
     bool cancel;    /* seldp_session_destroy: stop at the next wait */
     bool quit;

@@ -282,7 +282,8 @@ SELDP_API seldp_status seldp_session_sum_fp32_start(seldp_session *session, seld
  * SELDP_ERR_NOT_FOUND (id not selected by the session; the reduction goes on unaffected);
  * a gradient that fails a check (SELDP_ERR_FROZEN, _DTYPE, _SHAPE, _DEVICE) or a second
  * mark of one parameter (SELDP_ERR_INVALID_ARGUMENT) is returned here and fails the
- * reduction: finish returns it on every rank. Safe to call from several threads at once. */
+ * reduction: finish returns it on every rank. Safe to call from several threads at once,
+ * but not concurrently with finish. */
 SELDP_API seldp_status seldp_session_mark_ready(seldp_session *session, seldp_param_id id);
 
 /** Collective: end the overlapped reduction. Every selected parameter not yet marked is
