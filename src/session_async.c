@@ -5,8 +5,10 @@
  * reduction while the caller's thread goes on with its backward:
  *   agree     the blocking call's agreement (session_agree.c) on method, policy, weight and
  *             the session's fingerprint, with no presence bits yet;
- *   buckets   the reducible parameters laid out in reverse path order in the session's F32
- *             staging buffer, cut into buckets of cfg.bucket_bytes; bucket b, once every
+ *   buckets   the reducible parameters laid out in path order in the session's F32
+ *             staging buffer (the blocking bucketed path's layout when every parameter is
+ *             present), cut into buckets of cfg.bucket_bytes, taken last to first (reverse
+ *             path order, as backward produces the gradients); a bucket, once every
  *             parameter it holds is marked: this rank's contributions converted into it
  *             (zeros where it has none), one allreduce, the scale by 1/W; on a fused
  *             session (the host-staged transport on host memory) the transport's fused
@@ -155,15 +157,17 @@ static int compare_id_group(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Reverse path order, the order backward produces the gradients: the last path's slot at
- * offset 0, so that the first bucket fills first. */
+/* The blocking bucketed path's layout when every parameter is present: path order, cut into
+ * buckets of `capacity` elements, so that each bucket is the same collective over the same
+ * bytes as there (bit-identical results even where a transport's sum depends on the
+ * position in the buffer, as NCCL's does). The buckets are reduced last to first: reverse
+ * path order, the order backward produces the gradients. */
 static void layout(session_async *a)
 {
     const seldp_session *s = a->s;
     size_t offset = 0;
 
-    for (size_t j = 0; j < s->n_slots; j++) {
-        size_t k = s->n_slots - 1 - j;
+    for (size_t k = 0; k < s->n_slots; k++) {
         size_t n = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
         a->slot_offset[k] = offset;
         a->slot_first[k] = 1;
@@ -246,8 +250,8 @@ static const session_group *find_group(const session_async *a, seldp_param_id id
 
 /* --- the progress thread ----------------------------------------------------- */
 
-/* The slots that begin before the end of bucket b and have not been seen yet (*next: the
- * next slot in layout order), every one of them marked: their finiteness checked and, unless
+/* The slots that end after the start of bucket b and have not been seen yet (*next: the
+ * next slot in reverse path order), every one of them marked: their finiteness checked and, unless
  * the transport reads them itself (`convert` false), their contributions converted into the
  * staging buffer (zeros where this rank has none or is inactive). */
 static seldp_status pack_through(session_async *a, size_t b, size_t *next, bool convert)
@@ -256,15 +260,15 @@ static seldp_status pack_through(session_async *a, size_t b, size_t *next, bool 
     seldp_session *s = a->s;
     reduce_call *c = &a->c;
     seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
-    size_t n_batch = 0, end = (b + 1) * a->capacity;
+    size_t n_batch = 0, start = b * a->capacity;
 
     for (; *next < s->n_slots; (*next)++) {
         size_t k = s->n_slots - 1 - *next;
         const reduce_slot *slot = &c->slots[k];
         size_t n = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
         bool contributes;
-        if (a->slot_offset[k] >= end)
-            break; /* not necessarily marked yet: its slot is not read */
+        if (a->slot_offset[k] + n <= start)
+            break; /* in an earlier bucket, maybe not marked yet: its slot is not read */
         if (n == 0)
             continue;
         contributes = c->weight > 0 && slot->has_grad;
@@ -298,7 +302,8 @@ static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *firs
     reduce_call *c = &a->c;
     size_t lo = b * a->capacity, hi = lo + a->capacity, n = 0;
 
-    /* slots in layout order (rising offsets), from the first that reaches into bucket b */
+    /* slots in reverse path order (falling offsets), from the first that reaches into bucket
+     * b; the buckets come last to first */
     for (size_t j = *first; j < s->n_slots; j++) {
         size_t k = s->n_slots - 1 - j;
         const reduce_slot *slot = &c->slots[k];
@@ -306,10 +311,10 @@ static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *firs
         size_t count = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
         size_t from = off > lo ? off : lo, to = off + count < hi ? off + count : hi;
         bool contributes;
-        if (off >= hi)
-            break; /* not necessarily marked yet: its slot is not read */
-        if (off + count <= lo) {
-            *first = j + 1; /* ends before this bucket, so before every later one */
+        if (off + count <= lo)
+            break; /* in an earlier bucket, maybe not marked yet: its slot is not read */
+        if (off >= hi) {
+            *first = j + 1; /* in a later bucket, done: so for every bucket still to come */
             continue;
         }
         if (count == 0)
@@ -350,8 +355,8 @@ static seldp_status progress_run(session_async *a)
     }
     if (c->global_weight == 0)
         return SELDP_OK; /* no active rank: nothing is reduced, every result is absent */
-    for (size_t b = 0; b < a->n_buckets; b++) {
-        size_t offset, bytes;
+    for (size_t i = 0; i < a->n_buckets; i++) {
+        size_t b = a->n_buckets - 1 - i, offset, bytes; /* last to first */
         float *at;
         bool cancelled;
         pthread_mutex_lock(&a->lock);

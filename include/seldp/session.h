@@ -204,19 +204,24 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  * A per-session progress thread (created by the first start, joined by
  * seldp_session_destroy) runs the transport's blocking collectives while the caller goes on
  * computing: the agreement of the call, then the reducible selected parameters, laid out in
- * reverse path order (the order backward produces them) in the session's FP32 staging
- * buffer and cut into buckets of cfg.bucket_bytes. Bucket b is converted into the staging
- * buffer, allreduced and scaled as soon as every parameter it holds is marked, in the same
- * order on every rank (bucket 0, 1, ...): marks in any order work, a bucket waits for the
- * ones before it. Every bucket holds every reducible parameter, so a parameter no rank has
- * a gradient for is still sent (as zeros) before finish learns that it is absent.
+ * path order in the session's FP32 staging buffer and cut into buckets of cfg.bucket_bytes,
+ * as the blocking bucketed path lays them out. A bucket is converted into the staging
+ * buffer, allreduced and scaled as soon as every parameter it holds is marked, last bucket
+ * first (reverse path order, the order backward produces the gradients), in the same order
+ * on every rank: marks in any order work, a bucket waits for the ones before it. The
+ * buckets hold every reducible parameter, so a parameter no rank has a gradient for is
+ * still sent (as zeros) before finish learns that it is absent. On the host-staged
+ * transport's fused path each bucket is one fused reduction into the staging buffer.
  *
  * Contracts, those of the blocking calls (SPEC 3.3) unchanged:
  * - The results are bit-identical to the blocking call of the same inputs on the same
- *   communicator: sums in F32 in rank order, scaled, converted back with round to nearest
- *   even. (On the host and MPI transports the sum of an element does not depend on where it
- *   lies in a bucket. NCCL's ring sums do: there, results can differ in the last bits from
- *   the blocking call's, as two bucket sizes do, and stay identical across ranks.)
+ *   communicator and reduce path: sums in F32 in rank order, scaled, converted back with
+ *   round to nearest even. (The host-staged and MPI transports sum an element the same way
+ *   wherever it lies in a bucket. NCCL's sums depend on the position: there the buckets are
+ *   the blocking call's collectives over the same bytes, hence the same bits, when every
+ *   reducible parameter has a gradient on some active rank; when some has none, the layouts
+ *   differ and the results may differ from the blocking call's in the last bits, as two
+ *   bucket sizes do, while staying identical across ranks.)
  * - Agreement: the start agrees, as a blocking call does, on the method, policy, weight and
  *   the session's fingerprint (a blocking call on another rank, another session, a missed
  *   call: SELDP_ERR_DISAGREE); finish agrees once more on every rank's status, presence of
