@@ -251,7 +251,12 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  * - Every rank must call finish. seldp_session_destroy while a reduction is in flight
  *   cancels it: it waits for the collective in progress (at most the transport's timeout)
  *   and the other ranks' finish returns an error.
- * - MPI transport: the progress thread calls MPI, so MPI must be initialized with
+ * - Sessions of different communicators may have reductions in flight at once (a shared
+ *   group's and an expert group's, each with its own progress thread): on the host-staged
+ *   transport they run concurrently. The MPI transport runs the collectives of one world one
+ *   at a time in a process, so there the ranks must start such reductions, and make any
+ *   other collective of the world, in the same order, or wait for each other until the
+ *   timeout; the progress thread calls MPI, so MPI must be initialized with
  *   MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE. NCCL: the progress thread makes the
  *   communicator's device current. */
 

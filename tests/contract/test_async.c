@@ -435,6 +435,89 @@ static void mismatches_fail_on_every_rank(void **state)
     }
 }
 
+/* --- two sessions of two communicators in flight at once ----------------------------- */
+
+/* Bytes of every entry of `b` equal to those of the same id in `a`. */
+static bool same_entries(const seldp_grads *a, const seldp_grads *b, char *why, size_t size)
+{
+    for (size_t i = 0; i < seldp_grads_count(a); i++) {
+        seldp_param_id id;
+        const seldp_tensor *ta, *tb;
+        seldp_grads_at(a, i, &id, &ta);
+        tb = seldp_grads_get(b, id);
+        if (!tb || tb->dtype != ta->dtype ||
+            seldp_first_diff(ta->data, tb->data, seldp_tensor_nbytes(ta)) !=
+                seldp_tensor_nbytes(ta)) {
+            snprintf(why, size, "the gradient of ParamId %llu differs", (unsigned long long)id);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The world's session of the standard layout and a session of final_norm.weight over each
+ * half of the world (even and odd ranks), both overlapped at once, as a model with a shared
+ * group and expert groups does: each result equals its blocking call's. */
+static int rank_two_sessions_at_once(seldp_rank_ctx *ctx)
+{
+    static const size_t TRAINABLE[] = {0, 1, 3, 4};
+    int r = ctx->rank;
+    test_model m;
+    test_grads ga, ga2, gb, gb2;
+    seldp_comm *half = NULL;
+    seldp_session *sw = NULL, *sh = NULL;
+    seldp_param_id norm = std_id(r, 1);
+    uint64_t w = 0, w2 = 0;
+
+    RANK_CHECK_OK(ctx, seldp_comm_split(ctx->world, r % 2, r, &half));
+    RANK_CHECK_OK(ctx, std_session(ctx->world, &m, NULL, &sw));
+    RANK_CHECK_OK(ctx, seldp_session_initialize(half, m.model, 0, &norm, 1, NULL, &sh));
+    RANK_CHECK_OK(ctx, tg_init(&ga));
+    RANK_CHECK_OK(ctx, tg_init(&ga2));
+    RANK_CHECK_OK(ctx, tg_init(&gb));
+    RANK_CHECK_OK(ctx, tg_init(&gb2));
+    for (size_t j = 0; j < 4; j++) {
+        size_t k = TRAINABLE[j];
+        RANK_CHECK_OK(ctx, std_put_grad(&ga, r, k, STD[k].dtype, false, NULL));
+        RANK_CHECK_OK(ctx, std_put_grad(&ga2, r, k, STD[k].dtype, false, NULL));
+    }
+    RANK_CHECK_OK(ctx, std_put_grad(&gb, r, 1, SELDP_F32, false, NULL));
+    RANK_CHECK_OK(ctx, std_put_grad(&gb2, r, 1, SELDP_F32, false, NULL));
+    RANK_CHECK_OK(ctx,
+                  seldp_session_reduce(sw, ga2.grads, (uint64_t)r + 2, SELDP_MISSING_ERROR, &w2));
+    RANK_CHECK_OK(ctx, seldp_session_sum(sh, gb2.grads, true, SELDP_MISSING_ERROR, NULL));
+
+    RANK_CHECK_OK(ctx,
+                  seldp_session_reduce_start(sw, ga.grads, (uint64_t)r + 2, SELDP_MISSING_ERROR));
+    RANK_CHECK_OK(ctx, seldp_session_sum_start(sh, gb.grads, true, SELDP_MISSING_ERROR));
+    RANK_CHECK_OK(ctx, seldp_session_mark_ready(sw, std_id(r, 4)));
+    RANK_CHECK_OK(ctx, seldp_session_mark_ready(sh, norm));
+    RANK_CHECK_OK(ctx, seldp_session_mark_ready(sw, std_id(r, 3)));
+    RANK_CHECK_OK(ctx, seldp_session_finish(sh, NULL));
+    RANK_CHECK_OK(ctx, seldp_session_finish(sw, &w));
+    RANK_CHECK(ctx, w == w2, "global weight %llu, blocking %llu", (unsigned long long)w,
+               (unsigned long long)w2);
+    RANK_CHECK(ctx, same_entries(ga2.grads, ga.grads, ctx->why, sizeof ctx->why), "world: %s",
+               ctx->why);
+    RANK_CHECK(ctx, same_entries(gb2.grads, gb.grads, ctx->why, sizeof ctx->why), "half: %s",
+               ctx->why);
+    tg_free(&ga);
+    tg_free(&ga2);
+    tg_free(&gb);
+    tg_free(&gb2);
+    seldp_session_destroy(sh);
+    seldp_session_destroy(sw);
+    tm_free(&m);
+    seldp_comm_destroy(half);
+    return 0;
+}
+
+static void two_communicators_in_flight(void **state)
+{
+    (void)state;
+    seldp_run_ranks(4, TEST_TIMEOUT_S, rank_two_sessions_at_once, NULL);
+}
+
 /* A rank that never starts: it learns so from its own finish, the others time out. */
 static void a_rank_that_does_not_start(void **state)
 {
@@ -461,6 +544,7 @@ int main(void)
         cmocka_unit_test(policy_and_finiteness_as_blocking),
         cmocka_unit_test(mismatches_fail_on_every_rank),
         cmocka_unit_test(a_rank_that_does_not_start),
+        cmocka_unit_test(two_communicators_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
