@@ -254,9 +254,10 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  * - Sessions of different communicators may have reductions in flight at once (a shared
  *   group's and an expert group's, each with its own progress thread): on the host-staged
  *   transport they run concurrently. The MPI transport runs the collectives of one world one
- *   at a time in a process, so there the ranks must start such reductions, and make any
- *   other collective of the world, in the same order, or wait for each other until the
- *   timeout; the progress thread calls MPI, so MPI must be initialized with
+ *   at a time in a process, each holding the world until it completes, so two reductions in
+ *   flight on one world can wait for each other across ranks until the timeout: on MPI keep
+ *   one reduction in flight per world and make no other collective of that world before its
+ *   finish. The progress thread calls MPI, so MPI must be initialized with
  *   MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE. NCCL: the progress thread makes the
  *   communicator's device current. */
 
