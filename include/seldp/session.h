@@ -259,7 +259,9 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  *   one reduction in flight per world and make no other collective of that world before its
  *   finish. The progress thread calls MPI, so MPI must be initialized with
  *   MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE. NCCL: the progress thread makes the
- *   communicator's device current. */
+ *   communicator's device current; NCCL documents that collectives of two communicators
+ *   launched in different orders on different ranks may hang, so keep one reduction in
+ *   flight per GPU there too. */
 
 /** Collective: start the overlapped seldp_session_reduce of `grads` (same arguments and
  * meaning) and return without waiting for the other ranks. The agreement and every bucket
