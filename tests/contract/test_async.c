@@ -518,6 +518,51 @@ static void two_communicators_in_flight(void **state)
     seldp_run_ranks(4, TEST_TIMEOUT_S, rank_two_sessions_at_once, NULL);
 }
 
+/* Sessions with nothing to reduce (an empty selection, a frozen parameter only): the
+ * overlapped call agrees, returns the global weight and leaves every gradient as it was. */
+static int rank_nothing_to_reduce(seldp_rank_ctx *ctx)
+{
+    int r = ctx->rank;
+    test_model m;
+    test_grads g;
+    grads_snapshot before;
+    seldp_session *empty = NULL, *frozen = NULL;
+    seldp_param_id frozen_id = std_id(r, 2); /* frozen.scale */
+    uint64_t w = 0;
+
+    RANK_CHECK_OK(ctx, tm_init(&m, r));
+    RANK_CHECK_OK(ctx, std_model(&m, r));
+    RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, NULL, 0, NULL, &empty));
+    RANK_CHECK_OK(ctx,
+                  seldp_session_initialize(ctx->world, m.model, 0, &frozen_id, 1, NULL, &frozen));
+    RANK_CHECK_OK(ctx, tg_init(&g));
+    RANK_CHECK_OK(ctx, std_put_grad(&g, r, 0, SELDP_F32, false, NULL));
+    gs_take(&before, g.grads);
+    RANK_CHECK_OK(ctx,
+                  seldp_session_reduce_start(empty, g.grads, (uint64_t)r + 1, SELDP_MISSING_ERROR));
+    RANK_CHECK_OK(ctx, seldp_session_finish(empty, &w));
+    RANK_CHECK(ctx, w == (uint64_t)(ctx->size * (ctx->size + 1) / 2), "global weight %llu",
+               (unsigned long long)w);
+    RANK_CHECK_OK(ctx, seldp_session_sum_start(frozen, g.grads, true, SELDP_MISSING_ZERO));
+    RANK_CHECK_OK(ctx, seldp_session_mark_ready(frozen, frozen_id));
+    RANK_CHECK_OK(ctx, seldp_session_finish(frozen, &w));
+    RANK_CHECK(ctx, w == (uint64_t)ctx->size, "active ranks %llu", (unsigned long long)w);
+    RANK_CHECK(ctx, gs_same(&before, g.grads, ctx->why, sizeof ctx->why), "%s", ctx->why);
+    gs_free(&before);
+    tg_free(&g);
+    seldp_session_destroy(frozen);
+    seldp_session_destroy(empty);
+    tm_free(&m);
+    return 0;
+}
+
+static void nothing_to_reduce(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 3; n++)
+        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_nothing_to_reduce, NULL);
+}
+
 /* A rank that never starts: it learns so from its own finish, the others time out. */
 static void a_rank_that_does_not_start(void **state)
 {
@@ -545,6 +590,7 @@ int main(void)
         cmocka_unit_test(mismatches_fail_on_every_rank),
         cmocka_unit_test(a_rank_that_does_not_start),
         cmocka_unit_test(two_communicators_in_flight),
+        cmocka_unit_test(nothing_to_reduce),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
