@@ -1,6 +1,7 @@
 /* Selected data-parallel sessions: initialize (validate, agree, broadcast), the
  * session queries, and the collective error reporting the reductions share. The
- * reductions themselves are in session_reduce.c.
+ * reductions themselves are in session_reduce.c (with session_agree.c and
+ * session_commit.c), the overlapped ones in session_async.c.
  *
  * Errors are collective. Each rank first validates what it can see alone; one
  * fixed-size all-gather then tells every rank every other rank's result, and when some
@@ -570,6 +571,7 @@ void seldp_session_destroy(seldp_session *session)
 {
     if (!session)
         return;
+    seldp__session_async_free(session); /* first: its progress thread uses the staging */
     seldp__device_free(session->device, session->staging);
     free(session->slot_group);
     free(session->groups);

@@ -43,6 +43,9 @@ struct seldp_session {
      * reductions this session has entered, failed ones included. */
     uint64_t digest;
     uint64_t reductions;
+    /* The overlapped reductions' state and progress thread (session_async.c), created by
+     * the first seldp_session_*_start; NULL before. */
+    struct session_async *async;
 };
 
 /* Prefix the calling thread's last error with the caller's group and world rank and copy
@@ -65,6 +68,15 @@ void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks
  * transport error came from ("seldp_session_sum: the agreement of the call failed: ...";
  * `stage` may be NULL) unless it names a public session call already. Returns st. */
 seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage);
+
+/* SELDP_ERR_INVALID_ARGUMENT, with a message naming `call`, when an overlapped reduction is
+ * in flight on this session, or on another session of its communicator in this process:
+ * its progress thread owns the communicator until seldp_session_finish. Else SELDP_OK. */
+seldp_status seldp__session_busy(const seldp_session *s, const char *call);
+
+/* Cancel an overlapped reduction in flight (waiting for the collective in progress, at most
+ * the transport's timeout), stop the progress thread and free the session's async state. */
+void seldp__session_async_free(seldp_session *s);
 
 /* "host" or "cuda:N" into buf; returns buf. */
 const char *seldp__session_device_name(seldp_device device, char *buf, size_t size);

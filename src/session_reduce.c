@@ -24,7 +24,10 @@
  * by 1/W and writes the results straight into the tensors the commit would have written,
  * in one pass and one rendezvous, with no staging buffer; the results are the same bits. A
  * failure after that writing began is SELDP_ERR_GRADS_UNDEFINED. With cfg.staged_commit it
- * writes F32 results into the staging buffer instead, and the commit converts them. */
+ * writes F32 results into the staging buffer instead, and the commit converts them.
+ *
+ * The agreement and its decision live in session_agree.c, the commit in session_commit.c;
+ * the overlapped reductions (session_async.c) reuse them and the checks of this file. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,92 +38,11 @@
 #include "device.h"
 #include "internal.h"
 #include "kernels.h"
-#include "session_impl.h"
-
-/* This rank's side of one reducible parameter in one call. */
-typedef struct reduce_slot {
-    bool has_grad;
-    seldp_tensor grad;   /* copy of the caller's descriptor, when has_grad */
-    seldp_tensor result; /* owned result allocated in advance; data NULL when not needed */
-    bool present;        /* some active rank has a gradient */
-    size_t offset;       /* in the staging buffer, in elements, when present */
-} reduce_slot;
-
-/* Bytes of a session's first path carried in the record, for messages. */
-#define RECORD_PATH_MAX 64
-/* reduce_record.nonfinite_slot when every input is finite (or none was checked) */
-#define NO_NONFINITE UINT64_MAX
-
-/* The fixed part of a rank's agreement record; uint64 fields and a path of a multiple of
- * 8 bytes, so no padding. The presence bitmap (n_slots bits, padded to 8 bytes) follows. */
-typedef struct reduce_record {
-    uint64_t status;
-    uint64_t world_rank;
-    uint64_t normalize;
-    uint64_t fp32;
-    uint64_t policy;
-    uint64_t weight;
-    /* the session's fingerprint */
-    uint64_t digest;   /* of the selection's schema */
-    uint64_t call;     /* this is the session's call-th reduction, from 1 */
-    uint64_t n_groups; /* selected parameters */
-    uint64_t n_slots;  /* reducible ones: bits in the bitmap */
-    /* the first non-finite input gradient (cfg.check_finite, active ranks) */
-    uint64_t nonfinite_slot; /* its slot (path order), or NO_NONFINITE */
-    uint64_t nonfinite_elem; /* its first non-finite element */
-    uint64_t nonfinite_count;
-    char first_path[RECORD_PATH_MAX]; /* the session's first selected path, truncated */
-} reduce_record;
-
-typedef struct reduce_call {
-    seldp_session *s;
-    seldp_grads *grads;
-    bool normalize, fp32;
-    seldp_missing_policy policy;
-    uint64_t weight; /* the rank's weight: local_weight, or 1/0 for active/inactive */
-    uint64_t call;   /* the session's reduction count, this call included */
-    reduce_slot *slots;
-    uint64_t nonfinite_slot, nonfinite_elem, nonfinite_count; /* this rank's first */
-    size_t record_bytes;
-    unsigned char *records; /* every rank's record, back to back (one allgatherv) */
-    size_t *record_lengths; /* bytes of each rank's record */
-    size_t *record_offsets; /* where each rank's record starts in records */
-    int *world_ranks;
-    uint64_t global_weight;
-    size_t elems;            /* F32 elements of the present parameters */
-    bool fused;              /* the transport reduces the tensors in a single pass */
-    bool staged;             /* results land in the staging buffer first (bucketed path) */
-    seldp__reduce_seg *segs; /* fused: one per reducible parameter */
-} reduce_call;
+#include "session_reduce.h"
 
 static const char *method_name(uint64_t normalize, uint64_t fp32)
 {
-    if (normalize)
-        return fp32 ? "seldp_session_reduce_fp32" : "seldp_session_reduce";
-    return fp32 ? "seldp_session_sum_fp32" : "seldp_session_sum";
-}
-
-static const char *policy_name(uint64_t policy)
-{
-    switch (policy) {
-    case SELDP_MISSING_ERROR:
-        return "error";
-    case SELDP_MISSING_ZERO:
-        return "zero";
-    default:
-        return "invalid";
-    }
-}
-
-static reduce_record *record_of(const reduce_call *c, int rank)
-{
-    return (reduce_record *)(c->records + c->record_offsets[rank]);
-}
-
-static bool record_has(const reduce_call *c, int rank, size_t slot)
-{
-    const unsigned char *bits = (const unsigned char *)(record_of(c, rank) + 1);
-    return bits[slot / 8] >> (slot % 8) & 1u;
+    return seldp__reduce_method(normalize, fp32, REDUCE_BLOCKING);
 }
 
 static bool same_shape(const seldp_tensor *a, const seldp_tensor *b)
@@ -129,20 +51,13 @@ static bool same_shape(const seldp_tensor *a, const seldp_tensor *b)
            memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof a->shape[0]) == 0;
 }
 
-/* The dtype the result of a group takes in this call. */
-static seldp_dtype result_dtype(const reduce_call *c, const session_group *g)
-{
-    return c->fp32 ? SELDP_F32 : g->tensor.dtype;
-}
-
 /* --- prepare --------------------------------------------------------------- */
 
-/* Check this rank's gradient of group g; on success record it in its slot. */
-static seldp_status check_gradient(reduce_call *c, const session_group *g, const seldp_tensor *t)
+seldp_status seldp__reduce_check_gradient(reduce_call *c, const session_group *g,
+                                          const seldp_tensor *t)
 {
     seldp_status st = SELDP_OK;
     char have[64], want[64];
-    size_t bad;
 
     if (g->frozen)
         SELDP_FAIL(SELDP_ERR_FROZEN, "'%s' is frozen but a gradient was supplied for it", g->path);
@@ -154,7 +69,8 @@ static seldp_status check_gradient(reduce_call *c, const session_group *g, const
     if (t->dtype != g->tensor.dtype && !(c->fp32 && t->dtype == SELDP_F32))
         SELDP_FAIL(SELDP_ERR_DTYPE, "'%s': gradient dtype %s, expected %s%s (%s)", g->path,
                    seldp_dtype_name(t->dtype), seldp_dtype_name(g->tensor.dtype),
-                   c->fp32 ? " or f32" : "", method_name(c->normalize, c->fp32));
+                   c->fp32 ? " or f32" : "",
+                   seldp__reduce_method(c->normalize, c->fp32, c->overlapped));
     if (!same_shape(t, &g->tensor))
         SELDP_FAIL(SELDP_ERR_SHAPE, "'%s': gradient shape %s differs from the parameter's %s",
                    g->path, seldp_shape_str(t, have, sizeof have),
@@ -163,19 +79,30 @@ static seldp_status check_gradient(reduce_call *c, const session_group *g, const
         SELDP_FAIL(SELDP_ERR_DEVICE, "'%s': gradient on %s, but the session computes on %s",
                    g->path, seldp__session_device_name(t->device, have, sizeof have),
                    seldp__session_device_name(c->s->device, want, sizeof want));
-    /* Groups are checked in path order: the first non-finite one found is this rank's
-     * first; the agreement picks the first of all ranks. */
-    if (c->s->cfg.check_finite && c->weight > 0 && c->nonfinite_slot == NO_NONFINITE) {
-        size_t n = seldp_tensor_numel(t);
-        SELDP_CHECK(seldp__find_nonfinite(c->s->device, t->data, t->dtype, n, &bad));
-        if (bad < n) {
-            c->nonfinite_slot = g->slot;
-            c->nonfinite_elem = bad;
-            c->nonfinite_count = n;
-        }
-    }
     c->slots[g->slot].has_grad = true;
     c->slots[g->slot].grad = *t;
+fail:
+    return st;
+}
+
+seldp_status seldp__reduce_check_finite(reduce_call *c, size_t slot)
+{
+    seldp_status st = SELDP_OK;
+    const seldp_tensor *t = &c->slots[slot].grad;
+    size_t n = seldp_tensor_numel(t), bad;
+
+    /* Only a slot before the first non-finite one found so far can change this rank's
+     * first, so the blocking path, which checks in path order, stops scanning at the first
+     * hit; the agreement picks the first of all ranks. */
+    if (!c->s->cfg.check_finite || c->weight == 0 || !c->slots[slot].has_grad ||
+        slot >= c->nonfinite_slot)
+        return SELDP_OK;
+    SELDP_CHECK(seldp__find_nonfinite(c->s->device, t->data, t->dtype, n, &bad));
+    if (bad < n) {
+        c->nonfinite_slot = slot;
+        c->nonfinite_elem = bad;
+        c->nonfinite_count = n;
+    }
 fail:
     return st;
 }
@@ -202,9 +129,21 @@ static seldp_status reduce_prepare(reduce_call *c)
             seldp__device_alloc(s->device, s->slot_elems * sizeof(float), (void **)&s->staging));
     for (size_t i = 0; i < s->n_groups; i++) {
         const seldp_tensor *t = seldp_grads_get(c->grads, s->groups[i].id);
-        if (t)
-            SELDP_CHECK(check_gradient(c, &s->groups[i], t));
+        if (!t)
+            continue;
+        SELDP_CHECK(seldp__reduce_check_gradient(c, &s->groups[i], t));
+        SELDP_CHECK(seldp__reduce_check_finite(c, s->groups[i].slot));
     }
+    SELDP_CHECK(seldp__reduce_allocate_results(c));
+fail:
+    return st;
+}
+
+seldp_status seldp__reduce_allocate_results(reduce_call *c)
+{
+    seldp_status st = SELDP_OK;
+    seldp_session *s = c->s;
+
     /* Results that cannot be written in place are allocated now, and room made in the
      * container for those that become new entries, so that the commit cannot fail after
      * the collectives for want of memory. */
@@ -215,7 +154,7 @@ static seldp_status reduce_prepare(reduce_call *c)
     for (size_t k = 0; k < s->n_slots; k++) {
         const session_group *g = &s->groups[s->slot_group[k]];
         reduce_slot *slot = &c->slots[k];
-        seldp_dtype dtype = result_dtype(c, g);
+        seldp_dtype dtype = seldp__reduce_result_dtype(c, g);
         if (slot->has_grad && slot->grad.dtype == dtype)
             continue;
         slot->result = g->tensor;
@@ -225,188 +164,6 @@ static seldp_status reduce_prepare(reduce_call *c)
         SELDP_CHECK(seldp_tensor_alloc(&slot->result));
     }
 fail:
-    return st;
-}
-
-static void fill_record(const reduce_call *c, seldp_status local, reduce_record *mine)
-{
-    const seldp_session *s = c->s;
-    unsigned char *bits = (unsigned char *)(mine + 1);
-    mine->status = (uint64_t)local;
-    mine->world_rank = (uint64_t)seldp_comm_world_rank(s->comm);
-    mine->normalize = c->normalize;
-    mine->fp32 = c->fp32;
-    mine->policy = (uint64_t)c->policy;
-    mine->weight = c->weight;
-    mine->digest = s->digest;
-    mine->call = c->call;
-    mine->n_groups = s->n_groups;
-    mine->n_slots = s->n_slots;
-    mine->nonfinite_slot = c->nonfinite_slot;
-    mine->nonfinite_elem = c->nonfinite_elem;
-    mine->nonfinite_count = c->nonfinite_count;
-    if (s->n_groups)
-        snprintf(mine->first_path, sizeof mine->first_path, "%s", s->groups[0].path);
-    for (size_t k = 0; k < c->s->n_slots; k++)
-        if (c->slots[k].has_grad)
-            bits[k / 8] |= (unsigned char)(1u << (k % 8));
-}
-
-/* --- decide ---------------------------------------------------------------- */
-
-/* "the session of 'path' (N parameters, schema 0x...)" into buf, from a gathered record. */
-static const char *session_name(const reduce_record *rec, char *buf, size_t size)
-{
-    if (rec->n_groups == 0)
-        snprintf(buf, size, "the session of an empty selection (schema %016" PRIx64 ")",
-                 rec->digest);
-    else
-        snprintf(buf, size,
-                 "the session of '%.*s' (%" PRIu64 " parameter%s, schema %016" PRIx64 ")",
-                 RECORD_PATH_MAX - 1, rec->first_path, rec->n_groups, rec->n_groups == 1 ? "" : "s",
-                 rec->digest);
-    return buf;
-}
-
-/* Every record is whole and its bitmap as long as its session's slots need; a malformed
- * one means a rank is not running this library's reduction. */
-static seldp_status check_records(reduce_call *c, int n)
-{
-    size_t offset = 0;
-    for (int r = 0; r < n; r++) {
-        size_t len = c->record_lengths[r];
-        const reduce_record *rec = (const reduce_record *)(c->records + offset);
-        c->record_offsets[r] = offset;
-        if (len < sizeof *rec || len % 8 != 0 || (len - sizeof *rec) * 8 < rec->n_slots)
-            return seldp__fail(SELDP_ERR_INTERNAL,
-                               "%s: group rank %d sent a malformed agreement record of %zu bytes",
-                               method_name(c->normalize, c->fp32), r, len);
-        offset += len;
-    }
-    return SELDP_OK;
-}
-
-/* Every rank must be in the same call of the same session, with the same method and
- * policy: else SELDP_ERR_DISAGREE naming the first rank that differs from group rank 0. */
-static seldp_status agree_on_call(const reduce_call *c, int n)
-{
-    const reduce_record *a = record_of(c, 0);
-    const int *world = c->world_ranks;
-    char sa[RECORD_PATH_MAX + 96], sb[RECORD_PATH_MAX + 96];
-
-    for (int r = 1; r < n; r++) {
-        const reduce_record *b = record_of(c, r);
-        if (b->digest != a->digest || b->n_groups != a->n_groups || b->n_slots != a->n_slots)
-            return seldp__fail(
-                SELDP_ERR_DISAGREE,
-                "ranks reduce different sessions: group rank 0 (world rank %d) called %s on %s "
-                "(its call %" PRIu64 "), group rank %d (world rank %d) called %s on %s (its call "
-                "%" PRIu64 "); every rank must reduce the same sessions in the same order",
-                world[0], method_name(a->normalize, a->fp32), session_name(a, sa, sizeof sa),
-                a->call, r, world[r], method_name(b->normalize, b->fp32),
-                session_name(b, sb, sizeof sb), b->call);
-        if (b->call != a->call)
-            return seldp__fail(
-                SELDP_ERR_DISAGREE,
-                "ranks are out of step on %s: group rank 0 (world rank %d) called %s as the "
-                "session's call %" PRIu64 ", group rank %d (world rank %d) called %s as its call "
-                "%" PRIu64 "; a rank missed or added a call",
-                session_name(a, sa, sizeof sa), world[0], method_name(a->normalize, a->fp32),
-                a->call, r, world[r], method_name(b->normalize, b->fp32), b->call);
-        if (b->normalize != a->normalize || b->fp32 != a->fp32 || b->policy != a->policy)
-            return seldp__fail(
-                SELDP_ERR_DISAGREE,
-                "ranks disagree on the reduction: group rank 0 (world rank %d) called %s "
-                "with policy %s, group rank %d (world rank %d) called %s with policy %s",
-                world[0], method_name(a->normalize, a->fp32), policy_name(a->policy), r, world[r],
-                method_name(b->normalize, b->fp32), policy_name(b->policy));
-    }
-    return SELDP_OK;
-}
-
-/* With cfg.check_finite: SELDP_ERR_NONFINITE naming the first non-finite input gradient
- * in path order, and of those the lowest group rank's. */
-static seldp_status agree_finite(const reduce_call *c, int n)
-{
-    int worst = -1;
-    for (int r = 0; r < n; r++) {
-        uint64_t slot = record_of(c, r)->nonfinite_slot;
-        if (slot != NO_NONFINITE && (worst < 0 || slot < record_of(c, worst)->nonfinite_slot))
-            worst = r;
-    }
-    if (worst < 0)
-        return SELDP_OK;
-    const reduce_record *rec = record_of(c, worst);
-    if (rec->nonfinite_slot >= c->s->n_slots)
-        return seldp__fail(SELDP_ERR_INTERNAL,
-                           "group rank %d named a non-finite slot %" PRIu64 " of %zu", worst,
-                           rec->nonfinite_slot, c->s->n_slots);
-    return seldp__fail(SELDP_ERR_NONFINITE,
-                       "'%s': the gradient of group rank %d (world rank %d) is not finite at "
-                       "element %" PRIu64 " of %" PRIu64
-                       " (the first non-finite input in path order, then group rank)",
-                       c->s->groups[c->s->slot_group[rec->nonfinite_slot]].path, worst,
-                       c->world_ranks[worst], rec->nonfinite_elem, rec->nonfinite_count);
-}
-
-/* The outcome of the agreement, computed by every rank from the same gathered records. */
-static seldp_status reduce_decide(reduce_call *c, const char *message)
-{
-    seldp_status st = SELDP_OK;
-    seldp_session *s = c->s;
-    int n = seldp_comm_size(s->comm), *lacking = NULL, *having = NULL;
-    const reduce_record *first;
-
-    SELDP_CHECK(check_records(c, n));
-    first = record_of(c, 0);
-    for (int r = 0; r < n; r++)
-        c->world_ranks[r] = (int)record_of(c, r)->world_rank;
-    SELDP_CHECK(agree_on_call(c, n));
-    for (int r = 0; r < n; r++)
-        if (record_of(c, r)->status != SELDP_OK)
-            return seldp__session_share_error(s->comm, r, (seldp_status)record_of(c, r)->status,
-                                              message);
-    SELDP_CHECK(agree_finite(c, n));
-
-    c->global_weight = 0;
-    for (int r = 0; r < n; r++) {
-        uint64_t w = record_of(c, r)->weight;
-        if (c->global_weight > UINT64_MAX - w)
-            SELDP_FAIL(SELDP_ERR_OVERFLOW,
-                       "the global weight overflows 64 bits: group rank %d (world rank %d) adds "
-                       "%" PRIu64 " to %" PRIu64 " from the ranks before it",
-                       r, c->world_ranks[r], w, c->global_weight);
-        c->global_weight += w;
-    }
-
-    lacking = malloc((size_t)n * sizeof *lacking);
-    having = malloc((size_t)n * sizeof *having);
-    if (!lacking || !having)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory checking gradient presence on %d ranks", n);
-    for (size_t k = 0; k < s->n_slots; k++) {
-        size_t n_lacking = 0, n_having = 0;
-        for (int r = 0; r < n; r++) {
-            if (record_of(c, r)->weight == 0)
-                continue;
-            if (record_has(c, r, k))
-                having[n_having++] = r;
-            else
-                lacking[n_lacking++] = r;
-        }
-        c->slots[k].present = n_having > 0;
-        if (n_having > 0 && n_lacking > 0 && first->policy == SELDP_MISSING_ERROR) {
-            char who[256], others[256];
-            seldp__session_rank_list(lacking, n_lacking, c->world_ranks, who, sizeof who);
-            seldp__session_rank_list(having, n_having, c->world_ranks, others, sizeof others);
-            SELDP_FAIL(SELDP_ERR_MISSING_GRADIENT,
-                       "'%s' has no gradient on active %s, but has one on active %s (missing-"
-                       "gradient policy error)",
-                       s->groups[s->slot_group[k]].path, who, others);
-        }
-    }
-fail:
-    free(having);
-    free(lacking);
     return st;
 }
 
@@ -487,7 +244,7 @@ static seldp_status reduce_fused(reduce_call *c)
     for (size_t k = 0; k < s->n_slots; k++) {
         const session_group *g = &s->groups[s->slot_group[k]];
         const reduce_slot *slot = &c->slots[k];
-        seldp_dtype dtype = result_dtype(c, g);
+        seldp_dtype dtype = seldp__reduce_result_dtype(c, g);
         if (!slot->present)
             continue;
         bool contributes = c->weight > 0 && slot->has_grad;
@@ -559,95 +316,41 @@ static seldp_status reduce_confirm(reduce_call *c, seldp_status reduced)
     return st;
 }
 
-/* --- commit ---------------------------------------------------------------- */
+/* --- the call -------------------------------------------------------------- */
 
-/* Remove the entry of `id`, freeing it when the container owned it. */
-static void drop_gradient(seldp_grads *grads, seldp_param_id id)
+seldp_status seldp__reduce_call_alloc(reduce_call *c, int n)
 {
-    seldp_tensor t;
-    seldp_ownership own;
-    if (seldp_grads_take(grads, id, &t, &own) && own == SELDP_OWNED)
-        seldp_tensor_free(&t);
-}
-
-/* Put the owned result of `id` in place of the caller's entry, if any. When the container
- * cannot grow (SELDP_ERR_NOMEM), the caller's entry is put back and the error returned. */
-static seldp_status replace_gradient(seldp_grads *grads, seldp_param_id id, seldp_tensor *result)
-{
-    seldp_tensor old;
-    seldp_ownership own = SELDP_BORROWED;
-    bool had = seldp_grads_take(grads, id, &old, &own);
-    seldp_status st = seldp_grads_put(grads, id, result, SELDP_OWNED);
-    if (st != SELDP_OK) {
-        if (had)
-            seldp_grads_put(grads, id, &old, own);
-        return st;
-    }
-    result->data = NULL; /* the container owns it now */
-    if (had && own == SELDP_OWNED)
-        seldp_tensor_free(&old);
+    const seldp_session *s = c->s;
+    c->nonfinite_slot = NO_NONFINITE;
+    /* the bitmap is padded to 8 bytes so that every gathered record stays aligned */
+    c->record_bytes = sizeof(reduce_record) + (s->n_slots + 63) / 64 * 8;
+    c->slots = calloc(s->n_slots ? s->n_slots : 1, sizeof *c->slots);
+    c->record_lengths = calloc((size_t)n, sizeof *c->record_lengths);
+    c->record_offsets = calloc((size_t)n, sizeof *c->record_offsets);
+    c->world_ranks = calloc((size_t)n, sizeof *c->world_ranks);
+    if (!c->slots || !c->record_lengths || !c->record_offsets || !c->world_ranks)
+        return seldp__fail(SELDP_ERR_NOMEM, "out of memory for the agreement of %d ranks", n);
     return SELDP_OK;
 }
 
-/* The staged results converted into the caller's tensors, or the results allocated in
- * prepare, in batches (one kernel launch per batch on a GPU). */
-static seldp_status commit_convert(reduce_call *c)
+void seldp__reduce_call_free(reduce_call *c)
 {
-    seldp_status st = SELDP_OK;
-    seldp_session *s = c->s;
-    seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
-    size_t n_batch = 0;
-
-    for (size_t k = 0; k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
-        reduce_slot *slot = &c->slots[k];
-        seldp_dtype dtype = result_dtype(c, g);
-        if (!slot->present)
-            continue;
-        bool in_place = slot->has_grad && slot->grad.dtype == dtype;
-        batch[n_batch++] = (seldp__convert_seg){
-            .dst = in_place ? slot->grad.data : slot->result.data,
-            .src = s->staging + slot->offset,
-            .dst_dtype = dtype,
-            .src_dtype = SELDP_F32,
-            .n = seldp_tensor_numel(&g->tensor),
-        };
-        if (n_batch == SELDP_CONVERT_BATCH_MAX) {
-            SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
-            n_batch = 0;
-        }
-    }
-    SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
-fail:
-    return st;
+    for (size_t k = 0; c->slots && k < c->s->n_slots; k++)
+        if (c->slots[k].result.data)
+            seldp_tensor_free(&c->slots[k].result);
+    free(c->segs);
+    free(c->world_ranks);
+    free(c->record_offsets);
+    free(c->record_lengths);
+    free(c->records);
+    free(c->slots);
+    c->segs = NULL;
+    c->world_ranks = NULL;
+    c->record_offsets = NULL;
+    c->record_lengths = NULL;
+    c->records = NULL;
+    c->slots = NULL;
 }
-
-/* Write the results into the caller's container. Everything it needs, the container's
- * room for new entries included, was allocated before the agreement. */
-static seldp_status reduce_commit(reduce_call *c)
-{
-    seldp_status st = SELDP_OK;
-    seldp_session *s = c->s;
-
-    if (c->staged)
-        SELDP_CHECK(commit_convert(c));
-    for (size_t k = 0; k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
-        reduce_slot *slot = &c->slots[k];
-        seldp_dtype dtype = result_dtype(c, g);
-        if (!slot->present) {
-            drop_gradient(c->grads, g->id);
-        } else if (!(slot->has_grad && slot->grad.dtype == dtype)) {
-            /* owned results (written by the transport, or by commit_convert from the staging
-             * buffer) go into the container in place of the caller's entry */
-            SELDP_CHECK(replace_gradient(c->grads, g->id, &slot->result));
-        }
-    }
-fail:
-    return st;
-}
-
-/* --- the call -------------------------------------------------------------- */
 
 static seldp_status session_reduce(seldp_session *s, seldp_grads *grads, uint64_t weight,
                                    seldp_missing_policy policy, bool normalize, bool fp32,
@@ -655,15 +358,15 @@ static seldp_status session_reduce(seldp_session *s, seldp_grads *grads, uint64_
 {
     seldp_status st = SELDP_OK, local;
     reduce_call c = {0};
-    int n;
-    size_t bitmap_bytes;
     unsigned char *mine = NULL;
     char message[SESSION_MESSAGE_MAX];
 
     if (!s)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: session must not be NULL",
                            method_name(normalize, fp32));
-    n = seldp_comm_size(s->comm);
+    /* Local: the communicator belongs to an overlapped reduction's progress thread. */
+    if ((st = seldp__session_busy(s, method_name(normalize, fp32))) != SELDP_OK)
+        return st;
     c.s = s;
     c.grads = grads;
     c.normalize = normalize;
@@ -671,28 +374,16 @@ static seldp_status session_reduce(seldp_session *s, seldp_grads *grads, uint64_
     c.policy = policy;
     c.weight = weight;
     c.call = ++s->reductions;
-    c.nonfinite_slot = NO_NONFINITE;
-    /* the bitmap is padded to 8 bytes so that every gathered record stays aligned */
-    bitmap_bytes = (s->n_slots + 63) / 64 * 8;
-    c.record_bytes = sizeof(reduce_record) + bitmap_bytes;
     /* Without these this rank cannot take part; the others' collectives then end with the
      * transport's timeout rather than hanging. */
-    c.slots = calloc(s->n_slots ? s->n_slots : 1, sizeof *c.slots);
-    c.record_lengths = calloc((size_t)n, sizeof *c.record_lengths);
-    c.record_offsets = calloc((size_t)n, sizeof *c.record_offsets);
-    c.world_ranks = calloc((size_t)n, sizeof *c.world_ranks);
-    mine = calloc(1, c.record_bytes);
-    if (!c.slots || !c.record_lengths || !c.record_offsets || !c.world_ranks || !mine)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory for the agreement of %d ranks", n);
+    SELDP_CHECK(seldp__reduce_call_alloc(&c, seldp_comm_size(s->comm)));
+    if (!(mine = calloc(1, c.record_bytes)))
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory for the agreement record");
 
     local = reduce_prepare(&c);
     seldp__session_save_message(s->comm, local, message);
-    fill_record(&c, local, (reduce_record *)mine);
-    /* Variable-length, so that ranks in sessions of different sizes meet here and say so. */
-    SELDP_CHECK(seldp__session_name_call(
-        seldp_comm_allgatherv(s->comm, mine, c.record_bytes, (void **)&c.records, c.record_lengths),
-        method_name(normalize, fp32), "the agreement"));
-    SELDP_CHECK(reduce_decide(&c, message));
+    seldp__reduce_fill_record(&c, local, (reduce_record *)mine);
+    SELDP_CHECK(seldp__reduce_agree(&c, mine, message, NULL));
     if (c.fused) {
         st = reduce_fused(&c);
     } else {
@@ -704,20 +395,12 @@ static seldp_status session_reduce(seldp_session *s, seldp_grads *grads, uint64_
     if (s->cfg.staged_commit)
         st = reduce_confirm(&c, st);
     SELDP_CHECK(st);
-    SELDP_CHECK(reduce_commit(&c));
+    SELDP_CHECK(seldp__reduce_commit(&c));
     if (global_weight)
         *global_weight = c.global_weight;
 fail:
-    for (size_t k = 0; c.slots && k < s->n_slots; k++)
-        if (c.slots[k].result.data)
-            seldp_tensor_free(&c.slots[k].result);
-    free(c.segs);
+    seldp__reduce_call_free(&c);
     free(mine);
-    free(c.world_ranks);
-    free(c.record_offsets);
-    free(c.record_lengths);
-    free(c.records);
-    free(c.slots);
     return seldp__session_name_call(st, method_name(normalize, fp32), NULL);
 }
 

@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-typedef enum bench_op { BENCH_ALLREDUCE, BENCH_BROADCAST, BENCH_REDUCE } bench_op;
+typedef enum bench_op { BENCH_ALLREDUCE, BENCH_BROADCAST, BENCH_REDUCE, BENCH_OVERLAP } bench_op;
 
 #define BENCH_MAX_LIST 64
 
@@ -43,6 +43,7 @@ typedef struct bench_opts {
     const char *mpirun;      /* --mpirun: the launcher for --compare mpi */
     const char *python;      /* --python: the interpreter for --compare gloo */
     const char *gloo_script; /* --gloo-script (NULL: seldp-bench-gloo.py beside the binary) */
+    double compute_us;       /* --compute-us: overlap, the backward of one layer */
 } bench_opts;
 
 /* One measurement: a line of the table, a JSON object, a CSV row. */

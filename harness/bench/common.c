@@ -10,8 +10,10 @@
 
 #include "bench.h"
 
-static const char *const op_names[] = {
-    [BENCH_ALLREDUCE] = "allreduce", [BENCH_BROADCAST] = "broadcast", [BENCH_REDUCE] = "reduce"};
+static const char *const op_names[] = {[BENCH_ALLREDUCE] = "allreduce",
+                                       [BENCH_BROADCAST] = "broadcast",
+                                       [BENCH_REDUCE] = "reduce",
+                                       [BENCH_OVERLAP] = "overlap"};
 
 const char *bench_op_name(bench_op op)
 {
@@ -53,6 +55,12 @@ static void usage(FILE *f, bool mpi)
         "                        reduce: seldp_session_reduce of a selection of --tensors\n"
         "                        tensors totalling SIZE bytes per rank, beside one raw F32\n"
         "                        allreduce of the same bytes; peak RSS reported\n"
+        "                        overlap: a backward of SIZE/bucket layers, each --compute-us\n"
+        "                        of sleep before its gradient is marked ready, overlapped with\n"
+        "                        seldp_session_reduce_start/finish, beside compute alone,\n"
+        "                        communication alone and both in series (default 16M, 1M\n"
+        "                        buckets)\n"
+        "      --compute-us US   overlap: the backward of one layer (default 1000)\n"
         "  -r, --ranks LIST      simulated ranks: 2, or 2,4, or 1-16 (default 2)\n"
         "  -d, --dtype DTYPE     allreduce: f32; reduce: mixed | f32 | bf16 | f16 (default\n"
         "                        mixed: half the tensors BF16, half F32)\n"
@@ -223,7 +231,8 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         OPT_STAGED_COMMIT,
         OPT_GPU,
         OPT_JSON,
-        OPT_OUT
+        OPT_OUT,
+        OPT_COMPUTE_US
     };
     static const struct option longs[] = {
         {"minbytes", required_argument, NULL, 'b'},
@@ -245,11 +254,12 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         {"gpu", no_argument, NULL, OPT_GPU},
         {"json", no_argument, NULL, OPT_JSON},
         {"out", required_argument, NULL, OPT_OUT},
+        {"compute-us", required_argument, NULL, OPT_COMPUTE_US},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *prog = mpi ? "seldp-bench-mpi" : "seldp-bench";
-    bool sizes_given = false;
+    bool sizes_given = false, buckets_given = false;
     int c;
 
     memset(o, 0, sizeof *o);
@@ -267,6 +277,7 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
     o->bound = true;
     o->mpirun = "mpirun";
     o->python = "python3";
+    o->compute_us = 1000;
     strcpy(o->dtype, "");
 
     optind = 1;
@@ -311,9 +322,11 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
                 o->op = BENCH_BROADCAST;
             else if (strcmp(optarg, "reduce") == 0 && !mpi)
                 o->op = BENCH_REDUCE;
+            else if (strcmp(optarg, "overlap") == 0 && !mpi)
+                o->op = BENCH_OVERLAP;
             else {
                 fprintf(stderr, "%s: --op %s: expected allreduce, broadcast%s\n", prog, optarg,
-                        mpi ? "" : " or reduce");
+                        mpi ? "" : ", reduce or overlap");
                 return 2;
             }
             break;
@@ -338,6 +351,7 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
                         prog, optarg);
                 return 2;
             }
+            buckets_given = true;
             break;
         case OPT_TENSORS: {
             char *end = NULL;
@@ -380,6 +394,15 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         case OPT_OUT:
             o->out = optarg;
             break;
+        case OPT_COMPUTE_US: {
+            char *end = NULL;
+            o->compute_us = strtod(optarg, &end);
+            if (*optarg == '\0' || *end != '\0' || !(o->compute_us >= 0) || o->compute_us > 1e7) {
+                fprintf(stderr, "%s: --compute-us %s: expected 0 to 10000000\n", prog, optarg);
+                return 2;
+            }
+            break;
+        }
         case 'h':
             usage(stdout, mpi);
             return 1;
@@ -394,6 +417,10 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
     }
     if (o->op == BENCH_REDUCE && !sizes_given)
         o->min_bytes = o->max_bytes = (size_t)512 << 20;
+    if (o->op == BENCH_OVERLAP && !sizes_given)
+        o->min_bytes = o->max_bytes = (size_t)16 << 20;
+    if (o->op == BENCH_OVERLAP && !buckets_given)
+        o->buckets[0] = (size_t)1 << 20;
     if (o->dtype[0] == '\0')
         strcpy(o->dtype, o->op == BENCH_REDUCE ? "mixed" : "f32");
     if (o->op == BENCH_REDUCE ? strcmp(o->dtype, "mixed") && strcmp(o->dtype, "f32") &&

@@ -69,6 +69,10 @@ int bench_host_rows(const bench_opts *o, int P, bench_rows *rows);
  * every bucket: reduce rows, the raw allreduce of the same bytes and the memcpy bound. */
 int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows);
 
+/* A backward overlapped with its reduction on P simulated ranks (overlap.c): compute alone,
+ * communication alone, both in series and overlapped, for every size and bucket of o. */
+int bench_overlap_rows(const bench_opts *o, int P, bench_rows *rows);
+
 /* Run seldp-bench-mpi under mpirun with P processes over the sizes of o; its rows are
  * appended with bound fractions from the copy rows already in `rows`. */
 int bench_mpi_rows(const bench_opts *o, const char *self_dir, int P, bench_rows *rows);

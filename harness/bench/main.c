@@ -169,16 +169,18 @@ int main(int argc, char **argv)
             failed = bench_gpu_rows(&o, &rows);
         else if (o.op == BENCH_REDUCE)
             failed = bench_reduce_rows(&o, o.ranks[p], &rows);
+        else if (o.op == BENCH_OVERLAP)
+            failed = bench_overlap_rows(&o, o.ranks[p], &rows);
         else
             failed = bench_host_rows(&o, o.ranks[p], &rows);
         if (!failed && (o.compare_mpi || o.compare_gloo) && !o.gpu) {
             bool skipped = false;
-            if (o.op == BENCH_REDUCE)
+            if (o.op == BENCH_REDUCE || o.op == BENCH_OVERLAP)
                 fprintf(stderr, "seldp-bench: --compare has no reduce; compare the raw "
                                 "allreduce rows with --op allreduce\n");
             else if (o.compare_mpi)
                 failed = bench_mpi_rows(&o, dir, o.ranks[p], &rows);
-            if (!failed && o.compare_gloo && o.op != BENCH_REDUCE)
+            if (!failed && o.compare_gloo && o.op != BENCH_REDUCE && o.op != BENCH_OVERLAP)
                 failed = bench_gloo_rows(&o, dir, o.ranks[p], &rows, &skipped);
         }
         sort_rows(&rows, from);

@@ -36,10 +36,10 @@
  *   transport needs no such buffer. Results that cannot be written in place (FP32
  *   variants of half inputs, entries added under the zero policy) are allocated before
  *   any collective, so that the commit cannot run out of memory halfway.
- * - A reduction starts when it is called, after backward: nothing overlaps the reduction
- *   with the computation of later gradients (no bucket is sent while backward still
- *   runs, unlike DDP's hooks). Call it once per step, when every selected gradient of the
- *   step is final.
+ * - A reduction starts when it is called, after backward, unless you use the overlapped
+ *   reduction (seldp_session_reduce_start ... seldp_session_finish, below): a blocking call
+ *   overlaps nothing with the computation of later gradients. Call it once per step, when
+ *   every selected gradient of the step is final.
  *
  * A transport failure in the middle of a reduction (a rank aborts or times out after
  * every rank has passed the agreement):
@@ -193,6 +193,128 @@ SELDP_API seldp_status seldp_session_sum(seldp_session *session, seldp_grads *gr
 SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grads *grads,
                                               bool local_active, seldp_missing_policy policy,
                                               uint64_t *global_weight);
+
+/* --- Overlapped reductions ----------------------------------------------------------
+ *
+ * The reduction of one step overlapped with its backward, as DDP's gradient hooks do:
+ *
+ *     seldp_session_reduce_start(s, grads, tokens, SELDP_MISSING_ERROR);
+ *     for each layer, last to first:
+ *         backward of the layer; put its gradients into grads;
+ *         seldp_session_mark_ready(s, id) for each of its parameters;
+ *     seldp_session_finish(s, &global_weight);
+ *
+ * A per-session progress thread (created by the first start, joined by
+ * seldp_session_destroy) runs the transport's blocking collectives while the caller goes on
+ * computing: the agreement of the call, then the reducible selected parameters, laid out in
+ * path order in the session's FP32 staging buffer and cut into buckets of cfg.bucket_bytes,
+ * as the blocking bucketed path lays them out. A bucket is converted into the staging
+ * buffer, allreduced and scaled as soon as every parameter it holds is marked, last bucket
+ * first (reverse path order, the order backward produces the gradients), in the same order
+ * on every rank: marks in any order work, a bucket waits for the ones before it. The
+ * buckets hold every reducible parameter, so a parameter no rank has a gradient for is
+ * still sent (as zeros) before finish learns that it is absent. On the host-staged
+ * transport's fused path each bucket is one fused reduction into the staging buffer.
+ *
+ * Contracts, those of the blocking calls (SPEC 3.3) unchanged:
+ * - The results are bit-identical to the blocking call of the same inputs on the same
+ *   communicator and reduce path: sums in F32 in rank order, scaled, converted back with
+ *   round to nearest even. (The host-staged and MPI transports sum an element the same way
+ *   wherever it lies in a bucket. NCCL's sums depend on the position: there the buckets are
+ *   the blocking call's collectives over the same bytes, hence the same bits, when every
+ *   reducible parameter has a gradient on some active rank; when some has none, the layouts
+ *   differ and the results may differ from the blocking call's in the last bits, as two
+ *   bucket sizes do, while staying identical across ranks.)
+ * - Agreement: the start agrees, as a blocking call does, on the method, policy, weight and
+ *   the session's fingerprint (a blocking call on another rank, another session, a missed
+ *   call: SELDP_ERR_DISAGREE); finish agrees once more on every rank's status, presence of
+ *   gradients and first non-finite input, and decides the missing-gradient policy and
+ *   cfg.check_finite as the blocking call does.
+ * - Nothing is written into the caller's container before finish has seen, in its final
+ *   agreement, that every rank's every bucket succeeded (cfg.staged_commit's guarantee,
+ *   always): any failure, on any rank, leaves every rank's container unchanged, and
+ *   finish returns the failure on every rank (the first failing rank's status and message;
+ *   a transport failure that leaves the ranks unable to exchange it: each rank's own).
+ * - Timeouts and seldp_comm_abort (from any thread) interrupt the bucket in flight; finish
+ *   then returns SELDP_ERR_TIMEOUT or SELDP_ERR_ABORTED.
+ *
+ * Rules for the caller:
+ * - Marking a gradient ready hands its bytes to the progress thread, which may read them at
+ *   any time until finish returns: do not modify, free or replace a gradient after marking
+ *   it (the reduction may already have read it; the results are then undefined). Marking a
+ *   parameter twice is an error that fails the reduction on every rank. A gradient on a
+ *   CUDA device must be complete (its stream synchronized) when it is marked.
+ * - Do not change the container's entries of selected parameters that have been marked
+ *   until finish returns; entries of parameters not yet marked may be added.
+ * - While a reduction is in flight the session's communicator belongs to its progress
+ *   thread. A blocking reduction, or another start, on this session or another session of
+ *   the same communicator in this process, returns SELDP_ERR_INVALID_ARGUMENT at once (the
+ *   reduction in flight goes on). Other collectives on that communicator (initialize,
+ *   seldp_comm_*, the gradient norm) are not detected: do not call them before finish.
+ * - Every rank must call finish. seldp_session_destroy while a reduction is in flight
+ *   cancels it: it waits for the collective in progress (at most the transport's timeout)
+ *   and the other ranks' finish returns an error.
+ * - Sessions of different communicators may have reductions in flight at once (a shared
+ *   group's and an expert group's, each with its own progress thread): on the host-staged
+ *   transport they run concurrently. The MPI transport runs the collectives of one world one
+ *   at a time in a process, each holding the world until it completes, so two reductions in
+ *   flight on one world can wait for each other across ranks until the timeout: on MPI keep
+ *   one reduction in flight per world and make no other collective of that world before its
+ *   finish. The progress thread calls MPI, so MPI must be initialized with
+ *   MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE. NCCL: the progress thread makes the
+ *   communicator's device current; NCCL documents that collectives of two communicators
+ *   launched in different orders on different ranks may hang, so keep one reduction in
+ *   flight per GPU there too. */
+
+/** Collective: start the overlapped seldp_session_reduce of `grads` (same arguments and
+ * meaning) and return without waiting for the other ranks. The agreement and every bucket
+ * run on the session's progress thread; their outcome is returned by seldp_session_finish.
+ * `grads` is borrowed until finish returns. Errors, local and immediate (nothing starts,
+ * no collective is made, the other ranks' finish then returns SELDP_ERR_TIMEOUT):
+ * SELDP_ERR_INVALID_ARGUMENT (NULL session or grads, invalid policy, a reduction already in
+ * flight on the session or its communicator), SELDP_ERR_NOMEM, SELDP_ERR_TRANSPORT (the
+ * progress thread could not be created). */
+SELDP_API seldp_status seldp_session_reduce_start(seldp_session *session, seldp_grads *grads,
+                                                  uint64_t local_weight,
+                                                  seldp_missing_policy policy);
+
+/** Collective: the overlapped seldp_session_reduce_fp32, as seldp_session_reduce_start. */
+SELDP_API seldp_status seldp_session_reduce_fp32_start(seldp_session *session, seldp_grads *grads,
+                                                       uint64_t local_weight,
+                                                       seldp_missing_policy policy);
+
+/** Collective: the overlapped seldp_session_sum, as seldp_session_reduce_start. */
+SELDP_API seldp_status seldp_session_sum_start(seldp_session *session, seldp_grads *grads,
+                                               bool local_active, seldp_missing_policy policy);
+
+/** Collective: the overlapped seldp_session_sum_fp32, as seldp_session_reduce_start. */
+SELDP_API seldp_status seldp_session_sum_fp32_start(seldp_session *session, seldp_grads *grads,
+                                                    bool local_active, seldp_missing_policy policy);
+
+/** Local: the gradient of selected parameter `id` is final. It is looked up in the
+ * container now: present, it is checked (frozen, dtype, shape, device, as the blocking call
+ * does) and handed to the progress thread; absent, this rank has none for the step. Never
+ * blocks on the other ranks. Errors: SELDP_ERR_INVALID_ARGUMENT (no reduction in flight),
+ * SELDP_ERR_NOT_FOUND (id not selected by the session; the reduction goes on unaffected);
+ * a gradient that fails a check (SELDP_ERR_FROZEN, _DTYPE, _SHAPE, _DEVICE) or a second
+ * mark of one parameter (SELDP_ERR_INVALID_ARGUMENT) is returned here and fails the
+ * reduction: finish returns it on every rank. Safe to call from several threads at once,
+ * but not concurrently with finish. */
+SELDP_API seldp_status seldp_session_mark_ready(seldp_session *session, seldp_param_id id);
+
+/** Collective: end the overlapped reduction. Every selected parameter not yet marked is
+ * marked now (from the container as it is); then finish waits for the buckets, agrees with
+ * the other ranks and, when every rank's reduction succeeded, writes the results into
+ * `grads` as the blocking call does. *global_weight (may be NULL) receives the global
+ * weight. Errors, the same on every rank: those of the blocking call (never
+ * SELDP_ERR_GRADS_UNDEFINED: on any error `grads` is unchanged); locally,
+ * SELDP_ERR_INVALID_ARGUMENT when no reduction is in flight. The session is ready for its
+ * next reduction when finish returns, whatever the status. */
+SELDP_API seldp_status seldp_session_finish(seldp_session *session, uint64_t *global_weight);
+
+/** Whether an overlapped reduction is in flight on the session: started, not yet finished
+ * (local). */
+SELDP_API bool seldp_session_in_flight(const seldp_session *session);
 
 /** Rank of the caller within the session's group (local). */
 SELDP_API int seldp_session_rank(const seldp_session *session);

@@ -1,0 +1,259 @@
+/* The agreement of a reduction: each rank's record (status, method, FP32 flag, policy,
+ * weight, the session's fingerprint, the first non-finite gradient and a presence bit per
+ * reducible parameter), gathered in one all-gatherv, and the decision every rank computes
+ * from the same gathered records: another session or call, disagreement, local failures,
+ * non-finite inputs, weight overflow, presence, and gradients missing under the error
+ * policy. The blocking reductions agree once; an overlapped one at its start and again at
+ * its finish. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "session_reduce.h"
+
+const char *seldp__reduce_method(uint64_t normalize, uint64_t fp32, uint64_t overlapped)
+{
+    if (overlapped == REDUCE_FINISH)
+        return "seldp_session_finish";
+    if (overlapped == REDUCE_START) {
+        if (normalize)
+            return fp32 ? "seldp_session_reduce_fp32_start" : "seldp_session_reduce_start";
+        return fp32 ? "seldp_session_sum_fp32_start" : "seldp_session_sum_start";
+    }
+    if (normalize)
+        return fp32 ? "seldp_session_reduce_fp32" : "seldp_session_reduce";
+    return fp32 ? "seldp_session_sum_fp32" : "seldp_session_sum";
+}
+
+/* The public call a gathered record comes from. */
+static const char *method_name(const reduce_record *rec)
+{
+    return seldp__reduce_method(rec->normalize, rec->fp32, rec->overlapped);
+}
+
+static const char *policy_name(uint64_t policy)
+{
+    switch (policy) {
+    case SELDP_MISSING_ERROR:
+        return "error";
+    case SELDP_MISSING_ZERO:
+        return "zero";
+    default:
+        return "invalid";
+    }
+}
+
+static reduce_record *record_of(const reduce_call *c, int rank)
+{
+    return (reduce_record *)(c->records + c->record_offsets[rank]);
+}
+
+static bool record_has(const reduce_call *c, int rank, size_t slot)
+{
+    const unsigned char *bits = (const unsigned char *)(record_of(c, rank) + 1);
+    return bits[slot / 8] >> (slot % 8) & 1u;
+}
+
+void seldp__reduce_fill_record(const reduce_call *c, seldp_status local, reduce_record *mine)
+{
+    const seldp_session *s = c->s;
+    unsigned char *bits = (unsigned char *)(mine + 1);
+    mine->status = (uint64_t)local;
+    mine->world_rank = (uint64_t)seldp_comm_world_rank(s->comm);
+    mine->normalize = c->normalize;
+    mine->fp32 = c->fp32;
+    mine->policy = (uint64_t)c->policy;
+    mine->weight = c->weight;
+    mine->overlapped = c->overlapped;
+    mine->digest = s->digest;
+    mine->call = c->call;
+    mine->n_groups = s->n_groups;
+    mine->n_slots = s->n_slots;
+    mine->nonfinite_slot = c->nonfinite_slot;
+    mine->nonfinite_elem = c->nonfinite_elem;
+    mine->nonfinite_count = c->nonfinite_count;
+    if (s->n_groups)
+        snprintf(mine->first_path, sizeof mine->first_path, "%s", s->groups[0].path);
+    for (size_t k = 0; k < c->s->n_slots; k++)
+        if (c->slots[k].has_grad)
+            bits[k / 8] |= (unsigned char)(1u << (k % 8));
+}
+
+/* --- decide ---------------------------------------------------------------- */
+
+/* "the session of 'path' (N parameters, schema 0x...)" into buf, from a gathered record. */
+static const char *session_name(const reduce_record *rec, char *buf, size_t size)
+{
+    if (rec->n_groups == 0)
+        snprintf(buf, size, "the session of an empty selection (schema %016" PRIx64 ")",
+                 rec->digest);
+    else
+        snprintf(buf, size,
+                 "the session of '%.*s' (%" PRIu64 " parameter%s, schema %016" PRIx64 ")",
+                 RECORD_PATH_MAX - 1, rec->first_path, rec->n_groups, rec->n_groups == 1 ? "" : "s",
+                 rec->digest);
+    return buf;
+}
+
+/* Every record is whole and its bitmap as long as its session's slots need; a malformed
+ * one means a rank is not running this library's reduction. */
+static seldp_status check_records(reduce_call *c, int n)
+{
+    size_t offset = 0;
+    for (int r = 0; r < n; r++) {
+        size_t len = c->record_lengths[r];
+        const reduce_record *rec = (const reduce_record *)(c->records + offset);
+        c->record_offsets[r] = offset;
+        if (len < sizeof *rec || len % 8 != 0 || (len - sizeof *rec) * 8 < rec->n_slots)
+            return seldp__fail(SELDP_ERR_INTERNAL,
+                               "%s: group rank %d sent a malformed agreement record of %zu bytes",
+                               seldp__reduce_method(c->normalize, c->fp32, c->overlapped), r, len);
+        offset += len;
+    }
+    return SELDP_OK;
+}
+
+/* Every rank must be in the same call of the same session, with the same method and
+ * policy: else SELDP_ERR_DISAGREE naming the first rank that differs from group rank 0. */
+static seldp_status agree_on_call(const reduce_call *c, int n)
+{
+    const reduce_record *a = record_of(c, 0);
+    const int *world = c->world_ranks;
+    char sa[RECORD_PATH_MAX + 96], sb[RECORD_PATH_MAX + 96];
+
+    for (int r = 1; r < n; r++) {
+        const reduce_record *b = record_of(c, r);
+        if (b->digest != a->digest || b->n_groups != a->n_groups || b->n_slots != a->n_slots)
+            return seldp__fail(
+                SELDP_ERR_DISAGREE,
+                "ranks reduce different sessions: group rank 0 (world rank %d) called %s on %s "
+                "(its call %" PRIu64 "), group rank %d (world rank %d) called %s on %s (its call "
+                "%" PRIu64 "); every rank must reduce the same sessions in the same order",
+                world[0], method_name(a), session_name(a, sa, sizeof sa), a->call, r, world[r],
+                method_name(b), session_name(b, sb, sizeof sb), b->call);
+        if (b->call != a->call)
+            return seldp__fail(
+                SELDP_ERR_DISAGREE,
+                "ranks are out of step on %s: group rank 0 (world rank %d) called %s as the "
+                "session's call %" PRIu64 ", group rank %d (world rank %d) called %s as its call "
+                "%" PRIu64 "; a rank missed or added a call",
+                session_name(a, sa, sizeof sa), world[0], method_name(a), a->call, r, world[r],
+                method_name(b), b->call);
+        if (b->normalize != a->normalize || b->fp32 != a->fp32 || b->policy != a->policy ||
+            b->overlapped != a->overlapped)
+            return seldp__fail(
+                SELDP_ERR_DISAGREE,
+                "ranks disagree on the reduction: group rank 0 (world rank %d) called %s "
+                "with policy %s, group rank %d (world rank %d) called %s with policy %s",
+                world[0], method_name(a), policy_name(a->policy), r, world[r], method_name(b),
+                policy_name(b->policy));
+    }
+    return SELDP_OK;
+}
+
+/* With cfg.check_finite: SELDP_ERR_NONFINITE naming the first non-finite input gradient
+ * in path order, and of those the lowest group rank's. */
+static seldp_status agree_finite(const reduce_call *c, int n)
+{
+    int worst = -1;
+    for (int r = 0; r < n; r++) {
+        uint64_t slot = record_of(c, r)->nonfinite_slot;
+        if (slot != NO_NONFINITE && (worst < 0 || slot < record_of(c, worst)->nonfinite_slot))
+            worst = r;
+    }
+    if (worst < 0)
+        return SELDP_OK;
+    const reduce_record *rec = record_of(c, worst);
+    if (rec->nonfinite_slot >= c->s->n_slots)
+        return seldp__fail(SELDP_ERR_INTERNAL,
+                           "group rank %d named a non-finite slot %" PRIu64 " of %zu", worst,
+                           rec->nonfinite_slot, c->s->n_slots);
+    return seldp__fail(SELDP_ERR_NONFINITE,
+                       "'%s': the gradient of group rank %d (world rank %d) is not finite at "
+                       "element %" PRIu64 " of %" PRIu64
+                       " (the first non-finite input in path order, then group rank)",
+                       c->s->groups[c->s->slot_group[rec->nonfinite_slot]].path, worst,
+                       c->world_ranks[worst], rec->nonfinite_elem, rec->nonfinite_count);
+}
+
+/* The outcome of the agreement, computed by every rank from the same gathered records. */
+static seldp_status reduce_decide(reduce_call *c, const char *message)
+{
+    seldp_status st = SELDP_OK;
+    seldp_session *s = c->s;
+    int n = seldp_comm_size(s->comm), *lacking = NULL, *having = NULL;
+    const reduce_record *first;
+
+    SELDP_CHECK(check_records(c, n));
+    first = record_of(c, 0);
+    for (int r = 0; r < n; r++)
+        c->world_ranks[r] = (int)record_of(c, r)->world_rank;
+    SELDP_CHECK(agree_on_call(c, n));
+    for (int r = 0; r < n; r++)
+        if (record_of(c, r)->status != SELDP_OK)
+            return seldp__session_share_error(s->comm, r, (seldp_status)record_of(c, r)->status,
+                                              message);
+    SELDP_CHECK(agree_finite(c, n));
+
+    c->global_weight = 0;
+    for (int r = 0; r < n; r++) {
+        uint64_t w = record_of(c, r)->weight;
+        if (c->global_weight > UINT64_MAX - w)
+            SELDP_FAIL(SELDP_ERR_OVERFLOW,
+                       "the global weight overflows 64 bits: group rank %d (world rank %d) adds "
+                       "%" PRIu64 " to %" PRIu64 " from the ranks before it",
+                       r, c->world_ranks[r], w, c->global_weight);
+        c->global_weight += w;
+    }
+
+    lacking = malloc((size_t)n * sizeof *lacking);
+    having = malloc((size_t)n * sizeof *having);
+    if (!lacking || !having)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory checking gradient presence on %d ranks", n);
+    for (size_t k = 0; k < s->n_slots; k++) {
+        size_t n_lacking = 0, n_having = 0;
+        for (int r = 0; r < n; r++) {
+            if (record_of(c, r)->weight == 0)
+                continue;
+            if (record_has(c, r, k))
+                having[n_having++] = r;
+            else
+                lacking[n_lacking++] = r;
+        }
+        c->slots[k].present = n_having > 0;
+        if (n_having > 0 && n_lacking > 0 && first->policy == SELDP_MISSING_ERROR) {
+            char who[256], others[256];
+            seldp__session_rank_list(lacking, n_lacking, c->world_ranks, who, sizeof who);
+            seldp__session_rank_list(having, n_having, c->world_ranks, others, sizeof others);
+            SELDP_FAIL(SELDP_ERR_MISSING_GRADIENT,
+                       "'%s' has no gradient on active %s, but has one on active %s (missing-"
+                       "gradient policy error)",
+                       s->groups[s->slot_group[k]].path, who, others);
+        }
+    }
+fail:
+    free(having);
+    free(lacking);
+    return st;
+}
+
+seldp_status seldp__reduce_agree(reduce_call *c, const void *mine, const char *message,
+                                 bool *gathered)
+{
+    if (gathered)
+        *gathered = false;
+    free(c->records);
+    c->records = NULL;
+    /* Variable-length, so that ranks in sessions of different sizes meet here and say so. */
+    seldp_status st = seldp__session_name_call(
+        seldp_comm_allgatherv(c->s->comm, mine, c->record_bytes, (void **)&c->records,
+                              c->record_lengths),
+        seldp__reduce_method(c->normalize, c->fp32, c->overlapped), "the agreement");
+    if (st != SELDP_OK)
+        return st;
+    if (gathered)
+        *gathered = true;
+    return reduce_decide(c, message);
+}

@@ -1,0 +1,60 @@
+/* The state of a session's overlapped reductions, shared by the caller's side
+ * (session_async.c: start, mark, finish, the layout) and the progress thread
+ * (session_async_progress.c: the agreement and the buckets). Internal. */
+#ifndef SELDP_SESSION_ASYNC_H
+#define SELDP_SESSION_ASYNC_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "session_reduce.h"
+
+typedef struct id_group {
+    seldp_param_id id;
+    size_t group;
+} id_group;
+
+typedef struct session_async {
+    seldp_session *s;
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t lock;
+    pthread_cond_t wake; /* to the progress thread: a job, a mark, cancel */
+    pthread_cond_t idle; /* to the caller: the job is done */
+
+    /* The layout, fixed for the session. */
+    size_t capacity;      /* F32 elements per bucket */
+    size_t n_buckets;     /* over s->slot_elems */
+    size_t *slot_offset;  /* per slot: its F32 offset in the staging buffer */
+    size_t *slot_first;   /* per slot: the first and last bucket it spans (first > last: */
+    size_t *slot_last;    /*           an empty tensor, in no bucket) */
+    size_t *bucket_slots; /* per bucket: the slots it holds */
+    id_group *index;      /* selected ids, sorted, with their group */
+    size_t n_index;
+
+    /* The call in flight. Under the lock: job, cancel, quit, marked, pending. */
+    bool in_flight; /* a start returned SELDP_OK and its finish has not returned; read and
+                       written by the caller's thread only */
+    bool job;       /* the progress thread has this call's collectives to run */
+    bool cancel;    /* seldp_session_destroy: stop at the next wait */
+    bool quit;
+    bool *marked;    /* per slot */
+    size_t *pending; /* per bucket: slots not marked yet */
+    reduce_call c;
+    unsigned char *mine; /* this rank's record */
+    char start_message[SESSION_MESSAGE_MAX];
+    /* the caller's first failure (a mark, the results' allocation) and its message */
+    seldp_status local;
+    char local_message[SESSION_MESSAGE_MAX];
+    /* the progress thread's outcome, read by finish once job is false */
+    seldp_status thread_status;
+    char thread_message[SESSION_MESSAGE_MAX];
+    bool start_failed; /* the first agreement failed: the same verdict on every rank */
+} session_async;
+
+/* The progress thread's body: waits for a job, runs its collectives, reports, until quit.
+ * `arg` is the session_async. */
+void *seldp__session_progress_main(void *arg);
+
+#endif

@@ -1,0 +1,175 @@
+/* The progress thread of a session's overlapped reductions (see session_async.c): the
+ * agreement of the call, then the buckets, last to first, each once every parameter it holds
+ * is marked. It never touches the caller's container: the caller's thread copies the
+ * descriptors of marked gradients into the call's slots under the lock. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdio.h>
+
+#include "bucket.h"
+#include "device.h"
+#include "internal.h"
+#include "kernels.h"
+#include "session_async.h"
+
+/* The slots that end after the start of bucket b and have not been seen yet (*next: the
+ * next slot in reverse path order), every one of them marked: their finiteness checked and, unless
+ * the transport reads them itself (`convert` false), their contributions converted into the
+ * staging buffer (zeros where this rank has none or is inactive). */
+static seldp_status pack_through(session_async *a, size_t b, size_t *next, bool convert)
+{
+    seldp_status st = SELDP_OK;
+    seldp_session *s = a->s;
+    reduce_call *c = &a->c;
+    seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
+    size_t n_batch = 0, start = b * a->capacity;
+
+    for (; *next < s->n_slots; (*next)++) {
+        size_t k = s->n_slots - 1 - *next;
+        const reduce_slot *slot = &c->slots[k];
+        size_t n = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        bool contributes;
+        if (a->slot_offset[k] + n <= start)
+            break; /* in an earlier bucket, maybe not marked yet: its slot is not read */
+        if (n == 0)
+            continue;
+        contributes = c->weight > 0 && slot->has_grad;
+        SELDP_CHECK(seldp__reduce_check_finite(c, k));
+        if (!convert)
+            continue;
+        batch[n_batch++] = (seldp__convert_seg){
+            .dst = s->staging + a->slot_offset[k],
+            .src = contributes ? slot->grad.data : NULL, /* NULL: zeros */
+            .dst_dtype = SELDP_F32,
+            .src_dtype = contributes ? slot->grad.dtype : SELDP_F32,
+            .n = n,
+        };
+        if (n_batch == SELDP_CONVERT_BATCH_MAX) {
+            SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+            n_batch = 0;
+        }
+    }
+    SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+fail:
+    return st;
+}
+
+/* Collective, on a fused session (the host-staged transport on host memory): bucket b in
+ * one fused reduction that reads every rank's gradients where they are and writes the
+ * scaled F32 sums into the staging buffer, the bits pack, allreduce and scale give, in one
+ * pass. Each slot's part in the bucket is one segment. */
+static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *first)
+{
+    seldp_session *s = a->s;
+    reduce_call *c = &a->c;
+    size_t lo = b * a->capacity, hi = lo + a->capacity, n = 0;
+
+    /* slots in reverse path order (falling offsets), from the first that reaches into bucket
+     * b; the buckets come last to first */
+    for (size_t j = *first; j < s->n_slots; j++) {
+        size_t k = s->n_slots - 1 - j;
+        const reduce_slot *slot = &c->slots[k];
+        size_t off = a->slot_offset[k];
+        size_t count = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t from = off > lo ? off : lo, to = off + count < hi ? off + count : hi;
+        bool contributes;
+        if (off + count <= lo)
+            break; /* in an earlier bucket, maybe not marked yet: its slot is not read */
+        if (off >= hi) {
+            *first = j + 1; /* in a later bucket, done: so for every bucket still to come */
+            continue;
+        }
+        if (count == 0)
+            continue;
+        contributes = c->weight > 0 && slot->has_grad;
+        c->segs[n++] = (seldp__reduce_seg){
+            .in = contributes ? (const char *)slot->grad.data +
+                                    (from - off) * seldp_dtype_size(slot->grad.dtype)
+                              : NULL,
+            .in_dtype = contributes ? slot->grad.dtype : SELDP_F32,
+            .out = s->staging + from,
+            .out_dtype = SELDP_F32,
+            .count = to - from,
+        };
+    }
+    seldp__reduce_fused_args args = {
+        .segs = c->segs,
+        .n_segs = n,
+        .bucket_elems = 0,
+        .scale = c->normalize ? 1.0 / (double)c->global_weight : 1.0,
+        .written = NULL,
+    };
+    return seldp__comm_reduce_fused(s->comm, &args);
+}
+
+/* Collective: the call's collectives, on the progress thread. */
+static seldp_status progress_run(session_async *a)
+{
+    seldp_status st = SELDP_OK;
+    seldp_session *s = a->s;
+    reduce_call *c = &a->c;
+    size_t total = s->slot_elems * sizeof(float), next = 0, first = 0;
+
+    st = seldp__reduce_agree(c, a->mine, a->start_message, NULL);
+    if (st != SELDP_OK) {
+        a->start_failed = true;
+        return st;
+    }
+    if (c->global_weight == 0)
+        return SELDP_OK; /* no active rank: nothing is reduced, every result is absent */
+    for (size_t i = 0; i < a->n_buckets; i++) {
+        size_t b = a->n_buckets - 1 - i, offset, bytes; /* last to first */
+        float *at;
+        bool cancelled;
+        pthread_mutex_lock(&a->lock);
+        while (a->pending[b] > 0 && !a->cancel)
+            pthread_cond_wait(&a->wake, &a->lock);
+        cancelled = a->cancel;
+        pthread_mutex_unlock(&a->lock);
+        if (cancelled)
+            return seldp__fail(SELDP_ERR_ABORTED, "the session was destroyed during the "
+                                                  "reduction");
+        SELDP_CHECK(pack_through(a, b, &next, !s->fused));
+        if (s->fused) {
+            SELDP_CHECK(reduce_bucket_fused(a, b, &first));
+            continue;
+        }
+        seldp__bucket_span(total, a->capacity * sizeof(float), b, &offset, &bytes);
+        at = s->staging + offset / sizeof(float);
+        SELDP_CHECK(
+            seldp_comm_allreduce(s->comm, at, at, bytes / sizeof(float), SELDP_F32, s->device));
+        if (c->normalize)
+            SELDP_CHECK(seldp__scale_f32(s->device, at, bytes / sizeof(float),
+                                         1.0 / (double)c->global_weight));
+    }
+fail:
+    return seldp__session_name_call(st, seldp__reduce_method(c->normalize, c->fp32, REDUCE_START),
+                                    "the overlapped reduction");
+}
+
+void *seldp__session_progress_main(void *arg)
+{
+    session_async *a = arg;
+#ifdef SELDP_HAVE_CUDA
+    /* the device of the communicator, for the kernels and the transport's streams */
+    if (a->s->device.kind == SELDP_DEVICE_CUDA)
+        (void)seldp__cuda()->set_device(a->s->device.ordinal);
+#endif
+    pthread_mutex_lock(&a->lock);
+    for (;;) {
+        while (!a->job && !a->quit)
+            pthread_cond_wait(&a->wake, &a->lock);
+        if (a->quit)
+            break;
+        pthread_mutex_unlock(&a->lock);
+        seldp_status st = progress_run(a);
+        pthread_mutex_lock(&a->lock);
+        a->thread_status = st;
+        snprintf(a->thread_message, sizeof a->thread_message, "%s",
+                 st != SELDP_OK ? seldp_last_error() : "");
+        a->job = false;
+        pthread_cond_broadcast(&a->idle);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return NULL;
+}
