@@ -125,12 +125,6 @@ seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_gr
                        "--experts %d: must be a positive multiple of --ep %d", experts, ep);
     HX_CHECK(hx_grid_build(grid, world, ep, experts, &sl));
     seldp_layout_config c = seldp_layout_get_config(sl);
-    if (c.tp > 1 || c.pp > 1 || c.cp > 1 || c.etp > 1)
-        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                "--tp %d --pp %d --cp %d --etp %d: training with tensor, pipeline, context or "
-                "expert-tensor parallelism needs the sharded tiny-moe, which is not built yet; "
-                "--print-layout prints these groups",
-                c.tp, c.pp, c.cp, c.etp);
     int n_ep = seldp_layout_group_count(sl, SELDP_GROUP_EP);
     int local = experts / ep;
     HX_CHECK(layout_new(world, experts, n_ep, &l));
@@ -141,7 +135,8 @@ seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_gr
         memcpy(l->ep[g].ranks, ranks, (size_t)size * sizeof *ranks);
     }
     /* EP position j holds experts j * E / ep ..: its ranks (ascending) own them, and form
-     * their expert-data group (at TP = PP = 1 there is one per position) */
+     * their expert-data group (at TP = PP = 1 there is one per position; a sharded run
+     * reduces over the grid's expert-data groups of each stage and ETP rank, grid.h) */
     for (int j = 0; j < ep; j++) {
         hx_group slot = {0};
         HX_CHECK(group_alloc(&slot, world / ep));

@@ -17,9 +17,9 @@ void tm_blas_single_thread(void)
 
 static seldp_status check_layer(const tm_model *m, int l, const char *fn)
 {
-    if (l < 0 || l >= m->cfg.layers)
-        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
-                        m->rank, fn, l, m->cfg.layers);
+    if (l < m->part.first_layer || l >= m->part.end_layer)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [%d, %d)",
+                        m->rank, fn, l, m->part.first_layer, m->part.end_layer);
     if (!m->embedded)
         return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                         "rank %d: %s: layer %d called before tm_embed_forward", m->rank, fn, l);
@@ -29,9 +29,9 @@ static seldp_status check_layer(const tm_model *m, int l, const char *fn)
 static tm_expert_slot *held_expert(tm_model *m, int l, int e, const char *fn, seldp_status *st)
 {
     *st = SELDP_OK;
-    if (l < 0 || l >= m->cfg.layers) {
-        *st = tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)", m->rank,
-                       fn, l, m->cfg.layers);
+    if (l < m->part.first_layer || l >= m->part.end_layer) {
+        *st = tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [%d, %d)",
+                       m->rank, fn, l, m->part.first_layer, m->part.end_layer);
         return NULL;
     }
     if (e < 0 || e >= m->cfg.experts || !m->owns[e]) {
@@ -100,6 +100,8 @@ seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, floa
     m->embedded = true;
     for (int l = 0; l < m->cfg.layers; l++)
         m->cache[l].routed = m->cache[l].combined = m->cache[l].combined_back = false;
+    if (!m->part.embed)
+        return SELDP_OK; /* a later pipeline stage: h is the previous stage's output */
     const float *E = m->work[m->embed];
     for (size_t t = 0; t < T; t++)
         memcpy(h + t * (size_t)D, E + (size_t)tokens[t] * (size_t)D, (size_t)D * sizeof(float));
@@ -111,6 +113,8 @@ seldp_status tm_embed_backward(tm_model *m, const float *dh)
     if (!m->embedded)
         return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                         "rank %d: tm_embed_backward before tm_embed_forward", m->rank);
+    if (!m->part.embed)
+        return SELDP_OK; /* dh goes to the previous pipeline stage */
     const int D = m->cfg.d_model;
     float *dE = m->grad[m->embed];
     for (size_t t = 0; t < m->T; t++) {
@@ -437,6 +441,10 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     if (!m->embedded)
         return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                         "rank %d: tm_head_forward_backward before tm_embed_forward", m->rank);
+    if (!m->part.head)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_head_forward_backward on a pipeline stage without the head",
+                        m->rank);
     const size_t T = m->T;
     const int D = m->cfg.d_model, V = m->cfg.vocab;
     for (size_t t = 0; t < T; t++) {

@@ -216,6 +216,40 @@ seldp_param_id tm_default_param_id(const char *path, int rank, void *user);
 seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts, int n_experts,
                              tm_param_id_fn id_fn, void *id_user, tm_model **out);
 
+/** The part of the logical model one pipeline stage holds (SPEC §4.1): layers
+ * [first_layer, end_layer), the embedding (stage 0) and the head with the final norm (the
+ * last stage). With both, embed.weight and its tied alias lm_head.weight share one storage
+ * as in tm_model_create; with the head alone the copy is a parameter of its own registered
+ * as `lm_head.weight` (its own id). */
+typedef struct tm_part {
+    int first_layer;
+    int end_layer;
+    bool embed;
+    bool head;
+} tm_part;
+
+/** As tm_model_create, holding only `part` of the model: parameters of the other layers,
+ * and the embedding or the head where the part lacks them, are not created or registered
+ * (nf4.codebook always is). Sharded tensors are made by passing a config of the shard's sizes
+ * (vocab V/tp, d_ff F/etp, d_ff_shared Fs/tp). Such a model holds parameters and gradients;
+ * it is not for the forward functions (a working model of full shapes computes, and
+ * tm_model_set_grad hands its gradients over). INVALID_ARGUMENT for a part outside
+ * [0, layers) or an empty one. */
+seldp_status tm_model_create_part(const tm_config *cfg, const tm_part *part, int rank,
+                                  const int *experts, int n_experts, tm_param_id_fn id_fn,
+                                  void *id_user, tm_model **out);
+
+/** The part the model holds (every layer, embedding and head for tm_model_create). */
+tm_part tm_model_part(const tm_model *m);
+
+/** Replace the FP32 gradient accumulator of the trainable occurrence at `path` by grad
+ * (numel floats). NOT_FOUND for an unknown or frozen path. */
+seldp_status tm_model_set_grad(tm_model *m, const char *path, const float *grad);
+
+/** Mark expert e of layer l as having seen rows this step (its gradients get exported) or
+ * not. No-op out of range. */
+void tm_model_set_seen(tm_model *m, int l, int e, bool seen);
+
 /** Free the model, its view and its buffers. NULL is a no-op. */
 void tm_model_destroy(tm_model *m);
 

@@ -50,6 +50,7 @@ typedef struct tm_layer_cache {
 
 struct tm_model {
     tm_config cfg;
+    tm_part part; /* what of the logical model this one holds */
     int rank;
     bool *owns; /* (E) */
 

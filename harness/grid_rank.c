@@ -1,0 +1,380 @@
+/* A rank of a sharded run (grid.h): its groups, its shard and working models, the sessions
+ * of its replica sets, the gathering of the working weights from the shards and the return
+ * of the working gradients to them, and the reductions of a step. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grid.h"
+
+tm_model *hx_compute_model(const hx_rank *rk)
+{
+    return rk->grid ? rk->grid->work : rk->model;
+}
+
+/* Split the world by the layout's colour and key of `kind` (NULL where the rank has none). */
+static seldp_status split_kind(hx_rank *rk, seldp_group_kind kind, seldp_comm **out)
+{
+    int color, key;
+    seldp_status st = seldp_layout_split_args(rk->run->layout->grid, kind, rk->rank, &color, &key);
+    if (st == SELDP_OK)
+        st = seldp_comm_split(rk->world, color, key, out);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: building its %s group", rk->rank,
+                           seldp_group_kind_name(kind));
+    return SELDP_OK;
+}
+
+static seldp_status split_by(hx_rank *rk, int color, const char *what, seldp_comm **out)
+{
+    seldp_status st = seldp_comm_split(rk->world, color, rk->rank, out);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: building its %s group", rk->rank, what);
+    return SELDP_OK;
+}
+
+seldp_status hx_grid_setup(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    const seldp_layout *g = run->layout->grid;
+    seldp_layout_config c = seldp_layout_get_config(g);
+    int *owned = hx_calloc((size_t)run->layout->experts, sizeof *owned);
+    hx_grid_rank *gr = hx_calloc(1, sizeof *gr);
+    if (!owned || !gr) {
+        free(owned);
+        free(gr);
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    }
+    rk->grid = gr;
+    int n_owned = hx_layout_owned(run->layout, rk->rank, owned);
+    gr->stage = seldp_layout_stage(g, rk->rank);
+    gr->tp_rank = seldp_layout_position(g, SELDP_GROUP_TP, rk->rank);
+    gr->etp_rank = seldp_layout_position(g, SELDP_GROUP_EXPERT_TP, rk->rank);
+    gr->part = hx_grid_part(run, rk->rank);
+
+    /* every rank splits in this order */
+    HX_CHECK(split_kind(rk, SELDP_GROUP_TP, &gr->tp));
+    HX_CHECK(split_kind(rk, SELDP_GROUP_PP, &gr->pp));
+    HX_CHECK(split_kind(rk, SELDP_GROUP_EXPERT_TP, &gr->etp));
+    HX_CHECK(split_kind(rk, SELDP_GROUP_DP, &gr->comm[HX_SET_DENSE]));
+    HX_CHECK(split_kind(rk, SELDP_GROUP_EXPERT_DP, &gr->comm[HX_SET_EXPERT]));
+    HX_CHECK(split_by(rk, gr->stage, "stage", &gr->stage_comm));
+    HX_CHECK(split_by(rk, c.tp > 1 ? gr->stage : SELDP_COMM_NO_GROUP, "sequence-parallel",
+                      &gr->comm[HX_SET_SP]));
+    bool ends = gr->part.embed || gr->part.head;
+    HX_CHECK(split_by(rk, c.pp > 1 && ends ? gr->tp_rank : SELDP_COMM_NO_GROUP, "embedding",
+                      &gr->comm[HX_SET_EMB]));
+
+    tm_config shard_cfg = hx_grid_shard_config(run);
+    tm_config work_cfg = run->opts.model;
+    work_cfg.d_ff = shard_cfg.d_ff; /* the expert-TP shard computes its partial output */
+    HX_CHECK_LIB(tm_model_create_part(&shard_cfg, &gr->part, rk->rank, owned, n_owned, NULL, NULL,
+                                      &rk->model),
+                 "rank %d: creating its shards", rk->rank);
+    HX_CHECK_LIB(
+        tm_model_create_part(&work_cfg, &gr->part, rk->rank, owned, n_owned, NULL, NULL, &gr->work),
+        "rank %d: creating its working model", rk->rank);
+    if (gr->comm[HX_SET_EMB]) {
+        /* replicas are matched by path: both copies of the tied embedding as embed.weight */
+        const tm_param_info *p =
+            tm_param_find(rk->model, gr->part.embed ? "embed.weight" : "lm_head.weight");
+        HX_CHECK_LIB(seldp_model_create(rk->rank, &gr->emb_view), "rank %d: embedding view",
+                     rk->rank);
+        HX_CHECK_LIB(
+            seldp_model_add(gr->emb_view, "embed.weight", p->id, &p->tensor, false, (void *)p),
+            "rank %d: registering the tied embedding", rk->rank);
+    }
+fail:
+    free(owned);
+    return st;
+}
+
+/* The group rank of world rank `root` in the communicator of `set`. */
+static int root_position(const hx_rank *rk, hx_grid_set set, int root)
+{
+    const seldp_layout *g = rk->run->layout->grid;
+    if (set == HX_SET_DENSE)
+        return seldp_layout_position(g, SELDP_GROUP_DP, root);
+    if (set == HX_SET_EXPERT)
+        return seldp_layout_position(g, SELDP_GROUP_EXPERT_DP, root);
+    /* split by world rank: the members below the root come first */
+    int below = 0;
+    for (int q = 0; q < root; q++) {
+        bool member = seldp_layout_stage(g, q) == seldp_layout_stage(g, rk->rank);
+        if (set == HX_SET_EMB) {
+            int stage = seldp_layout_stage(g, q);
+            member = (stage == 0 || stage == seldp_layout_get_config(g).pp - 1) &&
+                     seldp_layout_position(g, SELDP_GROUP_TP, q) == rk->grid->tp_rank;
+        }
+        below += member;
+    }
+    return below;
+}
+
+static seldp_status checksums(const hx_rank *rk, const seldp_param_id *ids, size_t n_ids,
+                              uint64_t *sums)
+{
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        bool selected = false;
+        for (size_t k = 0; k < n_ids && !selected; k++)
+            selected = ids[k] == p->id;
+        sums[i] = 0;
+        seldp_status st = selected ? SELDP_OK : hx_tensor_checksum(rk, &p->tensor, &sums[i]);
+        if (st != SELDP_OK)
+            return st;
+    }
+    return SELDP_OK;
+}
+
+seldp_status hx_grid_init_sessions(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    hx_grid_rank *gr = rk->grid;
+    size_t n = tm_param_count(rk->model);
+    seldp_param_id *ids = hx_calloc(n ? n : 1, sizeof *ids);
+    uint64_t *before = hx_calloc(n ? n : 1, sizeof *before);
+    uint64_t *after = hx_calloc(n ? n : 1, sizeof *after);
+    if (!ids || !before || !after)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (int set = 0; set < HX_SET_COUNT; set++) {
+        if (!gr->comm[set])
+            continue;
+        size_t n_ids = 0;
+        for (size_t i = 0; i < n; i++) {
+            const tm_param_info *p = tm_param_at(rk->model, i);
+            if (!p->alias && hx_grid_set_of(run, rk->rank, p) == (hx_grid_set)set)
+                ids[n_ids++] = p->id;
+        }
+        int root = root_position(rk, (hx_grid_set)set, hx_grid_root(run, rk->rank, set));
+        seldp_model *view = set == HX_SET_EMB ? gr->emb_view : tm_model_view(rk->model);
+        HX_CHECK(checksums(rk, ids, n_ids, before));
+        if (run->opts.model.quant != TM_QUANT_NONE)
+            st = seldp_session_initialize_with_buffers(gr->comm[set], view, root, ids, n_ids, NULL,
+                                                       &gr->set[set]);
+        else
+            st = seldp_session_initialize(gr->comm[set], view, root, ids, n_ids, NULL,
+                                          &gr->set[set]);
+        if (st != SELDP_OK)
+            HX_FAIL_LIB(st, "rank %d: initialize of its %s group", rk->rank,
+                        hx_grid_set_name((hx_grid_set)set));
+        HX_CHECK(checksums(rk, ids, n_ids, after));
+        for (size_t i = 0; i < n; i++)
+            hx_record_local(&rk->init_untouched, before[i] != after[i],
+                            "rank %d: initialize of its %s group changed %s, which it does not "
+                            "select",
+                            rk->rank, hx_grid_set_name((hx_grid_set)set),
+                            tm_param_at(rk->model, i)->path);
+    }
+fail:
+    free(ids);
+    free(before);
+    free(after);
+    return st;
+}
+
+/* Split over the dense TP group (not an expert's, whose shard is what computes). */
+static bool tp_split(const hx_rank *rk, const tm_param_info *p, hx_shard *s)
+{
+    *s = hx_grid_shard(rk->run, rk->rank, p->path);
+    return s->parts > 1 && !(p->role & TM_ROLES_EXPERT_GROUP);
+}
+
+seldp_status hx_grid_load_work(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_grid_rank *gr = rk->grid;
+    char *all = NULL;
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        const tm_param_info *q = tm_param_find(gr->work, p->path);
+        hx_shard s;
+        if (p->alias)
+            continue;
+        if (!q)
+            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: the working model has no %s", rk->rank, p->path);
+        size_t bytes = seldp_tensor_nbytes(&p->tensor);
+        if (!tp_split(rk, p, &s)) {
+            memcpy(q->tensor.data, p->tensor.data, bytes);
+            continue;
+        }
+        /* the logical tensor from every TP rank's shard */
+        all = hx_calloc((size_t)s.parts * bytes, 1);
+        if (!all)
+            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+        HX_CHECK_LIB(seldp_comm_allgather(gr->tp, p->tensor.data, all, bytes, SELDP_HOST_DEVICE),
+                     "rank %d: allgather of %s over its TP group", rk->rank, p->path);
+        for (int k = 0; k < s.parts; k++)
+            hx_shard_copy(q->tensor.data, &q->tensor, all + (size_t)k * bytes,
+                          (hx_shard){s.dim, s.parts, k}, true);
+        free(all);
+        all = NULL;
+    }
+fail:
+    free(all);
+    return st;
+}
+
+seldp_status hx_grid_store_grads(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_grid_rank *gr = rk->grid;
+    float *full = NULL, *mine = NULL;
+    double inv_n = rk->global_tokens ? 1.0 / (double)rk->global_tokens : 0.0;
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+            continue;
+        const tm_param_info *q = tm_param_find(gr->work, p->path);
+        const float *g = tm_param_grad(gr->work, p->path);
+        if (!q || !g)
+            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: the working model has no gradient of %s",
+                    rk->rank, p->path);
+        size_t nw = seldp_tensor_numel(&q->tensor), ns = seldp_tensor_numel(&p->tensor);
+        full = hx_calloc(nw ? nw : 1, sizeof *full);
+        mine = hx_calloc(ns ? ns : 1, sizeof *mine);
+        if (!full || !mine)
+            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+        hx_shard s;
+        if (tp_split(rk, p, &s)) {
+            /* the reduce-scatter of a tensor-parallel layer: every TP rank's tokens, my rows */
+            HX_CHECK_LIB(seldp_comm_allreduce(gr->tp, g, full, nw, SELDP_F32, SELDP_HOST_DEVICE),
+                         "rank %d: allreduce of the gradient of %s over its TP group", rk->rank,
+                         p->path);
+            seldp_tensor lt = q->tensor;
+            lt.dtype = SELDP_F32;
+            hx_shard_copy(full, &lt, mine, s, false);
+        } else {
+            memcpy(mine, g, ns * sizeof *mine);
+        }
+        /* the embedding group sums both copies' gradients: normalized here, then `sum` */
+        if (hx_grid_set_of(rk->run, rk->rank, p) == HX_SET_EMB)
+            for (size_t k = 0; k < ns; k++)
+                mine[k] = (float)((double)mine[k] * inv_n);
+        HX_CHECK_LIB(tm_model_set_grad(rk->model, p->path, mine), "rank %d: gradient of %s",
+                     rk->rank, p->path);
+        free(full);
+        free(mine);
+        full = mine = NULL;
+    }
+    for (int l = gr->part.first_layer; l < gr->part.end_layer; l++)
+        for (int e = 0; e < rk->run->layout->experts; e++)
+            tm_model_set_seen(rk->model, l, e, tm_expert_seen(gr->work, l, e));
+fail:
+    free(full);
+    free(mine);
+    return st;
+}
+
+/* Tokens of the EP group of world rank r this step. */
+static uint64_t ep_tokens_of(const hx_rank *rk, int r)
+{
+    const hx_group *ep = &rk->run->layout->ep[rk->run->layout->ep_of[r]];
+    uint64_t n = 0;
+    for (int i = 0; i < ep->size; i++)
+        n += rk->counts[ep->ranks[i]];
+    return n;
+}
+
+/* The rows an owner's expert shards serve: those of the EP groups of its expert-TP peers. */
+static uint64_t expert_weight(const hx_rank *rk)
+{
+    const seldp_layout *g = rk->run->layout->grid;
+    const int *peers = NULL;
+    int n = seldp_layout_group(g, SELDP_GROUP_EXPERT_TP,
+                               seldp_layout_group_of(g, SELDP_GROUP_EXPERT_TP, rk->rank), &peers);
+    uint64_t w = 0;
+    for (int i = 0; i < n; i++)
+        w += ep_tokens_of(rk, peers[i]);
+    return w;
+}
+
+/* Under the error policy an owner whose shard saw no row of an expert that rows reached
+ * elsewhere supplies zeros. */
+static seldp_status zero_expert_grads(hx_rank *rk, seldp_grads *grads, uint64_t weight)
+{
+    int E = rk->run->layout->experts;
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen || weight == 0 ||
+            rk->routed[p->layer * E + p->expert] == 0 || seldp_grads_get(grads, p->id))
+            continue;
+        seldp_tensor z = p->tensor;
+        z.dtype = rk->run->grad_dtype;
+        z.data = NULL;
+        seldp_status st = seldp_tensor_alloc(&z);
+        if (st == SELDP_OK)
+            st = seldp_grads_put(grads, p->id, &z, SELDP_OWNED);
+        if (st != SELDP_OK) {
+            seldp_tensor_free(&z);
+            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
+        }
+    }
+    return SELDP_OK;
+}
+
+seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    hx_grid_rank *gr = rk->grid;
+    bool fp32 = run->opts.fp32_master;
+    bool sum_flow = run->opts.flow == HX_FLOW_SUM;
+    HX_CHECK(hx_grid_store_grads(rk));
+    HX_CHECK_LIB(tm_export_grads(rk->model, TM_ROLE_SHARED, 1.0, fp32, grads),
+                 "rank %d: exporting the shared gradients", rk->rank);
+    double scale = sum_flow ? 1.0 / (double)rk->global_tokens : 1.0;
+    HX_CHECK_LIB(tm_export_grads(rk->model, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
+                 "rank %d: exporting the expert gradients", rk->rank);
+    uint64_t w_expert = expert_weight(rk);
+    if (run->opts.policy == SELDP_MISSING_ERROR)
+        HX_CHECK(zero_expert_grads(rk, grads, w_expert));
+
+    /* dense: the TP group's tokens (its TP ranks' tokens together); sp: the rank's own */
+    const seldp_layout *g = run->layout->grid;
+    const int *tp = NULL;
+    int n_tp = seldp_layout_group(g, SELDP_GROUP_TP,
+                                  seldp_layout_group_of(g, SELDP_GROUP_TP, rk->rank), &tp);
+    uint64_t w_dense = 0;
+    for (int i = 0; i < n_tp; i++)
+        w_dense += rk->counts[tp[i]];
+    const uint64_t weight[HX_SET_COUNT] = {w_dense, rk->T, 1, w_expert};
+    for (int set = 0; set < HX_SET_COUNT; set++) {
+        if (!gr->set[set])
+            continue;
+        bool sum = set == HX_SET_EMB || (set == HX_SET_EXPERT && sum_flow);
+        char label[64];
+        snprintf(label, sizeof label, "its %s group", hx_grid_set_name((hx_grid_set)set));
+        HX_CHECK(hx_reduce_session(rk, gr->set[set], label, sum ? HX_REDUCE_SUM : HX_REDUCE_MEAN,
+                                   weight[set], grads, &gr->weight[set]));
+    }
+    rk->shared_weight = gr->weight[HX_SET_DENSE];
+fail:
+    return st;
+}
+
+void hx_grid_cleanup(hx_rank *rk)
+{
+    hx_grid_rank *gr = rk->grid;
+    if (!gr)
+        return;
+    for (int set = 0; set < HX_SET_COUNT; set++) {
+        seldp_session_destroy(gr->set[set]);
+        gr->set[set] = NULL;
+        seldp_comm_destroy(gr->comm[set]);
+        gr->comm[set] = NULL;
+    }
+    seldp_comm_destroy(gr->tp);
+    seldp_comm_destroy(gr->pp);
+    seldp_comm_destroy(gr->etp);
+    seldp_comm_destroy(gr->stage_comm);
+    gr->tp = gr->pp = gr->etp = gr->stage_comm = NULL;
+    seldp_model_destroy(gr->emb_view);
+    gr->emb_view = NULL;
+    tm_model_destroy(gr->work);
+    gr->work = NULL;
+}
