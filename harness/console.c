@@ -1,10 +1,58 @@
 /* The run's console output: the header with the layout table, the line after initialize
  * and the progress line of each step. */
+#include <stdio.h>
 #include <stdlib.h>
 
+#include "grid.h"
 #include "inject.h"
 #include "router.h"
 #include "run.h"
+
+/* "[0,4]*" for group g of kind (the star where r is its root). */
+static void group_cell(const seldp_layout *g, seldp_group_kind kind, int r, int root, char *buf,
+                       size_t size)
+{
+    hx_group grp = {0, NULL, -1};
+    grp.size =
+        seldp_layout_group(g, kind, seldp_layout_group_of(g, kind, r), (const int **)&grp.ranks);
+    char text[200];
+    hx_group_str(&grp, text, sizeof text);
+    snprintf(buf, size, "%s%s", text, root == r ? "*" : "");
+}
+
+/* The layout table of a sharded run: per rank its stage, TP and ETP ranks, its dense reduce
+ * group, EP group, expert-data group and owned experts (grid.h's sessions). */
+static void print_grid_table(const hx_run *run, const char *const *devices, FILE *out)
+{
+    const hx_layout *l = run->layout;
+    const seldp_layout *g = l->grid;
+    int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
+    if (!owned)
+        return;
+    fprintf(out,
+            "layout: %s; %d dense groups, %d EP groups, %d expert-data groups, * marks a root\n",
+            l->name, seldp_layout_group_count(g, SELDP_GROUP_DP),
+            seldp_layout_group_count(g, SELDP_GROUP_EP),
+            seldp_layout_group_count(g, SELDP_GROUP_EXPERT_DP));
+    fprintf(out, "  %4s  %-7s  %5s  %2s  %3s  %-16s  %-14s  %-22s  %s\n", "rank", "device", "stage",
+            "tp", "etp", "dense", "EP group", "expert-data", "experts");
+    for (int r = 0; r < l->world; r++) {
+        char dense[256], ep[256], edp[256], experts[256] = "-";
+        group_cell(g, SELDP_GROUP_DP, r, hx_grid_root(run, r, HX_SET_DENSE), dense, sizeof dense);
+        group_cell(g, SELDP_GROUP_EP, r, -1, ep, sizeof ep);
+        group_cell(g, SELDP_GROUP_EXPERT_DP, r, hx_grid_root(run, r, HX_SET_EXPERT), edp,
+                   sizeof edp);
+        int n = hx_layout_owned(l, r, owned);
+        for (int i = 0, at = 0; i < n && at < (int)sizeof experts; i++)
+            at +=
+                snprintf(experts + at, sizeof experts - (size_t)at, "%s%d", i ? "," : "", owned[i]);
+        fprintf(out, "  %4d  %-7s  %5d  %2d  %3d  %-16s  %-14s  %-22s  %s\n", r,
+                devices && devices[r] ? devices[r] : "host", seldp_layout_stage(g, r),
+                seldp_layout_position(g, SELDP_GROUP_TP, r),
+                seldp_layout_position(g, SELDP_GROUP_EXPERT_TP, r), dense, ep, edp, experts);
+    }
+    free(owned);
+}
 
 void hx_print_header(const hx_run *run, FILE *out)
 {
@@ -57,7 +105,10 @@ void hx_print_header(const hx_run *run, FILE *out)
     if (devices)
         for (int r = 0; r < o->world; r++)
             devices[r] = hx_backend_device_name(run->backend, r);
-    hx_layout_print(run->layout, devices, out);
+    if (hx_grid_sharded(run))
+        print_grid_table(run, devices, out);
+    else
+        hx_layout_print(run->layout, devices, out);
     free(devices);
 }
 
