@@ -255,7 +255,7 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
     if (!rows || !xe || !ge || !oe)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (size_t j = 0; j < n; j++)
-        if (!tm_model_owns(hx_compute_model(rk), ids[j]))
+        if (!tm_model_owns(rk->model, ids[j]))
             HX_FAIL(SELDP_ERR_INTERNAL,
                     "rank %d: layer %d: received a row for expert %d, "
                     "which it does not own",
@@ -450,8 +450,6 @@ seldp_status hx_rank_compute(hx_rank *rk)
     rk->choices = hx_calloc((size_t)L * slots, sizeof *rk->choices);
     if (!rk->choices)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    if (rk->grid)
-        HX_CHECK(hx_grid_load_work(rk));
     HX_CHECK_LIB(ops->begin_step(rk), "rank %d: starting the step", rk->rank);
     /* on a later stage this only sizes the caches: h comes from the previous stage */
     HX_CHECK_LIB(ops->embed_forward(rk, h), "rank %d: embedding", rk->rank);
@@ -534,66 +532,66 @@ static seldp_status host_copy_rows(hx_rank *rk, float *dst, const int64_t *dst_r
 
 static seldp_status host_begin_step(hx_rank *rk)
 {
-    tm_begin_step(hx_compute_model(rk));
+    tm_begin_step(rk->model);
     return SELDP_OK;
 }
 
 static seldp_status host_embed_forward(hx_rank *rk, float *h)
 {
-    return tm_embed_forward(hx_compute_model(rk), rk->tokens, rk->T, h);
+    return tm_embed_forward(rk->model, rk->tokens, rk->T, h);
 }
 
 static seldp_status host_route_forward(hx_rank *rk, int l, const float *h, tm_route *route)
 {
-    return tm_route_forward(hx_compute_model(rk), l, h, route);
+    return tm_route_forward(rk->model, l, h, route);
 }
 
 static seldp_status host_expert_forward(hx_rank *rk, int l, int e, const float *x, size_t n,
                                         float *y)
 {
-    return tm_expert_forward(hx_compute_model(rk), l, e, x, n, y);
+    return tm_expert_forward(rk->model, l, e, x, n, y);
 }
 
 static seldp_status host_expert_backward(hx_rank *rk, int l, int e, const float *x, const float *dy,
                                          size_t n, float *dx)
 {
-    return tm_expert_backward(hx_compute_model(rk), l, e, x, dy, n, dx);
+    return tm_expert_backward(rk->model, l, e, x, dy, n, dx);
 }
 
 static seldp_status host_combine_forward(hx_rank *rk, int l, const float *y, float *h)
 {
-    return tm_combine_forward(hx_compute_model(rk), l, y, h);
+    return tm_combine_forward(rk->model, l, y, h);
 }
 
 static seldp_status host_combine_backward(hx_rank *rk, int l, const float *dh, float *dy)
 {
-    return tm_combine_backward(hx_compute_model(rk), l, dh, dy);
+    return tm_combine_backward(rk->model, l, dh, dy);
 }
 
 static seldp_status host_route_backward(hx_rank *rk, int l, const float *dx, float *dh)
 {
-    return tm_route_backward(hx_compute_model(rk), l, dx, dh);
+    return tm_route_backward(rk->model, l, dx, dh);
 }
 
 static seldp_status host_head(hx_rank *rk, const float *h, double *loss_sum, float *dh)
 {
-    return tm_head_forward_backward(hx_compute_model(rk), h, rk->targets, loss_sum, dh);
+    return tm_head_forward_backward(rk->model, h, rk->targets, loss_sum, dh);
 }
 
 static seldp_status host_embed_backward(hx_rank *rk, const float *dh)
 {
-    return tm_embed_backward(hx_compute_model(rk), dh);
+    return tm_embed_backward(rk->model, dh);
 }
 
 static seldp_status host_export_grads(hx_rank *rk, unsigned roles, double scale, bool fp32,
                                       seldp_grads *out)
 {
-    return tm_export_grads(hx_compute_model(rk), roles, scale, fp32, out);
+    return tm_export_grads(rk->model, roles, scale, fp32, out);
 }
 
 static bool host_expert_seen(const hx_rank *rk, int l, int e)
 {
-    return tm_expert_seen(hx_compute_model(rk), l, e);
+    return tm_expert_seen(rk->model, l, e);
 }
 
 const hx_compute_ops hx_host_compute = {

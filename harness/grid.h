@@ -2,27 +2,23 @@
  * (etp) and pipeline (pp) parallelism; context parallelism (cp) needs none of this (its ranks
  * are extra data shards of the unsharded path).
  *
- * A rank of a sharded run holds two models:
- *   - its *shards* (rk->model, tm_model_create_part with the shard sizes V/tp, F/etp, Fs/tp and
- *     its stage's layers), registered under the logical paths and reduced by the sessions of
- *     the groups the framework reduces them over:
- *       dense   the dense reduce group (data x context of one stage and TP rank): the
- *               vocabulary-parallel embedding (pp = 1), the shared expert's column-parallel
- *               w1 and row-parallel w2; at tp = 1 also the norms and routers;
- *       sp      every rank of the stage (dp x cp x tp), tp > 1: the sequence-parallel norms,
- *               routers and final norm (each TP rank's gradient covers its own tokens, so the
- *               reduction sums over TP as Megatron's finalize_model_grads does);
- *       emb     pp > 1: the tied embedding's two copies (stage 0's embed.weight and the last
- *               stage's lm_head.weight) over the first and last stages of one TP rank: the
- *               embedding group and data parallelism in one sum;
- *       expert  the expert-data group: each owned expert's ETP shard;
- *   - a *working* model of the stage at full shapes (experts at F/etp: the ETP shard is what
- *     computes), whose weights are gathered from the shards over TP before each step and
- *     whose gradients go back to the shards after it (summed over TP and sliced for the
- *     TP-split tensors: the reduce-scatter of a tensor-parallel layer).
- * Activations go stage to stage by broadcasts on the pipeline group (dispatch.c); an
- * expert's rows reach every ETP shard of its owner by an allgather over the expert-TP group
- * and its partial outputs are summed over that group. */
+ * A rank of a sharded run holds its shards (rk->model, tm_model_create_part with the shard
+ * sizes V/tp, F/etp, Fs/tp and its stage's layers) under the logical paths, and computes with
+ * them: tiny-moe's tensor parallelism (tm_tp) communicates over the rank's TP group; an
+ * expert's rows reach every ETP shard of its owner by an allgather over the expert-TP group,
+ * whose partial outputs are summed (dispatch.c); activations go stage to stage by broadcasts
+ * on the pipeline group (dispatch.c). Each shard is reduced in the session of the group the
+ * framework reduces it over:
+ *   dense   the dense reduce group (data x context of one stage and TP rank): the
+ *           vocabulary-parallel embedding (pp = 1), the shared expert's column-parallel w1
+ *           and row-parallel w2; at tp = 1 also the norms and routers;
+ *   sp      every rank of the stage (dp x cp x tp), tp > 1: the sequence-parallel norms,
+ *           routers and final norm (a TP rank's gradient covers its own tokens, so the
+ *           reduction also sums over TP, as Megatron's finalize_model_grads does);
+ *   emb     pp > 1: the tied embedding's two copies (stage 0's embed.weight, the last stage's
+ *           lm_head.weight) over the first and last stages of one TP rank: the embedding
+ *           group and data parallelism in one `sum`;
+ *   expert  the expert-data group: each owned expert's ETP shard. */
 #ifndef HX_GRID_H
 #define HX_GRID_H
 
@@ -54,7 +50,6 @@ typedef struct hx_grid_rank {
     seldp_session *set[HX_SET_COUNT];
     uint64_t weight[HX_SET_COUNT]; /* the global weights the last reductions returned */
     seldp_model *emb_view;         /* emb: the tied copy under the path embed.weight */
-    tm_model *work;                /* the stage at full shapes: computes */
 } hx_grid_rank;
 
 /* True when the run shards the model: tp, pp or etp > 1. */
@@ -85,15 +80,10 @@ const char *hx_grid_set_name(hx_grid_set set);
 const char *hx_grid_logical_path(const char *path);
 
 /* Rank side (grid_rank.c). */
-seldp_status hx_grid_setup(hx_rank *rk);         /* comms, shard and working models, sessions */
+seldp_status hx_grid_setup(hx_rank *rk);         /* its groups, its model of shards */
 seldp_status hx_grid_init_sessions(hx_rank *rk); /* initialize every set from its root */
-seldp_status hx_grid_load_work(hx_rank *rk);     /* shards -> working weights (allgather on TP) */
-seldp_status hx_grid_store_grads(hx_rank *rk);   /* working gradients -> shard gradients */
 seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads);
 void hx_grid_cleanup(hx_rank *rk);
-
-/* The model a rank computes with: the working model of a sharded run, else its own. */
-tm_model *hx_compute_model(const hx_rank *rk);
 
 /* Main side (grid_check.c): the logical weights assembled from the shards into run->global;
  * the replica checks by replica set; the slice of a logical gradient a shard must equal. */

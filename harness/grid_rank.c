@@ -1,6 +1,6 @@
-/* A rank of a sharded run (grid.h): its groups, its shard and working models, the sessions
- * of its replica sets, the gathering of the working weights from the shards and the return
- * of the working gradients to them, and the reductions of a step. */
+/* A rank of a sharded run (grid.h): its groups, its model of shards and the TP group's
+ * communication it computes with, the sessions of its replica sets, and the reductions of a
+ * step. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdio.h>
@@ -8,11 +8,6 @@
 #include <string.h>
 
 #include "grid.h"
-
-tm_model *hx_compute_model(const hx_rank *rk)
-{
-    return rk->grid ? rk->grid->work : rk->model;
-}
 
 /* Split the world by the layout's colour and key of `kind` (NULL where the rank has none). */
 static seldp_status split_kind(hx_rank *rk, seldp_group_kind kind, seldp_comm **out)
@@ -33,6 +28,38 @@ static seldp_status split_by(hx_rank *rk, int color, const char *what, seldp_com
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: building its %s group", rk->rank, what);
     return SELDP_OK;
+}
+
+/* The TP group's communication for tiny-moe (tm_tp). */
+static seldp_status tp_gather(void *user, const void *mine, size_t bytes, void *all)
+{
+    hx_rank *rk = user;
+    int P = seldp_comm_size(rk->grid->tp);
+    size_t *lens = hx_calloc((size_t)P, sizeof *lens);
+    void *got = NULL;
+    if (!lens)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    double t0 = hx_now();
+    seldp_status st = seldp_comm_allgatherv(rk->grid->tp, mine, bytes, &got, lens);
+    rk->t_dispatch += hx_now() - t0;
+    if (st == SELDP_OK) {
+        size_t total = 0;
+        for (int r = 0; r < P; r++)
+            total += lens[r];
+        memcpy(all, got, total);
+    }
+    free(got);
+    free(lens);
+    return st;
+}
+
+static seldp_status tp_sum(void *user, void *buf, size_t count, seldp_dtype dtype)
+{
+    hx_rank *rk = user;
+    double t0 = hx_now();
+    seldp_status st = seldp_comm_allreduce(rk->grid->tp, buf, buf, count, dtype, SELDP_HOST_DEVICE);
+    rk->t_dispatch += hx_now() - t0;
+    return st;
 }
 
 seldp_status hx_grid_setup(hx_rank *rk)
@@ -69,14 +96,11 @@ seldp_status hx_grid_setup(hx_rank *rk)
                       &gr->comm[HX_SET_EMB]));
 
     tm_config shard_cfg = hx_grid_shard_config(run);
-    tm_config work_cfg = run->opts.model;
-    work_cfg.d_ff = shard_cfg.d_ff; /* the expert-TP shard computes its partial output */
     HX_CHECK_LIB(tm_model_create_part(&shard_cfg, &gr->part, rk->rank, owned, n_owned, NULL, NULL,
                                       &rk->model),
                  "rank %d: creating its shards", rk->rank);
-    HX_CHECK_LIB(
-        tm_model_create_part(&work_cfg, &gr->part, rk->rank, owned, n_owned, NULL, NULL, &gr->work),
-        "rank %d: creating its working model", rk->rank);
+    tm_tp tp = {c.tp, gr->tp_rank, rk, tp_gather, tp_sum};
+    HX_CHECK_LIB(tm_model_set_tp(rk->model, &tp), "rank %d: its tensor parallelism", rk->rank);
     if (gr->comm[HX_SET_EMB]) {
         /* replicas are matched by path: both copies of the tied embedding as embed.weight */
         const tm_param_info *p =
@@ -177,96 +201,24 @@ fail:
     return st;
 }
 
-/* Split over the dense TP group (not an expert's, whose shard is what computes). */
-static bool tp_split(const hx_rank *rk, const tm_param_info *p, hx_shard *s)
-{
-    *s = hx_grid_shard(rk->run, rk->rank, p->path);
-    return s->parts > 1 && !(p->role & TM_ROLES_EXPERT_GROUP);
-}
-
-seldp_status hx_grid_load_work(hx_rank *rk)
+/* The embedding group sums both copies' gradients with `sum`: normalized here by the global
+ * token count, as the expert flow's sum is. */
+static seldp_status scale_embedding(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
-    hx_grid_rank *gr = rk->grid;
-    char *all = NULL;
-    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        const tm_param_info *q = tm_param_find(gr->work, p->path);
-        hx_shard s;
-        if (p->alias)
-            continue;
-        if (!q)
-            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: the working model has no %s", rk->rank, p->path);
-        size_t bytes = seldp_tensor_nbytes(&p->tensor);
-        if (!tp_split(rk, p, &s)) {
-            memcpy(q->tensor.data, p->tensor.data, bytes);
-            continue;
-        }
-        /* the logical tensor from every TP rank's shard */
-        all = hx_calloc((size_t)s.parts * bytes, 1);
-        if (!all)
-            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-        HX_CHECK_LIB(seldp_comm_allgather(gr->tp, p->tensor.data, all, bytes, SELDP_HOST_DEVICE),
-                     "rank %d: allgather of %s over its TP group", rk->rank, p->path);
-        for (int k = 0; k < s.parts; k++)
-            hx_shard_copy(q->tensor.data, &q->tensor, all + (size_t)k * bytes,
-                          (hx_shard){s.dim, s.parts, k}, true);
-        free(all);
-        all = NULL;
-    }
+    const char *path = rk->grid->part.embed ? "embed.weight" : "lm_head.weight";
+    const tm_param_info *p = tm_param_find(rk->model, path);
+    const float *g = tm_param_grad(rk->model, path);
+    size_t n = p ? seldp_tensor_numel(&p->tensor) : 0;
+    float *scaled = hx_calloc(n ? n : 1, sizeof *scaled);
+    if (!p || !g || !scaled)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: scaling the gradient of %s", rk->rank, path);
+    for (size_t k = 0; k < n; k++)
+        scaled[k] = (float)((double)g[k] / (double)rk->global_tokens);
+    HX_CHECK_LIB(tm_model_set_grad(rk->model, path, scaled), "rank %d: gradient of %s", rk->rank,
+                 path);
 fail:
-    free(all);
-    return st;
-}
-
-seldp_status hx_grid_store_grads(hx_rank *rk)
-{
-    seldp_status st = SELDP_OK;
-    hx_grid_rank *gr = rk->grid;
-    float *full = NULL, *mine = NULL;
-    double inv_n = rk->global_tokens ? 1.0 / (double)rk->global_tokens : 0.0;
-    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
-            continue;
-        const tm_param_info *q = tm_param_find(gr->work, p->path);
-        const float *g = tm_param_grad(gr->work, p->path);
-        if (!q || !g)
-            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: the working model has no gradient of %s",
-                    rk->rank, p->path);
-        size_t nw = seldp_tensor_numel(&q->tensor), ns = seldp_tensor_numel(&p->tensor);
-        full = hx_calloc(nw ? nw : 1, sizeof *full);
-        mine = hx_calloc(ns ? ns : 1, sizeof *mine);
-        if (!full || !mine)
-            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-        hx_shard s;
-        if (tp_split(rk, p, &s)) {
-            /* the reduce-scatter of a tensor-parallel layer: every TP rank's tokens, my rows */
-            HX_CHECK_LIB(seldp_comm_allreduce(gr->tp, g, full, nw, SELDP_F32, SELDP_HOST_DEVICE),
-                         "rank %d: allreduce of the gradient of %s over its TP group", rk->rank,
-                         p->path);
-            seldp_tensor lt = q->tensor;
-            lt.dtype = SELDP_F32;
-            hx_shard_copy(full, &lt, mine, s, false);
-        } else {
-            memcpy(mine, g, ns * sizeof *mine);
-        }
-        /* the embedding group sums both copies' gradients: normalized here, then `sum` */
-        if (hx_grid_set_of(rk->run, rk->rank, p) == HX_SET_EMB)
-            for (size_t k = 0; k < ns; k++)
-                mine[k] = (float)((double)mine[k] * inv_n);
-        HX_CHECK_LIB(tm_model_set_grad(rk->model, p->path, mine), "rank %d: gradient of %s",
-                     rk->rank, p->path);
-        free(full);
-        free(mine);
-        full = mine = NULL;
-    }
-    for (int l = gr->part.first_layer; l < gr->part.end_layer; l++)
-        for (int e = 0; e < rk->run->layout->experts; e++)
-            tm_model_set_seen(rk->model, l, e, tm_expert_seen(gr->work, l, e));
-fail:
-    free(full);
-    free(mine);
+    free(scaled);
     return st;
 }
 
@@ -324,7 +276,8 @@ seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads)
     hx_grid_rank *gr = rk->grid;
     bool fp32 = run->opts.fp32_master;
     bool sum_flow = run->opts.flow == HX_FLOW_SUM;
-    HX_CHECK(hx_grid_store_grads(rk));
+    if (gr->set[HX_SET_EMB])
+        HX_CHECK(scale_embedding(rk));
     HX_CHECK_LIB(tm_export_grads(rk->model, TM_ROLE_SHARED, 1.0, fp32, grads),
                  "rank %d: exporting the shared gradients", rk->rank);
     double scale = sum_flow ? 1.0 / (double)rk->global_tokens : 1.0;
@@ -375,6 +328,4 @@ void hx_grid_cleanup(hx_rank *rk)
     gr->tp = gr->pp = gr->etp = gr->stage_comm = NULL;
     seldp_model_destroy(gr->emb_view);
     gr->emb_view = NULL;
-    tm_model_destroy(gr->work);
-    gr->work = NULL;
 }

@@ -71,8 +71,8 @@ seldp_status hx_router_balance(hx_rank *rk, int l)
     int64_t *total = mine ? mine + E + 1 : NULL;
     if (!mine)
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    HX_CHECK_LIB(tm_route_counts(hx_compute_model(rk), l, mine),
-                 "rank %d: layer %d: assignment counts", rk->rank, l);
+    HX_CHECK_LIB(tm_route_counts(rk->model, l, mine), "rank %d: layer %d: assignment counts",
+                 rk->rank, l);
     mine[E] = (int64_t)rk->T;
     double t0 = hx_now();
     /* over every data shard of the stage that holds layer l */
@@ -81,7 +81,7 @@ seldp_status hx_router_balance(hx_rank *rk, int l)
     rk->t_dispatch += hx_now() - t0;
     if (st != SELDP_OK)
         HX_FAIL_LIB(st, "rank %d: layer %d: allreduce of the load-balancing counts", rk->rank, l);
-    HX_CHECK_LIB(tm_route_set_balance(hx_compute_model(rk), l, total, (uint64_t)total[E]),
+    HX_CHECK_LIB(tm_route_set_balance(rk->model, l, total, (uint64_t)total[E]),
                  "rank %d: layer %d: the global load-balancing counts", rk->rank, l);
 fail:
     free(mine);
@@ -93,7 +93,7 @@ double hx_router_loss_sum(const hx_rank *rk)
     const tm_config *cfg = &rk->run->opts.model;
     if (!(cfg->aux_loss_coeff > 0.0) && !(cfg->z_loss_coeff > 0.0))
         return 0.0;
-    return tm_router_loss_sum(hx_compute_model(rk));
+    return tm_router_loss_sum(rk->model);
 }
 
 void hx_router_describe(const tm_config *cfg, char *buf, size_t size)

@@ -354,6 +354,7 @@ seldp_status tm_model_create_part(const tm_config *cfg, const tm_part *part, int
         return tm__fail(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
     m->cfg = *cfg;
     m->part = *part;
+    m->tp = (tm_tp){1, 0, NULL, NULL, NULL};
     m->rank = rank;
     m->owns = calloc((size_t)E, sizeof *m->owns);
     m->norm = calloc((size_t)L, sizeof *m->norm);
@@ -467,6 +468,8 @@ static void free_caches(tm_model *m)
         free(c->counts);
         free(c->fill);
         free(c->bal_counts);
+        free(c->tp_u);
+        free(c->tp_pre);
         memset(c, 0, sizeof *c);
     }
     free(m->tokens);
@@ -500,6 +503,8 @@ void tm_model_destroy(tm_model *m)
     free(m->experts);
     free(m->seen);
     free(m->cache);
+    free(m->tp_counts);
+    free(m->tp_tokens);
     free(m);
 }
 

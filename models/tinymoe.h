@@ -250,6 +250,33 @@ seldp_status tm_model_set_grad(tm_model *m, const char *path, const float *grad)
  * not. No-op out of range. */
 void tm_model_set_seen(tm_model *m, int l, int e, bool seen);
 
+/** Tensor parallelism (SPEC §4.1) of a model created with the shard sizes (vocab V/tp,
+ * d_ff_shared Fs/tp): the communication of its TP group, which the caller supplies so that
+ * tiny-moe stays free of transports. With it the model computes as Megatron's
+ * tensor-parallel layers with sequence parallelism do: each TP rank's own tokens go through
+ * the norms, routers and experts; they are gathered over TP before the vocabulary-parallel
+ * embedding and head and the column-parallel w1 of the shared expert, and the partial
+ * results of the embedding, the row-parallel w2 and the head's input gradient are summed
+ * over TP and scattered back (an allreduce, then this rank's rows); the loss combines the
+ * logits' maximum, sum of exponentials and target logit over TP. Gradients of the split
+ * tensors cover every token of the TP group; those of the replicated norms and routers this
+ * rank's own tokens (the caller sums them over TP). Every function that communicates is then
+ * collective over the TP group, also on a rank without tokens. */
+typedef struct tm_tp {
+    int size; /**< TP ranks; 1: none */
+    int rank; /**< this rank's position: its vocabulary rows begin at rank * V/size */
+    void *user;
+    /** Gather `bytes` of every TP rank (the sizes may differ) into `all`, in TP order. */
+    seldp_status (*gather)(void *user, const void *mine, size_t bytes, void *all);
+    /** Sum `count` elements of `dtype` (F32 or F64) over the TP group, in place, the same
+     * bits on every rank. */
+    seldp_status (*sum)(void *user, void *buf, size_t count, seldp_dtype dtype);
+} tm_tp;
+
+/** Make the model tensor-parallel (copied; size 1 turns it off). INVALID_ARGUMENT for a
+ * rank outside [0, size) or, with size > 1, a missing callback. */
+seldp_status tm_model_set_tp(tm_model *m, const tm_tp *tp);
+
 /** Free the model, its view and its buffers. NULL is a no-op. */
 void tm_model_destroy(tm_model *m);
 
