@@ -90,6 +90,11 @@ void hx_grid_cleanup(hx_rank *rk);
 seldp_status hx_grid_refresh_global(hx_run *run);
 void hx_grid_check_init(hx_run *run);
 void hx_grid_check_replicas(hx_run *run, int step);
+/* With pipeline parallelism a batch's layers are routed on the ranks of their stages: its
+ * (L,T,K) choices gathered from its pipeline group into *out (malloc'd; NULL for an unsharded
+ * run), batch rank b's beginning at hx_grid_choices_offset(run, b). */
+seldp_status hx_grid_merge_choices(const hx_run *run, int **out);
+size_t hx_grid_choices_offset(const hx_run *run, int b);
 /* Copy a shard into its range of the logical tensor `lt` (to_logical), or the range out. */
 void hx_shard_copy(void *logical, const seldp_tensor *lt, void *shard, hx_shard s, bool to_logical);
 /* --global-batch: a sharded rank takes the logical model's values of the shards it is the

@@ -251,6 +251,44 @@ seldp_status hx_grid_refresh_global(hx_run *run)
     return SELDP_OK;
 }
 
+/* ---- the reference's inputs ------------------------------------------------------------ */
+
+/* Where batch rank b's (L,T,K) choices begin in hx_grid_merge_choices' array. */
+size_t hx_grid_choices_offset(const hx_run *run, int b)
+{
+    const tm_config *m = &run->opts.model;
+    size_t at = 0;
+    for (int i = 0; i < b; i++)
+        at += (size_t)m->layers * run->ranks[run->batch_ranks[i]].T * (size_t)m->top_k;
+    return at;
+}
+
+/* With pipeline parallelism a batch's layers are routed on the ranks of their stages: its
+ * (L,T,K) choices come together from its pipeline group (*out NULL without pipelining). */
+seldp_status hx_grid_merge_choices(const hx_run *run, int **out)
+{
+    *out = NULL;
+    if (!hx_grid_sharded(run))
+        return SELDP_OK;
+    const tm_config *m = &run->opts.model;
+    int *all = hx_calloc(hx_grid_choices_offset(run, run->n_batch) + 1, sizeof *all);
+    if (!all)
+        return hx_fail(SELDP_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < run->opts.world; r++) {
+        const hx_rank *rk = &run->ranks[r];
+        int b = 0;
+        while (run->batch_ranks[b] != rk->batch_rank)
+            b++;
+        size_t slots = rk->T * (size_t)m->top_k;
+        tm_part part = hx_grid_part(run, r);
+        for (int l = part.first_layer; l < part.end_layer && rk->choices; l++)
+            memcpy(all + hx_grid_choices_offset(run, b) + (size_t)l * slots,
+                   rk->choices + (size_t)l * slots, slots * sizeof *all);
+    }
+    *out = all;
+    return SELDP_OK;
+}
+
 /* ---- replica checks -------------------------------------------------------------------- */
 
 /* The occurrence of the root rank that p's replicas must equal, and its index. */

@@ -313,6 +313,11 @@ typedef enum hx_reduce_kind { HX_REDUCE_MEAN, HX_REDUCE_SUM } hx_reduce_kind;
 seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
                                hx_reduce_kind kind, uint64_t weight, seldp_grads *grads,
                                uint64_t *global_weight);
+/* Rank rk's setup before the first gate (rank_setup.c): its groups, model and sessions. */
+seldp_status hx_rank_setup(hx_rank *rk);
+/* Rank rk's tokens and targets of `step` (rank_setup.c). */
+seldp_status hx_draw_tokens(hx_rank *rk, int step);
+
 /* The step's reductions of rank rk into rk->grads; --inject's defects after them. */
 seldp_status hx_rank_reduce(hx_rank *rk);
 seldp_status hx_plant_fault(hx_rank *rk);
