@@ -165,6 +165,13 @@ seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_gr
     else
         snprintf(text, sizeof text, "%s %s, world %d, ep %d", seldp_framework_name(c.framework),
                  c.order ? c.order : "mesh", world, ep);
+    /* the sizes beyond 1, as a reader of the table needs them */
+    const int sizes[4] = {c.tp, c.pp, c.cp, c.etp};
+    static const char *const names[4] = {"tp", "pp", "cp", "etp"};
+    for (int k = 0; k < 4; k++)
+        if (sizes[k] > 1 && strlen(text) + 16 < sizeof text)
+            snprintf(text + strlen(text), sizeof text - strlen(text), ", %s %d", names[k],
+                     sizes[k]);
     l->name = hx_strdup(text);
     l->description = hx_strdup(text);
     if (!l->name || !l->description)
