@@ -23,12 +23,20 @@ static void shards_json(const hx_run *run, const hx_rank *rk, hx_buf *b)
         hx_shard s = hx_grid_shard(run, rk->rank, p->path);
         if (p->alias || s.parts == 1)
             continue;
+        /* the shard's shape, or its [rows, n / rows] view (an NF4 base split by columns) */
+        int64_t shape[2] = {p->tensor.shape[0], p->tensor.ndim == 2 ? p->tensor.shape[1] : 0};
+        int ndim = p->tensor.ndim;
+        if (s.rows) {
+            ndim = 2;
+            shape[0] = s.rows;
+            shape[1] = (int64_t)seldp_tensor_numel(&p->tensor) / s.rows;
+        }
         hx_buf_printf(b, "%s\"%s\": {\"shape\": [", first ? "" : ", ", p->path);
-        for (int d = 0; d < p->tensor.ndim; d++)
+        for (int d = 0; d < ndim; d++)
             hx_buf_printf(b, "%s%lld", d ? ", " : "",
-                          (long long)p->tensor.shape[d] * (d == s.dim ? s.parts : 1));
+                          (long long)shape[d] * (d == s.dim ? s.parts : 1));
         hx_buf_printf(b, "], \"dim\": %d, \"offset\": %lld}", s.dim,
-                      (long long)p->tensor.shape[s.dim] * s.index);
+                      (long long)shape[s.dim] * s.index);
         first = false;
     }
     hx_buf_puts(b, "}");

@@ -18,18 +18,24 @@
  *   emb     pp > 1: the tied embedding's two copies (stage 0's embed.weight, the last stage's
  *           lm_head.weight) over the first and last stages of one TP rank: the embedding
  *           group and data parallelism in one `sum`;
- *   expert  the expert-data group: each owned expert's ETP shard. */
+ *   expert  the expert-data group: each owned expert's ETP shard;
+ *   expert-tp  etp > 1 with quantized experts: the adapters every ETP shard holds whole
+ *           (w1's lora_a, w2's lora_b) over the expert-data groups of all ETP ranks of the
+ *           owners, whose partial gradients are summed over expert-TP as well. */
 #ifndef HX_GRID_H
 #define HX_GRID_H
 
 #include "run.h"
 
 /* How a rank's tensor is a shard of the logical one: a contiguous range along `dim`, part
- * `index` of `parts` equal parts (parts == 1: the whole tensor). */
+ * `index` of `parts` equal parts (parts == 1: the whole tensor), of the logical tensor seen as
+ * `rows` rows (0: as its shape says; an NF4 base, packed in one dimension, is split by columns
+ * of its [out, in/2] or [out, in/64] view). */
 typedef struct hx_shard {
     int dim;
     int parts;
     int index;
+    int rows;
 } hx_shard;
 
 /* The session a parameter of a sharded run is reduced in. */
@@ -38,6 +44,7 @@ typedef enum hx_grid_set {
     HX_SET_SP = 1,
     HX_SET_EMB = 2,
     HX_SET_EXPERT = 3,
+    HX_SET_EXPERT_TP = 4, /* a quantized expert's replicated adapters under etp > 1 */
     HX_SET_COUNT
 } hx_grid_set;
 

@@ -61,11 +61,16 @@ seldp_status hx_grid_check_options(hx_run *run)
                        "--etp %d: must divide the experts' d_ff (--d-ff %d): w1 is split by rows, "
                        "w2 by columns over expert-tensor parallelism",
                        c.etp, m->d_ff);
-    if (m->quant != TM_QUANT_NONE && c.etp > 1)
+    /* a quantized base splits on whole blocks: NF4's 64 consecutive values of w2's rows, AWQ's
+     * words of 8 group zeros of 32 values along w2's rows */
+    int block = m->quant == TM_QUANT_NF4 ? TM_NF4_BLOCK : TM_AWQ_GROUP * 8;
+    if (m->quant != TM_QUANT_NONE && c.etp > 1 && (m->d_ff / c.etp) % block != 0)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--quant %s with --etp %d: quantized experts are not split over "
-                       "expert-tensor parallelism yet; use --etp 1",
-                       tm_quant_name(m->quant), c.etp);
+                       "--quant %s with --etp %d: each expert-TP shard of w2 needs whole %s along "
+                       "its rows: d_ff / etp (%d / %d) must be a multiple of %d",
+                       tm_quant_name(m->quant), c.etp,
+                       m->quant == TM_QUANT_NF4 ? "NF4 blocks" : "AWQ zero words", m->d_ff, c.etp,
+                       block);
     const char *refused = NULL;
     if (o->save_dir)
         refused = "--save (checkpoints of shards)";
@@ -123,22 +128,25 @@ static bool ends_with(const char *s, const char *suffix)
 
 hx_shard hx_grid_shard(const hx_run *run, int r, const char *path)
 {
-    hx_shard s = {0, 1, 0};
+    hx_shard s = {0, 1, 0, 0};
     if (!run->layout->grid)
         return s;
     seldp_layout_config c = grid_config(run);
     int tp_rank = seldp_layout_position(run->layout->grid, SELDP_GROUP_TP, r);
     int etp_rank = seldp_layout_position(run->layout->grid, SELDP_GROUP_EXPERT_TP, r);
     bool expert = strstr(path, ".experts.") != NULL;
+    bool nf4 = run->opts.model.quant == TM_QUANT_NF4;
     if (c.tp > 1 && (strcmp(path, "embed.weight") == 0 || strcmp(path, "lm_head.weight") == 0 ||
                      (strstr(path, ".shared_expert.") && ends_with(path, ".w1.weight"))))
-        s = (hx_shard){0, c.tp, tp_rank};
+        s = (hx_shard){0, c.tp, tp_rank, 0};
     else if (c.tp > 1 && strstr(path, ".shared_expert.") && ends_with(path, ".w2.weight"))
-        s = (hx_shard){1, c.tp, tp_rank};
-    else if (c.etp > 1 && expert && ends_with(path, ".w1.weight"))
-        s = (hx_shard){0, c.etp, etp_rank};
-    else if (c.etp > 1 && expert && ends_with(path, ".w2.weight"))
-        s = (hx_shard){1, c.etp, etp_rank};
+        s = (hx_shard){1, c.tp, tp_rank, 0};
+    else if (c.etp > 1 && expert && strstr(path, ".w1.") && !ends_with(path, ".lora_a.weight"))
+        s = (hx_shard){0, c.etp, etp_rank, 0}; /* rows: the weight, its base, lora_b */
+    else if (c.etp > 1 && expert && strstr(path, ".w2.") && !ends_with(path, ".lora_b.weight"))
+        /* columns: the weight, its base (NF4's packed as [D, F/2] and [D, F/64]), lora_a */
+        s = (hx_shard){1, c.etp, etp_rank,
+                       nf4 && !ends_with(path, ".lora_a.weight") ? run->opts.model.d_model : 0};
     return s;
 }
 
@@ -151,6 +159,9 @@ hx_grid_set hx_grid_set_of(const hx_run *run, int r, const tm_param_info *p)
 {
     (void)r;
     seldp_layout_config c = grid_config(run);
+    if ((p->role & TM_ROLE_ADAPTER) && c.etp > 1 &&
+        (ends_with(p->path, ".w1.lora_a.weight") || ends_with(p->path, ".w2.lora_b.weight")))
+        return HX_SET_EXPERT_TP;
     if (p->role & TM_ROLES_EXPERT_GROUP)
         return HX_SET_EXPERT;
     if (strcmp(p->path, "embed.weight") == 0 || strcmp(p->path, "lm_head.weight") == 0)
@@ -177,6 +188,13 @@ int hx_grid_root(const hx_run *run, int r, hx_grid_set set)
             if (seldp_layout_stage(g, q) == stage)
                 return q;
         return -1;
+    case HX_SET_EXPERT_TP:
+        for (int q = 0; q < c.world; q++)
+            if (seldp_layout_stage(g, q) == stage &&
+                seldp_layout_position(g, SELDP_GROUP_EP, q) ==
+                    seldp_layout_position(g, SELDP_GROUP_EP, r))
+                return q;
+        return -1;
     case HX_SET_EMB:
         for (int q = 0; q < c.world; q++)
             if (seldp_layout_stage(g, q) == 0 &&
@@ -192,7 +210,7 @@ const char *hx_grid_set_name(hx_grid_set set)
 {
     static const char *const names[HX_SET_COUNT] = {
         "dense (dp x cp)", "sequence-parallel (dp x cp x tp)", "embedding (first and last stage)",
-        "expert-data"};
+        "expert-data", "expert-data x expert-TP"};
     return (unsigned)set < HX_SET_COUNT ? names[set] : "invalid";
 }
 
@@ -203,8 +221,9 @@ const char *hx_grid_set_name(hx_grid_set set)
 void hx_shard_copy(void *logical, const seldp_tensor *lt, void *shard, hx_shard s, bool to_logical)
 {
     size_t es = seldp_dtype_size(lt->dtype);
-    size_t rows = lt->ndim == 2 ? (size_t)lt->shape[0] : 1;
-    size_t cols = lt->ndim == 2 ? (size_t)lt->shape[1] : seldp_tensor_numel(lt);
+    /* a 1-D tensor is rows of one element (an NF4 base split by rows is a byte range) */
+    size_t rows = s.rows ? (size_t)s.rows : (size_t)lt->shape[0];
+    size_t cols = seldp_tensor_numel(lt) / rows;
     if (s.parts == 1 || s.dim == 0) {
         size_t n = rows / (size_t)s.parts * cols * es;
         char *at = (char *)logical + (size_t)s.index * n;

@@ -91,6 +91,10 @@ seldp_status hx_grid_setup(hx_rank *rk)
     HX_CHECK(split_by(rk, gr->stage, "stage", &gr->stage_comm));
     HX_CHECK(split_by(rk, c.tp > 1 ? gr->stage : SELDP_COMM_NO_GROUP, "sequence-parallel",
                       &gr->comm[HX_SET_SP]));
+    int ep_pos = seldp_layout_position(g, SELDP_GROUP_EP, rk->rank);
+    bool replicated_adapters = c.etp > 1 && run->opts.model.quant != TM_QUANT_NONE;
+    HX_CHECK(split_by(rk, replicated_adapters ? gr->stage * c.ep + ep_pos : SELDP_COMM_NO_GROUP,
+                      "expert-data x expert-TP", &gr->comm[HX_SET_EXPERT_TP]));
     bool ends = gr->part.embed || gr->part.head;
     HX_CHECK(split_by(rk, c.pp > 1 && ends ? gr->tp_rank : SELDP_COMM_NO_GROUP, "embedding",
                       &gr->comm[HX_SET_EMB]));
@@ -128,6 +132,9 @@ static int root_position(const hx_rank *rk, hx_grid_set set, int root)
     int below = 0;
     for (int q = 0; q < root; q++) {
         bool member = seldp_layout_stage(g, q) == seldp_layout_stage(g, rk->rank);
+        if (set == HX_SET_EXPERT_TP)
+            member = member && seldp_layout_position(g, SELDP_GROUP_EP, q) ==
+                                   seldp_layout_position(g, SELDP_GROUP_EP, rk->rank);
         if (set == HX_SET_EMB) {
             int stage = seldp_layout_stage(g, q);
             member = (stage == 0 || stage == seldp_layout_get_config(g).pp - 1) &&
@@ -201,22 +208,30 @@ fail:
     return st;
 }
 
-/* The embedding group sums both copies' gradients with `sum`: normalized here by the global
- * token count, as the expert flow's sum is. */
-static seldp_status scale_embedding(hx_rank *rk)
+/* A session that reduces with `sum` over gradients of the loss sum: the embedding group
+ * (both copies' gradients), the replicated adapters of ETP-split experts in the mean flow
+ * (partial gradients of every ETP shard). Normalized here by the global token count, as the
+ * sum flow's experts are at export. */
+static seldp_status scale_for_sum(hx_rank *rk, hx_grid_set set)
 {
     seldp_status st = SELDP_OK;
-    const char *path = rk->grid->part.embed ? "embed.weight" : "lm_head.weight";
-    const tm_param_info *p = tm_param_find(rk->model, path);
-    const float *g = tm_param_grad(rk->model, path);
-    size_t n = p ? seldp_tensor_numel(&p->tensor) : 0;
-    float *scaled = hx_calloc(n ? n : 1, sizeof *scaled);
-    if (!p || !g || !scaled)
-        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: scaling the gradient of %s", rk->rank, path);
-    for (size_t k = 0; k < n; k++)
-        scaled[k] = (float)((double)g[k] / (double)rk->global_tokens);
-    HX_CHECK_LIB(tm_model_set_grad(rk->model, path, scaled), "rank %d: gradient of %s", rk->rank,
-                 path);
+    float *scaled = NULL;
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (p->alias || p->frozen || hx_grid_set_of(rk->run, rk->rank, p) != set)
+            continue;
+        const float *g = tm_param_grad(rk->model, p->path);
+        size_t n = seldp_tensor_numel(&p->tensor);
+        scaled = hx_calloc(n ? n : 1, sizeof *scaled);
+        if (!g || !scaled)
+            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: scaling the gradient of %s", rk->rank, p->path);
+        for (size_t k = 0; k < n; k++)
+            scaled[k] = (float)((double)g[k] / (double)rk->global_tokens);
+        HX_CHECK_LIB(tm_model_set_grad(rk->model, p->path, scaled), "rank %d: gradient of %s",
+                     rk->rank, p->path);
+        free(scaled);
+        scaled = NULL;
+    }
 fail:
     free(scaled);
     return st;
@@ -277,7 +292,9 @@ seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads)
     bool fp32 = run->opts.fp32_master;
     bool sum_flow = run->opts.flow == HX_FLOW_SUM;
     if (gr->set[HX_SET_EMB])
-        HX_CHECK(scale_embedding(rk));
+        HX_CHECK(scale_for_sum(rk, HX_SET_EMB));
+    if (gr->set[HX_SET_EXPERT_TP] && !sum_flow)
+        HX_CHECK(scale_for_sum(rk, HX_SET_EXPERT_TP));
     HX_CHECK_LIB(tm_export_grads(rk->model, TM_ROLE_SHARED, 1.0, fp32, grads),
                  "rank %d: exporting the shared gradients", rk->rank);
     double scale = sum_flow ? 1.0 / (double)rk->global_tokens : 1.0;
@@ -295,11 +312,12 @@ seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads)
     uint64_t w_dense = 0;
     for (int i = 0; i < n_tp; i++)
         w_dense += rk->counts[tp[i]];
-    const uint64_t weight[HX_SET_COUNT] = {w_dense, rk->T, 1, w_expert};
+    const uint64_t weight[HX_SET_COUNT] = {w_dense, rk->T, 1, w_expert, w_expert};
     for (int set = 0; set < HX_SET_COUNT; set++) {
         if (!gr->set[set])
             continue;
-        bool sum = set == HX_SET_EMB || (set == HX_SET_EXPERT && sum_flow);
+        bool sum =
+            set == HX_SET_EMB || set == HX_SET_EXPERT_TP || (set == HX_SET_EXPERT && sum_flow);
         char label[64];
         snprintf(label, sizeof label, "its %s group", hx_grid_set_name((hx_grid_set)set));
         HX_CHECK(hx_reduce_session(rk, gr->set[set], label, sum ? HX_REDUCE_SUM : HX_REDUCE_MEAN,

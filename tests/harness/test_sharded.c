@@ -18,6 +18,9 @@
 #include "harness_test.h"
 #include "safetensors.h"
 
+static const hx_st_tensor *tensor(const hx_st_file *f, const char *name);
+static hx_st_file *dump_file(const char *dir, int rank);
+
 /* Stage A: tensor and context parallelism (pp = etp = 1). */
 static void tensor_and_context(void **state)
 {
@@ -43,6 +46,54 @@ static void expert_tensor(void **state)
     hx_test_run_passes("--framework megatron-0.9 --world 8 --tp 2 --ep 2 --dtype f16");
     hx_test_run_passes("--framework megatron --world 8 --tp 2 --ep 2 --etp 2 --dtype f32 "
                        "--order tp-cp-dp-ep-pp --policy zero");
+}
+
+/* Stage B with quantized experts: bases split on whole NF4 blocks and AWQ words, w1's lora_b
+ * by rows and w2's lora_a by columns, the other adapters replicated over expert-TP. */
+static void quantized_expert_tensor(void **state)
+{
+    (void)state;
+    hx_test_run_passes("--framework megatron --world 4 --tp 2 --ep 2 --quant nf4 --d-ff 128 "
+                       "--dtype f32");
+    hx_test_run_passes("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --quant nf4 "
+                       "--d-ff 128 --dtype f16 --expert-reduce mean");
+    hx_test_run_passes("--framework megatron --world 4 --tp 2 --ep 2 --quant awq --d-ff 512 "
+                       "--dtype bf16 --policy zero");
+
+    const char *dir = hx_test_dir("sharded-nf4-dump");
+    char dump[600];
+    snprintf(dump, sizeof dump, "%s/dump", dir);
+    hx_test_run run;
+    hx_test_harness(
+        &run,
+        "--framework megatron --world 2 --tp 2 --ep 1 --quant nf4 --d-ff 128 --dtype f32 "
+        "--steps 1 --tokens 16 --quiet --out none --dump %s",
+        dump);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("exit %d\n%s%s", run.status, run.err, run.out);
+    hx_st_file *r0 = dump_file(dump, 0), *r1 = dump_file(dump, 1);
+    const char *shards = hx_st_metadata(r1, "shards");
+    assert_non_null(shards);
+    /* D = 32, F = 128: w1's base is a byte range, w2's a column range of its [D, F/2] view */
+    if (!strstr(shards, "\"layers.0.experts.0.w1.qweight\": {\"shape\": [2048], \"dim\": 0, "
+                        "\"offset\": 1024}") ||
+        !strstr(shards, "\"layers.0.experts.0.w2.qweight\": {\"shape\": [32, 64], \"dim\": 1, "
+                        "\"offset\": 32}") ||
+        !strstr(shards, "\"layers.0.experts.0.w2.absmax\": {\"shape\": [32, 2], \"dim\": 1, "
+                        "\"offset\": 1}") ||
+        !strstr(shards, "\"layers.0.experts.0.w1.lora_b.weight\": {\"shape\": [128, 4], "
+                        "\"dim\": 0, \"offset\": 64}") ||
+        strstr(shards, "w1.lora_a"))
+        fail_msg("rank 1's shards: %s", shards);
+    /* the replicated adapter: one value and one reduced gradient on both ETP ranks */
+    const hx_st_tensor *a0 = tensor(r0, "param/layers.0.experts.0.w1.lora_a.weight");
+    const hx_st_tensor *a1 = tensor(r1, "param/layers.0.experts.0.w1.lora_a.weight");
+    assert_memory_equal(a0->data, a1->data, a0->nbytes);
+    const hx_st_tensor *g0 = tensor(r0, "grad/layers.0.experts.0.w1.lora_a.weight");
+    const hx_st_tensor *g1 = tensor(r1, "grad/layers.0.experts.0.w1.lora_a.weight");
+    assert_memory_equal(g0->data, g1->data, g0->nbytes);
+    hx_st_file_free(r0);
+    hx_st_file_free(r1);
 }
 
 /* Stage C: pipeline parallelism, alone and with the others. */
@@ -220,7 +271,10 @@ static void refusals(void **state)
     expect_usage("--framework megatron --world 6 --tp 4 --ep 1 --out none",
                  "world_size (6) is not divisible by 4");
     expect_usage("--framework megatron --world 8 --tp 2 --ep 2 --quant nf4 --out none",
-                 "--quant nf4 with --etp 2: quantized experts are not split");
+                 "--quant nf4 with --etp 2: each expert-TP shard of w2 needs whole NF4 blocks "
+                 "along its rows: d_ff / etp (64 / 2) must be a multiple of 64");
+    expect_usage("--framework megatron --world 8 --tp 2 --ep 2 --quant awq --d-ff 128 --out none",
+                 "d_ff / etp (128 / 2) must be a multiple of 256");
     expect_usage("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --save x --out none",
                  "--save (checkpoints of shards) is not supported with the sharded tiny-moe");
     expect_usage("--framework megatron --world 8 --tp 2 --cp 2 --etp 1 --ep 2 "
@@ -231,9 +285,13 @@ static void refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(tensor_and_context), cmocka_unit_test(expert_tensor),
-        cmocka_unit_test(pipeline),           cmocka_unit_test(same_logical_model),
-        cmocka_unit_test(dump_of_shards),     cmocka_unit_test(refusals),
+        cmocka_unit_test(tensor_and_context),
+        cmocka_unit_test(expert_tensor),
+        cmocka_unit_test(quantized_expert_tensor),
+        cmocka_unit_test(pipeline),
+        cmocka_unit_test(same_logical_model),
+        cmocka_unit_test(dump_of_shards),
+        cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
