@@ -102,6 +102,9 @@ void hx_grid_check_replicas(hx_run *run, int step);
  * run), batch rank b's beginning at hx_grid_choices_offset(run, b). */
 seldp_status hx_grid_merge_choices(const hx_run *run, int **out);
 size_t hx_grid_choices_offset(const hx_run *run, int b);
+/* report.md's layout table of a sharded run: per rank its stage, TP and ETP ranks, dense
+ * group, EP group, expert-data group and experts, "(root)" where it initializes the group. */
+void hx_grid_layout_md(const hx_run *run, hx_buf *b);
 /* Copy a shard into its range of the logical tensor `lt` (to_logical), or the range out. */
 void hx_shard_copy(void *logical, const seldp_tensor *lt, void *shard, hx_shard s, bool to_logical);
 /* --global-batch: a sharded rank takes the logical model's values of the shards it is the

@@ -438,3 +438,34 @@ fail:
     free(all);
     return st;
 }
+
+void hx_grid_layout_md(const hx_run *run, hx_buf *b)
+{
+    const hx_layout *l = run->layout;
+    const seldp_layout *g = l->grid;
+    int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
+    hx_buf_puts(b, "## Layout\n\n| rank | stage | TP rank | ETP rank | dense group | EP group "
+                   "| expert-data group | experts |\n|---|---|---|---|---|---|---|---|\n");
+    for (int r = 0; owned && r < l->world; r++) {
+        hx_buf_printf(b, "| %d | %d | %d | %d | ", r, seldp_layout_stage(g, r),
+                      seldp_layout_position(g, SELDP_GROUP_TP, r),
+                      seldp_layout_position(g, SELDP_GROUP_EXPERT_TP, r));
+        static const seldp_group_kind kinds[3] = {SELDP_GROUP_DP, SELDP_GROUP_EP,
+                                                  SELDP_GROUP_EXPERT_DP};
+        static const hx_grid_set sets[3] = {HX_SET_DENSE, HX_SET_COUNT, HX_SET_EXPERT};
+        for (int k = 0; k < 3; k++) {
+            const int *ranks = NULL;
+            int n = seldp_layout_group(g, kinds[k], seldp_layout_group_of(g, kinds[k], r), &ranks);
+            hx_buf_puts(b, "[");
+            for (int i = 0; i < n; i++)
+                hx_buf_printf(b, "%s%d", i ? "," : "", ranks[i]);
+            bool root = sets[k] != HX_SET_COUNT && hx_grid_root(run, r, sets[k]) == r;
+            hx_buf_printf(b, "]%s | ", root ? " (root)" : "");
+        }
+        int n = hx_layout_owned(l, r, owned);
+        for (int i = 0; i < n; i++)
+            hx_buf_printf(b, "%s%d", i ? ", " : "", owned[i]);
+        hx_buf_puts(b, n ? " |\n" : "- |\n");
+    }
+    free(owned);
+}
