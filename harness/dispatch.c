@@ -461,6 +461,7 @@ seldp_status hx_rank_compute(hx_rank *rk)
         memcpy(rk->choices + (size_t)l * slots, route.choice ? route.choice : route.expert,
                slots * sizeof *rk->choices);
         HX_CHECK(hx_router_balance(rk, l));
+        HX_CHECK(hx_router_shard(rk, l));
         HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
         HX_CHECK(ops->copy_rows(rk, slot_in, NULL, route.x, token_of_slot, slots));
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, false, slot_out));

@@ -96,38 +96,26 @@ fail:
  * stage 0, context chunks in order and each chunk's TP ranks in order. */
 static void data_shards(const hx_run *run, hx_buf *b)
 {
-    const seldp_layout *g = run->layout->grid;
     bool *done = hx_calloc((size_t)run->opts.world, sizeof *done);
+    int *ranks = hx_calloc((size_t)run->opts.world, sizeof *ranks);
     bool first = true;
     hx_buf_puts(b, "[");
-    for (int i = 0; done && i < run->n_batch; i++) {
+    for (int i = 0; done && ranks && i < run->n_batch; i++) {
         int r = run->batch_ranks[i];
         if (done[r])
             continue;
+        int n = hx_data_shard_of(run, r, ranks);
         hx_buf_printf(b, "%s[", first ? "" : ", ");
         first = false;
-        if (!g) {
-            hx_buf_printf(b, "%d]", r);
-            continue;
-        }
-        const int *cp = NULL, *tp = NULL;
-        int n_cp =
-            seldp_layout_group(g, SELDP_GROUP_CP, seldp_layout_group_of(g, SELDP_GROUP_CP, r), &cp);
-        bool any = false;
-        for (int c = 0; c < n_cp; c++) {
-            int n_tp = seldp_layout_group(g, SELDP_GROUP_TP,
-                                          seldp_layout_group_of(g, SELDP_GROUP_TP, cp[c]), &tp);
-            for (int t = 0; t < n_tp; t++) {
-                int q = tp[t]; /* chunk c's TP ranks in TP order */
-                hx_buf_printf(b, "%s%d", any ? ", " : "", q);
-                any = true;
-                done[q] = true;
-            }
+        for (int k = 0; k < n; k++) {
+            hx_buf_printf(b, "%s%d", k ? ", " : "", ranks[k]);
+            done[ranks[k]] = true;
         }
         hx_buf_puts(b, "]");
     }
     hx_buf_puts(b, "]");
     free(done);
+    free(ranks);
 }
 
 static void manifest(const hx_run *run, int step, const char *config, const char *layout, hx_buf *b)

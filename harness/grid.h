@@ -102,6 +102,25 @@ void hx_grid_check_replicas(hx_run *run, int step);
  * run), batch rank b's beginning at hx_grid_choices_offset(run, b). */
 seldp_status hx_grid_merge_choices(const hx_run *run, int **out);
 size_t hx_grid_choices_offset(const hx_run *run, int b);
+/* The ranks of rank r's data shard (SPEC §4.2: the TP x CP ranks of its data-parallel index at
+ * its stage), context chunks in CP order and each chunk's TP ranks in TP order: the order in
+ * which their tokens form the shard. ranks holds the world; returns the count (1 without a
+ * grid). */
+int hx_data_shard_of(const hx_run *run, int r, int *ranks);
+
+/* The reference's token lists when a data shard spans several ranks (tp x cp > 1): one per
+ * shard, its ranks' tokens, targets and (L,T,K) routing choices (`merged`: those of
+ * hx_grid_merge_choices, or NULL for the ranks' own) concatenated in the shard's order;
+ * n = 0 otherwise (the batch ranks' own lists serve). Free with hx_shard_batch_free. */
+typedef struct hx_shard_batch {
+    int n;
+    int32_t **tokens, **targets;
+    int **choices;
+    size_t *counts;
+} hx_shard_batch;
+seldp_status hx_grid_shard_batch(const hx_run *run, const int *merged, hx_shard_batch *out);
+void hx_shard_batch_free(hx_shard_batch *b);
+
 /* report.md's layout table of a sharded run: per rank its stage, TP and ETP ranks, dense
  * group, EP group, expert-data group and experts, "(root)" where it initializes the group. */
 void hx_grid_layout_md(const hx_run *run, hx_buf *b);

@@ -27,18 +27,6 @@ seldp_status hx_grid_check_options(hx_run *run)
     if (!run->layout->grid)
         return SELDP_OK;
     seldp_layout_config c = grid_config(run);
-    /* capacity and the local-scope loss are per data shard; a shard over several TP x CP
-     * ranks needs tm_route_set_shard's prefix counts, which the harness does not pass yet */
-    if (c.tp * c.cp > 1 && m->capacity_factor > 0)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--capacity-factor %g with --tp %d --cp %d: capacity over a data shard "
-                       "spread on several ranks is not supported yet; run with tp = cp = 1",
-                       m->capacity_factor, c.tp, c.cp);
-    if (c.tp * c.cp > 1 && m->aux_loss_coeff > 0 && m->aux_loss_scope == TM_AUX_LOCAL)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--aux-loss-scope local with --tp %d --cp %d: a data shard spread on "
-                       "several ranks is not supported yet; use the global scope",
-                       c.tp, c.cp);
     if (!hx_grid_sharded(run))
         return SELDP_OK;
     if (m->layers % c.pp != 0)
@@ -468,4 +456,95 @@ void hx_grid_layout_md(const hx_run *run, hx_buf *b)
         hx_buf_puts(b, n ? " |\n" : "- |\n");
     }
     free(owned);
+}
+
+int hx_data_shard_of(const hx_run *run, int r, int *ranks)
+{
+    const seldp_layout *g = run->layout->grid;
+    if (!g) {
+        ranks[0] = r;
+        return 1;
+    }
+    const int *cp = NULL, *tp = NULL;
+    int n = 0;
+    int n_cp =
+        seldp_layout_group(g, SELDP_GROUP_CP, seldp_layout_group_of(g, SELDP_GROUP_CP, r), &cp);
+    for (int c = 0; c < n_cp; c++) {
+        int n_tp = seldp_layout_group(g, SELDP_GROUP_TP,
+                                      seldp_layout_group_of(g, SELDP_GROUP_TP, cp[c]), &tp);
+        for (int t = 0; t < n_tp; t++)
+            ranks[n++] = tp[t];
+    }
+    return n;
+}
+
+void hx_shard_batch_free(hx_shard_batch *b)
+{
+    for (int i = 0; i < b->n; i++) {
+        free(b->tokens[i]);
+        free(b->targets[i]);
+        free(b->choices[i]);
+    }
+    free(b->tokens);
+    free(b->targets);
+    free(b->choices);
+    free(b->counts);
+    *b = (hx_shard_batch){0};
+}
+
+seldp_status hx_grid_shard_batch(const hx_run *run, const int *merged, hx_shard_batch *out)
+{
+    seldp_status st = SELDP_OK;
+    const tm_config *m = &run->opts.model;
+    const size_t L = (size_t)m->layers, K = (size_t)m->top_k;
+    int W = run->opts.world;
+    *out = (hx_shard_batch){0};
+    if (!run->layout->grid)
+        return SELDP_OK;
+    seldp_layout_config c = seldp_layout_get_config(run->layout->grid);
+    if (c.tp * c.cp == 1)
+        return SELDP_OK;
+    int *ranks = hx_calloc((size_t)W, sizeof *ranks);
+    bool *done = hx_calloc((size_t)W, sizeof *done);
+    out->tokens = hx_calloc((size_t)W, sizeof *out->tokens);
+    out->targets = hx_calloc((size_t)W, sizeof *out->targets);
+    out->choices = hx_calloc((size_t)W, sizeof *out->choices);
+    out->counts = hx_calloc((size_t)W, sizeof *out->counts);
+    if (!ranks || !done || !out->tokens || !out->targets || !out->choices || !out->counts)
+        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+    for (int b = 0; b < run->n_batch; b++) {
+        if (done[run->batch_ranks[b]])
+            continue;
+        int n = hx_data_shard_of(run, run->batch_ranks[b], ranks), s = out->n++;
+        size_t S = 0;
+        for (int k = 0; k < n; k++)
+            S += run->ranks[ranks[k]].T;
+        out->counts[s] = S;
+        out->tokens[s] = hx_calloc(S + 1, sizeof **out->tokens);
+        out->targets[s] = hx_calloc(S + 1, sizeof **out->targets);
+        out->choices[s] = hx_calloc(L * S * K + 1, sizeof **out->choices);
+        if (!out->tokens[s] || !out->targets[s] || !out->choices[s])
+            HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+        size_t at = 0;
+        for (int k = 0; k < n; k++) {
+            const hx_rank *rk = &run->ranks[ranks[k]];
+            int q = 0; /* its place among the batch ranks, for the merged choices */
+            while (run->batch_ranks[q] != ranks[k])
+                q++;
+            const int *ch = merged ? merged + hx_grid_choices_offset(run, q) : rk->choices;
+            memcpy(out->tokens[s] + at, rk->tokens, rk->T * sizeof *rk->tokens);
+            memcpy(out->targets[s] + at, rk->targets, rk->T * sizeof *rk->targets);
+            for (size_t l = 0; ch && l < L; l++)
+                memcpy(out->choices[s] + (l * S + at) * K, ch + l * rk->T * K,
+                       rk->T * K * sizeof *ch);
+            at += rk->T;
+            done[ranks[k]] = true;
+        }
+    }
+fail:
+    free(ranks);
+    free(done);
+    if (st != SELDP_OK)
+        hx_shard_batch_free(out);
+    return st;
 }

@@ -173,6 +173,34 @@ static seldp_status rank_initial_values(hx_rank *rk)
     return rk->grid ? hx_grid_logical_values(rk) : logical_values(rk);
 }
 
+/* The data shard's communicator (SPEC §4.2): its TP x CP ranks in token order, where capacity
+ * or the local-scope load-balancing loss is counted over the shard. */
+static seldp_status split_data_shard(hx_rank *rk)
+{
+    hx_run *run = rk->run;
+    const tm_config *m = &run->opts.model;
+    if (!run->layout->grid)
+        return SELDP_OK;
+    seldp_layout_config c = seldp_layout_get_config(run->layout->grid);
+    bool local = m->aux_loss_coeff > 0 && m->aux_loss_scope == TM_AUX_LOCAL;
+    if (c.tp * c.cp == 1 || !(m->capacity_factor > 0 || local))
+        return SELDP_OK;
+    int *ranks = hx_calloc((size_t)run->opts.world, sizeof *ranks);
+    if (!ranks)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    int n = hx_data_shard_of(run, rk->rank, ranks), lowest = ranks[0], pos = 0;
+    for (int i = 0; i < n; i++) {
+        lowest = ranks[i] < lowest ? ranks[i] : lowest;
+        if (ranks[i] == rk->rank)
+            pos = i;
+    }
+    free(ranks);
+    seldp_status st = seldp_comm_split(rk->world, lowest, pos, &rk->shard_comm);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: building its data shard's group", rk->rank);
+    return SELDP_OK;
+}
+
 seldp_status hx_rank_setup(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
@@ -189,6 +217,7 @@ seldp_status hx_rank_setup(hx_rank *rk)
         HX_CHECK(hx_gpu_select(rk->device.ordinal));
     HX_CHECK(hx_backend_join(run->backend, rk->rank, &rk->world));
     HX_CHECK(hx_layout_split(l, rk->world, &rk->comms));
+    HX_CHECK(split_data_shard(rk));
     if (hx_grid_sharded(run))
         HX_CHECK(hx_grid_setup(rk)); /* its shards, the working model, the grid's groups */
     else

@@ -192,6 +192,8 @@ static void rank_cleanup(hx_rank *rk)
         rk->data_sessions[d] = NULL;
     }
     hx_grid_cleanup(rk);
+    seldp_comm_destroy(rk->shard_comm);
+    rk->shard_comm = NULL;
     hx_rank_comms_destroy(&rk->comms);
     seldp_comm_destroy(rk->world);
     rk->world = NULL;
@@ -404,6 +406,7 @@ static seldp_status main_step(hx_run *run, int step)
     int W = run->opts.world, B = run->n_batch;
     tm_reference *ref = NULL;
     int *merged = NULL;
+    hx_shard_batch shards = {0};
     const int32_t **tokens = hx_calloc((size_t)W, sizeof *tokens);
     const int32_t **targets = hx_calloc((size_t)W, sizeof *targets);
     const int **choices = hx_calloc((size_t)W, sizeof *choices);
@@ -419,6 +422,16 @@ static seldp_status main_step(hx_run *run, int step)
         counts[b] = rk->T;
         rec->tokens += rk->T;
     }
+    /* data shards over several ranks: the reference's capacity and local statistics per shard */
+    HX_CHECK(hx_grid_shard_batch(run, merged, &shards));
+    for (int s = 0; s < shards.n; s++) {
+        tokens[s] = shards.tokens[s];
+        targets[s] = shards.targets[s];
+        choices[s] = shards.choices[s];
+        counts[s] = shards.counts[s];
+    }
+    if (shards.n)
+        B = shards.n;
     for (int r = 0; r < W; r++) {
         hx_rank *rk = &run->ranks[r];
         rec->loss += rk->loss_sum;
@@ -444,6 +457,7 @@ static seldp_status main_step(hx_run *run, int step)
 fail:
     tm_reference_destroy(ref);
     free(merged);
+    hx_shard_batch_free(&shards);
     free(tokens);
     free(targets);
     free(choices);

@@ -260,6 +260,8 @@ struct hx_rank {
     uint64_t saved_token_state; /* its value at the last save (read by the main thread) */
 
     struct hx_grid_rank *grid; /* a sharded run's part of the grid (grid.h); NULL otherwise */
+    seldp_comm *shard_comm;    /* its data shard's ranks when the shard spans several (TP x CP)
+                                  and capacity or the local load-balancing loss needs them */
     int batch_rank;            /* whose tokens this rank draws: itself, or its pipeline's
                                   stage-0 rank */
 

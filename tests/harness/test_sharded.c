@@ -32,6 +32,11 @@ static void tensor_and_context(void **state)
     hx_test_run_passes("--framework megatron --world 8 --tp 2 --cp 2 --etp 1 --ep 2 --dtype f32 "
                        "--shared-expert-ff 16 --aux-loss-coeff 0.01 --z-loss-coeff 0.001");
     hx_test_run_passes("--framework deepspeed --world 4 --tp 2 --ep 2 --dtype bf16 --quant nf4");
+    /* a data shard over its TP x CP ranks: capacity and the local load-balancing loss */
+    hx_test_run_passes("--framework megatron --world 8 --tp 2 --cp 2 --etp 1 --ep 2 --dtype f32 "
+                       "--capacity-factor 1.0 --aux-loss-coeff 0.01 --aux-loss-scope local");
+    hx_test_run_passes("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --dtype f32 "
+                       "--capacity-factor 0.8 --shared-expert-ff 16");
     hx_test_run_passes("--framework torchtitan --world 8 --tp 2 --ep 2 --dtype f32 --quant awq "
                        "--policy zero");
 }
@@ -277,9 +282,6 @@ static void refusals(void **state)
                  "d_ff / etp (128 / 2) must be a multiple of 256");
     expect_usage("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --save x --out none",
                  "--save (checkpoints of shards) is not supported with the sharded tiny-moe");
-    expect_usage("--framework megatron --world 8 --tp 2 --cp 2 --etp 1 --ep 2 "
-                 "--capacity-factor 1.5 --out none",
-                 "capacity over a data shard spread on several ranks is not supported yet");
 }
 
 int main(void)
