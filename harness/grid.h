@@ -95,6 +95,8 @@ void hx_grid_cleanup(hx_rank *rk);
 /* Main side (grid_check.c): the logical weights assembled from the shards into run->global;
  * the replica checks by replica set; the slice of a logical gradient a shard must equal. */
 seldp_status hx_grid_refresh_global(hx_run *run);
+/* The same into `into`, a model of the logical config holding every expert. */
+seldp_status hx_grid_assemble(const hx_run *run, tm_model *into);
 void hx_grid_check_init(hx_run *run);
 void hx_grid_check_replicas(hx_run *run, int step);
 /* With pipeline parallelism a batch's layers are routed on the ranks of their stages: its

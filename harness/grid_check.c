@@ -240,13 +240,18 @@ void hx_shard_slice(const double *full, const seldp_tensor *logical, hx_shard s,
 
 seldp_status hx_grid_refresh_global(hx_run *run)
 {
+    return hx_grid_assemble(run, run->global);
+}
+
+seldp_status hx_grid_assemble(const hx_run *run, tm_model *into)
+{
     for (int r = 0; r < run->opts.world; r++) {
         const hx_rank *rk = &run->ranks[r];
         for (size_t i = 0; i < rk->n_params; i++) {
             const tm_param_info *p = tm_param_at(rk->model, i);
             if (p->alias || hx_grid_root(run, r, hx_grid_set_of(run, r, p)) != r)
                 continue;
-            const tm_param_info *q = tm_param_find(run->global, hx_grid_logical_path(p->path));
+            const tm_param_info *q = tm_param_find(into, hx_grid_logical_path(p->path));
             if (!q || q->tensor.dtype != p->tensor.dtype)
                 return hx_fail(SELDP_ERR_INTERNAL,
                                "rank %d: %s has no logical tensor of its dtype to go into", r,

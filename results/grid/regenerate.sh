@@ -20,7 +20,7 @@ fi
 runs=$here/runs
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
-rm -rf "$runs"
+rm -rf "$runs" "$here/sweep"
 mkdir -p "$runs"
 failed=0
 
@@ -49,6 +49,16 @@ run deepspeed-8-tp2-nf4       --framework deepspeed --world 8 --tp 2 --ep 2 --qu
 run torchtitan-16-tp2-pp2-ep4 --framework torchtitan --world 16 --tp 2 --pp 2 --ep 4 --dtype f32 --shared-expert-ff 32
 run megatron-32-tp2-pp2-ep4   --framework megatron --world 32 --tp 2 --pp 2 --ep 4 --shared-expert-ff 32
 
+# One logical model under six sharded layouts: the same tokens (--global-batch), the same losses
+# and final logical weights (assembled from the shards) as the one-rank run.
+printf '%-28s' "sweep"
+if ! (cd "$root" && "$bin" --sweep results/grid/layouts.json --global-batch 240 --dtype f32 \
+    --steps 3 --shared-expert-ff 32 --quiet --out results/grid/sweep) > "$here/sweep.log" 2>&1; then
+    failed=1
+fi
+tail -n 1 "$here/sweep.log"
+rm -f "$here/sweep.log"
+
 {
     cat <<'HEADER'
 # seldp-harness on the frameworks' grids: the sharded and pipelined tiny-moe
@@ -62,6 +72,8 @@ every reduction, and that unselected parameters and gradients are left alone. "c
 every individual comparison; each run's `report.json` holds its layout's sizes and groups.
 
 Regenerate with `results/grid/regenerate.sh` (each run's full report is in `runs/<run>/`).
+`sweep/sweep.md` trains one logical model (`--global-batch 240`) under the sharded layouts of
+`layouts.json` and compares each run's losses and final logical weights with the one-rank run's.
 
 HEADER
     cat "$rows"

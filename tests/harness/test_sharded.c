@@ -1,7 +1,8 @@
 /* The sharded and pipelined tiny-moe (SPEC §4.1): training with tensor, expert-tensor, context
  * and pipeline parallelism under every framework preset. Every run must pass every check (each
  * shard's reduced gradient against its slice of the logical reference, replicas per replica
- * set); a layout-independent run trains the same logical model under every layout; the dumps
+ * set); a layout-independent run trains the same logical model under every layout, and a
+ * sweep finds the same final logical weights assembled from the shards; the dumps
  * hold shards under the logical paths with their metadata; the sizes the model cannot split
  * are usage errors. Worlds of 16 and 32 ranks are test_sharded_slow.c's (label slow). */
 #include <math.h>
@@ -166,6 +167,29 @@ static void same_logical_model(void **state)
     }
 }
 
+/* A sweep over sharded layouts compares the final logical weights too: assembled from the
+ * shards, they must agree with the one-rank run's. */
+static void sweep_of_sharded_layouts(void **state)
+{
+    (void)state;
+    const char *dir = hx_test_dir("sharded-sweep");
+    char out[600], file[700];
+    snprintf(out, sizeof out, "%s", dir);
+    snprintf(file, sizeof file, "%s/layouts.json", out);
+    static const char text[] =
+        "[{\"world\": 1, \"ep\": 1},\n"
+        " {\"framework\": \"megatron\", \"world\": 8, \"tp\": 2, \"pp\": 2, \"ep\": 2},\n"
+        " {\"framework\": \"deepspeed\", \"world\": 8, \"tp\": 2, \"pp\": 2, \"ep\": 2}]\n";
+    assert_int_equal(hx_write_file(file, text, sizeof text - 1), SELDP_OK);
+    hx_test_run run;
+    hx_test_harness(&run,
+                    "--sweep %s --global-batch 120 --dtype f32 --steps 2 --shared-expert-ff 16 "
+                    "--out %s",
+                    file, out);
+    if (run.status != HX_EXIT_PASS || !strstr(run.out, "sweep result: PASS (3 of 3 runs"))
+        fail_msg("exit %d\n%s%s", run.status, run.err, run.out);
+}
+
 static const hx_st_tensor *tensor(const hx_st_file *f, const char *name)
 {
     const hx_st_tensor *t = hx_st_find(f, name);
@@ -287,13 +311,10 @@ static void refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(tensor_and_context),
-        cmocka_unit_test(expert_tensor),
-        cmocka_unit_test(quantized_expert_tensor),
-        cmocka_unit_test(pipeline),
-        cmocka_unit_test(same_logical_model),
-        cmocka_unit_test(dump_of_shards),
-        cmocka_unit_test(refusals),
+        cmocka_unit_test(tensor_and_context),      cmocka_unit_test(expert_tensor),
+        cmocka_unit_test(quantized_expert_tensor), cmocka_unit_test(pipeline),
+        cmocka_unit_test(same_logical_model),      cmocka_unit_test(sweep_of_sharded_layouts),
+        cmocka_unit_test(dump_of_shards),          cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
