@@ -64,8 +64,6 @@ seldp_status hx_grid_check_options(hx_run *run)
         refused = "--save (checkpoints of shards)";
     else if (o->resume_dir)
         refused = "--resume (checkpoints of shards)";
-    else if (o->clip_grad > 0)
-        refused = "--clip-grad (the norm over shards)";
     else if (o->inject != HX_FAULT_NONE)
         refused = "--inject";
     else if (hx_backend_multiprocess(run->backend))

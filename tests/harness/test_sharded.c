@@ -116,6 +116,9 @@ static void pipeline(void **state)
                        "--aux-loss-coeff 0.01");
     hx_test_run_passes("--framework megatron-0.9 --world 8 --tp 2 --pp 2 --ep 2 --dtype f16 "
                        "--expert-reduce mean --policy zero");
+    /* the global norm over the sets: every replica set and every shard once */
+    hx_test_run_passes("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --dtype f32 "
+                       "--shared-expert-ff 16 --clip-grad 0.5");
 }
 
 /* The per-step losses of report.json's steps. */

@@ -80,7 +80,7 @@ static const crow MATRIX[] = {
     {"--tp 4 --d-ff 66 --ep 2", {"--etp 4: must divide the experts' d_ff (--d-ff 66)"}},
     {"--world 6 --ep 2 --tp 4", {"world_size (6) is not divisible by 4"}},
     {"--tp 2 --quant awq", {"--quant awq with --etp 2", "must be a multiple of 256"}},
-    {"--pp 2 --clip-grad 1", {"--clip-grad (the norm over shards) is not supported"}},
+    {"--pp 2 --inject grad", {"--inject is not supported with the sharded tiny-moe"}},
     {"--frobnicate", {"unknown option '--frobnicate'"}},
     {"--world 4 extra", {"unexpected argument 'extra'"}},
 };
