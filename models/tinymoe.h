@@ -30,6 +30,11 @@
  *   tm_embed_backward(m, dh)
  *   tm_export_grads(m, ...)
  *
+ * A sharded rank (SPEC §4.1) holds a part of the model (tm_model_create_part: its pipeline
+ * stage's layers, the shard sizes V/tp, F/etp, Fs/tp) and, with tensor parallelism, computes
+ * the same calls collectively over its TP group (tm_model_set_tp); a later stage's
+ * tm_embed_forward only sizes the caches, its input coming from the previous stage.
+ *
  * Every parameter gradient is the derivative of the rank's LOSS SUM (not the mean): the sum
  * of its token losses plus its share of the router losses (SPEC §4.2) times the global token
  * count N, so that the shares of all data shards add up to N times the global objective.
