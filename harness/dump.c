@@ -118,6 +118,25 @@ static void data_shards(const hx_run *run, hx_buf *b)
     free(ranks);
 }
 
+/* A sharded run's global weights: what each rank's reductions returned, per set (grid.h):
+ * dense and sequence-parallel `reduce` (tokens), embedding and expert-data x expert-TP `sum`
+ * (active ranks), expert-data as the expert flow says. */
+static void sharded_weights(const hx_run *run, hx_buf *b)
+{
+    static const char *const keys[HX_SET_COUNT] = {"dense", "sequence_parallel", "embedding",
+                                                   "expert_data", "expert_data_expert_tp"};
+    hx_buf_puts(b, ",\n  \"global_weights\": [");
+    for (int r = 0; r < run->opts.world; r++) {
+        const hx_grid_rank *gr = run->ranks[r].grid;
+        hx_buf_printf(b, "%s\n    {\"rank\": %d", r ? "," : "", r);
+        for (int set = 0; gr && set < HX_SET_COUNT; set++)
+            if (gr->comm[set] || gr->weight[set])
+                hx_buf_printf(b, ", \"%s\": %llu", keys[set], (unsigned long long)gr->weight[set]);
+        hx_buf_puts(b, "}");
+    }
+    hx_buf_puts(b, "\n  ]\n}\n");
+}
+
 static void manifest(const hx_run *run, int step, const char *config, const char *layout, hx_buf *b)
 {
     const hx_layout *l = run->layout;
@@ -148,6 +167,10 @@ static void manifest(const hx_run *run, int step, const char *config, const char
     hx_buf_json_number(b, run->steps[step].loss);
     hx_buf_puts(b, ",\n  \"reference_loss\": ");
     hx_buf_json_number(b, run->steps[step].ref_loss);
+    if (hx_grid_sharded(run)) {
+        sharded_weights(run, b);
+        return;
+    }
     hx_buf_printf(b,
                   ",\n  \"global_weights\": {\n    \"shared\": {\"ranks\": \"all\", \"root\": %d, "
                   "\"method\": \"reduce\", \"global_weight\": %llu},\n"

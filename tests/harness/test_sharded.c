@@ -273,6 +273,18 @@ static void dump_of_shards(void **state)
         !strstr(text, "\"data_shards\": [[0, 1], [2, 3]]") ||
         !strstr(text, "\"tp\": 2, \"pp\": 2, \"cp\": 1, \"ep\": 2, \"etp\": 2"))
         fail_msg("manifest.json:\n%s", text);
+    /* every rank's dense and sequence-parallel reductions weighed the global batch */
+    hx_json *m = NULL;
+    assert_int_equal(hx_json_parse(text, len, path, &m), SELDP_OK);
+    int64_t tokens = hx_test_int(m, "global_tokens");
+    const hx_json *weights = hx_json_get(m, "global_weights");
+    assert_non_null(weights);
+    assert_int_equal(weights->count, 8);
+    for (size_t r = 0; r < weights->count; r++) {
+        assert_int_equal(hx_test_int(&weights->items[r], "dense"), tokens);
+        assert_int_equal(hx_test_int(&weights->items[r], "sequence_parallel"), tokens);
+    }
+    hx_json_free(m);
     free(text);
 }
 
