@@ -285,8 +285,8 @@ seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int
         const hx_json *v = hx_json_get(doc, unit_sizes[i]);
         if (v && (v->type != HX_JSON_NUMBER || !v->is_integer || v->integer != 1))
             HX_CHECK(at(&c, v,
-                        "%s: a layout file describes groups at tp = pp = cp = etp = 1 (training "
-                        "a larger grid needs the sharded tiny-moe, not built yet)",
+                        "%s: a layout file describes groups at tp = pp = cp = etp = 1 (a larger "
+                        "grid trains from --framework and its sizes)",
                         unit_sizes[i]));
     }
     const hx_json *j_desc = hx_json_get(doc, "description");
