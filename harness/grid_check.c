@@ -60,11 +60,7 @@ seldp_status hx_grid_check_options(hx_run *run)
                        m->quant == TM_QUANT_NF4 ? "NF4 blocks" : "AWQ zero words", m->d_ff, c.etp,
                        block);
     const char *refused = NULL;
-    if (o->save_dir)
-        refused = "--save (checkpoints of shards)";
-    else if (o->resume_dir)
-        refused = "--resume (checkpoints of shards)";
-    else if (o->inject != HX_FAULT_NONE)
+    if (o->inject != HX_FAULT_NONE)
         refused = "--inject";
     else if (hx_backend_multiprocess(run->backend))
         refused = "one rank per MPI process";
@@ -350,7 +346,10 @@ void hx_grid_check_init(hx_run *run)
                 differed = differed || memcmp(rk->pre_init[j], root->pre_init[at], bytes) != 0;
             }
         }
-        if (compared)
+        if (compared && run->resume)
+            hx_check_record(run, HX_CHECK_LOADED_REPLICAS, differed, 0,
+                            "rank %d loaded values that differ from its roots'", r);
+        else if (compared)
             hx_check_record(run, HX_CHECK_DIFFER_BEFORE_INIT, !differed, 0,
                             "rank %d held its roots' values before initialize, so the broadcast "
                             "is not tested",

@@ -193,6 +193,67 @@ static void sweep_of_sharded_layouts(void **state)
         fail_msg("exit %d\n%s%s", run.status, run.err, run.out);
 }
 
+/* Checkpoints (SPEC §7) of a sharded run hold whole logical tensors: resumed under the same
+ * layout the run continues bit for bit, under another (one rank; other sizes) within FP32
+ * rounding, and a one-rank checkpoint resumes sharded. */
+static void checkpoints(void **state)
+{
+    (void)state;
+    const char *common = "--global-batch 160 --dtype f32 --shared-expert-ff 16 --quiet";
+    const char *sharded = "--framework megatron --world 8 --tp 2 --pp 2 --ep 2";
+    static const char *const others[] = {
+        "--world 1 --ep 1",
+        "--framework deepspeed --world 8 --tp 2 --ep 4",
+        "--framework megatron --world 8 --tp 2 --pp 2 --ep 2",
+    };
+    char base[600], full[700], ckpt[700], out[700], one_ckpt[700];
+    snprintf(base, sizeof base, "%s", hx_test_dir("sharded-ckpt"));
+    snprintf(full, sizeof full, "%s/full", base);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", base);
+    snprintf(out, sizeof out, "%s/resumed", base);
+    snprintf(one_ckpt, sizeof one_ckpt, "%s/one-ckpt", base);
+    hx_test_run run;
+    double want[4], got[2];
+    hx_test_harness(&run, "%s %s --steps 4 --out %s", sharded, common, full);
+    assert_int_equal(run.status, HX_EXIT_PASS);
+    step_losses(full, want, 4);
+    hx_test_harness(&run, "%s %s --steps 2 --save %s --out none", sharded, common, ckpt);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("save: exit %d\n%s%s", run.status, run.err, run.out);
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+        hx_test_harness(&run, "%s %s --steps 4 --resume %s --out %s", others[i], common, ckpt, out);
+        if (run.status != HX_EXIT_PASS)
+            fail_msg("%s --resume: exit %d\n%s%s", others[i], run.status, run.err, run.out);
+        step_losses(out, got, 2);
+        bool same_layout = strcmp(others[i], sharded) == 0;
+        for (int k = 0; k < 2; k++)
+            if (same_layout ? memcmp(&got[k], &want[2 + k], sizeof got[k]) != 0
+                            : !(fabs(got[k] - want[2 + k]) <= 1e-5 * want[2 + k]))
+                fail_msg("%s resumed: step %d loss %.17g, uninterrupted %.17g", others[i], 3 + k,
+                         got[k], want[2 + k]);
+        if (same_layout) {
+            hx_json *report = hx_test_report(out);
+            int64_t tested, failed;
+            hx_test_check(report, "replicas bit-identical after --resume", &tested, &failed);
+            assert_true(tested > 0);
+            assert_int_equal(failed, 0);
+            hx_json_free(report);
+        }
+    }
+    /* the other way: a one-rank checkpoint, resumed sharded */
+    hx_test_harness(&run, "--world 1 --ep 1 %s --steps 2 --save %s --out none", common, one_ckpt);
+    assert_int_equal(run.status, HX_EXIT_PASS);
+    hx_test_harness(&run, "%s %s --steps 4 --resume %s --out %s", sharded, common, one_ckpt, out);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("sharded resume of a one-rank checkpoint: exit %d\n%s%s", run.status, run.err,
+                 run.out);
+    step_losses(out, got, 2);
+    for (int k = 0; k < 2; k++)
+        if (!(fabs(got[k] - want[2 + k]) <= 1e-5 * want[2 + k]))
+            fail_msg("one-rank checkpoint resumed sharded: step %d loss %.17g, %.17g", 3 + k,
+                     got[k], want[2 + k]);
+}
+
 static const hx_st_tensor *tensor(const hx_st_file *f, const char *name)
 {
     const hx_st_tensor *t = hx_st_find(f, name);
@@ -319,17 +380,22 @@ static void refusals(void **state)
                  "along its rows: d_ff / etp (64 / 2) must be a multiple of 64");
     expect_usage("--framework megatron --world 8 --tp 2 --ep 2 --quant awq --d-ff 128 --out none",
                  "d_ff / etp (128 / 2) must be a multiple of 256");
-    expect_usage("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --save x --out none",
-                 "--save (checkpoints of shards) is not supported with the sharded tiny-moe");
+    expect_usage("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --inject grad --out none",
+                 "--inject is not supported with the sharded tiny-moe");
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(tensor_and_context),      cmocka_unit_test(expert_tensor),
-        cmocka_unit_test(quantized_expert_tensor), cmocka_unit_test(pipeline),
-        cmocka_unit_test(same_logical_model),      cmocka_unit_test(sweep_of_sharded_layouts),
-        cmocka_unit_test(dump_of_shards),          cmocka_unit_test(refusals),
+        cmocka_unit_test(tensor_and_context),
+        cmocka_unit_test(expert_tensor),
+        cmocka_unit_test(quantized_expert_tensor),
+        cmocka_unit_test(pipeline),
+        cmocka_unit_test(same_logical_model),
+        cmocka_unit_test(sweep_of_sharded_layouts),
+        cmocka_unit_test(checkpoints),
+        cmocka_unit_test(dump_of_shards),
+        cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
