@@ -21,7 +21,8 @@
  *   expert  the expert-data group: each owned expert's ETP shard;
  *   expert-tp  etp > 1 with quantized experts: the adapters every ETP shard holds whole
  *           (w1's lora_a, w2's lora_b) over the expert-data groups of all ETP ranks of the
- *           owners, whose partial gradients are summed over expert-TP as well. */
+ *           owners, whose partial gradients are summed over expert-TP as well.
+ * Checkpoints hold whole logical tensors gathered from the shards (grid_ckpt.h). */
 #ifndef HX_GRID_H
 #define HX_GRID_H
 
