@@ -132,13 +132,15 @@ void hx_print_progress(const hx_run *run, int step, double t_step)
     if (rec->ties_followed)
         snprintf(ties, sizeof ties, "  %zu near tie%s routed as the ranks did", rec->ties_followed,
                  rec->ties_followed == 1 ? "" : "s");
+    char split[160];
+    hx_split_describe(&rec->split, split, sizeof split);
     fprintf(
         run->out,
         "step %d/%d  loss %.6f (ref %.6f)  %zu tokens  worst %.2e %s %.0e (%s @ rank %d)%s  %s  "
-        "%.1f ms\n",
+        "%.1f ms (%s)\n",
         step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->worst,
         rec->worst <= run->tolerance ? "<=" : ">", run->tolerance,
         rec->worst_path[0] ? rec->worst_path : "-", rec->worst_rank, ties,
-        rec->failures ? "FAIL" : "ok", 1e3 * t_step);
+        rec->failures ? "FAIL" : "ok", 1e3 * t_step, split);
     fflush(run->out);
 }

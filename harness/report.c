@@ -206,6 +206,7 @@ static void report_json(const hx_run *run, hx_buf *b)
         hx_buf_json_number(b, r->t_reference);
         hx_buf_puts(b, ", \"check\": ");
         hx_buf_json_number(b, r->t_check);
+        hx_split_json(&r->split, b);
         hx_buf_puts(b, "}}");
     }
     hx_buf_puts(b, "\n  ],\n  \"expert_tokens\": [");

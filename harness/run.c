@@ -440,20 +440,19 @@ static seldp_status main_step(hx_run *run, int step)
         rec->t_reduce = fmax(rec->t_reduce, rk->t_reduce);
     }
     rec->loss /= (double)rec->tokens;
-    double t0 = hx_now();
+    hx_split_charge(&rec->split, HX_PHASE_OTHER);
     HX_CHECK(refresh_global(run));
     HX_CHECK_LIB(tm_reference_compute_routed(&run->opts.model, tm_model_view(run->global), tokens,
                                              targets, counts, B, NULL, choices, &ref),
                  "the FP64 reference of step %d", step + 1);
     rec->ties_followed = tm_reference_ties_followed(ref);
-    rec->t_reference = hx_now() - t0;
+    rec->t_reference = hx_split_charge(&rec->split, HX_PHASE_REFERENCE);
     rec->ref_loss = tm_reference_loss(ref);
-    t0 = hx_now();
     HX_CHECK(hx_check_step(run, step, ref));
     if (run->opts.clip_grad > 0)
         hx_clip_check(run, step, ref);
     hx_inject_diagnose(run, step, ref);
-    rec->t_check = hx_now() - t0;
+    rec->t_check = hx_split_charge(&rec->split, HX_PHASE_CHECK);
 fail:
     tm_reference_destroy(ref);
     free(merged);
@@ -508,9 +507,10 @@ static seldp_status execute_threads(hx_run *run)
     if (!gate_wait(run))
         goto joined;
     for (int step = run->first_step; step < run->opts.steps; step++) {
-        double ts = hx_now();
+        hx_split_start(&run->steps[step].split);
         if (!gate_wait(run))
             goto joined;
+        hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
         st = main_step(run, step);
         if (st == SELDP_OK)
             st = dump_if_last(run, step);
@@ -521,7 +521,7 @@ static seldp_status execute_threads(hx_run *run)
             goto joined;
         }
         run->steps_done = step + 1;
-        run->steps[step].t_step = hx_now() - ts;
+        run->steps[step].t_step = hx_split_finish(&run->steps[step].split);
         hx_print_progress(run, step, run->steps[step].t_step);
         if (!gate_wait(run))
             goto joined;
@@ -585,19 +585,20 @@ static seldp_status execute_processes(hx_run *run)
         hx_print_init(run);
     }
     for (int step = run->first_step; step < run->opts.steps; step++) {
-        double ts = hx_now();
+        hx_split_start(&run->steps[step].split);
         st = rank_step(rk, step);
         if (st != SELDP_OK)
             goto aborted;
         st = hx_gather_step(run);
         if (st != SELDP_OK)
             goto aborted;
+        hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
         seldp_status mine = root ? main_step(run, step) : SELDP_OK;
         if (mine == SELDP_OK)
             mine = dump_if_last(run, step);
         HX_CHECK(hx_gather_verdict(run, mine, 0));
         run->steps_done = step + 1;
-        run->steps[step].t_step = hx_now() - ts;
+        run->steps[step].t_step = hx_split_finish(&run->steps[step].split);
         if (root)
             hx_print_progress(run, step, run->steps[step].t_step);
         st = rank_update(rk);

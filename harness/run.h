@@ -34,6 +34,7 @@
 #include "backend.h"
 #include "layout.h"
 #include "options.h"
+#include "timing.h"
 
 /* What the run checks (SPEC §5). */
 typedef enum hx_check_id {
@@ -108,6 +109,7 @@ typedef struct hx_step_record {
     double t_reduce; /* slowest rank */
     double t_reference;
     double t_check;
+    hx_step_split split; /* the step's wall time by phase (timing.h) */
 } hx_step_record;
 
 typedef struct hx_rank hx_rank;

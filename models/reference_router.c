@@ -9,24 +9,23 @@
 #include "reference_router.h"
 
 void tm__ref_capacity(const tm_config *cfg, const int *sel, const size_t *shard_begin, int n_shards,
-                      unsigned char *kept)
+                      double *taken, unsigned char *kept)
 {
     const int E = cfg->experts, K = cfg->top_k;
+    if (cfg->capacity_factor <= 0.0) {
+        memset(kept, 1, shard_begin[n_shards] * (size_t)K);
+        return;
+    }
     for (int r = 0; r < n_shards; r++) {
         const size_t first = shard_begin[r] * (size_t)K, end = shard_begin[r + 1] * (size_t)K;
         const double T_r = (double)(shard_begin[r + 1] - shard_begin[r]);
-        for (int e = 0; e < E; e++) {
-            /* C = ceil(cf * T_r * K / E), the product taken left to right in double */
-            double cap = HUGE_VAL;
-            if (cfg->capacity_factor > 0.0)
-                cap = ceil(cfg->capacity_factor * T_r * (double)K / (double)E);
-            double taken = 0.0;
-            for (size_t s = first; s < end; s++) {
-                if (sel[s] != e)
-                    continue;
-                kept[s] = taken < cap;
-                taken += 1.0;
-            }
+        /* C = ceil(cf * T_r * K / E), the product taken left to right in double; each expert
+         * keeps its first C assignments of the shard in slot order */
+        const double cap = ceil(cfg->capacity_factor * T_r * (double)K / (double)E);
+        memset(taken, 0, (size_t)E * sizeof *taken);
+        for (size_t s = first; s < end; s++) {
+            kept[s] = taken[sel[s]] < cap;
+            taken[sel[s]] += 1.0;
         }
     }
 }

@@ -10,9 +10,10 @@
 
 /* Capacity dropping of one layer: sel (N,K) the top-K of every token, the tokens of shard r
  * being [shard_begin[r], shard_begin[r+1]); kept (N,K) out: 1 where expert sel[s] keeps the
- * assignment (every slot without a capacity factor), 0 where it is dropped. */
+ * assignment (every slot without a capacity factor), 0 where it is dropped. taken (E) is
+ * work. */
 void tm__ref_capacity(const tm_config *cfg, const int *sel, const size_t *shard_begin, int n_shards,
-                      unsigned char *kept);
+                      double *taken, unsigned char *kept);
 
 /* The router losses of one layer over N = shard_begin[n_shards] tokens: returns their value in
  * the global objective and writes their gradient with respect to the logits (N,E) into

@@ -1,6 +1,7 @@
 /* Memory on host and CUDA devices; the only file that calls the CUDA runtime for
  * plain allocation and copies. Device work runs on the calling thread's per-thread default
  * stream and is waited for before returning (the stream contract of device.h). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,4 +237,54 @@ void seldp__pinned_free(void *ptr)
     cuda_api->get_last_error();
 #endif
     free(ptr);
+}
+
+/* What a buffer grows to: the request, or a quarter more than it held when that is more
+ * (a slowly growing need does not reallocate every call), in whole 4 KiB pages. */
+static size_t grown_size(size_t held, size_t want)
+{
+    size_t n = held + held / 4 > want ? held + held / 4 : want;
+    return n > SIZE_MAX - 4095 ? n : (n + 4095) & ~(size_t)4095;
+}
+
+seldp_status seldp__device_reserve(seldp__device_buffer *b, seldp_device device, size_t bytes)
+{
+    if (b->ptr && b->bytes >= bytes && seldp__device_equal(b->device, device))
+        return SELDP_OK;
+    size_t n = b->ptr && seldp__device_equal(b->device, device) ? grown_size(b->bytes, bytes)
+                                                                : grown_size(0, bytes);
+    seldp__device_release(b);
+    seldp_status st = seldp__device_alloc(device, n, &b->ptr);
+    if (st != SELDP_OK)
+        return st;
+    b->device = device;
+    b->bytes = n;
+    return SELDP_OK;
+}
+
+void seldp__device_release(seldp__device_buffer *b)
+{
+    seldp__device_free(b->device, b->ptr);
+    b->ptr = NULL;
+    b->bytes = 0;
+}
+
+seldp_status seldp__pinned_reserve(seldp__pinned_buffer *b, size_t bytes)
+{
+    if (b->ptr && b->bytes >= bytes)
+        return SELDP_OK;
+    size_t n = grown_size(b->ptr ? b->bytes : 0, bytes);
+    seldp__pinned_release(b);
+    seldp_status st = seldp__pinned_alloc(n, &b->ptr);
+    if (st != SELDP_OK)
+        return st;
+    b->bytes = n;
+    return SELDP_OK;
+}
+
+void seldp__pinned_release(seldp__pinned_buffer *b)
+{
+    seldp__pinned_free(b->ptr);
+    b->ptr = NULL;
+    b->bytes = 0;
 }

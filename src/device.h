@@ -39,6 +39,29 @@ seldp_status seldp__device_zero(seldp_device device, void *ptr, size_t bytes);
 seldp_status seldp__pinned_alloc(size_t bytes, void **out);
 void seldp__pinned_free(void *ptr);
 
+/* A buffer kept across calls (by a communicator, a session) and grown when a call needs
+ * more, so that calls of the same size allocate nothing. Growing frees the old allocation
+ * first and does not keep its contents; a new allocation is zeroed. Start from {0}. */
+typedef struct seldp__device_buffer {
+    seldp_device device;
+    void *ptr;
+    size_t bytes;
+} seldp__device_buffer;
+
+/* At least `bytes` on `device` in b (a buffer on another device is replaced). On failure b
+ * holds nothing. */
+seldp_status seldp__device_reserve(seldp__device_buffer *b, seldp_device device, size_t bytes);
+void seldp__device_release(seldp__device_buffer *b);
+
+/* The same for page-locked host memory (seldp__pinned_alloc). */
+typedef struct seldp__pinned_buffer {
+    void *ptr;
+    size_t bytes;
+} seldp__pinned_buffer;
+
+seldp_status seldp__pinned_reserve(seldp__pinned_buffer *b, size_t bytes);
+void seldp__pinned_release(seldp__pinned_buffer *b);
+
 /* True for two descriptors naming the same device. */
 bool seldp__device_equal(seldp_device a, seldp_device b);
 

@@ -1,12 +1,18 @@
 /* Element types: sizes, names, classes, and exact F16/BF16 <-> F32 conversion.
  *
  * The conversions work on bit patterns only (no compiler half type), so they give
- * the same results on every host and match the CUDA kernels' round to nearest even. */
+ * the same results on every host and match the CUDA kernels' round to nearest even.
+ * An upcast is exact, a NaN's payload and signalling bit included; a downcast rounds to
+ * nearest even, overflows to Inf and makes a NaN the quiet NaN of the same sign with the
+ * top bits of its payload. The array conversions run on vectors where the CPU has them
+ * (src/half_simd.h: AVX2, else SSE2, for BF16; F16C for F16) with the same bits as the scalar ones.
+ */
 #define _POSIX_C_SOURCE 200809L /* strcasecmp */
 
 #include <string.h>
 #include <strings.h>
 
+#include "half_simd.h"
 #include "seldp/dtype.h"
 
 static const struct {
@@ -152,24 +158,104 @@ uint16_t seldp_f32_to_bf16(float value)
     return (uint16_t)((x + rounding) >> 16);
 }
 
+#if SELDP_HALF_SIMD
+/* The vector part of each array conversion: the elements done, a multiple of 8 (the rest
+ * goes through the scalar functions). */
+static size_t bf16_to_f32_sse2(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
+        _mm_storeu_ps(dst + i, seldp__bf16x4_lo_to_f32(h));
+        _mm_storeu_ps(dst + i + 4, seldp__bf16x4_hi_to_f32(h));
+    }
+    return i;
+}
+
+static size_t f32_to_bf16_sse2(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i lo = seldp__f32x4_to_bf16(_mm_loadu_ps(src + i));
+        __m128i hi = seldp__f32x4_to_bf16(_mm_loadu_ps(src + i + 4));
+        _mm_storeu_si128((__m128i *)(dst + i), _mm_packs_epi32(lo, hi));
+    }
+    return i;
+}
+
+SELDP_TARGET_F16C static size_t bf16_to_f32_avx2(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i,
+                         seldp__bf16x8_to_f32(_mm_loadu_si128((const __m128i *)(src + i))));
+    return i;
+}
+
+SELDP_TARGET_F16C static size_t f32_to_bf16_avx2(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i lo = seldp__f32x8_to_bf16(_mm256_loadu_ps(src + i));
+        __m256i hi = seldp__f32x8_to_bf16(_mm256_loadu_ps(src + i + 8));
+        /* packus works within 128-bit lanes: put the four quarters back in order */
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8));
+    }
+    return i;
+}
+
+SELDP_TARGET_F16C static size_t f16_to_f32_f16c(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, seldp__f16x8_to_f32(_mm_loadu_si128((const __m128i *)(src + i))));
+    return i;
+}
+
+SELDP_TARGET_F16C static size_t f32_to_f16_f16c(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), seldp__f32x8_to_f16(_mm256_loadu_ps(src + i)));
+    return i;
+}
+#endif
+
 void seldp_half_to_f32(seldp_dtype half, const uint16_t *src, float *dst, size_t n)
 {
+    size_t i = 0;
     if (half == SELDP_BF16) {
-        for (size_t i = 0; i < n; i++)
+#if SELDP_HALF_SIMD
+        i = seldp__cpu_has_f16c() ? bf16_to_f32_avx2(src, dst, n) : bf16_to_f32_sse2(src, dst, n);
+#endif
+        for (; i < n; i++)
             dst[i] = seldp_bf16_to_f32(src[i]);
     } else {
-        for (size_t i = 0; i < n; i++)
+#if SELDP_HALF_SIMD
+        if (seldp__cpu_has_f16c())
+            i = f16_to_f32_f16c(src, dst, n);
+#endif
+        for (; i < n; i++)
             dst[i] = seldp_f16_to_f32(src[i]);
     }
 }
 
 void seldp_f32_to_half(seldp_dtype half, const float *src, uint16_t *dst, size_t n)
 {
+    size_t i = 0;
     if (half == SELDP_BF16) {
-        for (size_t i = 0; i < n; i++)
+#if SELDP_HALF_SIMD
+        i = seldp__cpu_has_f16c() ? f32_to_bf16_avx2(src, dst, n) : f32_to_bf16_sse2(src, dst, n);
+#endif
+        for (; i < n; i++)
             dst[i] = seldp_f32_to_bf16(src[i]);
     } else {
-        for (size_t i = 0; i < n; i++)
+#if SELDP_HALF_SIMD
+        if (seldp__cpu_has_f16c())
+            i = f32_to_f16_f16c(src, dst, n);
+#endif
+        for (; i < n; i++)
             dst[i] = seldp_f32_to_f16(src[i]);
     }
 }

@@ -5,8 +5,10 @@
  * Conventions are those of nccl-tests: sizes are bytes per rank; algbw = bytes / time;
  * busbw = algbw * 2(n-1)/n for an allreduce (and a reduce) and algbw for a broadcast.
  * On the host, bound_fraction = (the time the memory-bandwidth bound allows) / (the time
- * measured), the bound coming from a memcpy of the same size by every rank at once,
- * measured in the same run (SPEC §6). */
+ * measured). The bound is B, the machine's best copy bandwidth, measured in the same run
+ * (SPEC §6): every rank copies its own buffer of the same size at once, once with
+ * non-temporal (streaming) stores and once with memcpy, and B is the better of the two
+ * (both are reported: the `stream` and `memcpy` rows). */
 #ifndef SELDP_BENCH_H
 #define SELDP_BENCH_H
 
@@ -29,26 +31,33 @@ typedef struct bench_opts {
     bool ranks_given;               /* --ranks was passed (--gpu: else one rank per GPU) */
     size_t buckets[BENCH_MAX_LIST]; /* --bucket, in order */
     int n_buckets;
-    char dtype[8];      /* --dtype: f32 (allreduce), mixed/f32/bf16/f16 (reduce) */
-    int tensors;        /* --tensors: the reduce's selection */
-    bool compare_mpi;   /* --compare mpi */
-    bool json;          /* --json: JSON lines instead of the table */
-    bool gpu;           /* --gpu: the GPU rows only */
-    bool bound;         /* the memcpy rows and bound fractions (--no-bound turns them off) */
-    const char *out;    /* --out PREFIX: also PREFIX.jsonl and PREFIX.csv */
-    const char *mpirun; /* --mpirun: the launcher for --compare mpi */
+    char dtype[8];           /* --dtype: f32 (allreduce), mixed/f32/bf16/f16 (reduce) */
+    int tensors;             /* --tensors: the reduce's selection */
+    bool compare_mpi;        /* --compare mpi */
+    bool compare_gloo;       /* --compare gloo */
+    bool json;               /* --json: JSON lines instead of the table */
+    bool gpu;                /* --gpu: the GPU rows only */
+    bool bound;              /* the copy rows and bound fractions (--no-bound turns them off) */
+    bool staged_commit;      /* --staged-commit: the reduce's sessions set cfg.staged_commit */
+    const char *out;         /* --out PREFIX: also PREFIX.jsonl and PREFIX.csv */
+    const char *mpirun;      /* --mpirun: the launcher for --compare mpi */
+    const char *python;      /* --python: the interpreter for --compare gloo */
+    const char *gloo_script; /* --gloo-script (NULL: seldp-bench-gloo.py beside the binary) */
 } bench_opts;
 
 /* One measurement: a line of the table, a JSON object, a CSV row. */
 typedef struct bench_row {
     char op[16];   /* allreduce, broadcast, reduce */
-    char impl[16]; /* seldp-host, seldp-nccl, nccl, mpi, memcpy */
+    char impl[16]; /* seldp-host, seldp-nccl, nccl, mpi, gloo, memcpy, stream */
     int ranks;
     size_t bytes;          /* per rank */
     double time_us;        /* median of the samples, per operation */
-    double algbw, busbw;   /* GB/s; for a memcpy row busbw is the aggregate copy bandwidth B */
+    double algbw, busbw;   /* GB/s; for a copy row busbw is its aggregate copy bandwidth */
     double bound_fraction; /* NAN when there is no bound */
-    long long wrong;       /* elements that differ from the expected result */
+    /* the copy bandwidths of the same ranks and size (GB/s, NAN: not measured) and B, the
+     * better of the two, which bound_fraction is against */
+    double memcpy_GBps, stream_GBps, bound_GBps;
+    long long wrong; /* elements that differ from the expected result */
     /* optional, shown when set */
     char dtype[8];
     size_t bucket_bytes;
@@ -90,6 +99,26 @@ void bench_fill(float *x, size_t n, int rank, size_t first);
 /* algbw and busbw from bytes and time_us; bound_fraction from the copy bandwidth
  * `copy_GBps` of the same ranks and size (<= 0: none). */
 void bench_row_finish(bench_row *row, double copy_GBps);
+
+/* bench_row_finish against B = the better of memcpy_GBps and stream_GBps (<= 0 or NAN: not
+ * measured), both kept in the row. */
+void bench_row_finish_bound(bench_row *row, double memcpy_GBps, double stream_GBps);
+
+/* True for the rows of a copy (memcpy, stream): their busbw is a copy bandwidth. */
+bool bench_is_copy(const char *impl);
+
+/* ---- the streaming copy (copy.c) ---- */
+
+typedef enum bench_copy_kind { BENCH_COPY_NONE, BENCH_COPY_SSE2, BENCH_COPY_AVX2 } bench_copy_kind;
+
+/* The non-temporal copy this CPU runs: AVX2 when it has it, else SSE2 (x86-64 always has
+ * it); NONE elsewhere (the copy is then memcpy). SELDP_BENCH_COPY=sse2 asks for SSE2. */
+bench_copy_kind bench_stream_kind(void);
+const char *bench_stream_name(void);
+
+/* Copy `bytes` from src to dst (not overlapping) with non-temporal stores, fenced: the
+ * stores are visible to every thread when it returns. Any alignment and size. */
+void bench_stream_copy(void *dst, const void *src, size_t bytes);
 
 /* A row with its identity filled and the rest empty. */
 bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t bytes);

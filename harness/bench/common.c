@@ -39,9 +39,11 @@ static void usage(FILE *f, bool mpi)
     fputs(
         "usage: seldp-bench [options]\n"
         "Times seldp's host-staged collectives (one thread per simulated rank) with nccl-tests\n"
-        "conventions, validates every result, and sets them against the memory-bandwidth bound:\n"
-        "the aggregate copy bandwidth B of every rank memcpy'ing its own buffer of the same size\n"
-        "at once (bytes read + written per second), measured in the same run.\n\n"
+        "conventions, validates every result, and sets them against the memory-bandwidth bound\n"
+        "B, the machine's best copy bandwidth measured in the same run: every rank copies its own\n"
+        "buffer of the same size at once, with non-temporal stores (the `stream` rows) and with\n"
+        "memcpy (the `memcpy` rows: it reads each destination line before writing it, so it\n"
+        "understates B), counted as bytes read + written per second; B = the better of the two.\n\n"
         "  -b, --minbytes SIZE   smallest size per rank (default 1M; reduce: 512M)\n"
         "  -e, --maxbytes SIZE   largest size per rank (default 64M; reduce: 512M)\n"
         "  -f, --stepfactor F    size factor from one row to the next (default 2)\n"
@@ -58,25 +60,37 @@ static void usage(FILE *f, bool mpi)
         "                        a list sweeps, each with a bucketed raw allreduce beside it\n"
         "                        (default 25M)\n"
         "      --tensors N       reduce: tensors in the selection (default 10000)\n"
-        "      --compare mpi     also run seldp-bench-mpi under mpirun (--oversubscribe; as root\n"
-        "                        --allow-run-as-root) with the same ranks and sizes\n"
+        "      --compare LIST    mpi, gloo or mpi,gloo (all): beside seldp, in the same run,\n"
+        "                        mpi: seldp-bench-mpi under mpirun (--oversubscribe; as root\n"
+        "                        --allow-run-as-root); gloo: torch.distributed's gloo backend\n"
+        "                        (seldp-bench-gloo.py, P processes), skipped with a note when\n"
+        "                        python3 cannot import torch; same ranks, sizes and timing rule\n"
         "      --mpirun PATH     the MPI launcher (default mpirun)\n"
-        "      --no-bound        no memcpy rows and no bound fractions\n"
+        "      --python PATH     the interpreter for --compare gloo (default python3)\n"
+        "      --gloo-script PATH  the gloo program (default seldp-bench-gloo.py beside this\n"
+        "                        executable)\n"
+        "      --staged-commit   reduce: the sessions set cfg.staged_commit (the rows say\n"
+        "                        \"staged\"): run with and without to measure what it costs\n"
+        "      --no-bound        no copy rows and no bound fractions\n"
         "      --gpu             the GPU rows: NCCL (raw ncclAllReduce, seldp's allreduce and\n"
         "                        reduce) and host-staged with device buffers; says so and skips\n"
         "                        when there is no GPU\n"
         "      --json            one JSON object per line instead of the table\n"
         "      --out PREFIX      also write PREFIX.jsonl and PREFIX.csv\n"
-        "  -h, --help            this text\n\n"
+        "  -h, --help            this text\n\n",
+        f);
+    fputs(
         "SIZE takes K, M and G (powers of 1024). A sample is one operation from 1 MiB up and a\n"
         "batch of up to 1000 below (1 MiB / size); time is the median sample per operation.\n"
         "Columns: size, time, algbw = size / time, busbw (allreduce and reduce: algbw * 2(n-1)/n;\n"
-        "broadcast: algbw; memcpy rows: B), bound % = bound time / time where the bound time is\n"
-        "2*n*size / B for an allreduce and n*size / B for a broadcast, #wrong = elements that\n"
-        "differ from the expected result on any rank. JSON keys: op, impl (seldp-host,\n"
-        "seldp-nccl, nccl, mpi, memcpy), ranks, bytes, time_us, algbw_GBps, busbw_GBps,\n"
-        "bound_fraction, wrong, and for reduce rows dtype, bucket_bytes, tensors, raw_time_us,\n"
-        "peak_rss, rss_extra_per_rank, rss_budget_per_rank.\n"
+        "broadcast: algbw; copy rows: their copy bandwidth 2*n*size / time), bound % = bound\n"
+        "time / time where the bound time is 2*n*size / B for an allreduce and n*size / B for a\n"
+        "broadcast, B(GB/s) = the B it is against, #wrong = elements that differ from the\n"
+        "expected result on any rank. JSON keys: op, impl (seldp-host, seldp-nccl, nccl, mpi,\n"
+        "gloo, memcpy, stream), ranks, bytes, time_us, algbw_GBps, busbw_GBps, bound_fraction,\n"
+        "wrong, bound_GBps, memcpy_GBps and stream_GBps (rows with a bound), and for reduce rows\n"
+        "dtype, bucket_bytes, tensors, raw_time_us, peak_rss, rss_extra_per_rank,\n"
+        "rss_budget_per_rank.\n"
         "With SELDP_DEBUG_COLLECTIVES=1 in the environment every seldp collective first agrees\n"
         "on its fingerprint (the debug mode of seldp/comm.h), and the seldp rows say \"debug\":\n"
         "run twice, with and without, to measure what the mode costs.\n",
@@ -175,6 +189,27 @@ static bool parse_buckets(const char *text, size_t *out, int *n)
     return *n > 0;
 }
 
+/* "mpi", "gloo", "mpi,gloo", "all" into o->compare_mpi and o->compare_gloo. */
+static bool parse_compare(const char *text, bench_opts *o)
+{
+    char buf[64];
+    if (strlen(text) >= sizeof buf)
+        return false;
+    strcpy(buf, text);
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item;
+         item = strtok_r(NULL, ",", &save)) {
+        if (strcmp(item, "mpi") == 0)
+            o->compare_mpi = true;
+        else if (strcmp(item, "gloo") == 0)
+            o->compare_gloo = true;
+        else if (strcmp(item, "all") == 0)
+            o->compare_mpi = o->compare_gloo = true;
+        else
+            return false;
+    }
+    return o->compare_mpi || o->compare_gloo;
+}
+
 int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
 {
     enum {
@@ -183,6 +218,9 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         OPT_COMPARE,
         OPT_MPIRUN,
         OPT_NO_BOUND,
+        OPT_PYTHON,
+        OPT_GLOO_SCRIPT,
+        OPT_STAGED_COMMIT,
         OPT_GPU,
         OPT_JSON,
         OPT_OUT
@@ -201,6 +239,9 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         {"compare", required_argument, NULL, OPT_COMPARE},
         {"mpirun", required_argument, NULL, OPT_MPIRUN},
         {"no-bound", no_argument, NULL, OPT_NO_BOUND},
+        {"python", required_argument, NULL, OPT_PYTHON},
+        {"gloo-script", required_argument, NULL, OPT_GLOO_SCRIPT},
+        {"staged-commit", no_argument, NULL, OPT_STAGED_COMMIT},
         {"gpu", no_argument, NULL, OPT_GPU},
         {"json", no_argument, NULL, OPT_JSON},
         {"out", required_argument, NULL, OPT_OUT},
@@ -225,6 +266,7 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
     o->tensors = 10000;
     o->bound = true;
     o->mpirun = "mpirun";
+    o->python = "python3";
     strcpy(o->dtype, "");
 
     optind = 1;
@@ -308,11 +350,20 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
             break;
         }
         case OPT_COMPARE:
-            if (strcmp(optarg, "mpi") != 0) {
-                fprintf(stderr, "%s: --compare %s: only 'mpi' is known\n", prog, optarg);
+            if (!parse_compare(optarg, o)) {
+                fprintf(stderr, "%s: --compare %s: expected mpi, gloo, mpi,gloo or all\n", prog,
+                        optarg);
                 return 2;
             }
-            o->compare_mpi = true;
+            break;
+        case OPT_PYTHON:
+            o->python = optarg;
+            break;
+        case OPT_GLOO_SCRIPT:
+            o->gloo_script = optarg;
+            break;
+        case OPT_STAGED_COMMIT:
+            o->staged_commit = true;
             break;
         case OPT_MPIRUN:
             o->mpirun = optarg;
@@ -415,6 +466,7 @@ bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t byt
     row.bytes = bytes;
     row.bound_fraction = NAN;
     row.raw_time_us = NAN;
+    row.memcpy_GBps = row.stream_GBps = row.bound_GBps = NAN;
     row.peak_rss = row.rss_extra_per_rank = row.rss_budget_per_rank = -1;
     /* the rows of seldp's communicators, in the debug mode of the collectives */
     const char *debug = getenv("SELDP_DEBUG_COLLECTIVES");
@@ -423,12 +475,17 @@ bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t byt
     return row;
 }
 
+bool bench_is_copy(const char *impl)
+{
+    return strcmp(impl, "memcpy") == 0 || strcmp(impl, "stream") == 0;
+}
+
 void bench_row_finish(bench_row *row, double copy_GBps)
 {
     double n = row->ranks, seconds = row->time_us * 1e-6;
     bool broadcast = strcmp(row->op, "broadcast") == 0;
     row->algbw = seconds > 0 ? (double)row->bytes / seconds / 1e9 : 0;
-    if (strcmp(row->impl, "memcpy") == 0) {
+    if (bench_is_copy(row->impl)) {
         row->busbw = seconds > 0 ? 2.0 * n * (double)row->bytes / seconds / 1e9 : 0;
         return;
     }
@@ -436,7 +493,18 @@ void bench_row_finish(bench_row *row, double copy_GBps)
     if (copy_GBps > 0 && seconds > 0) {
         double moved = (broadcast ? 1.0 : 2.0) * n * (double)row->bytes;
         row->bound_fraction = moved / (copy_GBps * 1e9) / seconds;
+        row->bound_GBps = copy_GBps;
     }
+}
+
+void bench_row_finish_bound(bench_row *row, double memcpy_GBps, double stream_GBps)
+{
+    row->memcpy_GBps = memcpy_GBps > 0 ? memcpy_GBps : NAN;
+    row->stream_GBps = stream_GBps > 0 ? stream_GBps : NAN;
+    double best = memcpy_GBps > 0 ? memcpy_GBps : 0;
+    if (stream_GBps > best)
+        best = stream_GBps;
+    bench_row_finish(row, best);
 }
 
 const char *bench_size_str(size_t bytes, char *buf, size_t size)
@@ -455,18 +523,21 @@ const char *bench_size_str(size_t bytes, char *buf, size_t size)
 void bench_print_header(FILE *f, const char *title)
 {
     fprintf(f, "# %s\n", title);
-    fprintf(f, "# %-9s %5s %11s %-11s %11s %11s %11s %7s %7s  %s\n", "op", "ranks", "size", "impl",
-            "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound%", "#wrong", "note");
+    fprintf(f, "# %-9s %5s %11s %-11s %11s %11s %11s %7s %8s %7s  %s\n", "op", "ranks", "size",
+            "impl", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound%", "B(GB/s)", "#wrong",
+            "note");
 }
 
 void bench_print_row(FILE *f, const bench_row *r)
 {
-    char size[32], bound[16], note[160] = "";
+    char size[32], bound[16], B[16] = "-", note[160] = "";
     bench_size_str(r->bytes, size, sizeof size);
     if (isnan(r->bound_fraction))
         snprintf(bound, sizeof bound, "%s", "-");
     else
         snprintf(bound, sizeof bound, "%.1f", 100.0 * r->bound_fraction);
+    if (!isnan(r->bound_GBps))
+        snprintf(B, sizeof B, "%.2f", r->bound_GBps);
     size_t used = 0;
     if (r->note[0])
         used += (size_t)snprintf(note + used, sizeof note - used, "%s ", r->note);
@@ -480,8 +551,8 @@ void bench_print_row(FILE *f, const bench_row *r)
         snprintf(note + used, sizeof note - used, "+%.1f MiB/rank (budget %.1f)",
                  (double)r->rss_extra_per_rank / 1048576.0,
                  (double)r->rss_budget_per_rank / 1048576.0);
-    fprintf(f, "  %-9s %5d %11s %-11s %11.1f %11.2f %11.2f %7s %7lld  %s\n", r->op, r->ranks, size,
-            r->impl, r->time_us, r->algbw, r->busbw, bound, r->wrong, note);
+    fprintf(f, "  %-9s %5d %11s %-11s %11.1f %11.2f %11.2f %7s %8s %7lld  %s\n", r->op, r->ranks,
+            size, r->impl, r->time_us, r->algbw, r->busbw, bound, B, r->wrong, note);
 }
 
 static void json_number(FILE *f, const char *key, double v)
@@ -501,6 +572,11 @@ void bench_print_json(FILE *f, const bench_row *r)
     json_number(f, "busbw_GBps", r->busbw);
     json_number(f, "bound_fraction", r->bound_fraction);
     fprintf(f, ",\"wrong\":%lld", r->wrong);
+    if (!isnan(r->bound_GBps)) {
+        json_number(f, "bound_GBps", r->bound_GBps);
+        json_number(f, "memcpy_GBps", r->memcpy_GBps);
+        json_number(f, "stream_GBps", r->stream_GBps);
+    }
     if (r->dtype[0])
         fprintf(f, ",\"dtype\":\"%s\"", r->dtype);
     if (r->bucket_bytes)
@@ -523,7 +599,7 @@ void bench_print_csv_header(FILE *f)
 {
     fputs("op,impl,ranks,bytes,time_us,algbw_GBps,busbw_GBps,bound_fraction,wrong,dtype,"
           "bucket_bytes,tensors,raw_time_us,peak_rss,rss_extra_per_rank,rss_budget_per_rank,"
-          "note\n",
+          "note,bound_GBps,memcpy_GBps,stream_GBps\n",
           f);
 }
 
@@ -555,5 +631,10 @@ void bench_print_csv(FILE *f, const bench_row *r)
     csv_count(f, r->peak_rss);
     csv_count(f, r->rss_extra_per_rank);
     csv_count(f, r->rss_budget_per_rank);
-    fprintf(f, "%s\n", r->note);
+    fprintf(f, "%s,", r->note);
+    csv_number(f, r->bound_GBps);
+    csv_number(f, r->memcpy_GBps);
+    if (!isnan(r->stream_GBps))
+        fprintf(f, "%.6g", r->stream_GBps);
+    fputc('\n', f);
 }

@@ -1,8 +1,10 @@
-/* seldp-bench --compare mpi: run seldp-bench-mpi under mpirun with the same ranks, sizes,
- * iterations and timing rule, and read its rows back (one JSON object per line). */
+/* seldp-bench --compare mpi,gloo: run seldp-bench-mpi under mpirun, and seldp-bench-gloo.py
+ * (torch.distributed's gloo backend) under python3, with the same ranks, sizes, iterations
+ * and timing rule, and read their rows back (one JSON object per line). */
 #define _GNU_SOURCE /* popen */
 
 #include <stdio.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,11 +12,12 @@
 #include "driver.h"
 #include "json.h"
 
-/* The row of one JSON line from seldp-bench-mpi; false when it is not one. */
-static bool row_from_json(const char *line, bench_row *row)
+/* The row of one JSON line from seldp-bench-mpi or the gloo program; false when it is not
+ * one. */
+static bool row_from_json(const char *line, const char *what, bench_row *row)
 {
     hx_json *v = NULL;
-    if (hx_json_parse(line, strlen(line), "seldp-bench-mpi output", &v) != SELDP_OK)
+    if (hx_json_parse(line, strlen(line), what, &v) != SELDP_OK)
         return false;
     const hx_json *op = hx_json_get(v, "op"), *impl = hx_json_get(v, "impl");
     const hx_json *ranks = hx_json_get(v, "ranks"), *bytes = hx_json_get(v, "bytes");
@@ -51,15 +54,79 @@ int bench_mpi_rows(const bench_opts *o, const char *self_dir, int P, bench_rows 
     int got = 0;
     while (fgets(line, sizeof line, p)) {
         bench_row row;
-        if (line[0] != '{' || !row_from_json(line, &row))
+        if (line[0] != '{' || !row_from_json(line, "seldp-bench-mpi output", &row))
             continue; /* MPI's own messages */
-        bench_row_finish(&row, bench_rows_copy_bw(rows, row.ranks, row.bytes));
+        bench_row_finish_rows(&row, rows);
         bench_rows_add(rows, &row);
         got++;
     }
     int status = pclose(p);
     if (status != 0 || got == 0) {
         fprintf(stderr, "seldp-bench: %s: exit status %d, %d rows\n", cmd, status, got);
+        return 1;
+    }
+    return 0;
+}
+
+/* The exit status the gloo program uses to say that torch with gloo is not importable. */
+#define GLOO_SKIP 77
+
+int bench_gloo_rows(const bench_opts *o, const char *self_dir, int P, bench_rows *rows,
+                    bool *skipped)
+{
+    char script[4096], cmd[6144];
+    *skipped = false;
+    if (o->gloo_script)
+        snprintf(script, sizeof script, "%s", o->gloo_script);
+    else
+        snprintf(script, sizeof script, "%s/seldp-bench-gloo.py", self_dir);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' -o %s -r %d -b %zu -e %zu -f %g -n %d -w %d 2>&1",
+             o->python, script, bench_op_name(o->op), P, o->min_bytes, o->max_bytes, o->factor,
+             o->iters, o->warmup);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        fprintf(stderr, "seldp-bench: cannot run %s\n", cmd);
+        return 1;
+    }
+    char line[4096], why[512] = "";
+    int got = 0, bad = 0;
+    while (fgets(line, sizeof line, p)) {
+        bench_row row;
+        if (line[0] != '{') {
+            /* the program's notes and torch's messages: keep the last for a failure */
+            if (line[0] != '\n')
+                snprintf(why, sizeof why, "%.500s", line);
+            continue;
+        }
+        if (!row_from_json(line, "the gloo program's output", &row) ||
+            strcmp(row.impl, "gloo") != 0 || row.ranks != P ||
+            strcmp(row.op, bench_op_name(o->op)) != 0) {
+            bad++;
+            snprintf(why, sizeof why, "unexpected row: %.480s", line);
+            continue;
+        }
+        bench_row_finish_rows(&row, rows);
+        bench_rows_add(rows, &row);
+        got++;
+    }
+    int status = pclose(p);
+    int code = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    why[strcspn(why, "\n")] = '\0';
+    if (code == GLOO_SKIP && got == 0) {
+        *skipped = true;
+        fprintf(o->json ? stderr : stdout, "# no gloo column, %d ranks: %s\n", P,
+                why[0] ? why : "the gloo program skipped");
+        return 0;
+    }
+    if (code == 127 && got == 0) {
+        *skipped = true;
+        fprintf(o->json ? stderr : stdout, "# no gloo column: cannot run '%s' '%s' (%s)\n",
+                o->python, script, why[0] ? why : "not found");
+        return 0;
+    }
+    if (code != 0 || got == 0 || bad) {
+        fprintf(stderr, "seldp-bench: %s: exit status %d, %d rows, %d malformed: %s\n", cmd, code,
+                got, bad, why);
         return 1;
     }
     return 0;

@@ -61,8 +61,8 @@ typedef struct bench_rows {
 bench_row *bench_rows_add(bench_rows *rows, const bench_row *row);
 void bench_rows_free(bench_rows *rows);
 
-/* Allreduce or broadcast on P simulated ranks over every size of o: a memcpy row (unless
- * --no-bound) and a seldp-host row per size. Returns 0, or 1 after a failure. */
+/* Allreduce or broadcast on P simulated ranks over every size of o: a memcpy and a stream
+ * row (unless --no-bound) and a seldp-host row per size. Returns 0, or 1 after a failure. */
 int bench_host_rows(const bench_opts *o, int P, bench_rows *rows);
 
 /* The session reduce of a realistic selection on P simulated ranks, for every size of o and
@@ -70,8 +70,14 @@ int bench_host_rows(const bench_opts *o, int P, bench_rows *rows);
 int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows);
 
 /* Run seldp-bench-mpi under mpirun with P processes over the sizes of o; its rows are
- * appended with bound fractions from the memcpy rows already in `rows`. */
+ * appended with bound fractions from the copy rows already in `rows`. */
 int bench_mpi_rows(const bench_opts *o, const char *self_dir, int P, bench_rows *rows);
+
+/* Run the gloo program (torch.distributed, P processes) over the sizes of o and append its
+ * rows likewise. When python cannot import torch with gloo, print why to stderr, add no
+ * row and return 0 (with *skipped set): torch is never required. */
+int bench_gloo_rows(const bench_opts *o, const char *self_dir, int P, bench_rows *rows,
+                    bool *skipped);
 
 /* The GPU rows, or a "no GPU" line. Returns 0 unless a measurement failed. */
 int bench_gpu_rows(const bench_opts *o, bench_rows *rows);
@@ -105,7 +111,16 @@ uint64_t bench_weight(int rank, int P, uint64_t *total);
 long long bench_selection_wrong(const bench_selection *s, const void *const *arenas, int n_arenas,
                                 int P, int first, int step);
 
-/* The copy bandwidth (GB/s) of the memcpy row for P ranks and `bytes`, or 0. */
-double bench_rows_copy_bw(const bench_rows *rows, int P, size_t bytes);
+/* The copy bandwidth (GB/s) of the `impl` row (memcpy or stream) for P ranks and `bytes`,
+ * or 0. */
+double bench_rows_copy_bw(const bench_rows *rows, const char *impl, int P, size_t bytes);
+
+/* bench_row_finish_bound with the memcpy and stream rows of the row's ranks and size. */
+void bench_row_finish_rows(bench_row *row, const bench_rows *rows);
+
+/* Add the copy row `impl` (memcpy or stream) of op, P ranks and `bytes` with the median of
+ * n samples (seconds); returns its copy bandwidth (GB/s). */
+double bench_copy_row(bench_rows *rows, const char *op, const char *impl, int P, size_t bytes,
+                      double *samples, int n);
 
 #endif

@@ -1,6 +1,7 @@
 /* seldp-bench: the benchmark of SPEC §6. One driver over the rows of host.c (allreduce and
  * broadcast on simulated ranks), reduce.c (a session reduce of a realistic selection),
- * compare.c (Open MPI through seldp-bench-mpi) and gpu.c (NCCL), printed as a table, JSON
+ * compare.c (Open MPI through seldp-bench-mpi, torch.distributed's gloo through
+ * seldp-bench-gloo.py) and gpu.c (NCCL), printed as a table, JSON
  * lines and CSV. Exit status: 0; 1 when a measurement failed or a result was wrong; 2 on a
  * usage error. */
 #define _GNU_SOURCE /* readlink */
@@ -40,11 +41,13 @@ static double load_average(void)
 
 static int impl_order(const char *impl)
 {
-    static const char *const order[] = {"memcpy", "seldp-host", "seldp-nccl", "nccl", "mpi"};
-    for (int i = 0; i < 5; i++)
+    static const char *const order[] = {"memcpy", "stream", "seldp-host", "seldp-nccl",
+                                        "nccl",   "mpi",    "gloo"};
+    const int n = (int)(sizeof order / sizeof order[0]);
+    for (int i = 0; i < n; i++)
         if (strcmp(impl, order[i]) == 0)
             return i;
-    return 5;
+    return n;
 }
 
 /* Rows [from, n) by size, then implementation; stable, so a reduce's raw allreduce stays
@@ -64,7 +67,30 @@ static void sort_rows(bench_rows *rows, int from)
     }
 }
 
-/* seldp beside MPI, size by size, for the rows [from, n) of one rank count. */
+/* The row of `impl` with the op and size of s among rows [from, n), or NULL. */
+static const bench_row *find_row(const bench_rows *rows, int from, const bench_row *s,
+                                 const char *impl)
+{
+    for (int j = from; j < rows->n; j++) {
+        const bench_row *m = &rows->at[j];
+        if (strcmp(m->impl, impl) == 0 && m->bytes == s->bytes && strcmp(m->op, s->op) == 0)
+            return m;
+    }
+    return NULL;
+}
+
+/* "12.34", or "-" for NAN */
+static const char *cell(char *buf, size_t size, double v)
+{
+    if (isnan(v))
+        snprintf(buf, size, "-");
+    else
+        snprintf(buf, size, "%.2f", v);
+    return buf;
+}
+
+/* seldp beside Open MPI and gloo, size by size, for the rows [from, n) of one rank count:
+ * busbw of each and seldp's busbw over theirs. */
 static void print_comparison(const bench_rows *rows, int from)
 {
     bool header = false;
@@ -72,24 +98,26 @@ static void print_comparison(const bench_rows *rows, int from)
         const bench_row *s = &rows->at[i];
         if (strcmp(s->impl, "seldp-host") != 0)
             continue;
-        for (int j = from; j < rows->n; j++) {
-            const bench_row *m = &rows->at[j];
-            if (strcmp(m->impl, "mpi") != 0 || m->bytes != s->bytes || strcmp(m->op, s->op))
-                continue;
-            if (!header) {
-                printf("# seldp-host beside Open MPI, %d ranks, %s\n", s->ranks, s->op);
-                printf("# %11s %13s %13s %9s %13s %13s %9s %8s\n", "size", "seldp busbw",
-                       "mpi busbw", "ratio", "seldp us", "mpi us", "time x", "bound%");
-                header = true;
-            }
-            char size[32], bound[16] = "-";
-            if (!isnan(s->bound_fraction))
-                snprintf(bound, sizeof bound, "%.1f", 100 * s->bound_fraction);
-            printf("  %11s %13.2f %13.2f %9.2f %13.2f %13.2f %9.2f %8s\n",
-                   bench_size_str(s->bytes, size, sizeof size), s->busbw, m->busbw,
-                   m->busbw > 0 ? s->busbw / m->busbw : NAN, s->time_us, m->time_us,
-                   m->time_us > 0 ? s->time_us / m->time_us : NAN, bound);
+        const bench_row *m = find_row(rows, from, s, "mpi"), *g = find_row(rows, from, s, "gloo");
+        if (!m && !g)
+            continue;
+        if (!header) {
+            printf("# seldp-host beside Open MPI and gloo, %d ranks, %s (busbw GB/s; x = seldp's "
+                   "busbw over theirs)\n",
+                   s->ranks, s->op);
+            printf("# %11s %11s %11s %7s %11s %7s %8s %8s\n", "size", "seldp", "mpi", "x mpi",
+                   "gloo", "x gloo", "bound%", "B(GB/s)");
+            header = true;
         }
+        char size[32], c[6][32];
+        printf("  %11s %11.2f %11s %7s %11s %7s %8s %8s\n",
+               bench_size_str(s->bytes, size, sizeof size), s->busbw,
+               cell(c[0], sizeof c[0], m ? m->busbw : NAN),
+               cell(c[1], sizeof c[1], m && m->busbw > 0 ? s->busbw / m->busbw : NAN),
+               cell(c[2], sizeof c[2], g ? g->busbw : NAN),
+               cell(c[3], sizeof c[3], g && g->busbw > 0 ? s->busbw / g->busbw : NAN),
+               cell(c[4], sizeof c[4], 100 * s->bound_fraction),
+               cell(c[5], sizeof c[5], s->bound_GBps));
     }
 }
 
@@ -127,9 +155,11 @@ int main(int argc, char **argv)
             snprintf(title, sizeof title,
                      "seldp-bench: %s %s, host-staged (a thread per rank, one per core when they "
                      "fit, as mpirun binds), %ld CPUs, load average "
-                     "%.2f at start, %s; time = median of %d samples after %d warm-up",
+                     "%.2f at start, %s; time = median of %d samples after %d warm-up; B = the "
+                     "better of memcpy and a streaming copy (%s)",
                      bench_op_name(o.op), o.op == BENCH_REDUCE ? o.dtype : "f32 sum",
-                     sysconf(_SC_NPROCESSORS_ONLN), load, seldp_version(), o.iters, o.warmup);
+                     sysconf(_SC_NPROCESSORS_ONLN), load, seldp_version(), o.iters, o.warmup,
+                     bench_stream_name());
         bench_print_header(stdout, title);
         fflush(stdout);
     }
@@ -141,12 +171,15 @@ int main(int argc, char **argv)
             failed = bench_reduce_rows(&o, o.ranks[p], &rows);
         else
             failed = bench_host_rows(&o, o.ranks[p], &rows);
-        if (!failed && o.compare_mpi && !o.gpu) {
+        if (!failed && (o.compare_mpi || o.compare_gloo) && !o.gpu) {
+            bool skipped = false;
             if (o.op == BENCH_REDUCE)
-                fprintf(stderr, "seldp-bench: --compare mpi has no reduce; compare the raw "
+                fprintf(stderr, "seldp-bench: --compare has no reduce; compare the raw "
                                 "allreduce rows with --op allreduce\n");
-            else
+            else if (o.compare_mpi)
                 failed = bench_mpi_rows(&o, dir, o.ranks[p], &rows);
+            if (!failed && o.compare_gloo && o.op != BENCH_REDUCE)
+                failed = bench_gloo_rows(&o, dir, o.ranks[p], &rows, &skipped);
         }
         sort_rows(&rows, from);
         for (int i = from; i < rows.n; i++) {
@@ -161,7 +194,7 @@ int main(int argc, char **argv)
             if (csv)
                 bench_print_csv(csv, r);
         }
-        if (!o.json && o.compare_mpi)
+        if (!o.json && (o.compare_mpi || o.compare_gloo))
             print_comparison(&rows, from);
         fflush(stdout);
     }

@@ -1,5 +1,5 @@
 /* seldp-bench --op reduce: seldp_session_reduce of a realistic selection on the host-staged
- * transport, beside one raw F32 allreduce of the same bytes and the memcpy bound.
+ * transport, beside one raw F32 allreduce of the same bytes and the memory-bandwidth bound.
  *
  * The selection: --tensors tensors of mixed sizes (many small vectors, mid-size matrices, a
  * few large ones) scaled to SIZE bytes per rank, half of them BF16 and half F32 for --dtype
@@ -13,9 +13,12 @@
  * the order, and the expected result is exactly (float)((double)S * (1/W)) rounded to the
  * tensor's dtype.
  *
- * Timing: the load of a shared machine drifts, so the memcpy bound (the restore of the
- * gradients, timed over the same bytes), the raw allreduce and the reduction are sampled
- * in turns and each reported as its median. Extra
+ * Timing: the load of a shared machine drifts, so the bound's copies (a streaming copy of
+ * the gradients into the reduced arena and the memcpy that restores it, timed over the same
+ * bytes; B is the better), the raw allreduce and the reduction are sampled in turns and
+ * each reported as its median. --staged-commit sets cfg.staged_commit on the sessions (the
+ * rows say "staged"), SELDP_DEBUG_COLLECTIVES=1 turns on the collectives' debug mode (the
+ * rows say "debug"): a run with and one without measure what each costs. Extra
  * memory: VmHWM is reset (/proc/self/clear_refs) before the first reduction and read after
  * the last; the budget per rank is one bucket plus FP32 staging for the half inputs. */
 #include <inttypes.h>
@@ -158,7 +161,7 @@ typedef struct reduce_ctx {
     const bench_selection *sel;
     char **grads; /* per rank: the arena reduced in place */
     float **raw_send, **raw_recv;
-    double *samples, *raw_samples, *copy_samples; /* rank 0 */
+    double *samples, *raw_samples, *copy_samples, *stream_samples; /* rank 0 */
     atomic_llong wrong, raw_wrong;
     long long rss_before_kb;
     bool rss_reset;
@@ -244,6 +247,7 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
     int failed = 0;
 
     cfg.bucket_bytes = bucket;
+    cfg.staged_commit = o->staged_commit;
     if (seldp_session_initialize(r->comm, model, 0, ids, (size_t)s->n, &cfg, &session) != SELDP_OK)
         return bench_team_fail(r, "seldp_session_initialize: %s", seldp_last_error());
     bench_selection_fill(s, pristine, r->rank);
@@ -259,10 +263,17 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
         memset(raw->recv, 0xff, raw->count * sizeof(float));
     for (int it = 0; it < o->warmup + o->iters; it++) {
         if (first && o->bound) {
-            /* the memcpy bound: the restore of the gradients, timed over the same bytes */
+            /* the bound: a streaming copy and the memcpy restore of the gradients, timed
+             * over the same bytes (the restore below writes the whole arena again) */
             if (!bench_team_barrier(r))
                 goto out;
             double t0 = bench_now();
+            bench_stream_copy(grads, pristine, s->bytes);
+            if (!bench_team_barrier(r))
+                goto out;
+            if (r->rank == 0 && it >= o->warmup)
+                c->stream_samples[it - o->warmup] = bench_now() - t0;
+            t0 = bench_now();
             memcpy(grads, pristine, s->bytes);
             if (!bench_team_barrier(r))
                 goto out;
@@ -305,10 +316,8 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
     if (!bench_team_barrier(r))
         goto out;
     if (r->rank == 0 && first && o->bound) {
-        bench_row m = bench_row_make("reduce", "memcpy", r->size, s->bytes);
-        m.time_us = 1e6 * bench_median(c->copy_samples, o->iters);
-        bench_row_finish(&m, 0);
-        bench_rows_add(c->rows, &m);
+        bench_copy_row(c->rows, "reduce", "memcpy", r->size, s->bytes, c->copy_samples, o->iters);
+        bench_copy_row(c->rows, "reduce", "stream", r->size, s->bytes, c->stream_samples, o->iters);
     }
     if (r->rank == 0 && first) {
         bench_row row = bench_row_make("allreduce", "seldp-host", r->size, s->bytes);
@@ -316,7 +325,7 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
         row.wrong = atomic_load(&c->raw_wrong);
         snprintf(row.dtype, sizeof row.dtype, "f32");
         snprintf(row.note, sizeof row.note, "raw: same bytes");
-        bench_row_finish(&row, bench_rows_copy_bw(c->rows, r->size, s->bytes));
+        bench_row_finish_rows(&row, c->rows);
         bench_rows_add(c->rows, &row);
     }
     if (r->rank == 0) {
@@ -327,6 +336,9 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
         snprintf(row.dtype, sizeof row.dtype, "%s", o->dtype);
         row.bucket_bytes = bucket;
         row.tensors = s->n;
+        if (o->staged_commit)
+            snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "%sstaged",
+                     row.note[0] ? " " : "");
         /* the raw allreduce sampled in turns with this reduction */
         row.raw_time_us = 1e6 * bench_median(c->raw_samples, o->iters);
         if (c->rss_reset && peak_kb >= 0 && c->rss_before_kb >= 0) {
@@ -335,7 +347,7 @@ static int reduce_with_bucket(bench_rank *r, reduce_ctx *c, seldp_model *model,
             row.rss_extra_per_rank = (extra > 0 ? extra : 0) / r->size;
             row.rss_budget_per_rank = (long long)(bucket + s->half_elems * sizeof(float));
         }
-        bench_row_finish(&row, bench_rows_copy_bw(c->rows, r->size, s->bytes));
+        bench_row_finish_rows(&row, c->rows);
         bench_rows_add(c->rows, &row);
     }
 out:
@@ -417,7 +429,7 @@ static int reduce_rank(bench_rank *r)
             snprintf(row.dtype, sizeof row.dtype, "f32");
             row.bucket_bytes = o->buckets[b];
             snprintf(row.note, sizeof row.note, "raw: bucketed");
-            bench_row_finish(&row, bench_rows_copy_bw(c->rows, r->size, s->bytes));
+            bench_row_finish_rows(&row, c->rows);
             bench_rows_add(c->rows, &row);
         }
     }
@@ -461,7 +473,9 @@ int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows)
         c.samples = calloc((size_t)o->iters, sizeof *c.samples);
         c.raw_samples = calloc((size_t)o->iters, sizeof *c.raw_samples);
         c.copy_samples = calloc((size_t)o->iters, sizeof *c.copy_samples);
-        if (c.grads && c.raw_send && c.raw_recv && c.samples && c.raw_samples && c.copy_samples)
+        c.stream_samples = calloc((size_t)o->iters, sizeof *c.stream_samples);
+        if (c.grads && c.raw_send && c.raw_recv && c.samples && c.raw_samples && c.copy_samples &&
+            c.stream_samples)
             failed = bench_team_run(P, reduce_rank, &c);
         else
             failed = 1;
@@ -471,6 +485,7 @@ int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows)
         free(c.samples);
         free(c.raw_samples);
         free(c.copy_samples);
+        free(c.stream_samples);
         bench_selection_free(&s);
     }
     return failed;

@@ -352,7 +352,7 @@ seldp_status seldp_comm_alltoallv(seldp_comm *comm, const void *send, const size
     comm->stats.alltoallvs++;
     for (size_t p = 0; p < n; p++)
         comm->stats.bytes += sb[p];
-    st = comm->ops->alltoallv(comm, send, sb, sd, recv, rb, rd, mem);
+    st = comm->ops->alltoallv(comm, send, sb, sd, recv, rb, rd, mem, send_extent, recv_extent);
 fail:
     free(arrays);
     return st;

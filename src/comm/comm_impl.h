@@ -66,10 +66,12 @@ typedef struct seldp_comm_ops {
                               seldp_device mem);
     seldp_status (*allgatherv)(seldp_comm *comm, const void *send, size_t send_bytes, void **recv,
                                size_t *recv_bytes);
-    /* counts and displacements in bytes */
+    /* counts and displacements in bytes; the extents are the bytes from send and from recv
+     * to the end of their furthest non-empty piece (comm.c has checked that they fit) */
     seldp_status (*alltoallv)(seldp_comm *comm, const void *send, const size_t *send_bytes,
                               const size_t *send_displs, void *recv, const size_t *recv_bytes,
-                              const size_t *recv_displs, seldp_device mem);
+                              const size_t *recv_displs, seldp_device mem, size_t send_extent,
+                              size_t recv_extent);
     seldp_status (*split)(seldp_comm *comm, int color, int key, seldp_comm **out);
     /* Optional (NULL: the caller falls back to bucketed allreduces): the fused reduction of
      * seldp__reduce_fused_args over host memory, in one rendezvous, so that a failure

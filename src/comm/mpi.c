@@ -1053,8 +1053,11 @@ static seldp_status mpi_allgatherv(seldp_comm *comm, const void *send, size_t se
 
 static seldp_status mpi_alltoallv(seldp_comm *comm, const void *send, const size_t *send_bytes,
                                   const size_t *send_displs, void *recv, const size_t *recv_bytes,
-                                  const size_t *recv_displs, seldp_device mem)
+                                  const size_t *recv_displs, seldp_device mem, size_t send_extent,
+                                  size_t recv_extent)
 {
+    (void)send_extent; /* alltoallv_locked computes them */
+    (void)recv_extent;
     mpi_world *w = world_enter(comm);
     return world_leave(w, alltoallv_locked(comm, send, send_bytes, send_displs, recv, recv_bytes,
                                            recv_displs, mem));

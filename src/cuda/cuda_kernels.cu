@@ -118,7 +118,7 @@ __global__ void nonfinite_kernel(const T *x, size_t n, T exp_mask, unsigned long
 
 /* One segment of a batch as the kernel reads it: elements [start, start + n) of the batch's
  * index space. */
-enum BatchOp { kZero, kCopy, kHalfToF32, kBf16ToF32, kF32ToHalf, kF32ToBf16 };
+enum BatchOp { kZero, kCopy, kHalfToF32, kBf16ToF32, kF32ToHalf, kF32ToBf16, kScaleF32 };
 struct BatchSeg {
     void *dst;
     const void *src;
@@ -139,8 +139,10 @@ template <typename T> __device__ __forceinline__ void zero_elem(void *dst, size_
 }
 
 /* Every element of every segment, grid-stride over the batch's index space; the segment
- * of element i is found by binary search over the starts. */
-__global__ void convert_batch_kernel(const BatchSeg *segs, size_t n_segs, size_t total)
+ * of element i is found by binary search over the starts. F32 sources are multiplied by
+ * `scale` first unless it is 1 (seldp__scale_convert_bits: the fused scale and cast). */
+__global__ void convert_batch_kernel(const BatchSeg *segs, size_t n_segs, size_t total,
+                                     double scale)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -183,22 +185,28 @@ __global__ void convert_batch_kernel(const BatchSeg *segs, size_t n_segs, size_t
             ((float *)g.dst)[j] =
                 __uint_as_float(seldp__bf16_to_f32_bits(((const uint16_t *)g.src)[j]));
             break;
+        case kScaleF32:
+            ((uint32_t *)g.dst)[j] =
+                seldp__scale_convert_bits(((const uint32_t *)g.src)[j], scale, SELDP_SCALE_TO_F32);
+            break;
         case kF32ToHalf:
-            ((uint16_t *)g.dst)[j] =
-                seldp__f32_bits_to_f16(__float_as_uint(((const float *)g.src)[j]));
+            ((uint16_t *)g.dst)[j] = (uint16_t)seldp__scale_convert_bits(
+                ((const uint32_t *)g.src)[j], scale, SELDP_SCALE_TO_F16);
             break;
         default:
-            ((uint16_t *)g.dst)[j] =
-                seldp__f32_bits_to_bf16(__float_as_uint(((const float *)g.src)[j]));
+            ((uint16_t *)g.dst)[j] = (uint16_t)seldp__scale_convert_bits(
+                ((const uint32_t *)g.src)[j], scale, SELDP_SCALE_TO_BF16);
             break;
         }
     }
 }
 
-int batch_op(const seldp__convert_seg &g)
+int batch_op(const seldp__convert_seg &g, double scale)
 {
     if (!g.src)
         return kZero;
+    if (g.dst_dtype == SELDP_F32 && g.src_dtype == SELDP_F32 && scale != 1.0)
+        return kScaleF32;
     if (g.dst_dtype == g.src_dtype)
         return kCopy;
     if (g.dst_dtype == SELDP_F32)
@@ -210,6 +218,30 @@ bool ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes
 {
     uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
     return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+/* The descriptions of the segments that move something, into host[]; returns how many,
+ * and the elements they cover in *total. */
+size_t describe(const seldp__convert_seg *segs, size_t n_segs, double scale, BatchSeg *host,
+                unsigned long long *total)
+{
+    size_t n = 0;
+    *total = 0;
+    for (size_t i = 0; i < n_segs; i++) {
+        const seldp__convert_seg &g = segs[i];
+        int op = batch_op(g, scale);
+        if (g.n == 0 || (op == kCopy && g.dst == g.src))
+            continue;
+        host[n].dst = g.dst;
+        host[n].src = g.src;
+        host[n].start = *total;
+        host[n].n = g.n;
+        host[n].op = op;
+        host[n].size = (int)seldp_dtype_size(g.dst_dtype);
+        *total += g.n;
+        n++;
+    }
+    return n;
 }
 
 } // namespace
@@ -271,7 +303,6 @@ extern "C" seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__conv
 {
     BatchSeg local[64];
     BatchSeg *host = local;
-    size_t n = 0;
     unsigned long long total = 0;
     if (n_segs > sizeof local / sizeof local[0]) {
         host = (BatchSeg *)malloc(n_segs * sizeof *host);
@@ -280,20 +311,7 @@ extern "C" seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__conv
                                "cuda:%d convert_batch: out of memory describing %zu segments",
                                ordinal, n_segs);
     }
-    for (size_t i = 0; i < n_segs; i++) {
-        const seldp__convert_seg &g = segs[i];
-        int op = batch_op(g);
-        if (g.n == 0 || (op == kCopy && g.dst == g.src))
-            continue;
-        host[n].dst = g.dst;
-        host[n].src = g.src;
-        host[n].start = total;
-        host[n].n = g.n;
-        host[n].op = op;
-        host[n].size = (int)seldp_dtype_size(g.dst_dtype);
-        total += g.n;
-        n++;
-    }
+    size_t n = describe(segs, n_segs, 1.0, host, &total);
     seldp_status st = SELDP_OK;
     if (n > 0) {
         DeviceScope scope(ordinal);
@@ -308,7 +326,7 @@ extern "C" seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__conv
             err = cudaMemcpyAsync(dev, host, n * sizeof *dev, cudaMemcpyHostToDevice, stream);
             if (err == cudaSuccess) {
                 convert_batch_kernel<<<blocks_for((size_t)total), kThreads, 0, stream>>>(
-                    dev, n, (size_t)total);
+                    dev, n, (size_t)total, 1.0);
                 err = cudaGetLastError();
             }
             cudaError_t free_err = cudaFreeAsync(dev, stream);
@@ -325,6 +343,35 @@ extern "C" seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__conv
     if (host != local)
         free(host);
     return st;
+}
+
+extern "C" size_t seldp__cuda_batch_desc_bytes(size_t n_segs)
+{
+    return (n_segs ? n_segs : 1) * sizeof(BatchSeg);
+}
+
+extern "C" seldp_status seldp__cuda_convert_async(cudaStream_t stream,
+                                                  const seldp__convert_seg *segs, size_t n_segs,
+                                                  double scale, void *host_desc, void *dev_desc)
+{
+    unsigned long long total = 0;
+    BatchSeg *host = (BatchSeg *)host_desc;
+    size_t n = describe(segs, n_segs, scale, host, &total);
+    if (n == 0)
+        return SELDP_OK;
+    cudaError_t err =
+        cudaMemcpyAsync(dev_desc, host, n * sizeof *host, cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) {
+        convert_batch_kernel<<<blocks_for((size_t)total), kThreads, 0, stream>>>(
+            (const BatchSeg *)dev_desc, n, (size_t)total, scale);
+        err = cudaGetLastError();
+    }
+    if (err != cudaSuccess) {
+        int ordinal = -1;
+        cudaGetDevice(&ordinal);
+        return cuda_fail(err, "scale and convert", ordinal);
+    }
+    return SELDP_OK;
 }
 
 extern "C" seldp_status seldp__cuda_scale_f32(int ordinal, float *x, size_t n, double factor)

@@ -1,9 +1,12 @@
 /* seldp-bench on tiny sizes: it runs, every JSON line is a well-formed row with the keys of
  * SPEC §6, every result validates (wrong == 0), the row count matches the sizes and ranks
- * asked for, and --out, --compare mpi, --gpu, --help and bad options behave. Nothing here
- * is timed. Usage: bench_smoke PATH/TO/seldp-bench */
+ * asked for, every bound fraction is against B = the better of the memcpy and stream rows
+ * of its size, and --out, --compare mpi, --compare gloo (against a stub program printing
+ * known rows, and without torch), --staged-commit, --gpu, --help and bad options behave.
+ * Nothing here is timed. Usage: bench_smoke PATH/TO/seldp-bench */
 #define _GNU_SOURCE /* popen */
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,20 +24,32 @@
 
 static const char *bench;
 
+enum { IMPLS = 8, KEPT = 64 };
+
+/* What a bound fraction is checked against: a row's identity and figures. */
+typedef struct kept_row {
+    char op[16], impl[16], note[32];
+    long long ranks, bytes;
+    double time_us, busbw, bound_fraction, bound_GBps;
+    bool has_bound;
+} kept_row;
+
 typedef struct run_result {
-    int status;       /* exit status, or -1 */
-    int rows;         /* JSON rows */
-    int by_impl[6];   /* memcpy, seldp-host, mpi, seldp-nccl, nccl, other */
-    char text[16384]; /* the non-JSON output, truncated */
+    int status;          /* exit status, or -1 */
+    int rows;            /* JSON rows */
+    int by_impl[IMPLS];  /* memcpy, seldp-host, mpi, seldp-nccl, nccl, stream, gloo, other */
+    kept_row kept[KEPT]; /* the first rows */
+    char text[16384];    /* the non-JSON output, truncated */
 } run_result;
 
 static int impl_index(const char *impl)
 {
-    static const char *const names[] = {"memcpy", "seldp-host", "mpi", "seldp-nccl", "nccl"};
-    for (int i = 0; i < 5; i++)
+    static const char *const names[] = {"memcpy", "seldp-host", "mpi", "seldp-nccl",
+                                        "nccl",   "stream",     "gloo"};
+    for (int i = 0; i < IMPLS - 1; i++)
         if (strcmp(impl, names[i]) == 0)
             return i;
-    return 5;
+    return IMPLS - 1;
 }
 
 static const hx_json *member(const hx_json *row, const char *key, hx_json_type type,
@@ -69,8 +84,37 @@ static void check_row(const char *line, run_result *res)
         fail_msg("time must be positive and bandwidths non-negative: %s", line);
     if (!bound || (bound->type != HX_JSON_NULL && bound->type != HX_JSON_NUMBER))
         fail_msg("bound_fraction must be a number or null: %s", line);
-    if (strcmp(impl, "memcpy") == 0 && bound->type != HX_JSON_NULL)
-        fail_msg("a memcpy row has no bound fraction: %s", line);
+    bool copy = strcmp(impl, "memcpy") == 0 || strcmp(impl, "stream") == 0;
+    if (copy && bound->type != HX_JSON_NULL)
+        fail_msg("a copy row has no bound fraction: %s", line);
+    const hx_json *B = hx_json_get(row, "bound_GBps");
+    if (bound->type == HX_JSON_NUMBER) {
+        /* B and the two copies it is the better of */
+        double b = member(row, "bound_GBps", HX_JSON_NUMBER, line)->number;
+        const hx_json *m = hx_json_get(row, "memcpy_GBps"), *st = hx_json_get(row, "stream_GBps");
+        double best = 0;
+        if (m && m->type == HX_JSON_NUMBER)
+            best = m->number;
+        if (st && st->type == HX_JSON_NUMBER && st->number > best)
+            best = st->number;
+        if (!(b > 0) || fabs(b - best) > 1e-5 * best)
+            fail_msg("bound_GBps is not the better of memcpy_GBps and stream_GBps: %s", line);
+    }
+    if (res->rows < KEPT) {
+        kept_row *k = &res->kept[res->rows];
+        const hx_json *note = hx_json_get(row, "note");
+        snprintf(k->op, sizeof k->op, "%s", op);
+        snprintf(k->impl, sizeof k->impl, "%s", impl);
+        snprintf(k->note, sizeof k->note, "%s",
+                 note && note->type == HX_JSON_STRING ? note->string : "");
+        k->ranks = ranks->integer;
+        k->bytes = bytes->integer;
+        k->time_us = time_us;
+        k->busbw = busbw;
+        k->has_bound = bound->type == HX_JSON_NUMBER;
+        k->bound_fraction = k->has_bound ? bound->number : 0;
+        k->bound_GBps = k->has_bound ? B->number : 0;
+    }
     if (!wrong->is_integer || wrong->integer != 0)
         fail_msg("wrong results: %s", line);
     if (strcmp(op, "reduce") == 0 && strcmp(impl, "seldp-host") == 0) {
@@ -114,15 +158,64 @@ static run_result *run(const char *args)
     return &res;
 }
 
+/* The kept row of `impl` with the op, ranks and size of k, or NULL. */
+static const kept_row *find_kept(const run_result *r, const kept_row *k, const char *impl)
+{
+    for (int i = 0; i < r->rows && i < KEPT; i++) {
+        const kept_row *m = &r->kept[i];
+        if (strcmp(m->impl, impl) == 0 && strcmp(m->op, k->op) == 0 && m->ranks == k->ranks &&
+            m->bytes == k->bytes)
+            return m;
+    }
+    return NULL;
+}
+
+/* Every bounded row's B is the better of the memcpy and stream rows of its op, ranks and
+ * size, and its fraction is the bytes it must move over B, over its time (SPEC §6). */
+static void check_bounds(const run_result *r, const char *impl)
+{
+    int checked = 0;
+    for (int i = 0; i < r->rows && i < KEPT; i++) {
+        const kept_row *k = &r->kept[i];
+        if (strcmp(k->impl, impl) != 0)
+            continue;
+        const kept_row *m = find_kept(r, k, "memcpy"), *s = find_kept(r, k, "stream");
+        if (!m || !s || !k->has_bound)
+            fail_msg("%s row of %lld bytes on %lld ranks without both copy rows and a bound", impl,
+                     k->bytes, k->ranks);
+        double best = m->busbw > s->busbw ? m->busbw : s->busbw;
+        if (fabs(k->bound_GBps - best) > 1e-4 * best)
+            fail_msg("%s row of %lld bytes: B %g, but memcpy %g and stream %g", impl, k->bytes,
+                     k->bound_GBps, m->busbw, s->busbw);
+        double moved =
+            (strcmp(k->op, "broadcast") == 0 ? 1.0 : 2.0) * (double)k->ranks * (double)k->bytes;
+        double expect = moved / (best * 1e9) / (k->time_us * 1e-6);
+        if (fabs(k->bound_fraction - expect) > 1e-3 * expect)
+            fail_msg("%s row of %lld bytes: bound fraction %g, expected %g", impl, k->bytes,
+                     k->bound_fraction, expect);
+        checked++;
+    }
+    if (checked == 0)
+        fail_msg("no %s row to check", impl);
+}
+
 static void allreduce_rows_validate(void **state)
 {
     (void)state;
-    /* sizes 8, 256 and 8192 bytes on 1, 2 and 3 ranks: a memcpy and a seldp row each */
+    /* sizes 8, 256 and 8192 bytes on 1, 2 and 3 ranks: a memcpy, a stream and a seldp row
+     * each */
     run_result *r = run("-b 8 -e 8K -f 32 -n 2 -w 1 -r 1-3 --json");
     assert_int_equal(r->status, 0);
-    assert_int_equal(r->rows, 18);
+    assert_int_equal(r->rows, 27);
     assert_int_equal(r->by_impl[0], 9);
+    assert_int_equal(r->by_impl[5], 9);
     assert_int_equal(r->by_impl[1], 9);
+    check_bounds(r, "seldp-host");
+    /* sizes where the streaming path runs (past its 256-byte memcpy cut), and a broadcast */
+    r = run("-o broadcast -b 64K -e 1M -f 4 -n 2 -w 1 -r 2 --json");
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->by_impl[5], 3);
+    check_bounds(r, "seldp-host");
 }
 
 static void broadcast_rows_validate(void **state)
@@ -131,22 +224,36 @@ static void broadcast_rows_validate(void **state)
     run_result *r = run("-o broadcast -b 1K -e 1M -f 32 -n 2 -w 1 -r 2,4 --json --no-bound");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->rows, 6);
+    assert_int_equal(r->by_impl[0] + r->by_impl[5], 0);
     assert_int_equal(r->by_impl[1], 6);
 }
 
 static void reduce_rows_validate(void **state)
 {
     (void)state;
-    /* memcpy, raw allreduce, two bucketed raw allreduces and two reduce rows */
+    /* memcpy, stream, raw allreduce, two bucketed raw allreduces and two reduce rows */
     run_result *r = run("-o reduce -b 256K -e 256K --tensors 100 -n 2 -w 1 -r 2 --bucket 16K,64K "
                         "--json");
     assert_int_equal(r->status, 0);
-    assert_int_equal(r->rows, 6);
+    assert_int_equal(r->rows, 7);
     assert_int_equal(r->by_impl[0], 1);
+    assert_int_equal(r->by_impl[5], 1);
     assert_int_equal(r->by_impl[1], 5);
     r = run("-o reduce -b 128K -e 128K --tensors 40 -n 1 -w 0 -r 3 -d f16 --json");
     assert_int_equal(r->status, 0);
-    assert_int_equal(r->rows, 3);
+    assert_int_equal(r->rows, 4);
+    for (int i = 0; i < r->rows; i++)
+        if (strstr(r->kept[i].note, "staged"))
+            fail_msg("a reduce row says staged without --staged-commit");
+    /* with cfg.staged_commit: the reduce row says so, and still validates */
+    r = run("-o reduce -b 128K -e 128K --tensors 40 -n 1 -w 0 -r 2 --staged-commit --json");
+    assert_int_equal(r->status, 0);
+    int staged = 0;
+    for (int i = 0; i < r->rows; i++)
+        staged += strcmp(r->kept[i].op, "reduce") == 0 &&
+                  strcmp(r->kept[i].impl, "seldp-host") == 0 &&
+                  strstr(r->kept[i].note, "staged") != NULL;
+    assert_int_equal(staged, 1);
 }
 
 static void out_writes_jsonl_and_csv(void **state)
@@ -177,8 +284,8 @@ static void out_writes_jsonl_and_csv(void **state)
         remove(path);
     }
     rmdir(dir);
-    assert_int_equal(counts[0], 4);     /* memcpy and seldp at 1K and 4K */
-    assert_int_equal(counts[1], 4 + 1); /* and the header */
+    assert_int_equal(counts[0], 6);     /* memcpy, stream and seldp at 1K and 4K */
+    assert_int_equal(counts[1], 6 + 1); /* and the header */
 }
 
 static void compare_mpi_rows_validate(void **state)
@@ -195,9 +302,109 @@ static void compare_mpi_rows_validate(void **state)
     assert_int_equal(r->status, 0);
     assert_int_equal(r->by_impl[2], 3);
     assert_int_equal(r->by_impl[1], 3);
+    check_bounds(r, "mpi");
     r = run("-o broadcast -b 64K -e 64K -n 2 -w 1 -r 3 --compare mpi --json");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->by_impl[2], 1);
+}
+
+/* A stand-in for the gloo program: prints the rows seldp-bench must read (and torch-like
+ * noise it must skip), or says torch is missing. */
+static void write_stub(const char *path, const char *body)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        fail_msg("cannot write %s", path);
+    fputs(body, f);
+    fclose(f);
+}
+
+static void compare_gloo_reads_the_program_rows(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/seldp-bench-gloo-XXXXXX", stub[600], args[1024];
+    if (!mkdtemp(dir))
+        fail_msg("mkdtemp failed");
+    snprintf(stub, sizeof stub, "%s/stub.sh", dir);
+    /* known times: 1000 us at 4 KiB and 2000 us at 16 KiB, 2 ranks; the arguments it was
+     * given are echoed as a note line, which seldp-bench must skip */
+    write_stub(stub, "echo \"args: $*\"\n"
+                     "echo '{\"op\":\"allreduce\",\"impl\":\"gloo\",\"ranks\":2,"
+                     "\"bytes\":4096,\"time_us\":1000,\"wrong\":0}'\n"
+                     "echo '{\"op\":\"allreduce\",\"impl\":\"gloo\",\"ranks\":2,"
+                     "\"bytes\":16384,\"time_us\":2000,\"wrong\":0}'\n");
+    snprintf(args, sizeof args,
+             "-b 4K -e 16K -f 4 -n 2 -w 0 -r 2 --compare gloo --python /bin/sh --gloo-script %s "
+             "--json",
+             stub);
+    run_result *r = run(args);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->by_impl[6], 2);
+    int seen = 0;
+    for (int i = 0; i < r->rows && i < KEPT; i++) {
+        const kept_row *k = &r->kept[i];
+        if (strcmp(k->impl, "gloo") != 0)
+            continue;
+        double want_us = k->bytes == 4096 ? 1000 : 2000;
+        assert_true(k->bytes == 4096 || k->bytes == 16384);
+        assert_true(fabs(k->time_us - want_us) < 1e-9);
+        /* busbw of an allreduce on 2 ranks: algbw * 2(n-1)/n = bytes / time */
+        assert_true(fabs(k->busbw - (double)k->bytes / (want_us * 1e-6) / 1e9) < 1e-9);
+        assert_true(k->has_bound); /* against the copy rows of the same run */
+        seen++;
+    }
+    assert_int_equal(seen, 2);
+    check_bounds(r, "gloo");
+
+    /* the table's comparison has a gloo column with those figures */
+    snprintf(args, sizeof args,
+             "-b 4K -e 16K -f 4 -n 2 -w 0 -r 2 --compare gloo --python /bin/sh --gloo-script %s",
+             stub);
+    r = run(args);
+    assert_int_equal(r->status, 0);
+    const char *table = strstr(r->text, "beside Open MPI and gloo");
+    assert_non_null(table);
+    /* the 16 KiB line: size, seldp, mpi, x mpi, gloo (16 KiB in 2000 us: 0.01 GB/s) */
+    const char *line = strstr(table, "16.0 KiB");
+    assert_non_null(line);
+    char seldp[32], mpi[32], x_mpi[32], gloo[32];
+    assert_int_equal(sscanf(line, "16.0 KiB %31s %31s %31s %31s", seldp, mpi, x_mpi, gloo), 4);
+    assert_string_equal(mpi, "-");
+    assert_string_equal(gloo, "0.01");
+
+    /* malformed rows are an error, not a silent gap */
+    write_stub(stub, "echo '{\"op\":\"allreduce\",\"impl\":\"gloo\",\"ranks\":3,"
+                     "\"bytes\":4096,\"time_us\":1000,\"wrong\":0}'\n");
+    snprintf(args, sizeof args,
+             "-b 4K -e 4K -n 1 -w 0 -r 2 --compare gloo --python /bin/sh --gloo-script %s "
+             "--json 2>/dev/null",
+             stub);
+    assert_int_equal(run(args)->status, 1);
+
+    /* a program that says torch is missing (exit 77): no gloo rows, a note, success */
+    write_stub(stub, "echo 'python3 cannot import torch'\nexit 77\n");
+    snprintf(args, sizeof args,
+             "-b 4K -e 4K -n 1 -w 0 -r 2 --compare gloo --python /bin/sh --gloo-script %s", stub);
+    r = run(args);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->by_impl[6], 0);
+    assert_non_null(strstr(r->text, "no gloo column"));
+    assert_non_null(strstr(r->text, "cannot import torch"));
+    remove(stub);
+    rmdir(dir);
+}
+
+/* The real program beside the binary: rows when torch with gloo is importable, else the
+ * skip note; either way the run succeeds. */
+static void compare_gloo_real_program_or_a_note(void **state)
+{
+    (void)state;
+    if (system("command -v python3 > /dev/null 2>&1") != 0)
+        skip();
+    run_result *r = run("-b 4K -e 16K -f 4 -n 2 -w 1 -r 2 --compare gloo");
+    assert_int_equal(r->status, 0);
+    if (r->by_impl[6] == 0 && !strstr(r->text, "no gloo column"))
+        fail_msg("--compare gloo printed neither gloo rows nor a note: %s", r->text);
 }
 
 static void gpu_rows_or_a_no_gpu_line(void **state)
@@ -214,11 +421,14 @@ static void help_and_bad_options(void **state)
     (void)state;
     run_result *r = run("--help");
     assert_int_equal(r->status, 0);
-    assert_non_null(strstr(r->text, "--compare mpi"));
+    assert_non_null(strstr(r->text, "--compare LIST"));
+    assert_non_null(strstr(r->text, "gloo"));
+    assert_non_null(strstr(r->text, "non-temporal"));
     assert_non_null(strstr(r->text, "--gpu"));
     assert_int_equal(run("--op gather 2>/dev/null")->status, 2);
     assert_int_equal(run("-b 1M -e 1K 2>/dev/null")->status, 2);
     assert_int_equal(run("--ranks 0 2>/dev/null")->status, 2);
+    assert_int_equal(run("--compare nccl 2>/dev/null")->status, 2);
 }
 
 int main(int argc, char **argv)
@@ -229,9 +439,14 @@ int main(int argc, char **argv)
     }
     bench = argv[1];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(allreduce_rows_validate),   cmocka_unit_test(broadcast_rows_validate),
-        cmocka_unit_test(reduce_rows_validate),      cmocka_unit_test(out_writes_jsonl_and_csv),
-        cmocka_unit_test(compare_mpi_rows_validate), cmocka_unit_test(gpu_rows_or_a_no_gpu_line),
+        cmocka_unit_test(allreduce_rows_validate),
+        cmocka_unit_test(broadcast_rows_validate),
+        cmocka_unit_test(reduce_rows_validate),
+        cmocka_unit_test(out_writes_jsonl_and_csv),
+        cmocka_unit_test(compare_mpi_rows_validate),
+        cmocka_unit_test(compare_gloo_reads_the_program_rows),
+        cmocka_unit_test(compare_gloo_real_program_or_a_note),
+        cmocka_unit_test(gpu_rows_or_a_no_gpu_line),
         cmocka_unit_test(help_and_bad_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

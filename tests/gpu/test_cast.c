@@ -1,8 +1,9 @@
 /* The CUDA element-wise kernels against the host: F16/BF16 -> F32 over all 65,536
  * patterns, F32 -> F16/BF16 over every rounding boundary and a sweep of F32 patterns (bit
  * for bit, NaN payloads included), conversions in place, scaling, and the search for the
- * first non-finite element. Also through the library's dispatch (src/kernels.h). Exits 77
- * without a GPU. */
+ * first non-finite element. Also through the library's dispatch (src/kernels.h), and the
+ * fused scale and cast that ends a reduction on the NCCL transport (seldp__cuda_convert_async
+ * with a scale) against the two host passes it replaces. Exits 77 without a GPU. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -366,6 +367,96 @@ static void test_convert_batch(void **state)
     free(dev_segs);
 }
 
+/* The fused scale and cast: one launch over F32 segments into F32, BF16 and F16 (and a
+ * half source at scale 1), bit for bit against seldp__scale_f32 (not at scale 1) followed
+ * by seldp__convert on the host; the descriptions go through the caller's pinned and device
+ * buffers, reused from one launch to the next. */
+static void test_fused_scale_convert(void **state)
+{
+    (void)state;
+    const size_t n = 100003;
+    uint32_t *x = malloc(n * sizeof *x);
+    float *ref = malloc(n * sizeof *ref);
+    char *want = malloc(n * 4), *got = malloc(n * 4);
+    assert_non_null(x);
+    assert_non_null(ref);
+    assert_non_null(want);
+    assert_non_null(got);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (uint32_t)seldp_test_hash(5, i);
+    const uint32_t specials[] = {0x7fc12345u, 0x7f800001u, 0xff800000u, 0x00000001u,
+                                 0x80000000u, 0x477ff000u, 0x33000000u, 0x3f808000u};
+    memcpy(x, specials, sizeof specials);
+    float *dx = upload(x, n * sizeof *x);
+    void *dout = gpu_buf_alloc(dev0, n * 4);
+    uint16_t *dhalf = gpu_buf_alloc(dev0, n * 2);
+    assert_non_null(dout);
+    assert_non_null(dhalf);
+    cudaStream_t stream;
+    void *host_desc = NULL, *dev_desc = NULL;
+    size_t desc = seldp__cuda_batch_desc_bytes(2);
+    assert_int_equal(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaMallocHost(&host_desc, desc), cudaSuccess);
+    assert_int_equal(cudaMalloc(&dev_desc, desc), cudaSuccess);
+
+    const double scales[] = {1.0 / 2037.0, 1.0, 0x1p-140, 1e30};
+    const seldp_dtype outs[] = {SELDP_F32, SELDP_BF16, SELDP_F16};
+    for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++) {
+        for (size_t o = 0; o < 3; o++) {
+            size_t esize = seldp_dtype_size(outs[o]), half = n / 2;
+            /* two segments: the first half of x into the first half of out, and the rest */
+            seldp__convert_seg segs[2] = {
+                {dout, dx, outs[o], SELDP_F32, half},
+                {(char *)dout + half * esize, dx + half, outs[o], SELDP_F32, n - half},
+            };
+            assert_int_equal(
+                seldp__cuda_convert_async(stream, segs, 2, scales[k], host_desc, dev_desc),
+                SELDP_OK);
+            assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+            download(got, dout, n * esize);
+            memcpy(ref, x, n * sizeof *ref);
+            if (scales[k] != 1.0)
+                assert_int_equal(seldp__scale_f32(SELDP_HOST_DEVICE, ref, n, scales[k]), SELDP_OK);
+            assert_int_equal(seldp__convert(SELDP_HOST_DEVICE, want, outs[o], ref, SELDP_F32, n),
+                             SELDP_OK);
+            size_t at = seldp_first_diff(want, got, n * esize);
+            if (at != n * esize)
+                fail_msg("scale %a into %s: element %zu (input 0x%08x) differs from the two "
+                         "host passes",
+                         scales[k], seldp_dtype_name(outs[o]), at / esize, x[at / esize]);
+        }
+    }
+    /* a half source (the pack before a reduction): scale 1, an exact widening */
+    seldp__convert_seg to_half = {dhalf, dx, SELDP_BF16, SELDP_F32, n};
+    assert_int_equal(seldp__cuda_convert_async(stream, &to_half, 1, 1.0, host_desc, dev_desc),
+                     SELDP_OK);
+    /* the descriptions are the caller's to reuse once the stream has passed the launch */
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    seldp__convert_seg widen = {dout, dhalf, SELDP_F32, SELDP_BF16, n};
+    assert_int_equal(seldp__cuda_convert_async(stream, &widen, 1, 1.0, host_desc, dev_desc),
+                     SELDP_OK);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    download(got, dout, n * 4);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t w = bits_of(seldp_bf16_to_f32(seldp_f32_to_bf16(float_of(x[i]))));
+        uint32_t g;
+        memcpy(&g, got + 4 * i, 4);
+        if (g != w)
+            fail_msg("BF16 round trip of element %zu (0x%08x): 0x%08x, expected 0x%08x", i, x[i], g,
+                     w);
+    }
+    cudaFreeHost(host_desc);
+    cudaFree(dev_desc);
+    cudaStreamDestroy(stream);
+    gpu_buf_free(dev0, dx);
+    gpu_buf_free(dev0, dout);
+    gpu_buf_free(dev0, dhalf);
+    free(x);
+    free(ref);
+    free(want);
+    free(got);
+}
+
 int main(void)
 {
     gpu_require();
@@ -379,6 +470,7 @@ int main(void)
         cmocka_unit_test(test_find_nonfinite),
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_convert_batch),
+        cmocka_unit_test(test_fused_scale_convert),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* src/device.c against a scripted CUDA runtime (seldp__cuda_replace): every device copy
  * and memset is issued on the per-thread stream and waited for before the call returns
- * (the stream contract of device.h), the caller's current device is restored, and a failed
- * zeroing of a new allocation frees it. Runs without a GPU. */
+ * (the stream contract of device.h), the caller's current device is restored, a failed
+ * zeroing of a new allocation frees it, and the grow-only buffers (seldp__device_reserve,
+ * seldp__pinned_reserve) allocate only when a request does not fit. Runs without a GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,13 +14,14 @@
 #include "device.h"
 #include "seldp/seldp.h"
 
-enum op { OP_SET, OP_MALLOC, OP_FREE, OP_MEMSET, OP_MEMCPY, OP_SYNC };
+enum op { OP_SET, OP_MALLOC, OP_FREE, OP_MEMSET, OP_MEMCPY, OP_SYNC, OP_MALLOC_HOST, OP_FREE_HOST };
 
 typedef struct call {
     enum op op;
     cudaStream_t stream;
     int ordinal;
     void *ptr;
+    size_t bytes; /* OP_MALLOC, OP_MALLOC_HOST */
 } call;
 
 static struct {
@@ -30,12 +32,13 @@ static struct {
     enum op failing;
     bool fail;
     char heap[256];
+    char pinned[256]; /* what malloc_host hands out */
 } fake;
 
 static void record(enum op op, cudaStream_t stream, void *ptr)
 {
     if (fake.n < 32)
-        fake.log[fake.n++] = (call){op, stream, fake.current, ptr};
+        fake.log[fake.n++] = (call){op, stream, fake.current, ptr, 0};
 }
 
 static cudaError_t result(enum op op)
@@ -65,8 +68,8 @@ static cudaError_t f_count(int *n)
 
 static cudaError_t f_malloc(void **p, size_t bytes)
 {
-    (void)bytes;
     record(OP_MALLOC, NULL, fake.heap);
+    fake.log[fake.n - 1].bytes = bytes;
     cudaError_t err = result(OP_MALLOC);
     *p = err == cudaSuccess ? fake.heap : NULL;
     return err;
@@ -102,6 +105,28 @@ static cudaError_t f_sync(cudaStream_t s)
     return result(OP_SYNC);
 }
 
+static cudaError_t f_malloc_host(void **p, size_t bytes)
+{
+    record(OP_MALLOC_HOST, NULL, fake.pinned);
+    fake.log[fake.n - 1].bytes = bytes;
+    cudaError_t err = result(OP_MALLOC_HOST);
+    *p = err == cudaSuccess ? fake.pinned : NULL;
+    return err;
+}
+
+static cudaError_t f_free_host(void *p)
+{
+    record(OP_FREE_HOST, NULL, p);
+    return cudaSuccess;
+}
+
+static cudaError_t f_attributes(struct cudaPointerAttributes *attr, const void *p)
+{
+    memset(attr, 0, sizeof *attr);
+    attr->type = p == (const void *)fake.pinned ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered;
+    return cudaSuccess;
+}
+
 static cudaError_t f_last_error(void)
 {
     return cudaSuccess;
@@ -116,6 +141,9 @@ static const seldp__cuda_api fake_api = {
     .memset_async = f_memset,
     .memcpy_async = f_memcpy,
     .stream_synchronize = f_sync,
+    .malloc_host = f_malloc_host,
+    .free_host = f_free_host,
+    .pointer_attributes = f_attributes,
     .get_last_error = f_last_error,
 };
 
@@ -235,6 +263,94 @@ static void test_failed_wait_is_an_error(void **state)
     assert_int_equal(fake.current, 1);
 }
 
+/* Calls of `op` in the log. */
+static int count(enum op op)
+{
+    int n = 0;
+    for (int i = 0; i < fake.n; i++)
+        n += fake.log[i].op == op;
+    return n;
+}
+
+/* The last call of `op` in the log. */
+static const call *last(enum op op)
+{
+    for (int i = fake.n - 1; i >= 0; i--)
+        if (fake.log[i].op == op)
+            return &fake.log[i];
+    fail_msg("no call of op %d", (int)op);
+    return NULL;
+}
+
+/* Requests that fit (the same size, smaller ones) allocate nothing; a larger one frees the
+ * old block and allocates once, at least a quarter more than before; release frees it. */
+static void test_device_buffer_grows_only(void **state)
+{
+    (void)state;
+    seldp__device_buffer b = {0};
+    assert_int_equal(seldp__device_reserve(&b, dev0, 1000), SELDP_OK);
+    assert_ptr_equal(b.ptr, fake.heap);
+    assert_true(b.bytes >= 1000);
+    assert_int_equal(count(OP_MALLOC), 1);
+    size_t first = b.bytes;
+    for (int call_no = 0; call_no < 8; call_no++)
+        assert_int_equal(seldp__device_reserve(&b, dev0, call_no % 2 ? 10 : first), SELDP_OK);
+    assert_int_equal(count(OP_MALLOC), 1);
+    assert_int_equal(count(OP_FREE), 0);
+
+    assert_int_equal(seldp__device_reserve(&b, dev0, first + 1), SELDP_OK);
+    assert_int_equal(count(OP_MALLOC), 2);
+    assert_int_equal(count(OP_FREE), 1);
+    assert_true(b.bytes >= first + first / 4);
+    assert_int_equal(last(OP_MALLOC)->bytes, b.bytes);
+
+    /* another device: replaced there */
+    seldp_device dev1 = {SELDP_DEVICE_CUDA, 1};
+    assert_int_equal(seldp__device_reserve(&b, dev1, 16), SELDP_OK);
+    assert_int_equal(count(OP_MALLOC), 3);
+    assert_int_equal(b.device.ordinal, 1);
+
+    seldp__device_release(&b);
+    assert_null(b.ptr);
+    assert_int_equal(b.bytes, 0);
+    assert_int_equal(count(OP_FREE), 3);
+}
+
+static void test_device_buffer_failure_holds_nothing(void **state)
+{
+    (void)state;
+    seldp__device_buffer b = {0};
+    assert_int_equal(seldp__device_reserve(&b, dev0, 64), SELDP_OK);
+    fake.fail = true;
+    fake.failing = OP_MALLOC;
+    fake.fail_on = cudaErrorMemoryAllocation;
+    assert_int_equal(seldp__device_reserve(&b, dev0, 1 << 20), SELDP_ERR_TRANSPORT);
+    assert_null(b.ptr);
+    assert_int_equal(b.bytes, 0);
+    fake.fail = false;
+    assert_int_equal(seldp__device_reserve(&b, dev0, 64), SELDP_OK); /* and it recovers */
+    assert_non_null(b.ptr);
+    seldp__device_release(&b);
+}
+
+static void test_pinned_buffer_grows_only(void **state)
+{
+    (void)state;
+    seldp__pinned_buffer b = {0};
+    assert_int_equal(seldp__pinned_reserve(&b, 100), SELDP_OK);
+    assert_ptr_equal(b.ptr, fake.pinned);
+    for (int call_no = 0; call_no < 8; call_no++)
+        assert_int_equal(seldp__pinned_reserve(&b, (size_t)50 + 50 * (call_no % 2)), SELDP_OK);
+    assert_int_equal(count(OP_MALLOC_HOST), 1);
+    assert_int_equal(count(OP_FREE_HOST), 0);
+    assert_int_equal(seldp__pinned_reserve(&b, b.bytes + 1), SELDP_OK);
+    assert_int_equal(count(OP_MALLOC_HOST), 2);
+    assert_int_equal(count(OP_FREE_HOST), 1);
+    seldp__pinned_release(&b);
+    assert_int_equal(count(OP_FREE_HOST), 2);
+    assert_null(b.ptr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -244,6 +360,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_alloc_frees_when_zeroing_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_alloc_failure_allocates_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_wait_is_an_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_device_buffer_grows_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_device_buffer_failure_holds_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_buffer_grows_only, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -288,6 +289,80 @@ static void test_array_conversion(void **state)
     assert_int_equal(half[5], 0x7c00);
 }
 
+/* The array conversions (vectorized where the CPU allows) against the element ones, bit
+ * for bit: every half bit pattern upcast, and random F32 patterns (with ties, NaN payloads,
+ * the F16 overflow edge and subnormals) rounded to either half, at every start offset
+ * modulo the vector width and lengths that are not multiples of it. */
+static void test_array_conversion_every_pattern(void **state)
+{
+    (void)state;
+    enum { N = 65536 + 40 };
+    uint16_t *h = malloc(N * sizeof *h), *h2 = malloc(N * sizeof *h2);
+    float *f = malloc(N * sizeof *f), *fb = malloc(N * sizeof *fb);
+    uint32_t *bits = malloc(N * sizeof *bits);
+    assert_true(h && h2 && f && fb && bits);
+    const seldp_dtype types[] = {SELDP_F16, SELDP_BF16};
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (size_t i = 0; i < N; i++) {
+        h[i] = (uint16_t)(i * 40503u); /* every pattern once in the first 65,536 */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        bits[i] = (uint32_t)(x >> 11);
+        if (i % 5 == 1) /* an F16 tie, or one bit either side of it */
+            bits[i] = (bits[i] & ~0x1fffu) | (0x1000u + (uint32_t)(i % 3) - 1u);
+        if (i % 5 == 2) /* a BF16 tie */
+            bits[i] = (bits[i] & ~0xffffu) | 0x8000u;
+        if (i % 5 == 3) /* exponents around F16's range: subnormals and overflow */
+            bits[i] = (bits[i] & 0x807fffffu) | ((uint32_t)(96 + i % 48) << 23);
+    }
+    memcpy(fb, bits, N * sizeof *fb);
+    for (size_t t = 0; t < 2; t++) {
+        for (size_t off = 0; off < 9; off++) {
+            size_t n = N - 9 - off * 3;
+            seldp_half_to_f32(types[t], h + off, f, n);
+            for (size_t i = 0; i < n; i++) {
+                uint16_t v = h[off + i];
+                float want = types[t] == SELDP_F16 ? seldp_f16_to_f32(v) : seldp_bf16_to_f32(v);
+                if (bits_of(f[i]) != bits_of(want))
+                    fail_msg("%s 0x%04x -> F32 0x%08x in an array, 0x%08x alone",
+                             seldp_dtype_name(types[t]), v, bits_of(f[i]), bits_of(want));
+            }
+            seldp_f32_to_half(types[t], fb + off, h2, n);
+            for (size_t i = 0; i < n; i++) {
+                float v = float_of(bits[off + i]);
+                uint16_t want = types[t] == SELDP_F16 ? seldp_f32_to_f16(v) : seldp_f32_to_bf16(v);
+                if (h2[i] != want)
+                    fail_msg("F32 0x%08x -> %s 0x%04x in an array, 0x%04x alone", bits[off + i],
+                             seldp_dtype_name(types[t]), h2[i], want);
+            }
+        }
+    }
+    free(h);
+    free(h2);
+    free(f);
+    free(fb);
+    free(bits);
+}
+
+/* A signalling NaN upcasts exactly (its quiet bit stays clear), alone and in an array; it
+ * comes back from F32 as the quiet NaN with the same payload. */
+static void test_signalling_nan_upcast(void **state)
+{
+    (void)state;
+    uint16_t h[16];
+    float f[16];
+    for (int i = 0; i < 16; i++)
+        h[i] = (uint16_t)(0x7c01u + (unsigned)i * 0x11u); /* sNaN, payloads 0x001..0x100 */
+    h[3] = 0xfd05;                                        /* a negative sNaN */
+    seldp_half_to_f32(SELDP_F16, h, f, 16);
+    for (int i = 0; i < 16; i++) {
+        uint32_t want =
+            (uint32_t)(h[i] & 0x8000u) << 16 | 0x7f800000u | (uint32_t)(h[i] & 0x3ffu) << 13;
+        assert_int_equal(bits_of(seldp_f16_to_f32(h[i])), want);
+        assert_int_equal(bits_of(f[i]), want);
+        assert_int_equal(seldp_f32_to_f16(f[i]), h[i] | 0x0200u);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +374,8 @@ int main(void)
         cmocka_unit_test(test_bf16_round_to_nearest_even),
         cmocka_unit_test(test_known_values),
         cmocka_unit_test(test_array_conversion),
+        cmocka_unit_test(test_array_conversion_every_pattern),
+        cmocka_unit_test(test_signalling_nan_upcast),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -123,10 +124,71 @@ static void test_cuda_pointers_without_cuda(void **state)
     assert_int_equal(seldp__convert(gpu, x, SELDP_F32, x, SELDP_F32, 4), SELDP_ERR_UNSUPPORTED);
 }
 
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* seldp__convert and seldp__convert_batch (the bucketed and MPI paths' conversions) give
+ * the element conversions' bits for every half pattern and for F32 patterns with NaN
+ * payloads, ties and F16 overflow, at lengths and offsets off the vector width. */
+static void test_convert_matches_elements(void **state)
+{
+    (void)state;
+    enum { M = 65536 + 13 };
+    seldp_device host = SELDP_HOST_DEVICE;
+    uint16_t *h = malloc(M * sizeof *h), *h2 = malloc(M * sizeof *h2);
+    float *f = malloc(M * sizeof *f), *g = malloc(M * sizeof *g);
+    assert_true(h && h2 && f && g);
+    for (uint32_t i = 0; i < M; i++) {
+        h[i] = (uint16_t)i;
+        uint32_t b = (i * 2654435761u) ^ (i << 7);
+        if (i % 3 == 0)
+            b = (b & ~0x1fffu) | 0x1000u; /* an F16 tie */
+        if (i % 7 == 0)
+            b = (b & 0x807fffffu) | 0x7f800000u; /* Inf or NaN with a payload */
+        memcpy(&f[i], &b, sizeof b);
+    }
+    const seldp_dtype halves[] = {SELDP_F16, SELDP_BF16};
+    for (int t = 0; t < 2; t++) {
+        seldp_dtype d = halves[t];
+        size_t off = 3, n = M - off;
+        seldp__convert_seg segs[2] = {
+            {g + off, h + off, SELDP_F32, d, n},
+            {h2 + 1, f + 1, d, SELDP_F32, n - 5},
+        };
+        assert_int_equal(seldp__convert_batch(host, segs, 2), SELDP_OK);
+        for (size_t i = 0; i < n; i++) {
+            float want =
+                d == SELDP_F16 ? seldp_f16_to_f32(h[off + i]) : seldp_bf16_to_f32(h[off + i]);
+            if (f32_bits(g[off + i]) != f32_bits(want))
+                fail_msg("%s 0x%04x -> 0x%08x, element 0x%08x", seldp_dtype_name(d), h[off + i],
+                         f32_bits(g[off + i]), f32_bits(want));
+        }
+        for (size_t i = 1; i < n - 4; i++) {
+            uint16_t want = d == SELDP_F16 ? seldp_f32_to_f16(f[i]) : seldp_f32_to_bf16(f[i]);
+            if (h2[i] != want)
+                fail_msg("F32 0x%08x -> %s 0x%04x, element 0x%04x", f32_bits(f[i]),
+                         seldp_dtype_name(d), h2[i], want);
+        }
+        assert_int_equal(seldp__convert(host, h2, d, f, SELDP_F32, 21), SELDP_OK);
+        for (size_t i = 0; i < 21; i++)
+            assert_int_equal(h2[i],
+                             d == SELDP_F16 ? seldp_f32_to_f16(f[i]) : seldp_f32_to_bf16(f[i]));
+    }
+    free(h);
+    free(h2);
+    free(f);
+    free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_convert_matches_elements),
         cmocka_unit_test(test_scale),
         cmocka_unit_test(test_find_nonfinite),
         cmocka_unit_test(test_cuda_pointers_without_cuda),

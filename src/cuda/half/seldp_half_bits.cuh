@@ -115,4 +115,25 @@ SELDP_HD uint16_t seldp__f32_bits_to_bf16(uint32_t x)
     return (uint16_t)((x + rounding) >> 16);
 }
 
+/* The dtypes seldp__scale_convert_bits writes. */
+#define SELDP_SCALE_TO_F32  0
+#define SELDP_SCALE_TO_BF16 1
+#define SELDP_SCALE_TO_F16  2
+
+/* An F32 result of a reduction (its bits) scaled and cast in one step, with exactly the
+ * rounding of seldp__scale_f32 followed by seldp__convert: (float)((double)x * scale), unless
+ * scale is 1 (the reduction's contract: no multiplication then), then rounded to nearest
+ * even into F32 (the bits themselves), BF16 or F16 (`to`, SELDP_SCALE_TO_*). The fused
+ * kernel of src/cuda/ and the NCCL transport's host path both run this. */
+SELDP_HD uint32_t seldp__scale_convert_bits(uint32_t x, double scale, int to)
+{
+    if (scale != 1.0)
+        x = seldp__bits_of_f32((float)((double)seldp__f32_of_bits(x) * scale));
+    if (to == SELDP_SCALE_TO_BF16)
+        return seldp__f32_bits_to_bf16(x);
+    if (to == SELDP_SCALE_TO_F16)
+        return seldp__f32_bits_to_f16(x);
+    return x;
+}
+
 #endif

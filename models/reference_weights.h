@@ -1,0 +1,68 @@
+/* The FP64 reference's weights (reference_weights.c), for the reference's files only: the
+ * FP32 model's files never include this, so the two stay independent. */
+#ifndef TM_REFERENCE_WEIGHTS_H
+#define TM_REFERENCE_WEIGHTS_H
+
+#include <stddef.h>
+
+#include "tinymoe.h"
+
+#define REF_PATH_MAX 96
+
+typedef struct ref_entry {
+    char path[REF_PATH_MAX];
+    double *w; /* weight (FP64) */
+    double *g; /* gradient of the mean loss; NULL for frozen */
+    size_t n;
+    int layer, expert; /* expert -1 for shared */
+} ref_entry;
+
+/* One expert linear [out, in] in FP64. */
+typedef struct ref_linear {
+    int out, in;
+    double *w;                  /* effective weight (out,in) */
+    ref_entry *dense;           /* quant none */
+    ref_entry *lora_a, *lora_b; /* quantized variants */
+    double *base;               /* dequantized base (out,in) */
+} ref_linear;
+
+/* Every trainable tensor of the model, upcast; arrays are owned by the reference. */
+typedef struct ref_params {
+    ref_entry *emb, *fnorm;
+    ref_entry **norm, **router; /* (L) */
+    ref_entry **sw1, **sw2;     /* (L) the shared expert, when d_ff_shared > 0 */
+    ref_linear *lin;            /* (L,E,2): w1 then w2 */
+} ref_params;
+
+struct tm_reference {
+    tm_config cfg;
+    double loss;
+    size_t N;
+    size_t *routed; /* (L,E) */
+    size_t ties_followed;
+    ref_entry *entries;
+    size_t n_entries, cap_entries;
+    size_t *slots; /* (n_slots, a power of two) open-addressing index by path: entry + 1 */
+    size_t n_slots;
+    void **allocs;
+    size_t n_allocs, cap_allocs;
+};
+
+/* calloc of count * size bytes (one byte at least) that ref frees in tm_reference_destroy;
+ * NULL when out of memory. */
+void *tm__ref_calloc(tm_reference *ref, size_t count, size_t size);
+
+/* The entry of `path` (lm_head.weight: the tied embed.weight), or NULL. */
+ref_entry *tm__ref_find(const tm_reference *ref, const char *path);
+
+/* Element i of a float tensor as a double (NAN for a non-float dtype). */
+double tm__ref_stored_float(const seldp_tensor *t, size_t i);
+
+/* Read every trainable tensor of ref->cfg's model from `weights` by path into ref's entries
+ * (upcast, quantized bases decoded), apply `perturb` (NULL: none) and form the effective
+ * expert weights into *p. Fails with a message naming the path on a missing tensor, a wrong
+ * dtype or shape, or an embedding and head that are not tied. */
+seldp_status tm__ref_load_weights(tm_reference *ref, const seldp_model *weights,
+                                  const tm_ref_perturb *perturb, ref_params *p);
+
+#endif
