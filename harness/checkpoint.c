@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "grid_ckpt.h"
 #include "json.h"
 #include "run.h"
 #include "safetensors.h"
@@ -102,9 +103,14 @@ seldp_status hx_ckpt_write_rank(hx_rank *rk, int step)
     hx_st_writer *w = NULL;
     char name[256], final[4096], tmp[4200], number[32];
     size_t written = 0;
+    hx_grid_ckpt_keep keep = {0};
     rk->saved_token_state = rk->token_state;
     HX_CHECK(hx_st_writer_create(&w));
-    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+    if (rk->grid) { /* logical tensors gathered from the shards */
+        HX_CHECK(hx_grid_ckpt_add(rk, w, &keep));
+        written = keep.written;
+    }
+    for (size_t i = 0; !rk->grid && i < tm_param_count(rk->model); i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
         if (p->alias || writer_of(run->layout, p) != rk->rank)
             continue;
@@ -131,6 +137,7 @@ seldp_status hx_ckpt_write_rank(hx_rank *rk, int step)
     HX_CHECK(publish(tmp, final));
 fail:
     hx_st_writer_destroy(w);
+    hx_grid_ckpt_keep_free(&keep);
     if (st != SELDP_OK) {
         char why[768];
         snprintf(why, sizeof why, "%s", hx_last_error());
@@ -254,9 +261,15 @@ seldp_status hx_ckpt_commit(hx_run *run, int step)
     bool *writes = hx_calloc((size_t)W, sizeof *writes);
     if (!writes)
         return SELDP_ERR_NOMEM;
-    writes[l->shared.root] = true;
-    for (int e = 0; e < l->experts; e++)
-        writes[l->owners[e].root] = true;
+    for (int r = 0; hx_grid_sharded(run) && r < W; r++)
+        for (size_t i = 0; i < tm_param_count(run->ranks[r].model); i++)
+            writes[r] =
+                writes[r] || hx_grid_ckpt_writes(run, r, tm_param_at(run->ranks[r].model, i));
+    if (!hx_grid_sharded(run)) {
+        writes[l->shared.root] = true;
+        for (int e = 0; e < l->experts; e++)
+            writes[l->owners[e].root] = true;
+    }
     HX_CHECK(sync_path(dir, true)); /* the shards' renames are durable before the index */
     for (int r = 0; r < W; r++) {
         if (!writes[r])
@@ -539,6 +552,23 @@ static seldp_status read_entry(const hx_ckpt *c, const ckpt_tensor *t, void *dst
     return SELDP_OK;
 }
 
+/* A sharded rank's part of a logical entry (grid_ckpt.h): the whole entry read and checked,
+ * then the rank's range of it. */
+static seldp_status read_part(const hx_ckpt *c, const ckpt_tensor *t, const hx_rank *rk,
+                              const tm_param_info *p, bool master, void *dst)
+{
+    hx_shard s = hx_grid_shard(rk->run, rk->rank, p->path);
+    seldp_tensor lt = hx_grid_logical_view(&p->tensor, s, master ? SELDP_F32 : p->tensor.dtype);
+    void *whole = hx_calloc(seldp_tensor_nbytes(&lt) + 1, 1);
+    if (!whole)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    seldp_status st = read_entry(c, t, whole, seldp_tensor_nbytes(&lt), rk->rank);
+    if (st == SELDP_OK)
+        hx_shard_copy(whole, &lt, dst, s, false);
+    free(whole);
+    return st;
+}
+
 seldp_status hx_ckpt_load_rank(const hx_ckpt *c, hx_rank *rk, bool master)
 {
     char name[300];
@@ -546,7 +576,8 @@ seldp_status hx_ckpt_load_rank(const hx_ckpt *c, hx_rank *rk, bool master)
         const tm_param_info *p = tm_param_at(rk->model, i);
         if (p->alias || (master && !(rk->master && rk->master[i])))
             continue;
-        snprintf(name, sizeof name, "%s%s", master ? CKPT_MASTER_PREFIX : "", p->path);
+        snprintf(name, sizeof name, "%s%s", master ? CKPT_MASTER_PREFIX : "",
+                 hx_grid_logical_path(p->path));
         const ckpt_tensor *t = find_tensor(c, name);
         if (!t)
             return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s/" CKPT_INDEX ": no tensor %s",
@@ -554,7 +585,8 @@ seldp_status hx_ckpt_load_rank(const hx_ckpt *c, hx_rank *rk, bool master)
         size_t numel = seldp_tensor_numel(&p->tensor);
         void *dst = master ? (void *)rk->master[i] : p->tensor.data;
         size_t nbytes = master ? numel * sizeof(float) : seldp_tensor_nbytes(&p->tensor);
-        seldp_status st = read_entry(c, t, dst, nbytes, rk->rank);
+        seldp_status st = rk->grid ? read_part(c, t, rk, p, master, dst)
+                                   : read_entry(c, t, dst, nbytes, rk->rank);
         if (st != SELDP_OK)
             return st;
     }

@@ -3,8 +3,10 @@
  * experts no token reached. Every outcome is counted in run->checks; none stops the run. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "grid.h"
 #include "run.h"
 
 static const char *const check_names[HX_CHECK_COUNT] = {
@@ -117,6 +119,10 @@ static const void *pre_init_of(const hx_rank *rk, const char *path)
 void hx_check_init(hx_run *run)
 {
     char name[32];
+    if (hx_grid_sharded(run)) {
+        hx_grid_check_init(run);
+        return;
+    }
     for (int g = 0; g <= run->layout->n_data; g++) {
         const hx_group *group = group_of(run, g);
         const hx_rank *root = &run->ranks[group->root];
@@ -174,6 +180,7 @@ static void check_gradients(hx_run *run, int step, const tm_reference *ref)
 {
     hx_step_record *rec = &run->steps[step];
     hx_error_stat step_worst = {0};
+    double *slice = NULL;
     for (int r = 0; r < run->opts.world; r++) {
         const hx_rank *rk = &run->ranks[r];
         for (size_t i = 0; i < rk->n_params; i++) {
@@ -183,6 +190,23 @@ static void check_gradients(hx_run *run, int step, const tm_reference *ref)
             size_t n = 0;
             const double *want = tm_reference_grad(ref, p->path, &n);
             const seldp_tensor *got = seldp_grads_get(rk->grads, p->id);
+            hx_shard shard = hx_grid_shard(run, r, p->path);
+            if (want && shard.parts > 1) {
+                /* a shard: the same range of the logical gradient */
+                const tm_param_info *logical =
+                    tm_param_find(run->global, hx_grid_logical_path(p->path));
+                n = seldp_tensor_numel(&p->tensor);
+                free(slice);
+                slice = hx_calloc(n ? n : 1, sizeof *slice);
+                if (!slice || !logical) {
+                    hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
+                                    "step %d: rank %d: no logical tensor for the shard %s",
+                                    step + 1, r, p->path);
+                    continue;
+                }
+                hx_shard_slice(want, &logical->tensor, shard, slice);
+                want = slice;
+            }
             if (!want) {
                 hx_check_record(run, HX_CHECK_ABSENT, got != NULL, 0,
                                 "step %d: rank %d has a gradient of %s, but no token reached "
@@ -214,6 +238,7 @@ static void check_gradients(hx_run *run, int step, const tm_reference *ref)
             note_error(&step_worst, err, p->path, r, step);
         }
     }
+    free(slice);
     rec->worst = step_worst.worst;
     rec->worst_rank = step_worst.worst_rank;
     snprintf(rec->worst_path, sizeof rec->worst_path, "%s", step_worst.worst_path);
@@ -223,6 +248,10 @@ static void check_gradients(hx_run *run, int step, const tm_reference *ref)
 static void check_replicas(hx_run *run, int step)
 {
     char name[32];
+    if (hx_grid_sharded(run)) {
+        hx_grid_check_replicas(run, step);
+        return;
+    }
     for (int g = 0; g <= run->layout->n_data; g++) {
         const hx_group *group = group_of(run, g);
         const hx_rank *first = &run->ranks[group->ranks[0]];

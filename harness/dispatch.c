@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grid.h"
 #include "router.h"
 #include "run.h"
 
@@ -238,16 +239,15 @@ fail:
     return st;
 }
 
-/* Run this rank's experts on the rows it received. Forward: out = y. Backward (dy != NULL):
- * out = dx, and the experts' gradients accumulate. */
-static seldp_status run_experts(hx_rank *rk, int l, const layer_plan *p, const float *dy,
-                                float *out)
+/* Run this rank's experts on n rows (ids, x; dy in the backward). Forward: out = y.
+ * Backward (dy != NULL): out = dx, and the experts' gradients accumulate. */
+static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *ids, const float *x,
+                                 const float *dy, float *out)
 {
     seldp_status st = SELDP_OK;
     const hx_compute_ops *ops = rk->ops;
     size_t D = (size_t)rk->run->opts.model.d_model;
     int E = rk->run->layout->experts;
-    size_t n = p->n_recv;
     int64_t *rows = hx_calloc(n, sizeof *rows);
     float *xe = ops->alloc(rk, n * D);
     float *ge = ops->alloc(rk, n * D);
@@ -255,19 +255,19 @@ static seldp_status run_experts(hx_rank *rk, int l, const layer_plan *p, const f
     if (!rows || !xe || !ge || !oe)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (size_t j = 0; j < n; j++)
-        if (!tm_model_owns(rk->model, p->recv_expert[j]))
+        if (!tm_model_owns(rk->model, ids[j]))
             HX_FAIL(SELDP_ERR_INTERNAL,
                     "rank %d: layer %d: received a row for expert %d, "
                     "which it does not own",
-                    rk->rank, l, (int)p->recv_expert[j]);
+                    rk->rank, l, (int)ids[j]);
     for (int e = 0; e < E; e++) {
         size_t m = 0;
         for (size_t j = 0; j < n; j++)
-            if (p->recv_expert[j] == e)
+            if (ids[j] == e)
                 rows[m++] = (int64_t)j;
         if (m == 0)
             continue;
-        HX_CHECK(ops->copy_rows(rk, xe, NULL, p->recv_x, rows, m));
+        HX_CHECK(ops->copy_rows(rk, xe, NULL, x, rows, m));
         if (dy) {
             HX_CHECK(ops->copy_rows(rk, ge, NULL, dy, rows, m));
             HX_CHECK_LIB(ops->expert_backward(rk, l, e, xe, ge, m, oe),
@@ -283,6 +283,74 @@ fail:
     ops->release(rk, xe);
     ops->release(rk, ge);
     ops->release(rk, oe);
+    return st;
+}
+
+/* allgatherv of `bytes` per rank over comm; *all (malloc'd) and where this rank's begin. */
+static seldp_status gather_blob(hx_rank *rk, seldp_comm *comm, const void *mine, size_t bytes,
+                                void **all, size_t *total, size_t *offset, const char *what, int l)
+{
+    int P = seldp_comm_size(comm), me = seldp_comm_rank(comm);
+    size_t *lens = hx_calloc((size_t)P, sizeof *lens);
+    if (!lens)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    double t0 = hx_now();
+    seldp_status st = seldp_comm_allgatherv(comm, mine, bytes, all, lens);
+    rk->t_dispatch += hx_now() - t0;
+    if (st != SELDP_OK) {
+        free(lens);
+        return hx_fail_lib(st, "rank %d: layer %d: allgatherv of %s over its expert-TP group",
+                           rk->rank, l, what);
+    }
+    *total = *offset = 0;
+    for (int q = 0; q < P; q++) {
+        if (q < me)
+            *offset += lens[q];
+        *total += lens[q];
+    }
+    free(lens);
+    return SELDP_OK;
+}
+
+/* Run this rank's experts on the rows it received. With expert tensor parallelism the rows
+ * of every ETP shard of this owner are gathered over the expert-TP group (each shard computes
+ * its part of every row) and the partial outputs summed over it: this rank keeps its rows. */
+static seldp_status run_experts(hx_rank *rk, int l, const layer_plan *p, const float *dy,
+                                float *out)
+{
+    seldp_status st = SELDP_OK;
+    seldp_comm *etp = rk->grid ? rk->grid->etp : NULL;
+    if (!etp || seldp_comm_size(etp) == 1)
+        return compute_rows(rk, l, p->n_recv, p->recv_expert, p->recv_x, dy, out);
+    size_t D = (size_t)rk->run->opts.model.d_model, row = D * sizeof(float);
+    void *ids = NULL, *x = NULL, *g = NULL;
+    float *res = NULL;
+    size_t total = 0, at = 0, x_total = 0, x_at = 0;
+    HX_CHECK(gather_blob(rk, etp, p->recv_expert, p->n_recv * sizeof(int32_t), &ids, &total, &at,
+                         "expert ids", l));
+    size_t n = total / sizeof(int32_t), mine = at / sizeof(int32_t);
+    HX_CHECK(gather_blob(rk, etp, p->recv_x, p->n_recv * row, &x, &x_total, &x_at, "rows", l));
+    if (dy)
+        HX_CHECK(
+            gather_blob(rk, etp, dy, p->n_recv * row, &g, &x_total, &x_at, "gradient rows", l));
+    res = hx_calloc(n * D + 1, sizeof *res);
+    if (!res)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    HX_CHECK(compute_rows(rk, l, n, ids, x, g, res));
+    double t0 = hx_now();
+    st = seldp_comm_allreduce(etp, res, res, n * D, SELDP_F32, SELDP_HOST_DEVICE);
+    rk->t_dispatch += hx_now() - t0;
+    if (st != SELDP_OK)
+        HX_FAIL_LIB(st,
+                    "rank %d: layer %d: allreduce of partial expert %s over its expert-TP "
+                    "group",
+                    rk->rank, l, dy ? "input gradients" : "outputs");
+    memcpy(out, res + mine * D, p->n_recv * row);
+fail:
+    free(ids);
+    free(x);
+    free(g);
+    free(res);
     return st;
 }
 
@@ -324,6 +392,33 @@ fail:
     return st;
 }
 
+/* Pipeline transfers (one micro-batch): the activations of stage s go to stage s + 1 by a
+ * broadcast rooted at s on the pipeline group, in which every stage takes part; the
+ * gradients go back the same way. Every rank of a pipeline group shares its stage-0 rank's
+ * tokens, so the buffers have one size. Roots [from, to) in order, step +1 or -1; the rank
+ * sends `mine` when it is the root and otherwise receives into `in` (the last transfer before
+ * its own compute is the one it needs) or into `scratch`. */
+static seldp_status pipe_transfers(hx_rank *rk, int from, int to, float *mine, float *in,
+                                   float *scratch, size_t floats, const char *what)
+{
+    seldp_comm *pp = rk->grid ? rk->grid->pp : NULL;
+    if (!pp || seldp_comm_size(pp) == 1)
+        return SELDP_OK;
+    int stage = rk->grid->stage, step = from <= to ? 1 : -1;
+    for (int root = from; root != to; root += step) {
+        float *buf = root == stage ? mine : (in ? in : scratch);
+        double t0 = hx_now();
+        seldp_status st = seldp_comm_broadcast(pp, buf, floats, SELDP_F32, root, SELDP_HOST_DEVICE);
+        rk->t_dispatch += hx_now() - t0;
+        if (st != SELDP_OK)
+            return hx_fail_lib(st,
+                               "rank %d: stage %d: broadcast of %s from stage %d on its "
+                               "pipeline group",
+                               rk->rank, stage, what, root);
+    }
+    return SELDP_OK;
+}
+
 seldp_status hx_rank_compute(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
@@ -331,6 +426,9 @@ seldp_status hx_rank_compute(hx_rank *rk)
     hx_run *run = rk->run;
     const tm_config *cfg = &run->opts.model;
     int L = cfg->layers, K = cfg->top_k, E = run->layout->experts;
+    tm_part part = rk->grid ? rk->grid->part : (tm_part){0, L, true, true};
+    int stage = rk->grid ? rk->grid->stage : 0;
+    int pp = rk->grid ? seldp_comm_size(rk->grid->pp) : 1;
     size_t T = rk->T, D = (size_t)cfg->d_model, slots = T * (size_t)K;
     layer_plan *plans = hx_calloc((size_t)L, sizeof *plans);
     expert_route *routes = hx_calloc((size_t)E, sizeof *routes);
@@ -339,8 +437,10 @@ seldp_status hx_rank_compute(hx_rank *rk)
     float *dh = ops->alloc(rk, T * D);
     float *slot_in = ops->alloc(rk, slots * D);
     float *slot_out = ops->alloc(rk, slots * D);
+    float *scratch = ops->alloc(rk, T * D);
     int64_t *local_routed = hx_calloc((size_t)(L * E), sizeof *local_routed);
-    if (!plans || !routes || !token_of_slot || !h || !dh || !slot_in || !slot_out || !local_routed)
+    if (!plans || !routes || !token_of_slot || !h || !dh || !slot_in || !slot_out || !scratch ||
+        !local_routed)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     HX_CHECK(plan_routes(rk, routes));
     for (size_t i = 0; i < slots; i++)
@@ -351,29 +451,37 @@ seldp_status hx_rank_compute(hx_rank *rk)
     if (!rk->choices)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     HX_CHECK_LIB(ops->begin_step(rk), "rank %d: starting the step", rk->rank);
+    /* on a later stage this only sizes the caches: h comes from the previous stage */
     HX_CHECK_LIB(ops->embed_forward(rk, h), "rank %d: embedding", rk->rank);
-    for (int l = 0; l < L; l++) {
+    HX_CHECK(pipe_transfers(rk, 0, stage, NULL, h, scratch, T * D, "activations"));
+    for (int l = part.first_layer; l < part.end_layer; l++) {
         tm_route route;
         HX_CHECK_LIB(ops->route_forward(rk, l, h, &route), "rank %d: layer %d: router", rk->rank,
                      l);
         memcpy(rk->choices + (size_t)l * slots, route.choice ? route.choice : route.expert,
                slots * sizeof *rk->choices);
         HX_CHECK(hx_router_balance(rk, l));
+        HX_CHECK(hx_router_shard(rk, l));
         HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
         HX_CHECK(ops->copy_rows(rk, slot_in, NULL, route.x, token_of_slot, slots));
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, false, slot_out));
         HX_CHECK_LIB(ops->combine_forward(rk, l, slot_out, h), "rank %d: layer %d: combine",
                      rk->rank, l);
     }
-    HX_CHECK_LIB(ops->head(rk, h, &rk->loss_sum, dh), "rank %d: head", rk->rank);
+    HX_CHECK(pipe_transfers(rk, stage, pp - 1, h, NULL, scratch, T * D, "activations"));
+    rk->loss_sum = 0;
+    if (part.head)
+        HX_CHECK_LIB(ops->head(rk, h, &rk->loss_sum, dh), "rank %d: head", rk->rank);
     rk->loss_sum += hx_router_loss_sum(rk);
-    for (int l = L - 1; l >= 0; l--) {
+    HX_CHECK(pipe_transfers(rk, pp - 1, stage, NULL, dh, scratch, T * D, "gradients"));
+    for (int l = part.end_layer - 1; l >= part.first_layer; l--) {
         HX_CHECK_LIB(ops->combine_backward(rk, l, dh, slot_in),
                      "rank %d: layer %d: combine backward", rk->rank, l);
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, true, slot_out));
         HX_CHECK_LIB(ops->route_backward(rk, l, slot_out, dh), "rank %d: layer %d: router backward",
                      rk->rank, l);
     }
+    HX_CHECK(pipe_transfers(rk, stage, 0, dh, NULL, scratch, T * D, "gradients"));
     HX_CHECK_LIB(ops->embed_backward(rk, dh), "rank %d: embedding backward", rk->rank);
 
     /* tokens per expert over the world: tells every owner which experts were reached */
@@ -392,6 +500,7 @@ fail:
     ops->release(rk, dh);
     ops->release(rk, slot_in);
     ops->release(rk, slot_out);
+    ops->release(rk, scratch);
     free(local_routed);
     return st;
 }

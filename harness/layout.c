@@ -125,12 +125,6 @@ seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_gr
                        "--experts %d: must be a positive multiple of --ep %d", experts, ep);
     HX_CHECK(hx_grid_build(grid, world, ep, experts, &sl));
     seldp_layout_config c = seldp_layout_get_config(sl);
-    if (c.tp > 1 || c.pp > 1 || c.cp > 1 || c.etp > 1)
-        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                "--tp %d --pp %d --cp %d --etp %d: training with tensor, pipeline, context or "
-                "expert-tensor parallelism needs the sharded tiny-moe, which is not built yet; "
-                "--print-layout prints these groups",
-                c.tp, c.pp, c.cp, c.etp);
     int n_ep = seldp_layout_group_count(sl, SELDP_GROUP_EP);
     int local = experts / ep;
     HX_CHECK(layout_new(world, experts, n_ep, &l));
@@ -141,7 +135,8 @@ seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_gr
         memcpy(l->ep[g].ranks, ranks, (size_t)size * sizeof *ranks);
     }
     /* EP position j holds experts j * E / ep ..: its ranks (ascending) own them, and form
-     * their expert-data group (at TP = PP = 1 there is one per position) */
+     * their expert-data group (at TP = PP = 1 there is one per position; a sharded run
+     * reduces over the grid's expert-data groups of each stage and ETP rank, grid.h) */
     for (int j = 0; j < ep; j++) {
         hx_group slot = {0};
         HX_CHECK(group_alloc(&slot, world / ep));
@@ -170,6 +165,13 @@ seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_gr
     else
         snprintf(text, sizeof text, "%s %s, world %d, ep %d", seldp_framework_name(c.framework),
                  c.order ? c.order : "mesh", world, ep);
+    /* the sizes beyond 1, as a reader of the table needs them */
+    const int sizes[4] = {c.tp, c.pp, c.cp, c.etp};
+    static const char *const names[4] = {"tp", "pp", "cp", "etp"};
+    for (int k = 0; k < 4; k++)
+        if (sizes[k] > 1 && strlen(text) + 16 < sizeof text)
+            snprintf(text + strlen(text), sizeof text - strlen(text), ", %s %d", names[k],
+                     sizes[k]);
     l->name = hx_strdup(text);
     l->description = hx_strdup(text);
     if (!l->name || !l->description)
@@ -283,8 +285,8 @@ seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int
         const hx_json *v = hx_json_get(doc, unit_sizes[i]);
         if (v && (v->type != HX_JSON_NUMBER || !v->is_integer || v->integer != 1))
             HX_CHECK(at(&c, v,
-                        "%s: a layout file describes groups at tp = pp = cp = etp = 1 (training "
-                        "a larger grid needs the sharded tiny-moe, not built yet)",
+                        "%s: a layout file describes groups at tp = pp = cp = etp = 1 (a larger "
+                        "grid trains from --framework and its sizes)",
                         unit_sizes[i]));
     }
     const hx_json *j_desc = hx_json_get(doc, "description");

@@ -102,9 +102,8 @@ seldp_status hx_grid_build(const hx_grid *grid, int world, int ep, int experts, 
  * reduce group, EP group, expert-data group, expert-TP group, experts): --print-layout. */
 void hx_grid_print(const seldp_layout *grid, FILE *out);
 
-/* As hx_layout_generate, the groups coming from the framework preset `grid`. Training runs
- * only at TP = PP = CP = expert-TP = 1 (the sharded tiny-moe is not built yet): larger
- * sizes fail with SELDP_ERR_INVALID_ARGUMENT, one line pointing at --print-layout. */
+/* As hx_layout_generate, the groups coming from the framework preset `grid` (any sizes the
+ * framework accepts; the run checks what the sharded tiny-moe needs of them, grid.h). */
 seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_grid *grid,
                                      hx_roots roots, hx_layout **out);
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grid.h"
 #include "run.h"
 
 void hx_config_json(const tm_config *cfg, hx_buf *buf)
@@ -270,12 +271,16 @@ static void report_md(const hx_run *run, hx_buf *b)
     hx_buf_printf(b, "| gradient limit | %.0e (%s results) |\n\n", run->tolerance,
                   seldp_dtype_name(run->grad_dtype));
 
-    hx_buf_puts(b, "## Layout\n\n| rank | stage | TP rank | shared | EP group | expert-data groups "
-                   "| experts |\n|---|---|---|---|---|---|---|\n");
+    bool sharded = hx_grid_sharded(run); /* its reduce groups are the grid's (grid.h) */
+    if (sharded)
+        hx_grid_layout_md(run, b);
+    else
+        hx_buf_puts(b, "## Layout\n\n| rank | stage | TP rank | shared | EP group | expert-data "
+                       "groups | experts |\n|---|---|---|---|---|---|---|\n");
     const hx_layout *l = run->layout;
     char text[256];
     int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
-    for (int r = 0; owned && r < l->world; r++) {
+    for (int r = 0; owned && !sharded && r < l->world; r++) {
         hx_group_str(&l->shared, text, sizeof text);
         hx_buf_printf(b, "| %d | %d | %d | %s%s | ", r,
                       l->grid ? seldp_layout_stage(l->grid, r) : 0,

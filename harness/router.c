@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "grid.h"
 #include "router.h"
 
 bool hx_router_enabled(const tm_config *cfg)
@@ -74,8 +75,9 @@ seldp_status hx_router_balance(hx_rank *rk, int l)
                  rk->rank, l);
     mine[E] = (int64_t)rk->T;
     double t0 = hx_now();
-    st = seldp_comm_allreduce(rk->comms.shared, mine, total, (size_t)E + 1, SELDP_I64,
-                              SELDP_HOST_DEVICE);
+    /* over every data shard of the stage that holds layer l */
+    seldp_comm *comm = rk->grid ? rk->grid->stage_comm : rk->comms.shared;
+    st = seldp_comm_allreduce(comm, mine, total, (size_t)E + 1, SELDP_I64, SELDP_HOST_DEVICE);
     rk->t_dispatch += hx_now() - t0;
     if (st != SELDP_OK)
         HX_FAIL_LIB(st, "rank %d: layer %d: allreduce of the load-balancing counts", rk->rank, l);
@@ -83,6 +85,53 @@ seldp_status hx_router_balance(hx_rank *rk, int l)
                  "rank %d: layer %d: the global load-balancing counts", rk->rank, l);
 fail:
     free(mine);
+    return st;
+}
+
+seldp_status hx_router_shard(hx_rank *rk, int l)
+{
+    seldp_status st = SELDP_OK;
+    const tm_config *cfg = &rk->run->opts.model;
+    if (!rk->shard_comm)
+        return SELDP_OK;
+    const int E = cfg->experts, P = seldp_comm_size(rk->shard_comm);
+    const int me = seldp_comm_rank(rk->shard_comm);
+    /* each rank's counts per expert and its token count, in the shard's token order */
+    int64_t *mine = hx_calloc((size_t)E + 1, sizeof *mine);
+    int64_t *all = hx_calloc((size_t)P * ((size_t)E + 1), sizeof *all);
+    int64_t *before = hx_calloc((size_t)E, sizeof *before);
+    int64_t *total = hx_calloc((size_t)E, sizeof *total);
+    if (!mine || !all || !before || !total)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    HX_CHECK_LIB(tm_route_counts(rk->model, l, mine), "rank %d: layer %d: assignment counts",
+                 rk->rank, l);
+    mine[E] = (int64_t)rk->T;
+    double t0 = hx_now();
+    st = seldp_comm_allgather(rk->shard_comm, mine, all, ((size_t)E + 1) * sizeof *mine,
+                              SELDP_HOST_DEVICE);
+    rk->t_dispatch += hx_now() - t0;
+    if (st != SELDP_OK)
+        HX_FAIL_LIB(st, "rank %d: layer %d: allgather of the data shard's counts", rk->rank, l);
+    uint64_t tokens = 0;
+    for (int q = 0; q < P; q++) {
+        for (int e = 0; e < E; e++) {
+            total[e] += all[(size_t)q * ((size_t)E + 1) + (size_t)e];
+            if (q < me)
+                before[e] += all[(size_t)q * ((size_t)E + 1) + (size_t)e];
+        }
+        tokens += (uint64_t)all[(size_t)q * ((size_t)E + 1) + (size_t)E];
+    }
+    if (cfg->capacity_factor > 0)
+        HX_CHECK_LIB(tm_route_set_shard(rk->model, l, tokens, before),
+                     "rank %d: layer %d: the capacity of its data shard", rk->rank, l);
+    if (cfg->aux_loss_coeff > 0 && cfg->aux_loss_scope == TM_AUX_LOCAL)
+        HX_CHECK_LIB(tm_route_set_balance(rk->model, l, total, tokens),
+                     "rank %d: layer %d: the load-balancing counts of its data shard", rk->rank, l);
+fail:
+    free(mine);
+    free(all);
+    free(before);
+    free(total);
     return st;
 }
 

@@ -26,6 +26,11 @@ seldp_status hx_router_check_device(const tm_config *cfg, int rank, seldp_device
  * every member calls it for every layer) and handed to the model. A no-op otherwise. */
 seldp_status hx_router_balance(hx_rank *rk, int l);
 
+/* When a data shard spans several ranks (rk->shard_comm): layer l's capacity over the shard
+ * (tm_route_set_shard, the shard's earlier ranks' assignments counted first) and, with the
+ * local scope, the load-balancing statistics of the shard. Collective over the shard. */
+seldp_status hx_router_shard(hx_rank *rk, int l);
+
 /* Rank rk's share of this step's router losses in the loss-sum convention (0 when off). */
 double hx_router_loss_sum(const hx_rank *rk);
 

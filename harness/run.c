@@ -11,6 +11,7 @@
 #include "clip.h"
 #include "checkpoint.h"
 #include "gpu.h"
+#include "grid.h"
 #include "router.h"
 #include "inject.h"
 
@@ -62,7 +63,7 @@ static double tolerance_for(seldp_dtype dtype)
     }
 }
 
-static void to_f32(const seldp_tensor *t, float *out)
+void hx_tensor_to_f32(const seldp_tensor *t, float *out)
 {
     size_t n = seldp_tensor_numel(t);
     if (t->dtype == SELDP_F32)
@@ -71,7 +72,7 @@ static void to_f32(const seldp_tensor *t, float *out)
         seldp_half_to_f32(t->dtype, t->data, out, n);
 }
 
-static void from_f32(const float *in, seldp_tensor *t)
+void hx_tensor_from_f32(const float *in, seldp_tensor *t)
 {
     size_t n = seldp_tensor_numel(t);
     if (t->dtype == SELDP_F32)
@@ -88,7 +89,7 @@ bool hx_param_in_group(const hx_run *run, const tm_param_info *info, int g)
            run->layout->data_of[info->expert] == g - 1;
 }
 
-static const char *group_label(int g, char *buf, size_t size)
+const char *hx_group_label(int g, char *buf, size_t size)
 {
     if (g == 0)
         snprintf(buf, size, "the shared group");
@@ -97,9 +98,7 @@ static const char *group_label(int g, char *buf, size_t size)
     return buf;
 }
 
-static void record_local(hx_check_result *c, bool failed, const char *fmt, ...) HX_PRINTF(3, 4);
-
-static void record_local(hx_check_result *c, bool failed, const char *fmt, ...)
+void hx_record_local(hx_check_result *c, bool failed, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -107,556 +106,18 @@ static void record_local(hx_check_result *c, bool failed, const char *fmt, ...)
     va_end(ap);
 }
 
-/* ---- rank setup: groups, model, sessions ------------------------------------------------- */
-
-/* The ids rank rk replicates over group g (one per id: the tied alias is skipped). */
-static seldp_status group_ids(const hx_rank *rk, int g, seldp_param_id **ids, size_t *n)
-{
-    size_t count = 0;
-    *ids = hx_calloc(tm_param_count(rk->model), sizeof **ids);
-    if (!*ids)
-        return SELDP_ERR_NOMEM;
-    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (!p->alias && hx_param_in_group(rk->run, p, g))
-            (*ids)[count++] = p->id;
-    }
-    *n = count;
-    return SELDP_OK;
-}
-
-/* The storage of parameter p where the rank computes (the device mirror's on a GPU). */
-static const seldp_tensor *param_storage(const hx_rank *rk, const tm_param_info *p)
-{
-    return rk->gpu ? hx_gpu_param(rk, p->path) : &p->tensor;
-}
-
-/* The view the rank's sessions initialize and reduce. */
-static seldp_model *rank_view(hx_rank *rk)
-{
-    return rk->gpu ? hx_gpu_view(rk) : tm_model_view(rk->model);
-}
-
-/* Checksum of a tensor's bytes on the host or a GPU (read through a host copy). */
-static seldp_status tensor_checksum(const hx_rank *rk, const seldp_tensor *t, uint64_t *sum)
-{
-    if (!t)
-        return hx_fail(SELDP_ERR_INTERNAL, "rank %d: a parameter without device storage", rk->rank);
-    if (t->device.kind == SELDP_DEVICE_HOST) {
-        *sum = hx_checksum(t->data, seldp_tensor_nbytes(t));
-        return SELDP_OK;
-    }
-    seldp_tensor copy = *t;
-    copy.device = SELDP_HOST_DEVICE;
-    copy.data = NULL;
-    seldp_status st = seldp_tensor_alloc(&copy);
-    if (st == SELDP_OK)
-        st = seldp_tensor_copy(&copy, t);
-    if (st == SELDP_OK)
-        *sum = hx_checksum(copy.data, seldp_tensor_nbytes(&copy));
-    seldp_tensor_free(&copy);
-    if (st != SELDP_OK)
-        return hx_fail_lib(st, "rank %d: reading a tensor on cuda:%d", rk->rank, t->device.ordinal);
-    return SELDP_OK;
-}
-
-/* Checksums of the parameters outside group g's selection, by tm_param_at index. */
-static seldp_status outside_checksums(const hx_rank *rk, int g, uint64_t *sums)
-{
-    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        sums[i] = 0;
-        if (!hx_param_in_group(rk->run, p, g)) {
-            seldp_status st = tensor_checksum(rk, param_storage(rk, p), &sums[i]);
-            if (st != SELDP_OK)
-                return st;
-        }
-    }
-    return SELDP_OK;
-}
-
-/* Initialize the session of group g from its root; check that nothing outside it moved. */
-static seldp_status init_session(hx_rank *rk, int g, seldp_comm *comm, seldp_session **out)
-{
-    seldp_status st = SELDP_OK;
-    hx_run *run = rk->run;
-    const hx_group *group = g == 0 ? &run->layout->shared : &run->layout->data[g - 1];
-    char label[64];
-    seldp_param_id *ids = NULL;
-    size_t n_ids = 0;
-    size_t n = tm_param_count(rk->model);
-    uint64_t *before = hx_calloc(n, sizeof *before);
-    uint64_t *after = hx_calloc(n, sizeof *after);
-    if (!before || !after)
-        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    HX_CHECK(group_ids(rk, g, &ids, &n_ids));
-    int root = hx_group_rank(group, group->root);
-    HX_CHECK(outside_checksums(rk, g, before));
-    group_label(g, label, sizeof label);
-    /* quantized bases (U8/I32 words) and the codebook need the buffer-aware entry point */
-    if (run->opts.model.quant != TM_QUANT_NONE)
-        HX_CHECK_LIB(
-            seldp_session_initialize_with_buffers(comm, rank_view(rk), root, ids, n_ids, NULL, out),
-            "rank %d: initialize_with_buffers of %s", rk->rank, label);
-    else
-        HX_CHECK_LIB(seldp_session_initialize(comm, rank_view(rk), root, ids, n_ids, NULL, out),
-                     "rank %d: initialize of %s", rk->rank, label);
-    HX_CHECK(outside_checksums(rk, g, after));
-    for (size_t i = 0; i < n; i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (hx_param_in_group(run, p, g))
-            continue;
-        record_local(&rk->init_untouched, before[i] != after[i],
-                     "rank %d: initialize of %s changed %s, which it does not select", rk->rank,
-                     label, p->path);
-    }
-fail:
-    free(ids);
-    free(before);
-    free(after);
-    return st;
-}
-
-/* ---- layout-independent runs and resumed runs ------------------------------------------- */
-
-/* --global-batch: the logical model's values depend only on the seed. The root of each replica
- * set takes them before initialize broadcasts them (the other replicas keep their
- * rank-dependent values, so the broadcast is still tested): after initialize every layout
- * holds the same logical model. */
-static seldp_status logical_values(hx_rank *rk)
-{
-    seldp_status st = SELDP_OK;
-    const hx_layout *l = rk->run->layout;
-    tm_model *logical = NULL;
-    tm_config cfg = rk->run->opts.model;
-    uint64_t key = cfg.seed ^ tm_hash_path("harness.logical-model");
-    cfg.seed = tm_splitmix64(&key);
-    int *rooted = hx_calloc((size_t)l->experts, sizeof *rooted);
-    int n = 0;
-    if (!rooted)
-        return SELDP_ERR_NOMEM;
-    for (int e = 0; e < l->experts; e++)
-        if (l->owners[e].root == rk->rank)
-            rooted[n++] = e;
-    HX_CHECK_LIB(tm_model_create(&cfg, 0, rooted, n, NULL, NULL, &logical),
-                 "rank %d: creating the logical model's values", rk->rank);
-    if (l->shared.root == rk->rank)
-        HX_CHECK_LIB(tm_model_copy_params(rk->model, logical, TM_ROLES_SHARED_GROUP, -1),
-                     "rank %d: the logical shared parameters", rk->rank);
-    if (n > 0)
-        HX_CHECK_LIB(tm_model_copy_params(rk->model, logical, TM_ROLES_EXPERT_GROUP, -1),
-                     "rank %d: the logical expert parameters", rk->rank);
-fail:
-    tm_model_destroy(logical);
-    free(rooted);
-    return st;
-}
-
-/* The values a rank starts from: a checkpoint's (each rank reads the slices it holds), the
- * logical model's (--global-batch), or its own rank-dependent ones (SPEC §5). */
-static seldp_status rank_initial_values(hx_rank *rk)
-{
-    const hx_options *o = &rk->run->opts;
-    if (o->global_batch > 0) {
-        uint64_t key = o->model.seed ^ tm_hash_path("harness.global-tokens");
-        rk->token_state =
-            rk->run->resume ? hx_ckpt_token_state(rk->run->resume) : tm_splitmix64(&key);
-    }
-    if (rk->run->resume)
-        return hx_ckpt_load_rank(rk->run->resume, rk, false);
-    return o->global_batch > 0 ? logical_values(rk) : SELDP_OK;
-}
-
-static seldp_status rank_setup(hx_rank *rk)
-{
-    seldp_status st = SELDP_OK;
-    hx_run *run = rk->run;
-    const hx_layout *l = run->layout;
-    int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
-    if (!owned)
-        return SELDP_ERR_NOMEM;
-    int n_owned = hx_layout_owned(l, rk->rank, owned);
-    rk->device = hx_backend_device(run->backend, rk->rank);
-    rk->ops = rk->device.kind == SELDP_DEVICE_CUDA ? &hx_gpu_compute : &hx_host_compute;
-    /* a rank thread works on its GPU from here on: NCCL joins on the current device */
-    if (rk->device.kind == SELDP_DEVICE_CUDA)
-        HX_CHECK(hx_gpu_select(rk->device.ordinal));
-    HX_CHECK(hx_backend_join(run->backend, rk->rank, &rk->world));
-    HX_CHECK(hx_layout_split(l, rk->world, &rk->comms));
-    HX_CHECK_LIB(
-        tm_model_create(&run->opts.model, rk->rank, owned, n_owned, NULL, NULL, &rk->model),
-        "rank %d: creating its model", rk->rank);
-    HX_CHECK(rank_initial_values(rk));
-
-    rk->n_params = tm_param_count(rk->model);
-    rk->pre_init = hx_calloc(rk->n_params, sizeof *rk->pre_init);
-    rk->data_sessions = hx_calloc((size_t)(l->n_data ? l->n_data : 1), sizeof *rk->data_sessions);
-    rk->data_weights = hx_calloc((size_t)(l->n_data ? l->n_data : 1), sizeof *rk->data_weights);
-    rk->counts = hx_calloc((size_t)run->opts.world, sizeof *rk->counts);
-    rk->routed = hx_calloc((size_t)(run->opts.model.layers * l->experts), sizeof *rk->routed);
-    if (!rk->pre_init || !rk->data_sessions || !rk->data_weights || !rk->counts || !rk->routed)
-        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    for (size_t i = 0; i < rk->n_params; i++) {
-        const seldp_tensor *t = &tm_param_at(rk->model, i)->tensor;
-        size_t bytes = seldp_tensor_nbytes(t);
-        rk->pre_init[i] = hx_calloc(bytes ? bytes : 1, 1);
-        if (!rk->pre_init[i])
-            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-        memcpy(rk->pre_init[i], t->data, bytes);
-    }
-    if (rk->device.kind == SELDP_DEVICE_CUDA)
-        HX_CHECK(hx_gpu_attach(rk));
-
-    /* every rank initializes the groups in the same order: shared, then d0, d1, ... */
-    HX_CHECK(init_session(rk, 0, rk->comms.shared, &rk->shared_session));
-    for (int d = 0; d < l->n_data; d++)
-        if (rk->comms.data[d])
-            HX_CHECK(init_session(rk, 1 + d, rk->comms.data[d], &rk->data_sessions[d]));
-    if (rk->gpu)
-        HX_CHECK(hx_gpu_download(rk));
-
-    if (run->opts.inject == HX_FAULT_REPLICA && rk->rank == run->opts.world - 1) {
-        const tm_param_info *p = tm_param_find(rk->model, "embed.weight");
-        if (p)
-            ((unsigned char *)p->tensor.data)[0] ^= 1;
-        if (p && rk->gpu)
-            HX_CHECK(hx_gpu_upload(rk));
-    }
-
-    if (run->opts.fp32_master) {
-        rk->master = hx_calloc(rk->n_params, sizeof *rk->master);
-        if (!rk->master)
-            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-        for (size_t i = 0; i < rk->n_params; i++) {
-            const tm_param_info *p = tm_param_at(rk->model, i);
-            if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
-                continue;
-            rk->master[i] = hx_calloc(seldp_tensor_numel(&p->tensor), sizeof(float));
-            if (!rk->master[i])
-                HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-            to_f32(&p->tensor, rk->master[i]);
-        }
-        if (run->resume)
-            HX_CHECK(hx_ckpt_load_rank(run->resume, rk, true));
-    }
-fail:
-    free(owned);
-    return st;
-}
-
-/* ---- tokens ------------------------------------------------------------------------------ */
-
-/* Rank r's tokens of step s: a count around --tokens (different on every rank), ids drawn
- * uniformly, each target the next id (a task SGD can learn, so the loss falls). */
-static seldp_status draw_global_tokens(hx_rank *rk);
-
-static seldp_status draw_tokens(hx_rank *rk, int step)
-{
-    if (rk->run->opts.global_batch > 0)
-        return draw_global_tokens(rk);
-    const hx_options *o = &rk->run->opts;
-    uint64_t state = o->model.seed ^ tm_hash_path("harness.tokens");
-    state += 0x9e3779b97f4a7c15ull * (uint64_t)(rk->rank + 1);
-    state ^= tm_splitmix64(&state) + (uint64_t)step * 0xbf58476d1ce4e5b9ull;
-    int spread = hx_options_spread(o);
-    long count = o->tokens;
-    if (spread > 0)
-        count += (long)(tm_splitmix64(&state) % (uint64_t)(2 * spread + 1)) - spread;
-    if (count < 0)
-        count = 0;
-    if (count == 0 && rk->rank == 0)
-        count = 1; /* the global objective needs at least one token */
-    free(rk->tokens);
-    free(rk->targets);
-    rk->T = (size_t)count;
-    rk->tokens = hx_calloc(rk->T, sizeof *rk->tokens);
-    rk->targets = hx_calloc(rk->T, sizeof *rk->targets);
-    if (!rk->tokens || !rk->targets)
-        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    int V = o->model.vocab;
-    for (size_t t = 0; t < rk->T; t++) {
-        rk->tokens[t] = (int32_t)(tm_splitmix64(&state) % (uint64_t)V);
-        rk->targets[t] = (rk->tokens[t] + 1) % V;
-    }
-    return SELDP_OK;
-}
-
-/* --global-batch N: the step's N tokens come from one stream that every rank walks whole; rank
- * r keeps its slice, N / W tokens and one more on the first N mod W ranks, in rank order (with
- * TP = CP = 1 every rank is a data shard). */
-static seldp_status draw_global_tokens(hx_rank *rk)
-{
-    const hx_options *o = &rk->run->opts;
-    size_t N = (size_t)o->global_batch, W = (size_t)o->world, r = (size_t)rk->rank;
-    size_t base = N / W, extra = N % W;
-    size_t begin = r * base + (r < extra ? r : extra);
-    free(rk->tokens);
-    free(rk->targets);
-    rk->T = base + (r < extra ? 1 : 0);
-    rk->tokens = hx_calloc(rk->T ? rk->T : 1, sizeof *rk->tokens);
-    rk->targets = hx_calloc(rk->T ? rk->T : 1, sizeof *rk->targets);
-    if (!rk->tokens || !rk->targets)
-        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    int V = o->model.vocab;
-    for (size_t t = 0; t < N; t++) {
-        int32_t id = (int32_t)(tm_splitmix64(&rk->token_state) % (uint64_t)V);
-        if (t >= begin && t < begin + rk->T) {
-            rk->tokens[t - begin] = id;
-            rk->targets[t - begin] = (id + 1) % V;
-        }
-    }
-    return SELDP_OK;
-}
-
-/* ---- gradients and reductions ------------------------------------------------------------ */
-
-/* Under the error policy every active owner must hold a gradient of every expert that some
- * owner has one of: an owner whose rows all went elsewhere supplies zeros (the zero policy
- * lets the library do it). An expert no token reached stays absent on every rank. */
-static seldp_status add_zero_grads(hx_rank *rk, seldp_grads *grads)
-{
-    hx_run *run = rk->run;
-    int E = run->layout->experts;
-    for (size_t i = 0; i < rk->n_params; i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen)
-            continue;
-        if (rk->routed[p->layer * E + p->expert] == 0 ||
-            rk->ops->expert_seen(rk, p->layer, p->expert) ||
-            hx_data_share(rk, run->layout->data_of[p->expert]) == 0)
-            continue;
-        if (seldp_grads_get(grads, p->id))
-            continue;
-        seldp_tensor z = p->tensor;
-        z.dtype = run->grad_dtype;
-        z.device = rk->device;
-        z.data = NULL;
-        seldp_status st = seldp_tensor_alloc(&z);
-        if (st != SELDP_OK)
-            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
-        st = seldp_grads_put(grads, p->id, &z, SELDP_OWNED);
-        if (st != SELDP_OK) {
-            seldp_tensor_free(&z);
-            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
-        }
-    }
-    return SELDP_OK;
-}
-
-typedef struct kept_entry {
-    seldp_param_id id;
-    const void *data;
-    seldp_dtype dtype;
-    uint64_t sum;
-} kept_entry;
-
-static bool id_selected(const seldp_param_id *ids, size_t n, seldp_param_id id)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] == id)
-            return true;
-    return false;
-}
-
-/* One checksum over every parameter's bytes where the rank computes. */
-static seldp_status params_checksum(const hx_rank *rk, uint64_t *sum)
-{
-    *sum = 0;
-    for (size_t i = 0; i < rk->n_params; i++) {
-        uint64_t one = 0;
-        seldp_status st = tensor_checksum(rk, param_storage(rk, tm_param_at(rk->model, i)), &one);
-        if (st != SELDP_OK)
-            return st;
-        *sum ^= one + i;
-    }
-    return SELDP_OK;
-}
-
-typedef enum reduce_kind { REDUCE_MEAN, REDUCE_SUM } reduce_kind;
-
-/* One reduction of `grads` by one session, with the check that gradients outside its
- * selection come back as they were: same tensor, same dtype, same bytes. */
-static seldp_status reduce_session(hx_rank *rk, seldp_session *s, int g, reduce_kind kind,
-                                   uint64_t weight, seldp_grads *grads, uint64_t *global_weight)
-{
-    seldp_status st = SELDP_OK;
-    hx_run *run = rk->run;
-    bool fp32 = run->opts.fp32_master;
-    seldp_missing_policy policy = run->opts.policy;
-    size_t n_sel = 0;
-    const seldp_param_id *sel = seldp_session_selected(s, &n_sel);
-    size_t n = seldp_grads_count(grads), kept = 0;
-    kept_entry *before = hx_calloc(n, sizeof *before);
-    char label[64];
-    group_label(g, label, sizeof label);
-    if (!before)
-        return SELDP_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        seldp_param_id id;
-        const seldp_tensor *t;
-        seldp_grads_at(grads, i, &id, &t);
-        if (id_selected(sel, n_sel, id))
-            continue;
-        before[kept] = (kept_entry){id, t->data, t->dtype, 0};
-        HX_CHECK(tensor_checksum(rk, t, &before[kept].sum));
-        kept++;
-    }
-    /* a reduction never writes parameters, selected or not */
-    uint64_t params_before = 0, params_after = 0;
-    HX_CHECK(params_checksum(rk, &params_before));
-    if (kind == REDUCE_MEAN)
-        st = fp32 ? seldp_session_reduce_fp32(s, grads, weight, policy, global_weight)
-                  : seldp_session_reduce(s, grads, weight, policy, global_weight);
-    else
-        st = fp32 ? seldp_session_sum_fp32(s, grads, weight > 0, policy, global_weight)
-                  : seldp_session_sum(s, grads, weight > 0, policy, global_weight);
-    if (st != SELDP_OK)
-        HX_FAIL_LIB(st, "rank %d: %s%s over %s", rk->rank, kind == REDUCE_MEAN ? "reduce" : "sum",
-                    fp32 ? "_fp32" : "", label);
-    HX_CHECK(params_checksum(rk, &params_after));
-    record_local(&rk->reduce_untouched, params_after != params_before,
-                 "rank %d: the reduction over %s changed a parameter", rk->rank, label);
-    for (size_t i = 0; i < kept; i++) {
-        const seldp_tensor *t = seldp_grads_get(grads, before[i].id);
-        const seldp_param *p = seldp_model_find_id(tm_model_view(rk->model), before[i].id);
-        uint64_t sum = 0;
-        if (t)
-            HX_CHECK(tensor_checksum(rk, t, &sum));
-        bool same =
-            t && t->data == before[i].data && t->dtype == before[i].dtype && sum == before[i].sum;
-        record_local(&rk->reduce_untouched, !same,
-                     "rank %d: the reduction over %s changed the gradient of %s, which it does "
-                     "not select",
-                     rk->rank, label, p ? p->path : "?");
-    }
-fail:
-    free(before);
-    return st;
-}
-
-/* rk->grads: host copies of the device gradients, under the same ids. */
-static seldp_status grads_to_host(hx_rank *rk)
-{
-    seldp_status st = SELDP_OK;
-    seldp_tensor copy = {0};
-    for (size_t i = 0; i < seldp_grads_count(rk->device_grads); i++) {
-        seldp_param_id id;
-        const seldp_tensor *t;
-        seldp_grads_at(rk->device_grads, i, &id, &t);
-        copy = *t;
-        copy.device = SELDP_HOST_DEVICE;
-        copy.data = NULL;
-        HX_CHECK_LIB(seldp_tensor_alloc(&copy), "rank %d: host copy of a gradient", rk->rank);
-        HX_CHECK_LIB(seldp_tensor_copy(&copy, t), "rank %d: copying a gradient from cuda:%d",
-                     rk->rank, rk->device.ordinal);
-        HX_CHECK_LIB(seldp_grads_put(rk->grads, id, &copy, SELDP_OWNED),
-                     "rank %d: host copy of a gradient", rk->rank);
-        copy.data = NULL;
-    }
-fail:
-    seldp_tensor_free(&copy);
-    return st;
-}
-
-static seldp_status rank_reduce(hx_rank *rk)
-{
-    seldp_status st = SELDP_OK;
-    hx_run *run = rk->run;
-    bool fp32 = run->opts.fp32_master;
-    double t0 = hx_now();
-    seldp_grads_destroy(rk->grads);
-    seldp_grads_destroy(rk->device_grads);
-    rk->grads = rk->device_grads = NULL;
-    HX_CHECK_LIB(seldp_grads_create(&rk->grads), "rank %d: gradient container", rk->rank);
-    if (rk->gpu)
-        HX_CHECK_LIB(seldp_grads_create(&rk->device_grads), "rank %d: gradient container",
-                     rk->rank);
-    /* on a GPU the sessions reduce device tensors; the checks read their host copies */
-    seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
-    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_SHARED, hx_inject_shared_scale(rk), fp32, grads),
-                 "rank %d: exporting the shared gradients", rk->rank);
-    /* sum flow: normalize by the global token count here; mean flow: the reduce divides */
-    double scale = run->opts.flow == HX_FLOW_SUM ? 1.0 / (double)rk->global_tokens : 1.0;
-    scale *= hx_inject_expert_factor(rk); /* 1 unless a framework bug is planted */
-    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
-                 "rank %d: exporting the expert gradients", rk->rank);
-    if (run->opts.policy == SELDP_MISSING_ERROR)
-        HX_CHECK(add_zero_grads(rk, grads));
-
-    HX_CHECK(reduce_session(rk, rk->shared_session, 0, REDUCE_MEAN, hx_inject_shared_weight(rk),
-                            grads, &rk->shared_weight));
-    for (int d = 0; d < run->layout->n_data; d++) {
-        if (!rk->data_sessions[d])
-            continue;
-        uint64_t share = hx_data_share(rk, d);
-        HX_CHECK(reduce_session(rk, rk->data_sessions[d], 1 + d,
-                                run->opts.flow == HX_FLOW_SUM ? REDUCE_SUM : REDUCE_MEAN, share,
-                                grads, &rk->data_weights[d]));
-    }
-    if (run->opts.clip_grad > 0)
-        HX_CHECK(hx_clip_norm(rk, grads));
-    if (rk->gpu)
-        HX_CHECK(grads_to_host(rk));
-    HX_CHECK(hx_inject_after_reduce(rk));
-fail:
-    rk->t_reduce = hx_now() - t0;
-    return st;
-}
-
-/* --inject grad / absent: a defect after the reductions that the checks must report. */
-static seldp_status plant_fault(hx_rank *rk)
-{
-    hx_run *run = rk->run;
-    if (rk->rank != run->opts.world - 1)
-        return SELDP_OK;
-    if (run->opts.inject == HX_FAULT_GRAD && seldp_grads_count(rk->grads) > 0) {
-        seldp_param_id id;
-        const seldp_tensor *g;
-        seldp_grads_at(rk->grads, 0, &id, &g);
-        size_t n = seldp_tensor_numel(g);
-        float *v = hx_calloc(n, sizeof *v);
-        if (!v)
-            return SELDP_ERR_NOMEM;
-        to_f32(g, v);
-        for (size_t i = 0; i < n; i++)
-            v[i] *= 2.0f;
-        seldp_tensor t = *g;
-        from_f32(v, &t);
-        free(v);
-    }
-    if (run->opts.inject == HX_FAULT_ABSENT) {
-        int E = run->layout->experts;
-        for (size_t i = 0; i < rk->n_params; i++) {
-            const tm_param_info *p = tm_param_at(rk->model, i);
-            if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen ||
-                rk->routed[p->layer * E + p->expert] != 0 || seldp_grads_get(rk->grads, p->id))
-                continue;
-            seldp_tensor z = p->tensor;
-            z.dtype = run->grad_dtype;
-            z.data = NULL;
-            seldp_status st = seldp_tensor_alloc(&z);
-            if (st == SELDP_OK)
-                st = seldp_grads_put(rk->grads, p->id, &z, SELDP_OWNED);
-            if (st != SELDP_OK)
-                return hx_fail_lib(st, "rank %d: --inject absent", rk->rank);
-            break;
-        }
-    }
-    return SELDP_OK;
-}
-
 static seldp_status rank_step(hx_rank *rk, int step)
 {
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
     rk->t_dispatch = 0;
-    HX_CHECK(draw_tokens(rk, step));
+    HX_CHECK(hx_draw_tokens(rk, step));
     uint64_t mine = rk->T;
     HX_CHECK_LIB(seldp_comm_allgather(rk->world, &mine, rk->counts, sizeof mine, SELDP_HOST_DEVICE),
                  "rank %d: allgather of token counts", rk->rank);
     rk->global_tokens = 0;
-    for (int r = 0; r < run->opts.world; r++)
-        rk->global_tokens += rk->counts[r];
+    for (int b = 0; b < run->n_batch; b++)
+        rk->global_tokens += rk->counts[run->batch_ranks[b]];
     double t0 = hx_now();
     HX_CHECK(hx_rank_compute(rk));
     rk->t_compute = hx_now() - t0;
@@ -664,9 +125,9 @@ static seldp_status rank_step(hx_rank *rk, int step)
     if (run->opts.inject == HX_FAULT_FAIL && rk->rank == run->opts.world - 1 && step == 0)
         HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: --inject fail: a planted failure in step 1",
                 rk->rank);
-    HX_CHECK(rank_reduce(rk));
+    HX_CHECK(hx_rank_reduce(rk));
     if (run->opts.inject != HX_FAULT_NONE)
-        HX_CHECK(plant_fault(rk));
+        HX_CHECK(hx_plant_fault(rk));
 fail:
     return st;
 }
@@ -700,12 +161,12 @@ static seldp_status rank_update(hx_rank *rk)
             return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
         }
         if (!rk->master)
-            to_f32(&p->tensor, w);
-        to_f32(g, gf);
+            hx_tensor_to_f32(&p->tensor, w);
+        hx_tensor_to_f32(g, gf);
         for (size_t j = 0; j < n; j++)
             w[j] -= (float)lr * gf[j];
         seldp_tensor storage = p->tensor;
-        from_f32(w, &storage);
+        hx_tensor_from_f32(w, &storage);
         if (!rk->master)
             free(w);
         free(gf);
@@ -730,6 +191,9 @@ static void rank_cleanup(hx_rank *rk)
         seldp_session_destroy(rk->data_sessions[d]);
         rk->data_sessions[d] = NULL;
     }
+    hx_grid_cleanup(rk);
+    seldp_comm_destroy(rk->shard_comm);
+    rk->shard_comm = NULL;
     hx_rank_comms_destroy(&rk->comms);
     seldp_comm_destroy(rk->world);
     rk->world = NULL;
@@ -744,7 +208,7 @@ static void *rank_main(void *arg)
 {
     hx_rank *rk = arg;
     hx_run *run = rk->run;
-    seldp_status st = rank_setup(rk);
+    seldp_status st = hx_rank_setup(rk);
     if (st != SELDP_OK) {
         rank_fail(rk, st);
         goto out;
@@ -823,6 +287,21 @@ static seldp_status checkpoint_options(hx_run *run)
     return st;
 }
 
+/* The ranks whose tokens form the global batch: every rank, or with pipeline parallelism
+ * the stage-0 ranks (the later stages take their stage-0 rank's tokens). */
+static seldp_status batch_ranks(hx_run *run)
+{
+    int W = run->opts.world;
+    run->batch_ranks = hx_calloc((size_t)W, sizeof *run->batch_ranks);
+    if (!run->batch_ranks)
+        return SELDP_ERR_NOMEM;
+    run->n_batch = 0;
+    for (int r = 0; r < W; r++)
+        if (!hx_grid_sharded(run) || hx_grid_batch_rank(run, r) == r)
+            run->batch_ranks[run->n_batch++] = r;
+    return SELDP_OK;
+}
+
 seldp_status hx_run_create(const hx_options *opts, hx_run **out)
 {
     seldp_status st = SELDP_OK;
@@ -869,6 +348,8 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(checkpoint_options(run));
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
     HX_CHECK(hx_router_check(run));
+    HX_CHECK(hx_grid_check_options(run));
+    HX_CHECK(batch_ranks(run));
     run->grad_dtype = o->fp32_master ? SELDP_F32 : o->model.dtype;
     run->tolerance = tolerance_for(run->grad_dtype);
     int L = o->model.layers, E = run->layout->experts;
@@ -891,6 +372,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     for (int r = 0; r < o->world; r++) {
         run->ranks[r].rank = r;
         run->ranks[r].run = run;
+        run->ranks[r].batch_rank = hx_grid_sharded(run) ? hx_grid_batch_rank(run, r) : r;
     }
     *out = run;
     return SELDP_OK;
@@ -899,66 +381,13 @@ fail:
     return st;
 }
 
-static void print_header(const hx_run *run, FILE *out)
-{
-    const hx_options *o = &run->opts;
-    const tm_config *m = &o->model;
-    if (hx_backend_multiprocess(run->backend))
-        fprintf(out, "seldp-harness %s: %d ranks, one per MPI process, %s transport\n",
-                seldp_version(), o->world, hx_backend_transport(run->backend));
-    else
-        fprintf(out, "seldp-harness %s: %d simulated ranks, %s transport\n", seldp_version(),
-                o->world, hx_backend_transport(run->backend));
-    fprintf(out, "  model   tiny-moe V=%d D=%d F=%d E=%d K=%d L=%d, %s parameters, ", m->vocab,
-            m->d_model, m->d_ff, m->experts, m->top_k, m->layers, tm_dtype_name(m->dtype));
-    if (m->quant == TM_QUANT_NONE)
-        fprintf(out, "dense experts\n");
-    else
-        fprintf(out, "%s expert bases + LoRA r=%d alpha=%g\n", tm_quant_name(m->quant),
-                m->lora_rank, m->lora_alpha);
-    fprintf(out,
-            "  reduce  shared: reduce by tokens; experts: %s; policy %s; %s results, limit %.0e\n",
-            o->flow == HX_FLOW_SUM ? "sum of grads / global tokens" : "reduce by EP-group tokens",
-            hx_policy_name(o->policy), seldp_dtype_name(run->grad_dtype), run->tolerance);
-    char routing[256];
-    hx_router_describe(m, routing, sizeof routing);
-    if (routing[0])
-        fprintf(out, "  routing %s\n", routing);
-    fprintf(out, "  steps   %d, %d +- %d tokens per rank, SGD lr %g%s, seed %llu\n", o->steps,
-            o->tokens, hx_options_spread(o), o->lr, o->fp32_master ? " on FP32 master weights" : "",
-            (unsigned long long)m->seed);
-    if (o->global_batch > 0)
-        fprintf(out,
-                "  batch   --global-batch %d: one token stream and logical initial weights, "
-                "independent of the layout\n",
-                o->global_batch);
-    if (run->resume)
-        fprintf(out, "  resume  from %s at step %d\n", o->resume_dir, run->first_step);
-    if (o->save_dir)
-        fprintf(out, "  save    into %s after step %d%s\n", o->save_dir, o->steps,
-                o->save_every ? " and every --save-every steps" : "");
-    if (o->inject == HX_FAULT_FAIL)
-        fprintf(out, "  inject  fail: rank %d fails in step 1; every rank must stop\n",
-                o->world - 1);
-    else if (hx_inject_is_framework_bug(o->inject))
-        fprintf(out, "  inject  %s: %s; the checks must fail\n", hx_fault_name(o->inject),
-                hx_inject_describe(o->inject));
-    else if (o->inject != HX_FAULT_NONE)
-        fprintf(out, "  inject  %s: a planted defect on rank %d; the checks must fail\n",
-                hx_fault_name(o->inject), o->world - 1);
-    const char **devices = hx_calloc((size_t)o->world, sizeof *devices);
-    if (devices)
-        for (int r = 0; r < o->world; r++)
-            devices[r] = hx_backend_device_name(run->backend, r);
-    hx_layout_print(run->layout, devices, out);
-    free(devices);
-}
-
 /* Copy the replicas into the model with every expert that the reference reads. */
 static seldp_status refresh_global(hx_run *run)
 {
     seldp_status st = SELDP_OK;
     const hx_layout *l = run->layout;
+    if (hx_grid_sharded(run))
+        return hx_grid_refresh_global(run);
     HX_CHECK_LIB(tm_model_copy_params(run->global, run->ranks[l->shared.root].model,
                                       TM_ROLES_SHARED_GROUP, -1),
                  "copying the shared parameters of rank %d", l->shared.root);
@@ -974,21 +403,37 @@ static seldp_status main_step(hx_run *run, int step)
 {
     seldp_status st = SELDP_OK;
     hx_step_record *rec = &run->steps[step];
-    int W = run->opts.world;
+    int W = run->opts.world, B = run->n_batch;
     tm_reference *ref = NULL;
+    int *merged = NULL;
+    hx_shard_batch shards = {0};
     const int32_t **tokens = hx_calloc((size_t)W, sizeof *tokens);
     const int32_t **targets = hx_calloc((size_t)W, sizeof *targets);
     const int **choices = hx_calloc((size_t)W, sizeof *choices);
     size_t *counts = hx_calloc((size_t)W, sizeof *counts);
     if (!tokens || !targets || !choices || !counts)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
+    HX_CHECK(hx_grid_merge_choices(run, &merged));
+    for (int b = 0; b < B; b++) {
+        hx_rank *rk = &run->ranks[run->batch_ranks[b]];
+        tokens[b] = rk->tokens;
+        targets[b] = rk->targets;
+        choices[b] = merged ? merged + hx_grid_choices_offset(run, b) : rk->choices;
+        counts[b] = rk->T;
+        rec->tokens += rk->T;
+    }
+    /* data shards over several ranks: the reference's capacity and local statistics per shard */
+    HX_CHECK(hx_grid_shard_batch(run, merged, &shards));
+    for (int s = 0; s < shards.n; s++) {
+        tokens[s] = shards.tokens[s];
+        targets[s] = shards.targets[s];
+        choices[s] = shards.choices[s];
+        counts[s] = shards.counts[s];
+    }
+    if (shards.n)
+        B = shards.n;
     for (int r = 0; r < W; r++) {
         hx_rank *rk = &run->ranks[r];
-        tokens[r] = rk->tokens;
-        targets[r] = rk->targets;
-        choices[r] = rk->choices;
-        counts[r] = rk->T;
-        rec->tokens += rk->T;
         rec->loss += rk->loss_sum;
         rec->t_compute = fmax(rec->t_compute, rk->t_compute);
         rec->t_dispatch = fmax(rec->t_dispatch, rk->t_dispatch);
@@ -998,7 +443,7 @@ static seldp_status main_step(hx_run *run, int step)
     hx_split_charge(&rec->split, HX_PHASE_OTHER);
     HX_CHECK(refresh_global(run));
     HX_CHECK_LIB(tm_reference_compute_routed(&run->opts.model, tm_model_view(run->global), tokens,
-                                             targets, counts, W, NULL, choices, &ref),
+                                             targets, counts, B, NULL, choices, &ref),
                  "the FP64 reference of step %d", step + 1);
     rec->ties_followed = tm_reference_ties_followed(ref);
     rec->t_reference = hx_split_charge(&rec->split, HX_PHASE_REFERENCE);
@@ -1010,44 +455,13 @@ static seldp_status main_step(hx_run *run, int step)
     rec->t_check = hx_split_charge(&rec->split, HX_PHASE_CHECK);
 fail:
     tm_reference_destroy(ref);
+    free(merged);
+    hx_shard_batch_free(&shards);
     free(tokens);
     free(targets);
     free(choices);
     free(counts);
     return st;
-}
-
-static void print_init(const hx_run *run)
-{
-    if (!run->out)
-        return;
-    const hx_check_result *c = &run->checks[HX_CHECK_INIT_REPLICAS];
-    fprintf(run->out,
-            "initialize: %lld replicated tensors checked against their roots, %lld differ  %s\n",
-            (long long)c->tested, (long long)c->failed, c->failed ? "FAIL" : "ok");
-    fflush(run->out);
-}
-
-static void print_progress(const hx_run *run, int step, double t_step)
-{
-    const hx_step_record *rec = &run->steps[step];
-    if (!run->out)
-        return;
-    char ties[64] = "";
-    if (rec->ties_followed)
-        snprintf(ties, sizeof ties, "  %zu near tie%s routed as the ranks did", rec->ties_followed,
-                 rec->ties_followed == 1 ? "" : "s");
-    char split[160];
-    hx_split_describe(&rec->split, split, sizeof split);
-    fprintf(
-        run->out,
-        "step %d/%d  loss %.6f (ref %.6f)  %zu tokens  worst %.2e %s %.0e (%s @ rank %d)%s  %s  "
-        "%.1f ms (%s)\n",
-        step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->worst,
-        rec->worst <= run->tolerance ? "<=" : ">", run->tolerance,
-        rec->worst_path[0] ? rec->worst_path : "-", rec->worst_rank, ties,
-        rec->failures ? "FAIL" : "ok", 1e3 * t_step, split);
-    fflush(run->out);
 }
 
 /* --dump after the last step: the rank files of this process's ranks, the manifest. */
@@ -1089,7 +503,7 @@ static seldp_status execute_threads(hx_run *run)
     double t0 = hx_now();
     hx_check_init(run);
     run->t_init = hx_now() - t0;
-    print_init(run);
+    hx_print_init(run);
     if (!gate_wait(run))
         goto joined;
     for (int step = run->first_step; step < run->opts.steps; step++) {
@@ -1108,7 +522,7 @@ static seldp_status execute_threads(hx_run *run)
         }
         run->steps_done = step + 1;
         run->steps[step].t_step = hx_split_finish(&run->steps[step].split);
-        print_progress(run, step, run->steps[step].t_step);
+        hx_print_progress(run, step, run->steps[step].t_step);
         if (!gate_wait(run))
             goto joined;
         if (hx_ckpt_due(run, step)) {
@@ -1157,7 +571,7 @@ static seldp_status execute_processes(hx_run *run)
     seldp_status st = SELDP_OK;
     bool root = hx_run_is_root(run);
     hx_rank *rk = &run->ranks[hx_backend_process_rank(run->backend)];
-    st = rank_setup(rk);
+    st = hx_rank_setup(rk);
     if (st != SELDP_OK)
         goto aborted;
     st = hx_gather_init(run);
@@ -1168,7 +582,7 @@ static seldp_status execute_processes(hx_run *run)
         double t0 = hx_now();
         hx_check_init(run);
         run->t_init = hx_now() - t0;
-        print_init(run);
+        hx_print_init(run);
     }
     for (int step = run->first_step; step < run->opts.steps; step++) {
         hx_split_start(&run->steps[step].split);
@@ -1186,7 +600,7 @@ static seldp_status execute_processes(hx_run *run)
         run->steps_done = step + 1;
         run->steps[step].t_step = hx_split_finish(&run->steps[step].split);
         if (root)
-            print_progress(run, step, run->steps[step].t_step);
+            hx_print_progress(run, step, run->steps[step].t_step);
         st = rank_update(rk);
         if (st != SELDP_OK)
             goto aborted;
@@ -1214,7 +628,7 @@ seldp_status hx_run_execute(hx_run *run, FILE *out)
     run->t_begin = hx_now();
     run->out = run->opts.quiet || !hx_run_is_root(run) ? NULL : out;
     if (run->out) {
-        print_header(run, run->out);
+        hx_print_header(run, run->out);
         fflush(run->out);
     }
     tm_blas_single_thread();
@@ -1282,7 +696,9 @@ void hx_run_destroy(hx_run *run)
         free(rk->choices);
         seldp_grads_destroy(rk->grads);
         tm_model_destroy(rk->model);
+        free(rk->grid);
     }
+    free(run->batch_ranks);
     tm_model_destroy(run->global);
     hx_ckpt_close(run->resume);
     free(run->ranks);

@@ -153,6 +153,11 @@ typedef struct hx_run {
     int first_step;         /* 0-based: the first step this run trains (the checkpoint's step) */
     int ckpt_generation;    /* --save: the generation of the next save's shard names */
 
+    /* the ranks whose tokens form the global batch once (every rank, or the stage-0 ranks of
+     * a pipelined run), ascending */
+    int n_batch;
+    int *batch_ranks;
+
     /* phase gate shared by the rank threads and the main thread */
     pthread_mutex_t gate_lock;
     pthread_cond_t gate_cond;
@@ -256,6 +261,12 @@ struct hx_rank {
     uint64_t token_state;       /* --global-batch: the global token stream after this step */
     uint64_t saved_token_state; /* its value at the last save (read by the main thread) */
 
+    struct hx_grid_rank *grid; /* a sharded run's part of the grid (grid.h); NULL otherwise */
+    seldp_comm *shard_comm;    /* its data shard's ranks when the shard spans several (TP x CP)
+                                  and capacity or the local load-balancing loss needs them */
+    int batch_rank;            /* whose tokens this rank draws: itself, or its pipeline's
+                                  stage-0 rank */
+
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;
     hx_check_result reduce_untouched;
@@ -286,6 +297,39 @@ const seldp_tensor *hx_gpu_param(const hx_rank *rk, const char *path);
 /* Device parameters into the host model, and back. */
 seldp_status hx_gpu_download(hx_rank *rk);
 seldp_status hx_gpu_upload(hx_rank *rk);
+
+/* Helpers shared by the rank phases (run.c, reduce.c, grid_*.c). */
+void hx_tensor_to_f32(const seldp_tensor *t, float *out);
+void hx_tensor_from_f32(const float *in, seldp_tensor *t);
+/* "the shared group" (g = 0) or "expert-data group d{g-1}" into buf; returns buf. */
+const char *hx_group_label(int g, char *buf, size_t size);
+HX_PRINTF(3, 4)
+void hx_record_local(hx_check_result *c, bool failed, const char *fmt, ...);
+/* Checksum of a tensor's bytes on the host or a GPU (read through a host copy). */
+seldp_status hx_tensor_checksum(const hx_rank *rk, const seldp_tensor *t, uint64_t *sum);
+/* The storage of parameter p where the rank computes (the device mirror's on a GPU). */
+const seldp_tensor *hx_param_storage(const hx_rank *rk, const tm_param_info *p);
+
+typedef enum hx_reduce_kind { HX_REDUCE_MEAN, HX_REDUCE_SUM } hx_reduce_kind;
+/* One reduction of `grads` by session s (`label` names its group in messages), with the
+ * check that gradients outside its selection come back as they were and that no parameter
+ * moved (reduce.c). */
+seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
+                               hx_reduce_kind kind, uint64_t weight, seldp_grads *grads,
+                               uint64_t *global_weight);
+/* Rank rk's setup before the first gate (rank_setup.c): its groups, model and sessions. */
+seldp_status hx_rank_setup(hx_rank *rk);
+/* Rank rk's tokens and targets of `step` (rank_setup.c). */
+seldp_status hx_draw_tokens(hx_rank *rk, int step);
+
+/* The step's reductions of rank rk into rk->grads; --inject's defects after them. */
+seldp_status hx_rank_reduce(hx_rank *rk);
+seldp_status hx_plant_fault(hx_rank *rk);
+
+/* Console output (console.c). */
+void hx_print_header(const hx_run *run, FILE *out);
+void hx_print_init(const hx_run *run);
+void hx_print_progress(const hx_run *run, int step, double t_step);
 
 /* Main-thread checks (checks.c). */
 void hx_check_init(hx_run *run);

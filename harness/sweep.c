@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "json.h"
+#include "grid.h"
 #include "run.h"
 #include "sweep_report.h"
 #include "util.h"
@@ -29,6 +30,10 @@ static const struct {
     {"ep", "ep", false},
     {"order", "order", false},
     {"framework", "framework", false},
+    {"tp", "tp", false},
+    {"pp", "pp", false},
+    {"cp", "cp", false},
+    {"etp", "etp", false},
     {"layout-file", "layout-file", false},
     {"roots", "roots", false},
     {"dtype", "dtype", false},
@@ -166,7 +171,8 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
         if (s == N_SWEEP_KEYS) {
             fprintf(err,
                     "seldp-harness: %s:%d:%d: unknown key \"%s\": expected name, world, ep, "
-                    "order, framework, layout-file, roots, dtype, quant, flow, fp32-master, "
+                    "order, framework, tp, pp, cp, etp, layout-file, roots, dtype, quant, flow, "
+                    "fp32-master, "
                     "policy, inject, lora-rank, lora-alpha, aux-loss-coeff, aux-loss-scope, "
                     "z-loss-coeff or capacity-factor\n",
                     file, v->line, v->column, key);
@@ -483,10 +489,13 @@ static seldp_status weights_of(const hx_run *run, hx_sweep_weights *w)
         all[e] = e;
     HX_CHECK_LIB(tm_model_create(&run->opts.model, 0, all, l->experts, NULL, NULL, &m),
                  "the logical model of a sweep run");
-    HX_CHECK_LIB(
-        tm_model_copy_params(m, run->ranks[l->shared.root].model, TM_ROLES_SHARED_GROUP, -1),
-        "copying the shared parameters of rank %d", l->shared.root);
-    for (int e = 0; e < l->experts; e++)
+    if (hx_grid_sharded(run)) /* the logical tensors from the shards (grid.h) */
+        HX_CHECK(hx_grid_assemble(run, m));
+    else
+        HX_CHECK_LIB(
+            tm_model_copy_params(m, run->ranks[l->shared.root].model, TM_ROLES_SHARED_GROUP, -1),
+            "copying the shared parameters of rank %d", l->shared.root);
+    for (int e = 0; e < l->experts && !hx_grid_sharded(run); e++)
         HX_CHECK_LIB(
             tm_model_copy_params(m, run->ranks[l->owners[e].root].model, TM_ROLES_EXPERT_GROUP, e),
             "copying expert %d from rank %d", e, l->owners[e].root);

@@ -17,9 +17,9 @@ void tm_blas_single_thread(void)
 
 static seldp_status check_layer(const tm_model *m, int l, const char *fn)
 {
-    if (l < 0 || l >= m->cfg.layers)
-        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)",
-                        m->rank, fn, l, m->cfg.layers);
+    if (l < m->part.first_layer || l >= m->part.end_layer)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [%d, %d)",
+                        m->rank, fn, l, m->part.first_layer, m->part.end_layer);
     if (!m->embedded)
         return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                         "rank %d: %s: layer %d called before tm_embed_forward", m->rank, fn, l);
@@ -29,9 +29,9 @@ static seldp_status check_layer(const tm_model *m, int l, const char *fn)
 static tm_expert_slot *held_expert(tm_model *m, int l, int e, const char *fn, seldp_status *st)
 {
     *st = SELDP_OK;
-    if (l < 0 || l >= m->cfg.layers) {
-        *st = tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [0, %d)", m->rank,
-                       fn, l, m->cfg.layers);
+    if (l < m->part.first_layer || l >= m->part.end_layer) {
+        *st = tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: layer %d outside [%d, %d)",
+                       m->rank, fn, l, m->part.first_layer, m->part.end_layer);
         return NULL;
     }
     if (e < 0 || e >= m->cfg.experts || !m->owns[e]) {
@@ -46,8 +46,8 @@ static tm_expert_slot *held_expert(tm_model *m, int l, int e, const char *fn, se
 /* ---- RMSNorm ------------------------------------------------------------------------- */
 
 // inp (T,D), weight (D), out (T,D), rstd (T)
-static void rmsnorm_forward(const float *inp, const float *weight, size_t T, int D, double eps,
-                            float *out, float *rstd)
+void tm__rmsnorm_forward(const float *inp, const float *weight, size_t T, int D, double eps,
+                         float *out, float *rstd)
 {
     for (size_t t = 0; t < T; t++) {
         const float *x = inp + t * (size_t)D;
@@ -62,8 +62,8 @@ static void rmsnorm_forward(const float *inp, const float *weight, size_t T, int
 }
 
 // dout (T,D), inp (T,D), weight (D), rstd (T); dinp (T,D) +=, dweight (D) +=
-static void rmsnorm_backward(const float *dout, const float *inp, const float *weight,
-                             const float *rstd, size_t T, int D, float *dinp, float *dweight)
+void tm__rmsnorm_backward(const float *dout, const float *inp, const float *weight,
+                          const float *rstd, size_t T, int D, float *dinp, float *dweight)
 {
     for (size_t t = 0; t < T; t++) {
         const float *x = inp + t * (size_t)D;
@@ -86,10 +86,10 @@ seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, floa
 {
     const int D = m->cfg.d_model;
     for (size_t t = 0; t < T; t++) {
-        if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab)
+        if (tokens[t] < 0 || tokens[t] >= tm__vocab(m))
             return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                             "rank %d: token %zu is %d, expected an id in [0, %d)", m->rank, t,
-                            (int)tokens[t], m->cfg.vocab);
+                            (int)tokens[t], tm__vocab(m));
     }
     seldp_status st = tm__ensure_caches(m, T);
     if (st != SELDP_OK)
@@ -100,6 +100,11 @@ seldp_status tm_embed_forward(tm_model *m, const int32_t *tokens, size_t T, floa
     m->embedded = true;
     for (int l = 0; l < m->cfg.layers; l++)
         m->cache[l].routed = m->cache[l].combined = m->cache[l].combined_back = false;
+    st = tm__tp_begin(m);
+    if (st != SELDP_OK || !m->part.embed)
+        return st; /* a later pipeline stage: h is the previous stage's output */
+    if (m->tp.size > 1)
+        return tm__tp_embed_forward(m, tokens, h);
     const float *E = m->work[m->embed];
     for (size_t t = 0; t < T; t++)
         memcpy(h + t * (size_t)D, E + (size_t)tokens[t] * (size_t)D, (size_t)D * sizeof(float));
@@ -111,6 +116,10 @@ seldp_status tm_embed_backward(tm_model *m, const float *dh)
     if (!m->embedded)
         return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                         "rank %d: tm_embed_backward before tm_embed_forward", m->rank);
+    if (!m->part.embed)
+        return SELDP_OK; /* dh goes to the previous pipeline stage */
+    if (m->tp.size > 1)
+        return tm__tp_embed_backward(m, dh);
     const int D = m->cfg.d_model;
     float *dE = m->grad[m->embed];
     for (size_t t = 0; t < m->T; t++) {
@@ -133,7 +142,7 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
     tm_layer_cache *c = &m->cache[l];
     if (T) {
         memcpy(c->h_in, h, T * (size_t)D * sizeof(float));
-        rmsnorm_forward(c->h_in, m->work[m->norm[l]], T, D, m->cfg.eps, c->u, c->rstd);
+        tm__rmsnorm_forward(c->h_in, m->work[m->norm[l]], T, D, m->cfg.eps, c->u, c->rstd);
         // u (T,D) . W_r^T (D,E) -> probs (T,E)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, E, D, 1.0f, c->u, D,
                     m->work[m->router[l]], D, 0.0f, c->probs, E);
@@ -253,7 +262,7 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
         for (size_t i = 0; i < T * (size_t)D; i++)
             du[i] += c->s_du[i];
     }
-    rmsnorm_backward(du, c->h_in, m->work[m->norm[l]], c->rstd, T, D, dh, m->grad[m->norm[l]]);
+    tm__rmsnorm_backward(du, c->h_in, m->work[m->norm[l]], c->rstd, T, D, dh, m->grad[m->norm[l]]);
 fail:
     free(dlogits);
     free(du);
@@ -437,6 +446,12 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     if (!m->embedded)
         return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                         "rank %d: tm_head_forward_backward before tm_embed_forward", m->rank);
+    if (!m->part.head)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_head_forward_backward on a pipeline stage without the head",
+                        m->rank);
+    if (m->tp.size > 1)
+        return tm__tp_head(m, h, targets, loss_sum, dh);
     const size_t T = m->T;
     const int D = m->cfg.d_model, V = m->cfg.vocab;
     for (size_t t = 0; t < T; t++) {
@@ -455,7 +470,7 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     float *z = buf, *dz = buf + TD, *rstd = buf + 2 * TD, *logits = buf + 2 * TD + T;
     const float *gf = m->work[m->final_norm];
     const float *E = m->work[m->embed];
-    rmsnorm_forward(h, gf, T, D, m->cfg.eps, z, rstd);
+    tm__rmsnorm_forward(h, gf, T, D, m->cfg.eps, z, rstd);
     // logits (T,V) = z (T,D) . embed^T (D,V)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, V, D, 1.0f, z, D, E, D, 0.0f,
                 logits, V);
@@ -480,7 +495,7 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)T, 1.0f, logits, V, z, D, 1.0f,
                 m->grad[m->embed], D);
     memset(dh, 0, TD * sizeof *dh);
-    rmsnorm_backward(dz, h, gf, rstd, T, D, dh, m->grad[m->final_norm]);
+    tm__rmsnorm_backward(dz, h, gf, rstd, T, D, dh, m->grad[m->final_norm]);
 done:
     if (loss_sum)
         *loss_sum = loss;

@@ -113,22 +113,35 @@ static seldp_status build_layout(layout *lay)
     const int V = cfg->vocab, D = cfg->d_model, F = cfg->d_ff, E = cfg->experts;
     char path[128];
 
-    m->embed = (int)m->n_params;
-    TM_CHECK(
-        add_param(lay, "embed.weight", cfg->dtype, 2, (int64_t[]){V, D}, TM_ROLE_SHARED, -1, -1));
-    /* The tied head: a second occurrence of embed's storage, allocated nothing. */
-    tm_param_info *head = &m->params[m->n_params];
-    char *head_path = malloc(sizeof "lm_head.weight");
-    if (!head_path)
-        TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", m->rank);
-    strcpy(head_path, "lm_head.weight");
-    *head = m->params[m->embed];
-    head->path = head_path;
-    head->alias = true;
-    lay->param_offset[m->n_params] = lay->param_offset[m->embed];
-    m->n_params++;
+    const tm_part *part = &m->part;
+    m->embed = m->final_norm = -1;
+    for (int l = 0; l < cfg->layers; l++)
+        m->norm[l] = m->router[l] = m->shared_w1[l] = m->shared_w2[l] = -1;
+    if (part->embed) {
+        m->embed = (int)m->n_params;
+        TM_CHECK(add_param(lay, "embed.weight", cfg->dtype, 2, (int64_t[]){V, D}, TM_ROLE_SHARED,
+                           -1, -1));
+    } else if (part->head) {
+        /* the last stage's copy of the tied embedding (pipeline parallelism) */
+        m->embed = (int)m->n_params;
+        TM_CHECK(add_param(lay, "lm_head.weight", cfg->dtype, 2, (int64_t[]){V, D}, TM_ROLE_SHARED,
+                           -1, -1));
+    }
+    if (part->embed && part->head) {
+        /* The tied head: a second occurrence of embed's storage, allocated nothing. */
+        tm_param_info *head = &m->params[m->n_params];
+        char *head_path = malloc(sizeof "lm_head.weight");
+        if (!head_path)
+            TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", m->rank);
+        strcpy(head_path, "lm_head.weight");
+        *head = m->params[m->embed];
+        head->path = head_path;
+        head->alias = true;
+        lay->param_offset[m->n_params] = lay->param_offset[m->embed];
+        m->n_params++;
+    }
 
-    for (int l = 0; l < cfg->layers; l++) {
+    for (int l = part->first_layer; l < part->end_layer; l++) {
         snprintf(path, sizeof path, "layers.%d.norm.weight", l);
         m->norm[l] = (int)m->n_params;
         TM_CHECK(add_param(lay, path, cfg->dtype, 1, (int64_t[]){D}, TM_ROLE_SHARED, l, -1));
@@ -158,9 +171,11 @@ static seldp_status build_layout(layout *lay)
             TM_CHECK(add_linear(lay, &slot->w2, path, D, F, l, e));
         }
     }
-    m->final_norm = (int)m->n_params;
-    TM_CHECK(
-        add_param(lay, "final_norm.weight", cfg->dtype, 1, (int64_t[]){D}, TM_ROLE_SHARED, -1, -1));
+    if (part->head) {
+        m->final_norm = (int)m->n_params;
+        TM_CHECK(add_param(lay, "final_norm.weight", cfg->dtype, 1, (int64_t[]){D}, TM_ROLE_SHARED,
+                           -1, -1));
+    }
     m->codebook = -1;
     if (cfg->quant == TM_QUANT_NF4) {
         m->codebook = (int)m->n_params;
@@ -252,8 +267,9 @@ static seldp_status init_values(tm_model *m)
     const tm_config *cfg = &m->cfg;
     const int E = cfg->experts;
     char prefix[96];
-    fill_uniform(m, m->embed, 0.0, 0.5);
-    for (int l = 0; l < cfg->layers; l++) {
+    if (m->embed >= 0)
+        fill_uniform(m, m->embed, 0.0, 0.5);
+    for (int l = m->part.first_layer; l < m->part.end_layer; l++) {
         fill_uniform(m, m->norm[l], 1.0, 0.2);
         fill_uniform(m, m->router[l], 0.0, sqrt(3.0 / cfg->d_model));
         if (m->shared_w1[l] >= 0) {
@@ -270,7 +286,8 @@ static seldp_status init_values(tm_model *m)
             TM_CHECK(init_linear(m, &slot->w2, prefix));
         }
     }
-    fill_uniform(m, m->final_norm, 1.0, 0.2);
+    if (m->final_norm >= 0)
+        fill_uniform(m, m->final_norm, 1.0, 0.2);
     if (m->codebook >= 0)
         memcpy(m->params[m->codebook].tensor.data, tm_nf4_codebook, sizeof tm_nf4_codebook);
     return SELDP_OK;
@@ -304,13 +321,30 @@ fail:
 seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts, int n_experts,
                              tm_param_id_fn id_fn, void *id_user, tm_model **out)
 {
+    tm_part whole = {0, cfg ? cfg->layers : 0, true, true};
+    return tm_model_create_part(cfg, &whole, rank, experts, n_experts, id_fn, id_user, out);
+}
+
+seldp_status tm_model_create_part(const tm_config *cfg, const tm_part *part, int rank,
+                                  const int *experts, int n_experts, tm_param_id_fn id_fn,
+                                  void *id_user, tm_model **out)
+{
     seldp_status st = SELDP_OK;
     tm_model *m = NULL;
     layout lay = {0};
-    if (!out)
-        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tm_model_create: out is NULL", rank);
+    if (!out || !part)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: tm_model_create: %s is NULL", rank,
+                        out ? "part" : "out");
     *out = NULL;
     TM_CHECK(tm_config_check(cfg));
+    if (part->first_layer < 0 || part->end_layer > cfg->layers ||
+        part->first_layer > part->end_layer ||
+        (part->first_layer == part->end_layer && !part->embed && !part->head))
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_model_create_part: layers [%d, %d) (embed %d, head %d), "
+                        "expected a non-empty part of layers [0, %d)",
+                        rank, part->first_layer, part->end_layer, part->embed, part->head,
+                        cfg->layers);
     if (n_experts < 0 || (n_experts > 0 && !experts))
         return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
                         "rank %d: tm_model_create: %d experts with a NULL list", rank, n_experts);
@@ -319,6 +353,8 @@ seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts,
     if (!m)
         return tm__fail(SELDP_ERR_NOMEM, "rank %d: out of memory creating tiny-moe", rank);
     m->cfg = *cfg;
+    m->part = *part;
+    m->tp = (tm_tp){1, 0, NULL, NULL, NULL};
     m->rank = rank;
     m->owns = calloc((size_t)E, sizeof *m->owns);
     m->norm = calloc((size_t)L, sizeof *m->norm);
@@ -432,6 +468,8 @@ static void free_caches(tm_model *m)
         free(c->counts);
         free(c->fill);
         free(c->bal_counts);
+        free(c->tp_u);
+        free(c->tp_pre);
         memset(c, 0, sizeof *c);
     }
     free(m->tokens);
@@ -465,96 +503,9 @@ void tm_model_destroy(tm_model *m)
     free(m->experts);
     free(m->seen);
     free(m->cache);
+    free(m->tp_counts);
+    free(m->tp_tokens);
     free(m);
-}
-
-/* ---- accessors ----------------------------------------------------------------------- */
-
-const tm_config *tm_model_config(const tm_model *m)
-{
-    return &m->cfg;
-}
-
-int tm_model_rank(const tm_model *m)
-{
-    return m->rank;
-}
-
-bool tm_model_owns(const tm_model *m, int e)
-{
-    return e >= 0 && e < m->cfg.experts && m->owns[e];
-}
-
-seldp_model *tm_model_view(tm_model *m)
-{
-    return m->view;
-}
-
-size_t tm_param_count(const tm_model *m)
-{
-    return m->n_params;
-}
-
-const tm_param_info *tm_param_at(const tm_model *m, size_t i)
-{
-    return i < m->n_params ? &m->params[i] : NULL;
-}
-
-const tm_param_info *tm_param_find(const tm_model *m, const char *path)
-{
-    const seldp_param *p = path ? seldp_model_find_path(m->view, path) : NULL;
-    return p ? (const tm_param_info *)p->tag : NULL;
-}
-
-static int param_index(const tm_model *m, const char *path)
-{
-    const tm_param_info *p = tm_param_find(m, path);
-    return p ? (int)(p - m->params) : -1;
-}
-
-const float *tm_param_grad(const tm_model *m, const char *path)
-{
-    int i = param_index(m, path);
-    return i >= 0 ? m->grad[i] : NULL;
-}
-
-bool tm_expert_seen(const tm_model *m, int l, int e)
-{
-    if (l < 0 || l >= m->cfg.layers || e < 0 || e >= m->cfg.experts)
-        return false;
-    return m->seen[(size_t)l * (size_t)m->cfg.experts + (size_t)e];
-}
-
-static bool same_config(const tm_config *a, const tm_config *b)
-{
-    return a->vocab == b->vocab && a->d_model == b->d_model && a->d_ff == b->d_ff &&
-           a->experts == b->experts && a->top_k == b->top_k && a->layers == b->layers &&
-           a->eps == b->eps && a->dtype == b->dtype && a->quant == b->quant &&
-           a->lora_rank == b->lora_rank && a->lora_alpha == b->lora_alpha &&
-           a->d_ff_shared == b->d_ff_shared;
-}
-
-seldp_status tm_model_copy_params(tm_model *dst, const tm_model *src, unsigned roles, int expert)
-{
-    if (!dst || !src || !same_config(&dst->cfg, &src->cfg))
-        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
-                        "tm_model_copy_params: models of different configs (rank %d -> %d)",
-                        src ? src->rank : -1, dst ? dst->rank : -1);
-    for (size_t i = 0; i < src->n_params; i++) {
-        const tm_param_info *p = &src->params[i];
-        if (p->alias || !(p->role & roles) || (expert >= 0 && p->expert != expert))
-            continue;
-        const tm_param_info *q = tm_param_find(dst, p->path);
-        if (!q)
-            continue;
-        if (!seldp_tensor_same_layout(&p->tensor, &q->tensor))
-            return tm__fail(SELDP_ERR_SCHEMA,
-                            "tm_model_copy_params: %s differs in dtype or shape between rank "
-                            "%d and rank %d",
-                            p->path, src->rank, dst->rank);
-        memcpy(q->tensor.data, p->tensor.data, seldp_tensor_nbytes(&p->tensor));
-    }
-    return SELDP_OK;
 }
 
 /* ---- per-step state ------------------------------------------------------------------ */

@@ -1,6 +1,7 @@
 /* tiny-moe's shared expert on the CPU in FP32 (SPEC §4.1, DeepSeek/Megatron SharedExpertMLP):
  * every token of layer l adds silu(u W1s^T) W2s^T, ungated, next to its routed experts. Its
- * weights are shared (non-expert) parameters, replicated over the shared group. */
+ * weights are shared (non-expert) parameters, replicated over the shared group; with tensor
+ * parallelism its w1 is column- and its w2 row-parallel (tensor_parallel.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,8 @@
 // u (T,D), w1s (Fs,D), w2s (D,Fs); pre (T,Fs) cached; h (T,D) +=
 seldp_status tm__shared_forward(tm_model *m, int l, float *h)
 {
+    if (m->tp.size > 1)
+        return tm__tp_shared_forward(m, l, h);
     tm_layer_cache *c = &m->cache[l];
     const size_t T = m->T;
     const int D = m->cfg.d_model, Fs = m->cfg.d_ff_shared;
@@ -35,6 +38,8 @@ seldp_status tm__shared_forward(tm_model *m, int l, float *h)
 // dh (T,D); dw1s (Fs,D) +=, dw2s (D,Fs) +=; s_du (T,D) out
 seldp_status tm__shared_backward(tm_model *m, int l, const float *dh)
 {
+    if (m->tp.size > 1)
+        return tm__tp_shared_backward(m, l, dh);
     tm_layer_cache *c = &m->cache[l];
     const size_t T = m->T;
     const int D = m->cfg.d_model, Fs = m->cfg.d_ff_shared;

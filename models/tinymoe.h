@@ -30,6 +30,11 @@
  *   tm_embed_backward(m, dh)
  *   tm_export_grads(m, ...)
  *
+ * A sharded rank (SPEC §4.1) holds a part of the model (tm_model_create_part: its pipeline
+ * stage's layers, the shard sizes V/tp, F/etp, Fs/tp) and, with tensor parallelism, computes
+ * the same calls collectively over its TP group (tm_model_set_tp); a later stage's
+ * tm_embed_forward only sizes the caches, its input coming from the previous stage.
+ *
  * Every parameter gradient is the derivative of the rank's LOSS SUM (not the mean): the sum
  * of its token losses plus its share of the router losses (SPEC §4.2) times the global token
  * count N, so that the shares of all data shards add up to N times the global objective.
@@ -215,6 +220,67 @@ seldp_param_id tm_default_param_id(const char *path, int rank, void *user);
  * expert list, ALIAS/DUPLICATE for ids that collide, NOMEM). */
 seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts, int n_experts,
                              tm_param_id_fn id_fn, void *id_user, tm_model **out);
+
+/** The part of the logical model one pipeline stage holds (SPEC §4.1): layers
+ * [first_layer, end_layer), the embedding (stage 0) and the head with the final norm (the
+ * last stage). With both, embed.weight and its tied alias lm_head.weight share one storage
+ * as in tm_model_create; with the head alone the copy is a parameter of its own registered
+ * as `lm_head.weight` (its own id). */
+typedef struct tm_part {
+    int first_layer;
+    int end_layer;
+    bool embed;
+    bool head;
+} tm_part;
+
+/** As tm_model_create, holding only `part` of the model: parameters of the other layers,
+ * and the embedding or the head where the part lacks them, are not created or registered
+ * (nf4.codebook always is). Sharded tensors are made by passing a config of the shard's sizes
+ * (vocab V/tp, d_ff F/etp, d_ff_shared Fs/tp). Such a model holds parameters and gradients;
+ * it is not for the forward functions (a working model of full shapes computes, and
+ * tm_model_set_grad hands its gradients over). INVALID_ARGUMENT for a part outside
+ * [0, layers) or an empty one. */
+seldp_status tm_model_create_part(const tm_config *cfg, const tm_part *part, int rank,
+                                  const int *experts, int n_experts, tm_param_id_fn id_fn,
+                                  void *id_user, tm_model **out);
+
+/** The part the model holds (every layer, embedding and head for tm_model_create). */
+tm_part tm_model_part(const tm_model *m);
+
+/** Replace the FP32 gradient accumulator of the trainable occurrence at `path` by grad
+ * (numel floats). NOT_FOUND for an unknown or frozen path. */
+seldp_status tm_model_set_grad(tm_model *m, const char *path, const float *grad);
+
+/** Mark expert e of layer l as having seen rows this step (its gradients get exported) or
+ * not. No-op out of range. */
+void tm_model_set_seen(tm_model *m, int l, int e, bool seen);
+
+/** Tensor parallelism (SPEC §4.1) of a model created with the shard sizes (vocab V/tp,
+ * d_ff_shared Fs/tp): the communication of its TP group, which the caller supplies so that
+ * tiny-moe stays free of transports. With it the model computes as Megatron's
+ * tensor-parallel layers with sequence parallelism do: each TP rank's own tokens go through
+ * the norms, routers and experts; they are gathered over TP before the vocabulary-parallel
+ * embedding and head and the column-parallel w1 of the shared expert, and the partial
+ * results of the embedding, the row-parallel w2 and the head's input gradient are summed
+ * over TP and scattered back (an allreduce, then this rank's rows); the loss combines the
+ * logits' maximum, sum of exponentials and target logit over TP. Gradients of the split
+ * tensors cover every token of the TP group; those of the replicated norms and routers this
+ * rank's own tokens (the caller sums them over TP). Every function that communicates is then
+ * collective over the TP group, also on a rank without tokens. */
+typedef struct tm_tp {
+    int size; /**< TP ranks; 1: none */
+    int rank; /**< this rank's position: its vocabulary rows begin at rank * V/size */
+    void *user;
+    /** Gather `bytes` of every TP rank (the sizes may differ) into `all`, in TP order. */
+    seldp_status (*gather)(void *user, const void *mine, size_t bytes, void *all);
+    /** Sum `count` elements of `dtype` (F32 or F64) over the TP group, in place, the same
+     * bits on every rank. */
+    seldp_status (*sum)(void *user, void *buf, size_t count, seldp_dtype dtype);
+} tm_tp;
+
+/** Make the model tensor-parallel (copied; size 1 turns it off). INVALID_ARGUMENT for a
+ * rank outside [0, size) or, with size > 1, a missing callback. */
+seldp_status tm_model_set_tp(tm_model *m, const tm_tp *tp);
 
 /** Free the model, its view and its buffers. NULL is a no-op. */
 void tm_model_destroy(tm_model *m);

@@ -45,11 +45,14 @@ typedef struct tm_layer_cache {
     int64_t *fill;   /* (E) capacity dropping's running count */
     int64_t *bal_counts; /* (E) the load-balancing loss's counts (tm_route_set_balance) */
     uint64_t bal_tokens; /* ... and their token count */
+    float *tp_u;         /* (S,D) the shared expert's input gathered over TP */
+    float *tp_pre;       /* (S,Fs/tp) its pre-activation */
     bool routed, combined, combined_back;
 } tm_layer_cache;
 
 struct tm_model {
     tm_config cfg;
+    tm_part part; /* what of the logical model this one holds */
     int rank;
     bool *owns; /* (E) */
 
@@ -71,6 +74,13 @@ struct tm_model {
     bool *seen;                      /* (L,E) */
 
     seldp_model *view;
+
+    /* Tensor parallelism (tensor_parallel.c): the TP ranks' token counts of this step, their
+     * sum S and where this rank's tokens begin among them; the gathered token ids (S). */
+    tm_tp tp;
+    size_t *tp_counts;
+    size_t S, S_offset;
+    int32_t *tp_tokens;
 
     /* Step caches. */
     size_t T, T_capacity;
@@ -94,6 +104,26 @@ void tm__router_loss_backward(const tm_model *m, const tm_layer_cache *c, size_t
  * keeps its input gradient in c->s_du. NOMEM on allocation failure. */
 seldp_status tm__shared_forward(tm_model *m, int l, float *h);
 seldp_status tm__shared_backward(tm_model *m, int l, const float *dh);
+
+/* RMSNorm: out (T,D) = inp * rstd * weight, rstd (T) out; and its backward, dinp (T,D) +=,
+ * dweight (D) += (forward.c). */
+void tm__rmsnorm_forward(const float *inp, const float *weight, size_t T, int D, double eps,
+                         float *out, float *rstd);
+void tm__rmsnorm_backward(const float *dout, const float *inp, const float *weight,
+                          const float *rstd, size_t T, int D, float *dinp, float *dweight);
+
+/* Tensor parallelism (tensor_parallel.c). tm__tp_begin learns the TP ranks' token counts of
+ * the step (every stage calls it, through tm_embed_forward); the embedding and the head of a
+ * tensor-parallel model; the shared expert's column- and row-parallel forward and backward. */
+seldp_status tm__tp_begin(tm_model *m);
+seldp_status tm__tp_embed_forward(tm_model *m, const int32_t *tokens, float *h);
+seldp_status tm__tp_embed_backward(tm_model *m, const float *dh);
+seldp_status tm__tp_head(tm_model *m, const float *h, const int32_t *targets, double *loss_sum,
+                         float *dh);
+seldp_status tm__tp_shared_forward(tm_model *m, int l, float *h);
+seldp_status tm__tp_shared_backward(tm_model *m, int l, const float *dh);
+/* The logical vocabulary: V times the TP size. */
+int tm__vocab(const tm_model *m);
 
 /* Upcast n stored elements of a float dtype to F32. */
 void tm__to_f32(seldp_dtype dtype, const void *src, float *dst, size_t n);

@@ -110,3 +110,27 @@ const char *hx_test_layout(const char *file)
     snprintf(path, sizeof path, "%s/%s", HX_TEST_LAYOUTS, file);
     return path;
 }
+
+void hx_test_run_passes(const char *args)
+{
+    const char *dir = hx_test_dir("passes");
+    hx_test_run run;
+    hx_test_harness(&run, "%s --steps 2 --tokens 24 --quiet --out %s", args, dir);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("seldp-harness %s\nexit %d\n%s%s", args, run.status, run.err, run.out);
+    hx_json *report = hx_test_report(dir);
+    int64_t tested, failed;
+    hx_test_check(report, "reduced gradients vs the FP64 reference", &tested, &failed);
+    assert_true(tested > 0);
+    assert_int_equal(failed, 0);
+    hx_test_check(report, "replicas equal their root after initialize", &tested, &failed);
+    assert_true(tested > 0);
+    assert_int_equal(failed, 0);
+    hx_test_check(report, "reduced gradients bit-identical in each group", &tested, &failed);
+    assert_true(tested > 0);
+    assert_int_equal(failed, 0);
+    hx_test_check(report, "tokens per expert equal the reference's", &tested, &failed);
+    assert_true(tested > 0);
+    assert_int_equal(failed, 0);
+    hx_json_free(report);
+}

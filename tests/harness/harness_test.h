@@ -35,6 +35,10 @@ void hx_test_check(const hx_json *report, const char *name, int64_t *tested, int
 /* An integer member of an object (fails the test when absent or not an integer). */
 int64_t hx_test_int(const hx_json *object, const char *key);
 
+/* Run `seldp-harness <args> --steps 2 --tokens 24` and require that it passes and that the
+ * gradient, initialize, replica and routing checks tested something and found nothing. */
+void hx_test_run_passes(const char *args);
+
 /* Path of a layout file shipped with the tests. */
 const char *hx_test_layout(const char *file);
 

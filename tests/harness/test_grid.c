@@ -1,8 +1,7 @@
 /* The framework presets of the harness (SPEC section 5.1): --print-layout prints any
- * combination's groups and exits 0 without training; training beyond TP = PP = CP = ETP = 1
- * is refused (exit 2, one line) until the sharded model exists; the frameworks' rejections
- * are one-line usage errors; report.json's layout carries the sizes and every group kind,
- * and still loads back as a layout file. */
+ * combination's groups and exits 0 without training; sizes the sharded model cannot split
+ * are refused (exit 2, one line), as are the frameworks' rejections; report.json's layout carries
+ * the sizes and every group kind, and still loads back as a layout file. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -75,12 +74,11 @@ static void print_layout_every_framework(void **state)
 static void refusals_and_rejections(void **state)
 {
     (void)state;
-    expect_usage("--world 8 --ep 2 --tp 2 --out none",
-                 "--tp 2 --pp 1 --cp 1 --etp 2: training with tensor, pipeline, context or "
-                 "expert-tensor parallelism needs the sharded tiny-moe, which is not built yet");
-    expect_usage("--world 8 --ep 2 --pp 2 --out none", "needs the sharded tiny-moe");
-    expect_usage("--world 8 --ep 2 --cp 2 --framework torchtitan --out none",
-                 "needs the sharded tiny-moe");
+    /* what the sharded tiny-moe needs of the sizes (test_sharded.c trains the others) */
+    expect_usage("--world 8 --ep 2 --pp 2 --layers 3 --out none",
+                 "--pp 2: must divide the layers (--layers 3)");
+    expect_usage("--world 8 --ep 2 --tp 2 --vocab 63 --out none",
+                 "--tp 2: must divide the vocabulary (--vocab 63)");
     expect_usage("--world 8 --ep 2 --etp 2 --framework torchtitan --out none",
                  "Currently we only support ETP=TP or ETP=1");
     expect_usage("--print-layout --world 12 --tp 5 --ep 1",

@@ -202,7 +202,8 @@ static void test_malformed_sweep_files(void **state)
     expect_refusal("[]", gb, "%s:1:1: expected a list of 1 to 256 runs");
     expect_refusal("[\n  {\"ep\": 2},\n  4\n]\n", gb,
                    "%s:3:3: a run must be an object of harness options, not number");
-    expect_refusal("[{\"ep\": 2, \"tp\": 2}]", gb, "%s:1:18: unknown key \"tp\"");
+    expect_refusal("[{\"ep\": 2, \"mp\": 2}]", gb, "%s:1:18: unknown key \"mp\"");
+    expect_refusal("[{\"tp\": 0}]", gb, "%s:1:9: --tp '0': expected an integer in 1..4096");
     expect_refusal("[{\"ep\": \"two\"}]", gb, "%s:1:9: --ep 'two': expected an integer");
     expect_refusal("[{\"ep\": 2.5}]", gb, "%s:1:9: \"ep\": expected a string or an integer");
     expect_refusal("[{\"order\": \"tp-dp\"}]", gb, "%s:1:12: --order 'tp-dp'");

@@ -72,6 +72,15 @@ static const crow MATRIX[] = {
     {"--layout-file @/broken-root.json", {"experts[1].root: root 0 is not in its group"}},
     {"--dump d --steps 0", {"--dump d: needs at least one step"}},
     {"--dump ''", {"--dump '': expected a directory"}},
+    /* the sharded tiny-moe (SPEC §4.1): sizes it cannot split, features not supported yet */
+    {"--framework megatron --pp 2 --layers 3", {"--pp 2: must divide the layers (--layers 3)"}},
+    {"--tp 2 --vocab 65", {"--tp 2: must divide the vocabulary (--vocab 65)"}},
+    {"--tp 2 --etp 1 --shared-expert-ff 33",
+     {"--tp 2: must divide the shared expert's d_ff (--shared-expert-ff 33)"}},
+    {"--tp 4 --d-ff 66 --ep 2", {"--etp 4: must divide the experts' d_ff (--d-ff 66)"}},
+    {"--world 6 --ep 2 --tp 4", {"world_size (6) is not divisible by 4"}},
+    {"--tp 2 --quant awq", {"--quant awq with --etp 2", "must be a multiple of 256"}},
+    {"--pp 2 --inject grad", {"--inject is not supported with the sharded tiny-moe"}},
     {"--frobnicate", {"unknown option '--frobnicate'"}},
     {"--world 4 extra", {"unexpected argument 'extra'"}},
 };

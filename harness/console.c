@@ -1,0 +1,146 @@
+/* The run's console output: the header with the layout table, the line after initialize
+ * and the progress line of each step. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "grid.h"
+#include "inject.h"
+#include "router.h"
+#include "run.h"
+
+/* "[0,4]*" for group g of kind (the star where r is its root). */
+static void group_cell(const seldp_layout *g, seldp_group_kind kind, int r, int root, char *buf,
+                       size_t size)
+{
+    hx_group grp = {0, NULL, -1};
+    grp.size =
+        seldp_layout_group(g, kind, seldp_layout_group_of(g, kind, r), (const int **)&grp.ranks);
+    char text[200];
+    hx_group_str(&grp, text, sizeof text);
+    snprintf(buf, size, "%s%s", text, root == r ? "*" : "");
+}
+
+/* The layout table of a sharded run: per rank its stage, TP and ETP ranks, its dense reduce
+ * group, EP group, expert-data group and owned experts (grid.h's sessions). */
+static void print_grid_table(const hx_run *run, const char *const *devices, FILE *out)
+{
+    const hx_layout *l = run->layout;
+    const seldp_layout *g = l->grid;
+    int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
+    if (!owned)
+        return;
+    fprintf(out,
+            "layout: %s; %d dense groups, %d EP groups, %d expert-data groups, * marks a root\n",
+            l->name, seldp_layout_group_count(g, SELDP_GROUP_DP),
+            seldp_layout_group_count(g, SELDP_GROUP_EP),
+            seldp_layout_group_count(g, SELDP_GROUP_EXPERT_DP));
+    fprintf(out, "  %4s  %-7s  %5s  %2s  %3s  %-16s  %-14s  %-22s  %s\n", "rank", "device", "stage",
+            "tp", "etp", "dense", "EP group", "expert-data", "experts");
+    for (int r = 0; r < l->world; r++) {
+        char dense[256], ep[256], edp[256], experts[256] = "-";
+        group_cell(g, SELDP_GROUP_DP, r, hx_grid_root(run, r, HX_SET_DENSE), dense, sizeof dense);
+        group_cell(g, SELDP_GROUP_EP, r, -1, ep, sizeof ep);
+        group_cell(g, SELDP_GROUP_EXPERT_DP, r, hx_grid_root(run, r, HX_SET_EXPERT), edp,
+                   sizeof edp);
+        int n = hx_layout_owned(l, r, owned);
+        for (int i = 0, at = 0; i < n && at < (int)sizeof experts; i++)
+            at +=
+                snprintf(experts + at, sizeof experts - (size_t)at, "%s%d", i ? "," : "", owned[i]);
+        fprintf(out, "  %4d  %-7s  %5d  %2d  %3d  %-16s  %-14s  %-22s  %s\n", r,
+                devices && devices[r] ? devices[r] : "host", seldp_layout_stage(g, r),
+                seldp_layout_position(g, SELDP_GROUP_TP, r),
+                seldp_layout_position(g, SELDP_GROUP_EXPERT_TP, r), dense, ep, edp, experts);
+    }
+    free(owned);
+}
+
+void hx_print_header(const hx_run *run, FILE *out)
+{
+    const hx_options *o = &run->opts;
+    const tm_config *m = &o->model;
+    if (hx_backend_multiprocess(run->backend))
+        fprintf(out, "seldp-harness %s: %d ranks, one per MPI process, %s transport\n",
+                seldp_version(), o->world, hx_backend_transport(run->backend));
+    else
+        fprintf(out, "seldp-harness %s: %d simulated ranks, %s transport\n", seldp_version(),
+                o->world, hx_backend_transport(run->backend));
+    fprintf(out, "  model   tiny-moe V=%d D=%d F=%d E=%d K=%d L=%d, %s parameters, ", m->vocab,
+            m->d_model, m->d_ff, m->experts, m->top_k, m->layers, tm_dtype_name(m->dtype));
+    if (m->quant == TM_QUANT_NONE)
+        fprintf(out, "dense experts\n");
+    else
+        fprintf(out, "%s expert bases + LoRA r=%d alpha=%g\n", tm_quant_name(m->quant),
+                m->lora_rank, m->lora_alpha);
+    fprintf(out,
+            "  reduce  shared: reduce by tokens; experts: %s; policy %s; %s results, limit %.0e\n",
+            o->flow == HX_FLOW_SUM ? "sum of grads / global tokens" : "reduce by EP-group tokens",
+            hx_policy_name(o->policy), seldp_dtype_name(run->grad_dtype), run->tolerance);
+    char routing[256];
+    hx_router_describe(m, routing, sizeof routing);
+    if (routing[0])
+        fprintf(out, "  routing %s\n", routing);
+    fprintf(out, "  steps   %d, %d +- %d tokens per rank, SGD lr %g%s, seed %llu\n", o->steps,
+            o->tokens, hx_options_spread(o), o->lr, o->fp32_master ? " on FP32 master weights" : "",
+            (unsigned long long)m->seed);
+    if (o->global_batch > 0)
+        fprintf(out,
+                "  batch   --global-batch %d: one token stream and logical initial weights, "
+                "independent of the layout\n",
+                o->global_batch);
+    if (run->resume)
+        fprintf(out, "  resume  from %s at step %d\n", o->resume_dir, run->first_step);
+    if (o->save_dir)
+        fprintf(out, "  save    into %s after step %d%s\n", o->save_dir, o->steps,
+                o->save_every ? " and every --save-every steps" : "");
+    if (o->inject == HX_FAULT_FAIL)
+        fprintf(out, "  inject  fail: rank %d fails in step 1; every rank must stop\n",
+                o->world - 1);
+    else if (hx_inject_is_framework_bug(o->inject))
+        fprintf(out, "  inject  %s: %s; the checks must fail\n", hx_fault_name(o->inject),
+                hx_inject_describe(o->inject));
+    else if (o->inject != HX_FAULT_NONE)
+        fprintf(out, "  inject  %s: a planted defect on rank %d; the checks must fail\n",
+                hx_fault_name(o->inject), o->world - 1);
+    const char **devices = hx_calloc((size_t)o->world, sizeof *devices);
+    if (devices)
+        for (int r = 0; r < o->world; r++)
+            devices[r] = hx_backend_device_name(run->backend, r);
+    if (hx_grid_sharded(run))
+        print_grid_table(run, devices, out);
+    else
+        hx_layout_print(run->layout, devices, out);
+    free(devices);
+}
+
+void hx_print_init(const hx_run *run)
+{
+    if (!run->out)
+        return;
+    const hx_check_result *c = &run->checks[HX_CHECK_INIT_REPLICAS];
+    fprintf(run->out,
+            "initialize: %lld replicated tensors checked against their roots, %lld differ  %s\n",
+            (long long)c->tested, (long long)c->failed, c->failed ? "FAIL" : "ok");
+    fflush(run->out);
+}
+
+void hx_print_progress(const hx_run *run, int step, double t_step)
+{
+    const hx_step_record *rec = &run->steps[step];
+    if (!run->out)
+        return;
+    char ties[64] = "";
+    if (rec->ties_followed)
+        snprintf(ties, sizeof ties, "  %zu near tie%s routed as the ranks did", rec->ties_followed,
+                 rec->ties_followed == 1 ? "" : "s");
+    char split[160];
+    hx_split_describe(&rec->split, split, sizeof split);
+    fprintf(
+        run->out,
+        "step %d/%d  loss %.6f (ref %.6f)  %zu tokens  worst %.2e %s %.0e (%s @ rank %d)%s  %s  "
+        "%.1f ms (%s)\n",
+        step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->worst,
+        rec->worst <= run->tolerance ? "<=" : ">", run->tolerance,
+        rec->worst_path[0] ? rec->worst_path : "-", rec->worst_rank, ties,
+        rec->failures ? "FAIL" : "ok", 1e3 * t_step, split);
+    fflush(run->out);
+}

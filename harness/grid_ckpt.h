@@ -1,0 +1,30 @@
+/* Checkpoints of a sharded run (grid_ckpt.c): whole logical tensors gathered from the shards
+ * at a save, a rank's part of each read at a resume. */
+#ifndef HX_GRID_CKPT_H
+#define HX_GRID_CKPT_H
+
+#include "checkpoint_index.h"
+#include "grid.h"
+#include "safetensors.h"
+
+/* True when rank r writes the logical tensor of its occurrence p: the root of p's set holding
+ * part 0 of it (the last stage's copy of the tied embedding is stage 0's to write). */
+bool hx_grid_ckpt_writes(const hx_run *run, int r, const tm_param_info *p);
+
+/* The logical tensor of which `shard` (split as s) is a part, in `dtype`, data untouched. */
+seldp_tensor hx_grid_logical_view(const seldp_tensor *shard, hx_shard s, seldp_dtype dtype);
+
+/* The buffers hx_st_writer reads until it writes. */
+typedef struct hx_grid_ckpt_keep {
+    void **buffers;
+    size_t n;
+    size_t written; /* tensors added to the writer */
+} hx_grid_ckpt_keep;
+
+/* Collective over rk's TP and expert-TP groups: gather every split tensor (and its FP32 master
+ * weights) into its logical tensor, and add to `w` the ones this rank writes. Free `keep` with
+ * hx_grid_ckpt_keep_free after the writer wrote. */
+seldp_status hx_grid_ckpt_add(hx_rank *rk, hx_st_writer *w, hx_grid_ckpt_keep *keep);
+void hx_grid_ckpt_keep_free(hx_grid_ckpt_keep *keep);
+
+#endif

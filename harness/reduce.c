@@ -1,0 +1,264 @@
+/* The reductions of one step (SPEC §5): every rank exports its gradients and reduces them
+ * in the sessions of its groups, checking that each reduction leaves the gradients outside
+ * its selection and every parameter alone; planted defects for --inject. A sharded run's
+ * sessions are grid_reduce.c's. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "clip.h"
+#include "grid.h"
+#include "inject.h"
+#include "run.h"
+
+/* ---- gradients and reductions ------------------------------------------------------------ */
+
+/* Under the error policy every active owner must hold a gradient of every expert that some
+ * owner has one of: an owner whose rows all went elsewhere supplies zeros (the zero policy
+ * lets the library do it). An expert no token reached stays absent on every rank. */
+static seldp_status add_zero_grads(hx_rank *rk, seldp_grads *grads)
+{
+    hx_run *run = rk->run;
+    int E = run->layout->experts;
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen)
+            continue;
+        if (rk->routed[p->layer * E + p->expert] == 0 ||
+            rk->ops->expert_seen(rk, p->layer, p->expert) ||
+            hx_data_share(rk, run->layout->data_of[p->expert]) == 0)
+            continue;
+        if (seldp_grads_get(grads, p->id))
+            continue;
+        seldp_tensor z = p->tensor;
+        z.dtype = run->grad_dtype;
+        z.device = rk->device;
+        z.data = NULL;
+        seldp_status st = seldp_tensor_alloc(&z);
+        if (st != SELDP_OK)
+            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
+        st = seldp_grads_put(grads, p->id, &z, SELDP_OWNED);
+        if (st != SELDP_OK) {
+            seldp_tensor_free(&z);
+            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
+        }
+    }
+    return SELDP_OK;
+}
+
+typedef struct kept_entry {
+    seldp_param_id id;
+    const void *data;
+    seldp_dtype dtype;
+    uint64_t sum;
+} kept_entry;
+
+static bool id_selected(const seldp_param_id *ids, size_t n, seldp_param_id id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id)
+            return true;
+    return false;
+}
+
+/* One checksum over every parameter's bytes where the rank computes. */
+static seldp_status params_checksum(const hx_rank *rk, uint64_t *sum)
+{
+    *sum = 0;
+    for (size_t i = 0; i < rk->n_params; i++) {
+        uint64_t one = 0;
+        seldp_status st =
+            hx_tensor_checksum(rk, hx_param_storage(rk, tm_param_at(rk->model, i)), &one);
+        if (st != SELDP_OK)
+            return st;
+        *sum ^= one + i;
+    }
+    return SELDP_OK;
+}
+
+/* One reduction of `grads` by one session, with the check that gradients outside its
+ * selection come back as they were: same tensor, same dtype, same bytes. */
+seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
+                               hx_reduce_kind kind, uint64_t weight, seldp_grads *grads,
+                               uint64_t *global_weight)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    bool fp32 = run->opts.fp32_master;
+    seldp_missing_policy policy = run->opts.policy;
+    size_t n_sel = 0;
+    const seldp_param_id *sel = seldp_session_selected(s, &n_sel);
+    size_t n = seldp_grads_count(grads), kept = 0;
+    kept_entry *before = hx_calloc(n, sizeof *before);
+    if (!before)
+        return SELDP_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        seldp_param_id id;
+        const seldp_tensor *t;
+        seldp_grads_at(grads, i, &id, &t);
+        if (id_selected(sel, n_sel, id))
+            continue;
+        before[kept] = (kept_entry){id, t->data, t->dtype, 0};
+        HX_CHECK(hx_tensor_checksum(rk, t, &before[kept].sum));
+        kept++;
+    }
+    /* a reduction never writes parameters, selected or not */
+    uint64_t params_before = 0, params_after = 0;
+    HX_CHECK(params_checksum(rk, &params_before));
+    if (kind == HX_REDUCE_MEAN)
+        st = fp32 ? seldp_session_reduce_fp32(s, grads, weight, policy, global_weight)
+                  : seldp_session_reduce(s, grads, weight, policy, global_weight);
+    else
+        st = fp32 ? seldp_session_sum_fp32(s, grads, weight > 0, policy, global_weight)
+                  : seldp_session_sum(s, grads, weight > 0, policy, global_weight);
+    if (st != SELDP_OK)
+        HX_FAIL_LIB(st, "rank %d: %s%s over %s", rk->rank,
+                    kind == HX_REDUCE_MEAN ? "reduce" : "sum", fp32 ? "_fp32" : "", label);
+    HX_CHECK(params_checksum(rk, &params_after));
+    hx_record_local(&rk->reduce_untouched, params_after != params_before,
+                    "rank %d: the reduction over %s changed a parameter", rk->rank, label);
+    for (size_t i = 0; i < kept; i++) {
+        const seldp_tensor *t = seldp_grads_get(grads, before[i].id);
+        const seldp_param *p = seldp_model_find_id(tm_model_view(rk->model), before[i].id);
+        uint64_t sum = 0;
+        if (t)
+            HX_CHECK(hx_tensor_checksum(rk, t, &sum));
+        bool same =
+            t && t->data == before[i].data && t->dtype == before[i].dtype && sum == before[i].sum;
+        hx_record_local(&rk->reduce_untouched, !same,
+                        "rank %d: the reduction over %s changed the gradient of %s, which it does "
+                        "not select",
+                        rk->rank, label, p ? p->path : "?");
+    }
+fail:
+    free(before);
+    return st;
+}
+
+/* rk->grads: host copies of the device gradients, under the same ids. */
+static seldp_status grads_to_host(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    seldp_tensor copy = {0};
+    for (size_t i = 0; i < seldp_grads_count(rk->device_grads); i++) {
+        seldp_param_id id;
+        const seldp_tensor *t;
+        seldp_grads_at(rk->device_grads, i, &id, &t);
+        copy = *t;
+        copy.device = SELDP_HOST_DEVICE;
+        copy.data = NULL;
+        HX_CHECK_LIB(seldp_tensor_alloc(&copy), "rank %d: host copy of a gradient", rk->rank);
+        HX_CHECK_LIB(seldp_tensor_copy(&copy, t), "rank %d: copying a gradient from cuda:%d",
+                     rk->rank, rk->device.ordinal);
+        HX_CHECK_LIB(seldp_grads_put(rk->grads, id, &copy, SELDP_OWNED),
+                     "rank %d: host copy of a gradient", rk->rank);
+        copy.data = NULL;
+    }
+fail:
+    seldp_tensor_free(&copy);
+    return st;
+}
+
+/* The unsharded run: the shared group and the expert-data groups of hx_layout. */
+static seldp_status reduce_replicated(hx_rank *rk, seldp_grads *grads)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    bool fp32 = run->opts.fp32_master;
+    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_SHARED, hx_inject_shared_scale(rk), fp32, grads),
+                 "rank %d: exporting the shared gradients", rk->rank);
+    /* sum flow: normalize by the global token count here; mean flow: the reduce divides */
+    double scale = run->opts.flow == HX_FLOW_SUM ? 1.0 / (double)rk->global_tokens : 1.0;
+    scale *= hx_inject_expert_factor(rk); /* 1 unless a framework bug is planted */
+    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
+                 "rank %d: exporting the expert gradients", rk->rank);
+    if (run->opts.policy == SELDP_MISSING_ERROR)
+        HX_CHECK(add_zero_grads(rk, grads));
+
+    char label[64];
+    HX_CHECK(hx_reduce_session(rk, rk->shared_session, hx_group_label(0, label, sizeof label),
+                               HX_REDUCE_MEAN, hx_inject_shared_weight(rk), grads,
+                               &rk->shared_weight));
+    for (int d = 0; d < run->layout->n_data; d++) {
+        if (!rk->data_sessions[d])
+            continue;
+        uint64_t share = hx_data_share(rk, d);
+        HX_CHECK(hx_reduce_session(rk, rk->data_sessions[d],
+                                   hx_group_label(1 + d, label, sizeof label),
+                                   run->opts.flow == HX_FLOW_SUM ? HX_REDUCE_SUM : HX_REDUCE_MEAN,
+                                   share, grads, &rk->data_weights[d]));
+    }
+fail:
+    return st;
+}
+
+seldp_status hx_rank_reduce(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    hx_run *run = rk->run;
+    double t0 = hx_now();
+    seldp_grads_destroy(rk->grads);
+    seldp_grads_destroy(rk->device_grads);
+    rk->grads = rk->device_grads = NULL;
+    HX_CHECK_LIB(seldp_grads_create(&rk->grads), "rank %d: gradient container", rk->rank);
+    if (rk->gpu)
+        HX_CHECK_LIB(seldp_grads_create(&rk->device_grads), "rank %d: gradient container",
+                     rk->rank);
+    /* on a GPU the sessions reduce device tensors; the checks read their host copies */
+    seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
+    if (rk->grid)
+        HX_CHECK(hx_grid_reduce(rk, grads));
+    else
+        HX_CHECK(reduce_replicated(rk, grads));
+    if (run->opts.clip_grad > 0)
+        HX_CHECK(hx_clip_norm(rk, grads));
+    if (rk->gpu)
+        HX_CHECK(grads_to_host(rk));
+    HX_CHECK(hx_inject_after_reduce(rk));
+fail:
+    rk->t_reduce = hx_now() - t0;
+    return st;
+}
+
+/* --inject grad / absent: a defect after the reductions that the checks must report. */
+seldp_status hx_plant_fault(hx_rank *rk)
+{
+    hx_run *run = rk->run;
+    if (rk->rank != run->opts.world - 1)
+        return SELDP_OK;
+    if (run->opts.inject == HX_FAULT_GRAD && seldp_grads_count(rk->grads) > 0) {
+        seldp_param_id id;
+        const seldp_tensor *g;
+        seldp_grads_at(rk->grads, 0, &id, &g);
+        size_t n = seldp_tensor_numel(g);
+        float *v = hx_calloc(n, sizeof *v);
+        if (!v)
+            return SELDP_ERR_NOMEM;
+        hx_tensor_to_f32(g, v);
+        for (size_t i = 0; i < n; i++)
+            v[i] *= 2.0f;
+        seldp_tensor t = *g;
+        hx_tensor_from_f32(v, &t);
+        free(v);
+    }
+    if (run->opts.inject == HX_FAULT_ABSENT) {
+        int E = run->layout->experts;
+        for (size_t i = 0; i < rk->n_params; i++) {
+            const tm_param_info *p = tm_param_at(rk->model, i);
+            if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen ||
+                rk->routed[p->layer * E + p->expert] != 0 || seldp_grads_get(rk->grads, p->id))
+                continue;
+            seldp_tensor z = p->tensor;
+            z.dtype = run->grad_dtype;
+            z.data = NULL;
+            seldp_status st = seldp_tensor_alloc(&z);
+            if (st == SELDP_OK)
+                st = seldp_grads_put(rk->grads, p->id, &z, SELDP_OWNED);
+            if (st != SELDP_OK)
+                return hx_fail_lib(st, "rank %d: --inject absent", rk->rank);
+            break;
+        }
+    }
+    return SELDP_OK;
+}
