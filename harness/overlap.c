@@ -27,21 +27,34 @@ struct hx_overlap {
     int n_sessions;
 };
 
-seldp_status hx_overlap_check_options(const hx_run *run)
+seldp_status hx_overlap_check_backend(const hx_options *o)
+{
+    if (!o->overlap)
+        return SELDP_OK;
+    if (hx_backend_uses_processes(o->backend))
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--overlap: not with one rank per MPI process (--backend %s%s): the MPI "
+                       "transport runs one collective of a world at a time, so a reduction in "
+                       "flight would hold up the backward's dispatch",
+                       hx_backend_name(o->backend),
+                       hx_backend_under_mpirun() ? " under mpirun" : "");
+    if (o->backend == HX_BACKEND_NCCL)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--overlap: not with --backend nccl: ranks on a GPU export their gradients "
+                       "after the whole backward");
+    return SELDP_OK;
+}
+
+seldp_status hx_overlap_check_devices(const hx_run *run)
 {
     if (!run->opts.overlap)
         return SELDP_OK;
-    if (hx_backend_multiprocess(run->backend))
-        return hx_fail(SELDP_ERR_UNSUPPORTED,
-                       "--overlap: not with one rank per MPI process: the MPI transport runs one "
-                       "collective of a world at a time, so a reduction in flight would hold up "
-                       "the backward's dispatch");
     for (int r = 0; r < run->opts.world; r++) {
         seldp_device d = hx_backend_device(run->backend, r);
         if (d.kind == SELDP_DEVICE_CUDA)
-            return hx_fail(SELDP_ERR_UNSUPPORTED,
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                            "--overlap: ranks on the host only: rank %d computes on cuda:%d, whose "
-                           "backward exports its gradients in one piece",
+                           "backward exports its gradients after the whole backward",
                            r, d.ordinal);
     }
     return SELDP_OK;

@@ -21,9 +21,11 @@
 #define HX_READY_HEAD (-1)
 #define HX_READY_REST (-2)
 
-/* Refuse --overlap where it cannot hold (one line, a usage error): ranks in MPI processes,
- * ranks on a GPU. SELDP_OK without --overlap. */
-seldp_status hx_overlap_check_options(const hx_run *run);
+/* Refuse --overlap where it cannot hold (one line, a usage error; SELDP_OK without it): with
+ * ranks in MPI processes or on NCCL, before any transport starts (hx_overlap_check_backend);
+ * with a rank on a GPU, once the backend knows the devices (hx_overlap_check_devices). */
+seldp_status hx_overlap_check_backend(const hx_options *opts);
+seldp_status hx_overlap_check_devices(const hx_run *run);
 
 /* The sessions' settings of the run (--bucket-bytes). */
 seldp_session_config hx_session_config(const hx_run *run);
