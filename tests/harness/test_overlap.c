@@ -162,6 +162,30 @@ static void documented_in_help(void **state)
     assert_non_null(strstr(run.out, "--bucket-bytes N"));
 }
 
+/* report.json says whether the reductions were overlapped, and with which buckets. */
+static void recorded_in_the_report(void **state)
+{
+    (void)state;
+    const char *flags[2] = {"", "--overlap --bucket-bytes 4096"};
+    for (int k = 0; k < 2; k++) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s", hx_test_dir(k ? "report-overlapped" : "report-blocking"));
+        hx_test_run run;
+        hx_test_harness(&run, "--world 2 --ep 1 --steps 1 --tokens 8 --quiet --out %s %s", dir,
+                        flags[k]);
+        assert_int_equal(run.status, HX_EXIT_PASS);
+        hx_json *report = hx_test_report(dir);
+        const hx_json *options = hx_json_get(report, "options");
+        assert_non_null(options);
+        const hx_json *overlap = hx_json_get(options, "overlap");
+        assert_non_null(overlap);
+        assert_int_equal(overlap->type, HX_JSON_BOOL);
+        assert_int_equal(overlap->boolean, k == 1);
+        assert_int_equal(hx_test_int(options, "bucket_bytes"), k ? 4096 : 0);
+        hx_json_free(report);
+    }
+}
+
 /* A rank that fails while the others' reductions are in flight stops every rank. */
 static void failing_rank_stops_the_world(void **state)
 {
@@ -181,6 +205,7 @@ int main(void)
         cmocka_unit_test(dtypes_quantization_and_features),
         cmocka_unit_test(refused_where_it_cannot_hold),
         cmocka_unit_test(documented_in_help),
+        cmocka_unit_test(recorded_in_the_report),
         cmocka_unit_test(failing_rank_stops_the_world),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
