@@ -258,8 +258,11 @@ static size_t local_max_message(void)
 typedef struct join_state {
     MPI_Request req;
     MPI_Comm ctrl, data;
-    unsigned long long local, agreed;
+    int64_t mine[2], agreed[2]; /* -(bound on a message), world id */
 } join_state;
+
+/* The largest world id this process has joined. */
+static _Atomic int64_t joined;
 
 /* Poll a request that builds a world (no abort channel exists yet) until `deadline`. On a
  * timeout the caller parks what the request uses. */
@@ -345,8 +348,7 @@ seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const sel
     w->timeout_s = cfg->timeout_s;
     seldp__mpi_reap(w); /* what earlier worlds left pending */
 
-    /* One duplicate at a time: Open MPI agrees on a context id per duplicate, and two
-     * agreements of one parent in flight at once need not finish. */
+    /* One duplicate at a time, both under one deadline. */
     double deadline = seldp__proto_now() + cfg->timeout_s;
     err = MPI_Comm_idup(parent, &js->ctrl, &js->req);
     if (err == MPI_SUCCESS)
@@ -362,17 +364,20 @@ seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const sel
     MPI_Comm_set_errhandler(js->ctrl, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(js->data, MPI_ERRORS_RETURN);
 
-    /* Messages must be cut alike on every rank: the smallest bound wins. */
-    js->local = local_max_message();
-    err = MPI_Iallreduce(&js->local, &js->agreed, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, js->data,
-                         &js->req);
+    /* Messages must be cut alike on every rank: the smallest bound wins. The world's id
+     * is the largest of the ranks' next ids. Both are one MPI_MAX. */
+    js->mine[0] = -(int64_t)local_max_message();
+    js->mine[1] = atomic_load(&joined) + 1;
+    err = MPI_Iallreduce(js->mine, js->agreed, 2, MPI_INT64_T, MPI_MAX, js->data, &js->req);
     if (err != MPI_SUCCESS) {
         seldp__mpi_error_text(err, text, sizeof text);
         SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d: init: MPI_Iallreduce failed: %s", rank, text);
     }
     SELDP_CHECK(
         init_wait(rank, "init", &js->req, cfg->timeout_s, seldp__proto_now() + cfg->timeout_s));
-    w->max_message = (size_t)js->agreed;
+    w->max_message = (size_t)-js->agreed[0];
+    w->id = js->agreed[1];
+    atomic_store(&joined, w->id);
 
     err = MPI_Irecv(&w->incoming, (int)sizeof w->incoming, MPI_BYTE, MPI_ANY_SOURCE, TAG_ABORT,
                     w->ctrl, &w->notice_recv);

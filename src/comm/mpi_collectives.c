@@ -465,14 +465,17 @@ static int64_t child_id(int64_t parent, int64_t split, int color)
 }
 
 /* MPI has no non-blocking split. The headers carry every rank's color and key and
- * prove that every rank has arrived, so the blocking MPI_Comm_split that follows only
- * waits for ranks already on their way into it. */
+ * prove that every rank has arrived, and the confirmation that no rank knows of an abort,
+ * so the blocking MPI_Comm_split that follows only waits for ranks already on their way
+ * into it. */
 seldp_status seldp__mpi_split(seldp_comm *comm, int color, int key, seldp_comm **out)
 {
     mpi_group *g = seldp__mpi_group(comm);
     int64_t split = ++g->splits;
     seldp__call_header h = {.op = OP_SPLIT, .color = color, .key = key};
     seldp_status st = seldp__mpi_call_begin(comm, &h);
+    if (st == SELDP_OK)
+        st = seldp__mpi_confirm(comm, OP_SPLIT);
     if (st != SELDP_OK)
         return st;
     MPI_Comm mc = MPI_COMM_NULL;

@@ -40,13 +40,15 @@ typedef enum mpi_phase { PHASE_NONE = 0, PHASE_ARRIVE = 1, PHASE_BODY = 2 } mpi_
 
 /* An abort notice: the status the other ranks return and the reason they print. */
 typedef struct mpi_notice {
+    int64_t world; /* the world's id (see mpi_world.id) */
     int32_t status;
     int32_t from; /* world rank */
-    char reason[504];
+    char reason[496];
 } mpi_notice;
 
 /* A census question ("where are you?") and its answer, on the ctrl communicator. */
 typedef struct mpi_census {
+    int64_t world; /* the world's id */
     int64_t token; /* the asker's, echoed in the answer */
     int64_t asker; /* world rank */
     int64_t group; /* group id */
@@ -65,6 +67,10 @@ typedef struct mpi_parked {
 
 typedef struct mpi_world {
     MPI_Comm ctrl; /* abort notices and census only */
+    /* Larger than the id of every world this process joined before, the same on every rank:
+     * a message of an old world still in flight when its ctrl communicator was freed can
+     * reach a new ctrl communicator that MPI gave the same context, and is dropped. */
+    int64_t id;
     int rank, size;
     double timeout_s;
     size_t max_message;
@@ -128,6 +134,11 @@ void *seldp__mpi_buf(mpi_group *g, int which, size_t bytes);
  * success g->headers holds every rank's header. Nothing of the body has started when this
  * fails. `mine` is completed with the sequence number. */
 seldp_status seldp__mpi_call_begin(seldp_comm *comm, seldp__call_header *mine);
+
+/* After the headers of a split: every rank learns whether any rank knows the world is
+ * aborted (one MPI_Iallreduce, waited for through aborts, bounded by the timeout), so that
+ * every rank enters the blocking MPI_Comm_split or none does. */
+seldp_status seldp__mpi_confirm(seldp_comm *comm, seldp__comm_op op);
 
 /* Wait for g's requests [0, n) (in the BUF_REQS buffer) of a body until they complete, the
  * world aborts, or `deadline` (seldp__proto_now) passes. Every rank had arrived, so a

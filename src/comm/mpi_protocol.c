@@ -195,6 +195,7 @@ void seldp__mpi_world_abort(mpi_world *w, seldp_status status, const char *fmt, 
         free(sends);
         return; /* the others will time out instead */
     }
+    notice->world = w->id;
     notice->status = (int32_t)status;
     notice->from = w->rank;
     memcpy(notice->reason, w->abort_reason, sizeof notice->reason);
@@ -215,10 +216,11 @@ static void census_answer(mpi_world *w)
         if (w->census_recv == MPI_REQUEST_NULL ||
             MPI_Test(&w->census_recv, &arrived, MPI_STATUS_IGNORE) != MPI_SUCCESS || !arrived)
             return;
-        mpi_census *a = malloc(sizeof *a);
-        MPI_Request *req = malloc(sizeof *req);
+        mpi_census *a = w->census_in.world == w->id ? malloc(sizeof *a) : NULL;
+        MPI_Request *req = a ? malloc(sizeof *req) : NULL;
         if (a && req) {
-            *a = (mpi_census){.token = w->census_in.token,
+            *a = (mpi_census){.world = w->id,
+                              .token = w->census_in.token,
                               .asker = w->rank,
                               .group = w->wait_group,
                               .seq = w->wait_seq,
@@ -246,10 +248,16 @@ bool seldp__mpi_world_poll(mpi_world *w)
         seldp__mpi_world_abort(w, SELDP_ERR_ABORTED, "rank %d aborted the world", w->rank);
         return true;
     }
-    int arrived = 0;
-    if (w->notice_recv == MPI_REQUEST_NULL ||
-        MPI_Test(&w->notice_recv, &arrived, MPI_STATUS_IGNORE) != MPI_SUCCESS || !arrived)
-        return false;
+    for (;;) {
+        int arrived = 0;
+        if (w->notice_recv == MPI_REQUEST_NULL ||
+            MPI_Test(&w->notice_recv, &arrived, MPI_STATUS_IGNORE) != MPI_SUCCESS || !arrived)
+            return false;
+        if (w->incoming.world == w->id)
+            break;
+        MPI_Irecv(&w->incoming, (int)sizeof w->incoming, MPI_BYTE, MPI_ANY_SOURCE, TAG_ABORT,
+                  w->ctrl, &w->notice_recv);
+    }
     w->aborted = true;
     w->abort_status =
         w->incoming.status == SELDP_ERR_TIMEOUT ? SELDP_ERR_TIMEOUT : SELDP_ERR_ABORTED;
@@ -285,11 +293,13 @@ seldp_status seldp__mpi_call_failed(seldp_comm *comm, seldp__comm_op op, const c
 
 /* ---- the census ------------------------------------------------------------------- */
 
-/* How long a census waits for answers: ranks that wait answer within a poll (a
- * millisecond), but on a loaded machine a process may not run for a while. */
+/* How long a census waits for answers: a rank that waits answers at its next poll (within
+ * a millisecond), but on a loaded machine a process may not run for a while. Only a census
+ * with a rank missing waits this long; it is bounded by the timeout, so that a rank late
+ * by more than twice the timeout finds the world aborted. */
 static double census_grace(const mpi_world *w)
 {
-    return w->timeout_s < 0.2 ? 0.2 : w->timeout_s > 1.0 ? 1.0 : w->timeout_s;
+    return w->timeout_s < 0.3 ? 0.3 : w->timeout_s > 1.0 ? 1.0 : w->timeout_s;
 }
 
 typedef struct census_result {
@@ -297,23 +307,34 @@ typedef struct census_result {
     bool *in_it;    /* [size]: it answered that it waits in this collective's phase */
 } census_result;
 
+typedef enum census_end {
+    CENSUS_TAKEN,    /* the answers are in, or the grace period passed */
+    CENSUS_ABORTED,  /* the world was aborted meanwhile: the census is moot */
+    CENSUS_COMPLETED /* the operation waited for completed meanwhile: no timeout after all */
+} census_end;
+
 /* Ask every other rank of the group where it is, and wait for the answers (or the grace
- * period). False when the world was aborted meanwhile (the census is then moot). */
-static bool census(seldp_comm *comm, int phase, census_result *res)
+ * period), still testing the operation waited for: g's requests [0, n_reqs). */
+static census_end census(seldp_comm *comm, int phase, int n_reqs, census_result *res)
 {
     mpi_group *g = seldp__mpi_group(comm);
     mpi_world *w = g->world;
-    int n = comm->size, answers = 0;
+    MPI_Request *reqs = g->buf[BUF_REQS];
+    int n = comm->size, answers = 0, inside = 0;
     int64_t token = ++w->census_tokens;
     mpi_census *question = malloc(sizeof *question);
     MPI_Request *asks = malloc((size_t)n * sizeof *asks);
     if (!question || !asks) {
         free(question);
         free(asks);
-        return true; /* nobody asked: nobody answers, every other rank is named */
+        return CENSUS_TAKEN; /* nobody asked: nobody answers, every other rank is named */
     }
-    *question = (mpi_census){
-        .token = token, .asker = w->rank, .group = g->id, .seq = g->seq, .phase = phase};
+    *question = (mpi_census){.world = w->id,
+                             .token = token,
+                             .asker = w->rank,
+                             .group = g->id,
+                             .seq = g->seq,
+                             .phase = phase};
     for (int r = 0; r < n; r++) {
         asks[r] = MPI_REQUEST_NULL;
         if (r != comm->rank)
@@ -326,26 +347,35 @@ static bool census(seldp_comm *comm, int phase, census_result *res)
               &got);
     double deadline = seldp__proto_now() + census_grace(w);
     seldp__proto_backoff backoff = SELDP__PROTO_BACKOFF_INIT;
-    bool aborted = false;
-    while (answers < n - 1 && seldp__proto_now() < deadline) {
+    census_end end = CENSUS_TAKEN;
+    /* Every rank answered from inside the collective: it will complete, keep testing it. */
+    while (seldp__proto_now() < deadline && !(answers == n - 1 && inside < n - 1)) {
         int flag = 0;
         if (MPI_Test(&got, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
             break;
         if (flag) {
-            for (int r = 0; r < n && answer.token == token; r++) {
+            for (int r = 0; r < n && answer.token == token && answer.world == w->id; r++) {
                 if (g->world_ranks[r] != answer.asker || res->answered[r])
                     continue;
                 res->answered[r] = true;
                 res->in_it[r] =
                     answer.group == g->id && answer.seq == g->seq && answer.phase == phase;
                 answers++;
+                inside += res->in_it[r];
             }
             MPI_Irecv(&answer, (int)sizeof answer, MPI_BYTE, MPI_ANY_SOURCE, TAG_CENSUS_REPLY,
                       w->ctrl, &got);
             continue;
         }
-        if ((aborted = seldp__mpi_world_poll(w)))
+        int done = 0;
+        if (MPI_Testall(n_reqs, reqs, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
+            end = CENSUS_COMPLETED;
             break;
+        }
+        if (seldp__mpi_world_poll(w)) {
+            end = CENSUS_ABORTED;
+            break;
+        }
         seldp__proto_backoff_wait(&backoff);
     }
     if (got != MPI_REQUEST_NULL) { /* cancelling a receive completes locally */
@@ -354,7 +384,7 @@ static bool census(seldp_comm *comm, int phase, census_result *res)
     }
     void *mem[2] = {question, asks};
     park_on(w, asks, n, mem, 2);
-    return !aborted;
+    return end;
 }
 
 /* ---- waiting ---------------------------------------------------------------------- */
@@ -367,16 +397,17 @@ static bool not_in_it(const void *ctx, int r)
 /* The timeout of a wait passed: take the census, name the ranks (those not waiting in this
  * phase at arrival; those that did not answer inside a body), abort the world and return
  * this rank's error. */
-static seldp_status timed_out(seldp_comm *comm, seldp__comm_op op, int phase)
+static seldp_status timed_out(seldp_comm *comm, seldp__comm_op op, int phase, int n_reqs)
 {
     mpi_group *g = seldp__mpi_group(comm);
     mpi_world *w = g->world;
     int n = comm->size;
     bool *flags = calloc(2 * (size_t)n, sizeof *flags);
     census_result res = {flags, flags ? flags + n : NULL};
-    if (flags && !census(comm, phase, &res)) {
+    census_end end = flags ? census(comm, phase, n_reqs, &res) : CENSUS_TAKEN;
+    if (end != CENSUS_TAKEN) {
         free(flags);
-        return aborted_error(comm, op);
+        return end == CENSUS_COMPLETED ? SELDP_OK : aborted_error(comm, op);
     }
     char who[256] = "", world_who[200] = "", reason[sizeof w->abort_reason];
     seldp__proto_timeout t = {.rank = comm->rank,
@@ -403,17 +434,14 @@ static seldp_status timed_out(seldp_comm *comm, seldp__comm_op op, int phase)
             snprintf(who, sizeof who, "none named");
         st = seldp__proto_stalled_inside(&t, false, reason, sizeof reason);
     }
-    char message[sizeof reason + 64];
-    snprintf(message, sizeof message, "%s", seldp_last_error());
     seldp__mpi_world_abort(w, SELDP_ERR_TIMEOUT, "%s", reason);
-    seldp__set_error(message);
     return st;
 }
 
 /* Poll g's requests [0, n) until they complete (SELDP_OK), the world aborts or `deadline`
  * passes; on failure the operation is parked. */
 static seldp_status wait_phase(seldp_comm *comm, seldp__comm_op op, int phase, int n,
-                               double deadline)
+                               double deadline, bool abortable)
 {
     mpi_group *g = seldp__mpi_group(comm);
     mpi_world *w = g->world;
@@ -434,12 +462,12 @@ static seldp_status wait_phase(seldp_comm *comm, seldp__comm_op op, int phase, i
         }
         if (done)
             break;
-        if (seldp__mpi_world_poll(w)) {
+        if (seldp__mpi_world_poll(w) && abortable) {
             st = aborted_error(comm, op);
             break;
         }
         if (seldp__proto_now() > deadline) {
-            st = timed_out(comm, op, phase);
+            st = timed_out(comm, op, phase, n);
             break;
         }
         seldp__proto_backoff_wait(&backoff);
@@ -459,7 +487,7 @@ double seldp__mpi_body_deadline(const seldp_comm *comm)
 
 seldp_status seldp__mpi_body_wait(seldp_comm *comm, seldp__comm_op op, int n, double deadline)
 {
-    return wait_phase(comm, op, PHASE_BODY, n, deadline);
+    return wait_phase(comm, op, PHASE_BODY, n, deadline, true);
 }
 
 void seldp__mpi_stall_point(mpi_group *g, int phase)
@@ -508,6 +536,20 @@ static bool drained(const seldp__call_header *hdrs, int n)
     return false;
 }
 
+/* Some rank knows the world is aborted (a drained header, a confirmation): its notice is
+ * on the way to this rank; wait for it (bounded by the timeout) and return the abort. */
+static seldp_status await_notice(seldp_comm *comm, seldp__comm_op op)
+{
+    mpi_world *w = seldp__mpi_group(comm)->world;
+    double deadline = seldp__proto_now() + w->timeout_s;
+    seldp__proto_backoff backoff = SELDP__PROTO_BACKOFF_INIT;
+    while (!seldp__mpi_world_poll(w) && seldp__proto_now() < deadline)
+        seldp__proto_backoff_wait(&backoff);
+    if (!w->aborted)
+        seldp__mpi_world_abort(w, SELDP_ERR_ABORTED, "a rank of the group found the world aborted");
+    return aborted_error(comm, op);
+}
+
 seldp_status seldp__mpi_call_begin(seldp_comm *comm, seldp__call_header *mine)
 {
     mpi_group *g = seldp__mpi_group(comm);
@@ -537,23 +579,43 @@ seldp_status seldp__mpi_call_begin(seldp_comm *comm, seldp__call_header *mine)
     if (err != MPI_SUCCESS)
         return seldp__mpi_call_failed(comm, op, "MPI_Iallgather", err, 0);
     seldp__mpi_stall_point(g, SELDP__MPI_STALL_HEADER);
-    seldp_status st = wait_phase(comm, op, PHASE_ARRIVE, 1, seldp__proto_now() + w->timeout_s);
+    seldp_status st =
+        wait_phase(comm, op, PHASE_ARRIVE, 1, seldp__proto_now() + w->timeout_s, true);
     if (st != SELDP_OK)
         return st;
-    if (drained(all, n)) {
-        /* A rank found the world aborted: its notice is on the way. */
-        double deadline = seldp__proto_now() + w->timeout_s;
-        seldp__proto_backoff backoff = SELDP__PROTO_BACKOFF_INIT;
-        while (!seldp__mpi_world_poll(w) && seldp__proto_now() < deadline)
-            seldp__proto_backoff_wait(&backoff);
-        if (!w->aborted)
-            seldp__mpi_world_abort(w, SELDP_ERR_ABORTED,
-                                   "a rank of the group found the world aborted");
-        return aborted_error(comm, op);
-    }
+    if (drained(all, n))
+        return await_notice(comm, op);
     seldp__proto_view view = {.size = n, .rank = comm->rank, .headers = all, .stride = sizeof *all};
     st = seldp__proto_agree(&view);
-    if (st == SELDP_OK)
-        g->headers = all;
-    return st;
+    if (st != SELDP_OK)
+        return st;
+    /* The exchange may have completed against the header of a rank that gave up at its
+     * timeout (a rank late by about the timeout): once the world is known to be aborted,
+     * the body is not started. The others get the notice in their body and return too;
+     * a split, where no rank may stay out, confirms instead (seldp__mpi_confirm). */
+    if (op != OP_SPLIT && seldp__mpi_world_poll(w))
+        return aborted_error(comm, op);
+    g->headers = all;
+    return SELDP_OK;
+}
+
+seldp_status seldp__mpi_confirm(seldp_comm *comm, seldp__comm_op op)
+{
+    mpi_group *g = seldp__mpi_group(comm);
+    mpi_world *w = g->world;
+    int64_t *flags = seldp__mpi_buf(g, BUF_WORK, 2 * sizeof *flags);
+    if (!flags)
+        return seldp__mpi_fail_alone(comm, op,
+                                     seldp__fail(SELDP_ERR_NOMEM, "rank %d: %s: out of memory",
+                                                 comm->rank, seldp__comm_op_name(op)));
+    flags[0] = seldp__mpi_world_poll(w);
+    flags[1] = 0;
+    int err =
+        MPI_Iallreduce(&flags[0], &flags[1], 1, MPI_INT64_T, MPI_MAX, g->comm, g->buf[BUF_REQS]);
+    if (err != MPI_SUCCESS)
+        return seldp__mpi_call_failed(comm, op, "MPI_Iallreduce", err, 0);
+    seldp_status st = wait_phase(comm, op, PHASE_BODY, 1, seldp__proto_now() + w->timeout_s, false);
+    if (st != SELDP_OK)
+        return st;
+    return flags[1] ? await_notice(comm, op) : SELDP_OK;
 }
