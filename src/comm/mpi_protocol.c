@@ -453,6 +453,12 @@ static seldp_status wait_phase(seldp_comm *comm, seldp__comm_op op, int phase, i
     w->wait_phase = phase;
     for (;;) {
         int done = 0;
+        /* This rank's own seldp_comm_abort (a watchdog thread's) ends its call even when the
+         * operation could complete now. */
+        if (abortable && atomic_load(&w->abort_asked) && seldp__mpi_world_poll(w)) {
+            st = aborted_error(comm, op);
+            break;
+        }
         /* MPI_Test reports a single request's own error, not MPI_ERR_IN_STATUS. */
         int err = n == 1 ? MPI_Test(reqs, &done, MPI_STATUS_IGNORE)
                          : MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
