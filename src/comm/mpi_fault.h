@@ -16,7 +16,8 @@ typedef enum seldp__mpi_stall {
     /* every rank arrived and agreed; the rank stops before its first body operation is
      * posted (a barrier has no body and does not stall) */
     SELDP__MPI_STALL_BODY = 3,
-    /* the collective completed; the rank stops before it copies the results out */
+    /* the collective is over on this rank (results copied out); the rank stops before the
+     * call returns */
     SELDP__MPI_STALL_LEAVE = 4
 } seldp__mpi_stall;
 
