@@ -39,12 +39,12 @@
  *   or freed at once; after an error the outputs are as they were before the call (an
  *   alltoallv, an allgather, an allreduce, a broadcast's non-root buffers; an allgatherv's
  *   *recv and recv_bytes), unless the error is the final copy into a device buffer
- *   itself. An operation given up at a timeout or an abort cannot be
- *   cancelled in MPI: it stays pending inside MPI with its library buffers, which are freed
- *   when a later call, seldp_comm_destroy or a later world finds it completed; a rank that
- *   arrives late at a collective still posts the header the others were waiting for, so
- *   that their abandoned exchange completes. These buffers cost the size of the call's
- *   data per abandoned operation until then.
+ *   itself. An operation given up at a timeout or an abort cannot be cancelled in MPI: it
+ *   stays pending inside MPI with its library buffers, which are freed when a later call,
+ *   seldp_comm_destroy or a later world finds it completed; a rank that arrives late at a
+ *   collective still posts the header the others were waiting for, so that their
+ *   abandoned exchange completes. Until then each abandoned operation holds about the size
+ *   of its call's data.
  * - Each world has an id larger than those of the worlds this process joined before: a
  *   notice of an old, destroyed world that MPI still delivers is dropped. A new world of
  *   the same parent can be created while operations of an aborted one are pending.
