@@ -256,7 +256,7 @@ static size_t local_max_message(void)
 /* What a join hands MPI: heap memory, parked with its request when the join times out
  * (MPI writes the new communicator's handle and the agreed bound when it completes). */
 typedef struct join_state {
-    MPI_Request req;
+    MPI_Request reqs[2];
     MPI_Comm ctrl, data;
     int64_t mine[2], agreed[2]; /* -(bound on a message), world id */
 } join_state;
@@ -266,13 +266,13 @@ static _Atomic int64_t joined;
 
 /* Poll a request that builds a world (no abort channel exists yet) until `deadline`. On a
  * timeout the caller parks what the request uses. */
-static seldp_status init_wait(int rank, const char *call, MPI_Request *req, double timeout_s,
-                              double deadline)
+static seldp_status init_wait(int rank, const char *call, MPI_Request *reqs, int n,
+                              double timeout_s, double deadline)
 {
     seldp__proto_backoff backoff = SELDP__PROTO_BACKOFF_INIT;
     for (;;) {
         int done = 0;
-        int err = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        int err = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
         if (err != MPI_SUCCESS) {
             char text[MPI_MAX_ERROR_STRING];
             seldp__mpi_error_text(err, text, sizeof text);
@@ -340,7 +340,7 @@ seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const sel
     MPI_Query_thread(&w->thread_level);
     atomic_init(&w->abort_asked, false);
     js->ctrl = js->data = MPI_COMM_NULL;
-    js->req = MPI_REQUEST_NULL;
+    js->reqs[0] = js->reqs[1] = MPI_REQUEST_NULL;
     w->ctrl = MPI_COMM_NULL;
     w->notice_recv = w->census_recv = MPI_REQUEST_NULL;
     w->rank = rank;
@@ -348,18 +348,16 @@ seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const sel
     w->timeout_s = cfg->timeout_s;
     seldp__mpi_reap(w); /* what earlier worlds left pending */
 
-    /* One duplicate at a time, both under one deadline. */
+    /* Both duplicates in flight at once: a join costs one round of latency less. */
     double deadline = seldp__proto_now() + cfg->timeout_s;
-    err = MPI_Comm_idup(parent, &js->ctrl, &js->req);
+    err = MPI_Comm_idup(parent, &js->ctrl, &js->reqs[0]);
     if (err == MPI_SUCCESS)
-        SELDP_CHECK(init_wait(rank, "init", &js->req, cfg->timeout_s, deadline));
-    if (err == MPI_SUCCESS)
-        err = MPI_Comm_idup(parent, &js->data, &js->req);
+        err = MPI_Comm_idup(parent, &js->data, &js->reqs[1]);
     if (err != MPI_SUCCESS) {
         seldp__mpi_error_text(err, text, sizeof text);
         SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d: init: MPI_Comm_idup failed: %s", rank, text);
     }
-    SELDP_CHECK(init_wait(rank, "init", &js->req, cfg->timeout_s, deadline));
+    SELDP_CHECK(init_wait(rank, "init", js->reqs, 2, cfg->timeout_s, deadline));
     w->ctrl = js->ctrl;
     MPI_Comm_set_errhandler(js->ctrl, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(js->data, MPI_ERRORS_RETURN);
@@ -368,13 +366,13 @@ seldp_status seldp_mpi_comm_init(MPI_Comm parent, seldp_device device, const sel
      * is the largest of the ranks' next ids. Both are one MPI_MAX. */
     js->mine[0] = -(int64_t)local_max_message();
     js->mine[1] = atomic_load(&joined) + 1;
-    err = MPI_Iallreduce(js->mine, js->agreed, 2, MPI_INT64_T, MPI_MAX, js->data, &js->req);
+    err = MPI_Iallreduce(js->mine, js->agreed, 2, MPI_INT64_T, MPI_MAX, js->data, &js->reqs[0]);
     if (err != MPI_SUCCESS) {
         seldp__mpi_error_text(err, text, sizeof text);
         SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d: init: MPI_Iallreduce failed: %s", rank, text);
     }
     SELDP_CHECK(
-        init_wait(rank, "init", &js->req, cfg->timeout_s, seldp__proto_now() + cfg->timeout_s));
+        init_wait(rank, "init", js->reqs, 1, cfg->timeout_s, seldp__proto_now() + cfg->timeout_s));
     w->max_message = (size_t)-js->agreed[0];
     w->id = js->agreed[1];
     atomic_store(&joined, w->id);
@@ -397,7 +395,7 @@ fail:
         /* A duplicate or the agreement is still pending inside MPI, which writes into js
          * when it completes: parked with it. */
         void *mem[1] = {js};
-        seldp__mpi_park_orphan(&js->req, 1, mem, 1);
+        seldp__mpi_park_orphan(js->reqs, 2, mem, 1);
         js = NULL;
     }
     MPI_Request *recvs[2] = {&w->notice_recv, &w->census_recv};
@@ -483,7 +481,7 @@ seldp_status seldp_mpi_nccl_comm_init(MPI_Comm parent, const seldp_comm_config *
         SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d: mpi_nccl_comm_init: MPI_Comm_idup failed: %s",
                    rank, text);
     }
-    SELDP_CHECK(init_wait(rank, "mpi_nccl_comm_init", &boot->req, cfg->timeout_s,
+    SELDP_CHECK(init_wait(rank, "mpi_nccl_comm_init", &boot->req, 1, cfg->timeout_s,
                           seldp__proto_now() + cfg->timeout_s));
     MPI_Comm_set_errhandler(boot->dup, MPI_ERRORS_RETURN);
 
@@ -500,7 +498,7 @@ seldp_status seldp_mpi_nccl_comm_init(MPI_Comm parent, const seldp_comm_config *
         SELDP_FAIL(SELDP_ERR_TRANSPORT, "rank %d: mpi_nccl_comm_init: MPI_Ibcast failed: %s", rank,
                    text);
     }
-    SELDP_CHECK(init_wait(rank, "mpi_nccl_comm_init", &boot->req, cfg->timeout_s,
+    SELDP_CHECK(init_wait(rank, "mpi_nccl_comm_init", &boot->req, 1, cfg->timeout_s,
                           seldp__proto_now() + cfg->timeout_s));
     if (boot->status != SELDP_OK)
         SELDP_FAIL((seldp_status)boot->status,

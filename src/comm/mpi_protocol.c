@@ -429,6 +429,8 @@ static seldp_status timed_out(seldp_comm *comm, seldp__comm_op op, int phase, in
     seldp_status st;
     if (phase == PHASE_ARRIVE && t.missing > 0) {
         st = seldp__proto_not_arrived(&t, reason, sizeof reason);
+    } else if (t.missing > 0) {
+        st = seldp__proto_silent_inside(&t, reason, sizeof reason);
     } else {
         if (phase == PHASE_ARRIVE) /* every rank answered, yet MPI did not complete it */
             snprintf(who, sizeof who, "none named");

@@ -187,6 +187,12 @@ static void test_missing_ranks_and_timeout_messages(void **state)
            "ranks 1, 3 stalled inside it (every rank of the 5 had arrived; this rank waited for "
            "them to stop touching its buffers)");
     assert_non_null(strstr(reason, "ranks 11, 13 stalled inside it"));
+    expect(seldp__proto_silent_inside(&t, reason, sizeof reason), SELDP_ERR_TIMEOUT,
+           "rank 0: allgatherv timed out after 2 s: ranks 1, 3 did not answer from inside it "
+           "(stalled inside it, or done with their part and busy elsewhere; every rank of the 5 "
+           "had arrived)");
+    assert_string_equal(reason, "rank 10 timed out after 2 s in allgatherv: ranks 11, 13 did not "
+                                "answer from inside it (every rank had arrived)");
     t.missing = 0;
     expect(seldp__proto_stalled_inside(&t, false, reason, sizeof reason), SELDP_ERR_TIMEOUT,
            "a rank stalled inside it (every rank of the 5 had arrived)");
