@@ -16,7 +16,8 @@
  *   cfg->timeout_s: once for every rank to arrive, once for the data to move. At a timeout
  *   the rank asks the other ranks of the group where they are (over a private duplicate of
  *   the parent); the message names the ranks that had not arrived, or, once every rank had
- *   arrived, those that did not answer from inside the operation ("stalled inside it").
+ *   arrived, those that did not answer from inside the operation (stalled inside it, or
+ *   done with their part and busy elsewhere: MPI does not show which).
  *   This takes up to a further min(max(cfg->timeout_s, 0.3 s), 1 s). The communicators use
  *   MPI_ERRORS_RETURN: an MPI failure returns SELDP_ERR_TRANSPORT.
  * - A rank that times out or fails while moving data aborts the world: an out-of-band
