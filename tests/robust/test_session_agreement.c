@@ -299,6 +299,7 @@ static void random_orders(void **state)
 /* What each rank of transport_error_names_the_call got. */
 typedef struct absent_trial {
     int absent; /* the rank that never arrives */
+    bool norm;  /* the others call seldp_grad_norm instead of seldp_session_sum_fp32 */
     seldp_status got[3];
     char message[3][1024];
 } absent_trial;
@@ -319,7 +320,10 @@ static int rank_absent(seldp_rank_ctx *ctx)
     RANK_CHECK_OK(ctx, tg_init(&g));
     RANK_CHECK_OK(ctx, tg_put(&g, 1, SELDP_F32, false, 2, 1, SHAPE(4), &data));
     if (ctx->rank != t->absent) {
-        t->got[ctx->rank] = seldp_session_sum_fp32(s, g.grads, true, SELDP_MISSING_ZERO, NULL);
+        seldp_grad_norm_result norm;
+        t->got[ctx->rank] =
+            t->norm ? seldp_grad_norm(ctx->world, NULL, 0, &norm)
+                    : seldp_session_sum_fp32(s, g.grads, true, SELDP_MISSING_ZERO, NULL);
         snprintf(t->message[ctx->rank], sizeof t->message[ctx->rank], "%s", seldp_last_error());
     } else {
         /* never arrives: sleeps past the others' timeout, then leaves */
@@ -332,20 +336,22 @@ static int rank_absent(seldp_rank_ctx *ctx)
     return 0;
 }
 
-/* The session's agreement is an allgatherv inside the transport: when a rank never arrives,
- * every other rank's message names the public call and its stage, says what went wrong and
- * who never arrived, and never names the internal collective. */
+/* The agreement of a session's reduction and of the gradient norm is an allgatherv inside
+ * the transport: when a rank never arrives, every other rank's message names the public
+ * call and its stage, says what went wrong and who never arrived, and never names the
+ * internal collective. */
 static void transport_error_names_the_call(void **state)
 {
     (void)state;
-    for (int n = 2; n <= 3; n++) {
-        absent_trial t = {.absent = n - 1};
+    for (int k = 0; k < 4; k++) {
+        int n = 2 + k % 2;
+        absent_trial t = {.absent = n - 1, .norm = k >= 2};
+        const char *prefix = t.norm ? "seldp_grad_norm: the agreement of the call failed: "
+                                    : "seldp_session_sum_fp32: the agreement of the call failed: ";
         char absent[32];
         snprintf(absent, sizeof absent, "rank %d", t.absent);
         seldp_run_ranks(n, 0.2, rank_absent, &t);
         for (int r = 0; r < n - 1; r++) {
-            static const char prefix[] = "seldp_session_sum_fp32: the agreement of the call "
-                                         "failed: ";
             const char *msg = t.message[r];
             if (t.got[r] != SELDP_ERR_TIMEOUT && t.got[r] != SELDP_ERR_ABORTED)
                 fail_msg("%d ranks: rank %d returned %s: %s", n, r, seldp_status_name(t.got[r]),
