@@ -154,7 +154,7 @@ double seldp__mpi_body_deadline(const seldp_comm *comm);
 void seldp__mpi_park(mpi_group *g, int n, void *extra1, void *extra2);
 
 /* Park requests that belong to no world (a join that timed out): reqs lies inside one of
- * the memory blocks, which are freed with free() once every request completed. */
+ * the memory blocks (malloc or seldp__pinned_alloc), freed once every request completed. */
 void seldp__mpi_park_orphan(MPI_Request *reqs, int n, void *const *mem, int n_mem);
 
 /* An MPI call failed inside a body (after arrival): abort the world so that the others
