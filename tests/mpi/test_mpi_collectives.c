@@ -50,11 +50,19 @@ static void test_world_properties(void **state)
     assert_ok(seldp_comm_barrier(world));
     assert_int_equal(seldp_comm_get_stats(world).barriers, 2);
 
-    seldp_comm_config bad = {0.0};
+    seldp_comm_config bad = SELDP_COMM_CONFIG_INIT;
+    bad.timeout_s = 0.0;
     seldp_comm *none = world;
     assert_int_equal(seldp_mpi_comm_init(MPI_COMM_WORLD, SELDP_HOST_DEVICE, &bad, &none),
                      SELDP_ERR_INVALID_ARGUMENT);
     assert_null(none);
+    seldp_comm_config unsized = {0};
+    unsized.timeout_s = 5.0;
+    none = world;
+    assert_int_equal(seldp_mpi_comm_init(MPI_COMM_WORLD, SELDP_HOST_DEVICE, &unsized, &none),
+                     SELDP_ERR_INVALID_ARGUMENT);
+    assert_null(none);
+    assert_non_null(strstr(seldp_last_error(), "SELDP_COMM_CONFIG_INIT"));
     assert_int_equal(seldp_mpi_comm_init(MPI_COMM_NULL, SELDP_HOST_DEVICE, NULL, &none),
                      SELDP_ERR_INVALID_ARGUMENT);
     seldp_comm_destroy(world);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mpi_test.h"
 #include "ranks.h"
@@ -274,12 +275,59 @@ static void test_missing_gradient_on_every_rank(void **state)
     seldp_comm_destroy(world);
 }
 
+/* The last rank comes to seldp_session_sum after the others' timeout: every rank returns
+ * SELDP_ERR_TIMEOUT with a message that names the user's call, the rank that had not
+ * arrived, and no internal collective of the session. */
+static void test_a_late_rank_is_named_in_the_call(void **state)
+{
+    (void)state;
+    const double timeout = 0.5;
+    int last = mt_size - 1;
+    seldp_comm *world = mt_world(timeout);
+    rank_model m;
+    seldp_session *session = NULL;
+    char message[1024] = "", late[32];
+    snprintf(late, sizeof late, "rank %d", last);
+    seldp_status built = model_build(&m, mt_rank, mt_size, false);
+    seldp_status init = built;
+    if (built == SELDP_OK)
+        init = seldp_session_initialize(world, m.model, 0, m.ids, N_SEL, NULL, &session);
+    if (init == SELDP_OK)
+        init = grads_build(&m, mt_rank, false);
+    if (mt_rank == last) {
+        struct timespec ts = {1, 500 * 1000 * 1000}; /* past the timeout and the census */
+        nanosleep(&ts, NULL);
+    }
+    seldp_status st = init != SELDP_OK
+                          ? init
+                          : seldp_session_sum(session, m.grads, true, SELDP_MISSING_ERROR, NULL);
+    snprintf(message, sizeof message, "%s", seldp_last_error());
+    seldp_session_destroy(session);
+    seldp_comm_destroy(world);
+    if (built == SELDP_OK)
+        model_free(&m);
+
+    assert_int_equal(init, SELDP_OK);
+    if (st != SELDP_ERR_TIMEOUT)
+        fail_msg("rank %d: returned %s: %s", mt_rank, seldp_status_name(st), message);
+    if (strncmp(message, "seldp_session_sum: ", 19) != 0)
+        fail_msg("rank %d: the message does not start with the public call: %s", mt_rank, message);
+    if (strstr(message, "allgather") || strstr(message, "allreduce"))
+        fail_msg("rank %d: the message names an internal collective: %s", mt_rank, message);
+    if (mt_rank != last && !strstr(message, late))
+        fail_msg("rank %d: the message does not name %s: %s", mt_rank, late, message);
+    if (mt_rank == last && !strstr(message, "aborted"))
+        fail_msg("rank %d: the late rank's message does not say the world was aborted: %s", mt_rank,
+                 message);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_initialize_and_reduce_with_uneven_weights),
         MT_TEST(test_validation_failure_on_every_rank),
         MT_TEST(test_missing_gradient_on_every_rank),
+        MT_TEST(test_a_late_rank_is_named_in_the_call),
     };
     return mt_main(argc, argv, "mpi_session", tests, sizeof tests / sizeof *tests);
 }

@@ -296,9 +296,17 @@ static void random_orders(void **state)
 
 /* --- a transport error names the public call ------------------------------ */
 
+/* What each rank of transport_error_names_the_call got. */
+typedef struct absent_trial {
+    int absent; /* the rank that never arrives */
+    bool norm;  /* the others call seldp_grad_norm instead of seldp_session_sum_fp32 */
+    seldp_status got[3];
+    char message[3][1024];
+} absent_trial;
+
 static int rank_absent(seldp_rank_ctx *ctx)
 {
-    seldp_status *got = ctx->arg;
+    absent_trial *t = ctx->arg;
     test_model m;
     test_grads g;
     seldp_session *s = NULL;
@@ -311,18 +319,14 @@ static int rank_absent(seldp_rank_ctx *ctx)
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, &id, 1, NULL, &s));
     RANK_CHECK_OK(ctx, tg_init(&g));
     RANK_CHECK_OK(ctx, tg_put(&g, 1, SELDP_F32, false, 2, 1, SHAPE(4), &data));
-    if (ctx->rank == 0) {
-        got[0] = seldp_session_sum_fp32(s, g.grads, true, SELDP_MISSING_ZERO, NULL);
-        RANK_CHECK(ctx, got[0] == SELDP_ERR_TIMEOUT || got[0] == SELDP_ERR_ABORTED,
-                   "returned %s: %s", seldp_status_name(got[0]), seldp_last_error());
-        RANK_CHECK(ctx, strncmp(seldp_last_error(), "seldp_session_sum_fp32: ", 24) == 0,
-                   "the message does not start with the public call: %s", seldp_last_error());
-        RANK_CHECK(ctx,
-                   strstr(seldp_last_error(), "seldp_session_sum_fp32: the agreement of the call "
-                                              "failed: "),
-                   "the message does not name the stage of the call: %s", seldp_last_error());
+    if (ctx->rank != t->absent) {
+        seldp_grad_norm_result norm;
+        t->got[ctx->rank] =
+            t->norm ? seldp_grad_norm(ctx->world, NULL, 0, &norm)
+                    : seldp_session_sum_fp32(s, g.grads, true, SELDP_MISSING_ZERO, NULL);
+        snprintf(t->message[ctx->rank], sizeof t->message[ctx->rank], "%s", seldp_last_error());
     } else {
-        /* never arrives: sleeps past rank 0's timeout, then leaves */
+        /* never arrives: sleeps past the others' timeout, then leaves */
         struct timespec ts = {0, 600 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -332,12 +336,42 @@ static int rank_absent(seldp_rank_ctx *ctx)
     return 0;
 }
 
+/* The agreement of a session's reduction and of the gradient norm is an allgatherv inside
+ * the transport: when a rank never arrives, every other rank's message names the public
+ * call and its stage, says what went wrong and who never arrived, and never names the
+ * internal collective. */
 static void transport_error_names_the_call(void **state)
 {
     (void)state;
-    seldp_status got[1] = {SELDP_OK};
-    seldp_run_ranks(2, 0.2, rank_absent, got);
-    assert_int_not_equal(got[0], SELDP_OK);
+    for (int k = 0; k < 4; k++) {
+        int n = 2 + k % 2;
+        absent_trial t = {.absent = n - 1, .norm = k >= 2};
+        const char *prefix = t.norm ? "seldp_grad_norm: the agreement of the call failed: "
+                                    : "seldp_session_sum_fp32: the agreement of the call failed: ";
+        char absent[32];
+        snprintf(absent, sizeof absent, "rank %d", t.absent);
+        seldp_run_ranks(n, 0.2, rank_absent, &t);
+        for (int r = 0; r < n - 1; r++) {
+            const char *msg = t.message[r];
+            if (t.got[r] != SELDP_ERR_TIMEOUT && t.got[r] != SELDP_ERR_ABORTED)
+                fail_msg("%d ranks: rank %d returned %s: %s", n, r, seldp_status_name(t.got[r]),
+                         msg);
+            if (strncmp(msg, prefix, strlen(prefix)))
+                fail_msg("%d ranks: rank %d: the message does not start with the public call "
+                         "and its stage: %s",
+                         n, r, msg);
+            if (!strstr(msg, "timed out after 0.2 s") || !strstr(msg, absent))
+                fail_msg("%d ranks: rank %d: the message does not say that %s timed out: %s", n, r,
+                         absent, msg);
+            if (strstr(msg, "allgather") || strstr(msg, "broadcast") || strstr(msg, "allreduce"))
+                fail_msg("%d ranks: rank %d: the message names an internal collective: %s", n, r,
+                         msg);
+            if (t.got[r] == SELDP_ERR_TIMEOUT && !strstr(msg, "had not arrived") &&
+                !strstr(msg, "the world was aborted"))
+                fail_msg("%d ranks: rank %d: the message does not say who had not arrived: %s", n,
+                         r, msg);
+        }
+    }
 }
 
 int main(void)
