@@ -53,7 +53,7 @@ typedef struct outcome {
 } outcome;
 
 /* One device allreduce of a float, timed. */
-static seldp_status one_allreduce(seldp_rank_ctx *ctx, double *seconds)
+static seldp_status one_allreduce(tr_rank_ctx *ctx, double *seconds)
 {
     seldp_device dev = seldp_comm_device(ctx->world);
     float one = 1.0f;
@@ -70,7 +70,7 @@ static seldp_status one_allreduce(seldp_rank_ctx *ctx, double *seconds)
     return st;
 }
 
-static int abort_rank(seldp_rank_ctx *ctx)
+static int abort_rank(tr_rank_ctx *ctx)
 {
     outcome *o = ctx->arg;
     RANK_CHECK_OK(ctx, seldp_comm_barrier(ctx->world));
@@ -100,7 +100,7 @@ static void test_abort_reaches_every_rank(void **state)
     }
 }
 
-static int absent_rank(seldp_rank_ctx *ctx)
+static int absent_rank(tr_rank_ctx *ctx)
 {
     outcome *o = ctx->arg;
     RANK_CHECK_OK(ctx, seldp_comm_barrier(ctx->world));
@@ -143,7 +143,7 @@ typedef struct join_thread {
     seldp_nccl_world *world;
     seldp_status st;
     double seconds;
-    seldp_rank_ctx ctx;
+    tr_rank_ctx ctx;
     int result;
 } join_thread;
 

@@ -37,7 +37,7 @@ typedef struct rank_model {
 static void fill_bf16(uint16_t *x, size_t n, uint64_t seed)
 {
     float tmp[16];
-    seldp_fill_f32(tmp, n, seed);
+    tr_fill_f32(tmp, n, seed);
     for (size_t i = 0; i < n; i++)
         x[i] = seldp_f32_to_bf16(tmp[i]);
 }
@@ -50,10 +50,10 @@ static seldp_status model_build(rank_model *m, int rank, int n, bool disagree)
     seldp_status st = seldp_model_create(rank, &m->model);
     if (st != SELDP_OK)
         return st;
-    seldp_fill_f32(m->a, 12, 100u + (uint64_t)rank);
-    seldp_fill_f32(m->b, 6, 200u + (uint64_t)rank);
+    tr_fill_f32(m->a, 12, 100u + (uint64_t)rank);
+    tr_fill_f32(m->b, 6, 200u + (uint64_t)rank);
     fill_bf16(m->c, 6, 300u + (uint64_t)rank);
-    seldp_fill_bytes(m->table, sizeof(double) * ((size_t)rank + 1), 400u + (uint64_t)rank);
+    tr_fill_bytes(m->table, sizeof(double) * ((size_t)rank + 1), 400u + (uint64_t)rank);
     m->ids[0] = 10u + (uint64_t)rank;
     m->ids[1] = 20u + (uint64_t)(n - rank);
     m->ids[2] = 30u;
@@ -78,10 +78,10 @@ static seldp_status grads_build(rank_model *m, int rank, bool skip_a)
     seldp_status st = seldp_grads_create(&m->grads);
     if (st != SELDP_OK)
         return st;
-    seldp_fill_f32(m->ga, 12, 1000u + (uint64_t)rank);
-    seldp_fill_f32(m->gb, 5, 2000u + (uint64_t)rank);
+    tr_fill_f32(m->ga, 12, 1000u + (uint64_t)rank);
+    tr_fill_f32(m->gb, 5, 2000u + (uint64_t)rank);
     fill_bf16(m->gc, 6, 3000u + (uint64_t)rank);
-    seldp_fill_bytes(m->gtable, sizeof(double) * ((size_t)rank + 1), 4000u + (uint64_t)rank);
+    tr_fill_bytes(m->gtable, sizeof(double) * ((size_t)rank + 1), 4000u + (uint64_t)rank);
     int64_t sa[2] = {4, 3}, sb[1] = {5}, sc[1] = {6}, st_[1] = {rank + 1};
     seldp_tensor ta = seldp_tensor_view(SELDP_F32, SELDP_HOST_DEVICE, m->ga, 2, sa);
     seldp_tensor tb = seldp_tensor_view(SELDP_F32, SELDP_HOST_DEVICE, m->gb, 1, sb);
@@ -142,7 +142,7 @@ typedef struct host_run {
     unsigned char result[RESULT_BYTES]; /* host rank 0's */
 } host_run;
 
-static int host_rank(seldp_rank_ctx *ctx)
+static int host_rank(tr_rank_ctx *ctx)
 {
     host_run *run = ctx->arg;
     rank_model m;
@@ -195,8 +195,8 @@ static void test_initialize_and_reduce_with_uneven_weights(void **state)
     for (int r = 0; r < n; r++) {
         float ga[12], gb[5], gc32[6];
         uint16_t gc[6];
-        seldp_fill_f32(ga, 12, 1000u + (uint64_t)r);
-        seldp_fill_f32(gb, 5, 2000u + (uint64_t)r);
+        tr_fill_f32(ga, 12, 1000u + (uint64_t)r);
+        tr_fill_f32(gb, 5, 2000u + (uint64_t)r);
         fill_bf16(gc, 6, 3000u + (uint64_t)r);
         seldp_half_to_f32(SELDP_BF16, gc, gc32, 6);
         for (int i = 0; i < 12; i++)
@@ -218,13 +218,13 @@ static void test_initialize_and_reduce_with_uneven_weights(void **state)
     /* The unselected gradient passed through untouched. */
     assert_ptr_equal(seldp_grads_get(m.grads, 40)->data, m.gtable);
     double gtable[8];
-    seldp_fill_bytes(gtable, sizeof(double) * ((size_t)mt_rank + 1), 4000u + (uint64_t)mt_rank);
+    tr_fill_bytes(gtable, sizeof(double) * ((size_t)mt_rank + 1), 4000u + (uint64_t)mt_rank);
     assert_memory_equal(m.gtable, gtable, sizeof(double) * ((size_t)mt_rank + 1));
 
     /* Replicas are bit-identical, and equal to the same layout on the host transport. */
     assert_true(mt_same_everywhere(world, result, RESULT_BYTES));
     host_run run;
-    seldp_run_ranks(n, TIMEOUT_S, host_rank, &run);
+    tr_run_ranks(n, TIMEOUT_S, host_rank, &run);
     assert_memory_equal(result, run.result, RESULT_BYTES);
 
     model_free(&m);

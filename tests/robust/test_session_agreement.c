@@ -65,22 +65,22 @@ static int call_count(const trial *t, int rank, int i)
     return count;
 }
 
-static int rank_trial(seldp_rank_ctx *ctx)
+static int rank_trial(tr_rank_ctx *ctx)
 {
     trial *t = ctx->arg;
     int me = ctx->rank;
     test_model m;
     seldp_session *s[N_SESSIONS] = {NULL};
 
-    RANK_CHECK_OK(ctx, tm_init(&m, me));
+    RANK_CHECK_OK(ctx, ct_init(&m, me));
     /* ParamIds differ between ranks; the paths do not */
     for (size_t p = 0; p < N_PATHS; p++)
-        RANK_CHECK_OK(ctx, tm_add(&m, PATHS[p], 10 + (p + (size_t)me) % N_PATHS, SELDP_F32, false,
+        RANK_CHECK_OK(ctx, ct_add(&m, PATHS[p], 10 + (p + (size_t)me) % N_PATHS, SELDP_F32, false,
                                   p, 1, SHAPE(EXTENT[p])));
     for (int k = 0; k < N_SESSIONS; k++) {
         seldp_param_id ids[2];
         for (size_t j = 0; j < SESSIONS[k].n; j++)
-            ids[j] = tm_find(&m, SESSIONS[k].paths[j])->id;
+            ids[j] = ct_find(&m, SESSIONS[k].paths[j])->id;
         RANK_CHECK_OK(
             ctx, seldp_session_initialize(ctx->world, m.model, 0, ids, SESSIONS[k].n, NULL, &s[k]));
     }
@@ -92,7 +92,7 @@ static int rank_trial(seldp_rank_ctx *ctx)
         RANK_CHECK_OK(ctx, tg_init(&g));
         for (size_t j = 0; j < SESSIONS[k].n; j++) {
             size_t p = path_index(SESSIONS[k].paths[j]);
-            RANK_CHECK_OK(ctx, tg_put(&g, tm_find(&m, PATHS[p])->id, SELDP_F32, j % 2, 0, 1,
+            RANK_CHECK_OK(ctx, tg_put(&g, ct_find(&m, PATHS[p])->id, SELDP_F32, j % 2, 0, 1,
                                       SHAPE(EXTENT[p]), &data[j]));
             for (int64_t e = 0; e < EXTENT[p]; e++)
                 ((float *)data[j])[e] = grad_value(me, (size_t)e, i);
@@ -107,7 +107,7 @@ static int rank_trial(seldp_rank_ctx *ctx)
             t->right[i][me] = true;
             for (size_t j = 0; j < SESSIONS[k].n && t->right[i][me]; j++) {
                 size_t p = path_index(SESSIONS[k].paths[j]);
-                const float *x = seldp_grads_get(g.grads, tm_find(&m, PATHS[p])->id)->data;
+                const float *x = seldp_grads_get(g.grads, ct_find(&m, PATHS[p])->id)->data;
                 for (int64_t e = 0; e < EXTENT[p]; e++) {
                     double want = 0;
                     for (int r = 0; r < t->n; r++)
@@ -127,7 +127,7 @@ static int rank_trial(seldp_rank_ctx *ctx)
     }
     for (int k = 0; k < N_SESSIONS; k++)
         seldp_session_destroy(s[k]);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -200,7 +200,7 @@ static void two_sessions_in_opposite_orders(void **state)
         t->seq[r][2] = 0;
         t->seq[r][3] = 1;
     }
-    seldp_run_ranks(4, TEST_TIMEOUT_S, rank_trial, t);
+    tr_run_ranks(4, TEST_TIMEOUT_S, rank_trial, t);
     check_trial(t);
     for (int r = 0; r < 4; r++) {
         assert_int_equal(t->st[0][r], SELDP_ERR_DISAGREE);
@@ -228,7 +228,7 @@ static void missed_call_is_named_by_its_counts(void **state)
     int seqs[3][3] = {{0, 0, 1}, {0, 0, 1}, {1, 0, 0}};
     for (int r = 0; r < 3; r++)
         memcpy(t->seq[r], seqs[r], sizeof seqs[r]);
-    seldp_run_ranks(3, TEST_TIMEOUT_S, rank_trial, t);
+    tr_run_ranks(3, TEST_TIMEOUT_S, rank_trial, t);
     check_trial(t);
     /* the second call: all on "a", rank 2 at its first call of it, the others at their second */
     assert_int_equal(t->st[1][0], SELDP_ERR_DISAGREE);
@@ -287,7 +287,7 @@ static void random_orders(void **state)
                     t->seq[r][i] =
                         (t->seq[r][i] + 1 + (int)(next(&rng) % (N_SESSIONS - 1))) % N_SESSIONS;
             }
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_trial, t);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_trial, t);
             check_trial(t);
         }
     }
@@ -304,7 +304,7 @@ typedef struct absent_trial {
     char message[3][1024];
 } absent_trial;
 
-static int rank_absent(seldp_rank_ctx *ctx)
+static int rank_absent(tr_rank_ctx *ctx)
 {
     absent_trial *t = ctx->arg;
     test_model m;
@@ -313,8 +313,8 @@ static int rank_absent(seldp_rank_ctx *ctx)
     void *data;
     seldp_param_id id;
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
-    RANK_CHECK_OK(ctx, tm_add(&m, "a", 1, SELDP_F32, false, 1, 1, SHAPE(4)));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_add(&m, "a", 1, SELDP_F32, false, 1, 1, SHAPE(4)));
     id = 1;
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, &id, 1, NULL, &s));
     RANK_CHECK_OK(ctx, tg_init(&g));
@@ -332,7 +332,7 @@ static int rank_absent(seldp_rank_ctx *ctx)
     }
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -350,7 +350,7 @@ static void transport_error_names_the_call(void **state)
                                     : "seldp_session_sum_fp32: the agreement of the call failed: ";
         char absent[32];
         snprintf(absent, sizeof absent, "rank %d", t.absent);
-        seldp_run_ranks(n, 0.2, rank_absent, &t);
+        tr_run_ranks(n, 0.2, rank_absent, &t);
         for (int r = 0; r < n - 1; r++) {
             const char *msg = t.message[r];
             if (t.got[r] != SELDP_ERR_TIMEOUT && t.got[r] != SELDP_ERR_ABORTED)
