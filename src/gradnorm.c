@@ -526,7 +526,9 @@ static seldp_status grad_norm(seldp_comm *parent, const seldp_norm_part *parts, 
                               call_name(clip), n_parts);
     seldp__session_save_message(parent, local, message);
     fill_record(&c, local, mine);
-    SELDP_CHECK(seldp_comm_allgatherv(parent, mine, blob_bytes, (void **)&all, lengths));
+    SELDP_CHECK(seldp__session_name_call(
+        seldp_comm_allgatherv(parent, mine, blob_bytes, (void **)&all, lengths), call_name(clip),
+        "the agreement"));
     SELDP_CHECK(norm_decide(&c, all, lengths, message, &sum_squares));
 
     result.norm = sqrt(sum_squares);

@@ -27,6 +27,7 @@
  *       active): on the bucketed path ceil(4 * elements / bucket) F32 allreduces, on the
  *       fused path one fused reduction.
  *   seldp_session_rank, _size, _selected, _destroy: none (local). */
+#include <ctype.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -74,13 +75,81 @@ fail:
     return st;
 }
 
+/* The length of the name of a transport collective ("allgatherv", "broadcast"...) that
+ * starts `s` as a whole word, or 0. */
+static size_t internal_call_at(const char *s)
+{
+    size_t best = 0;
+    for (int op = OP_BARRIER; op < OP_COUNT; op++) {
+        const char *name = seldp__comm_op_name(op);
+        size_t len = strlen(name);
+        if (strncmp(s, name, len) == 0 && !isalnum((unsigned char)s[len]) && s[len] != '_' &&
+            len > best)
+            best = len;
+    }
+    return best;
+}
+
+/* A transport's message about one of the session's internal collectives, told without the
+ * collective, which the user never called: "rank 1: allgatherv timed out after 2 s: rank 3
+ * had not arrived" becomes "rank 1 timed out after 2 s: rank 3 had not arrived", "rank 1:
+ * allgather aborted: rank 2 timed out after 2 s in allgather waiting for rank 3" becomes
+ * "rank 1: the world was aborted: rank 2 timed out after 2 s waiting for rank 3", and "rank
+ * 0 called allgather at the same point, expected every rank to call allgatherv" becomes
+ * "rank 0 made another collective call at the same point". */
+static void without_internal_calls(const char *in, char *out, size_t size)
+{
+    static const char expected[] = ", expected every rank to call ";
+    size_t o = 0, len;
+    const char *p = in;
+    while (*p && o + 1 < size) {
+        const char *digits = p + 5, *q = digits;
+        if (strncmp(p, "rank ", 5) == 0 && (p == in || !isalnum((unsigned char)p[-1]))) {
+            while (isdigit((unsigned char)*q))
+                q++;
+        }
+        if (q > digits && q[0] == ':' && q[1] == ' ' && (len = internal_call_at(q + 2))) {
+            const char *after = q + 2 + len;
+            const char *instead = "";
+            if (strncmp(after, " aborted: ", 10) == 0) {
+                instead = ": the world was aborted: ";
+                after += 10;
+            } else if (after[0] == ':') {
+                instead = ":";
+                after++;
+            }
+            o += (size_t)snprintf(out + o, size - o, "%.*s%s", (int)(q - p), p, instead);
+            p = after;
+            continue;
+        }
+        if (strncmp(p, " in ", 4) == 0 && (len = internal_call_at(p + 4))) {
+            p += 4 + len;
+            continue;
+        }
+        if (strncmp(p, "called ", 7) == 0 && (len = internal_call_at(p + 7)) &&
+            strncmp(p + 7 + len, " at the same point", 18) == 0) {
+            o += (size_t)snprintf(out + o, size - o, "made another collective call");
+            p += 7 + len;
+            continue;
+        }
+        if (strncmp(p, expected, sizeof expected - 1) == 0 &&
+            (len = internal_call_at(p + sizeof expected - 1))) {
+            p += sizeof expected - 1 + len;
+            continue;
+        }
+        out[o++] = *p++;
+    }
+    out[o < size ? o : size - 1] = '\0';
+}
+
 seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage)
 {
-    char message[SESSION_MESSAGE_MAX];
+    char told[SESSION_MESSAGE_MAX], message[2 * SESSION_MESSAGE_MAX];
     if (st == SELDP_OK || strstr(seldp_last_error(), "seldp_session_"))
         return st;
+    without_internal_calls(seldp_last_error(), told, sizeof told);
     snprintf(message, sizeof message, "%s: %s%s%s", call, stage ? stage : "",
-             stage ? " of the call failed: " : "", seldp_last_error());
+             stage ? " of the call failed: " : "", told);
     seldp__set_error(message);
     return st;
 }

@@ -7,14 +7,18 @@
  * errors and messages of the host-staged transport.
  *
  * How it behaves:
- * - Every collective first exchanges a small header with each rank of the group (the
- *   call, its sizes, root and dtype, split color and key). When the calls disagree, or a
- *   rank could not stage its buffers, every rank returns the same error
+ * - Every collective first exchanges a small fixed-size header among the ranks of the group
+ *   (one MPI_Iallgather: the call, its sizes, root and dtype, split color and key). When the
+ *   calls disagree, or a rank could not stage its buffers, every rank returns the same error
  *   (SELDP_ERR_DISAGREE, or that rank's status) and the world stays usable. A barrier is
  *   that exchange alone.
  * - Every wait is non-blocking MPI polled with MPI_Test against a deadline of
- *   cfg->timeout_s: once for every rank to arrive, once for the data to move. A rank
- *   missing at the deadline is named (SELDP_ERR_TIMEOUT). The communicators use
+ *   cfg->timeout_s: once for every rank to arrive, once for the data to move. At a timeout
+ *   the rank asks the other ranks of the group where they are (over a private duplicate of
+ *   the parent); the message names the ranks that had not arrived, or, once every rank had
+ *   arrived, those that did not answer from inside the operation (stalled inside it, or
+ *   done with their part and busy elsewhere: MPI does not show which).
+ *   This takes up to a further min(max(cfg->timeout_s, 0.3 s), 1 s). The communicators use
  *   MPI_ERRORS_RETURN: an MPI failure returns SELDP_ERR_TRANSPORT.
  * - A rank that times out or fails while moving data aborts the world: an out-of-band
  *   notice on a private duplicate of the parent communicator reaches every process, whose
@@ -28,15 +32,28 @@
  * - Messages are cut into pieces of at most 1 GiB, so buffers beyond MPI's int counts
  *   work. The environment variable SELDP_MPI_MAX_MESSAGE (bytes) lowers that bound; the
  *   smallest value over the ranks is used.
- * - CUDA buffers are staged through pinned host memory.
- * - After a timeout or abort, MPI may still hold the failed operation's buffers (it
- *   cannot cancel a collective): do not reuse or free them while this world's
- *   communicators exist. While such an operation is pending, Open MPI may also be unable
- *   to create a new communicator of the same parent: a later seldp_mpi_comm_init on it can
- *   time out (seen after an abort that landed inside a broadcast).
+ * - Buffers: MPI never sees the caller's memory. Inputs are copied into library buffers
+ *   before anything is posted, outputs copied out only after every operation of the call
+ *   completed and succeeded (device buffers are staged the same way, through pinned host
+ *   memory). What the caller may rely on: once a call returned, with any status, nothing
+ *   reads or writes its buffers any more, on this rank or another, so they may be reused
+ *   or freed at once; after an error the outputs are as they were before the call (an
+ *   alltoallv, an allgather, an allreduce, a broadcast's non-root buffers; an allgatherv's
+ *   *recv and recv_bytes), unless the error is the final copy into a device buffer
+ *   itself. An operation given up at a timeout or an abort cannot be cancelled in MPI: it
+ *   stays pending inside MPI with its library buffers, which are freed when a later call,
+ *   seldp_comm_destroy or a later world finds it completed; a rank that arrives late at a
+ *   collective still posts the header the others were waiting for, so that their
+ *   abandoned exchange completes. Until then each abandoned operation holds about the size
+ *   of its call's data.
+ * - Each world has an id larger than those of the worlds this process joined before: a
+ *   notice of an old, destroyed world that MPI still delivers is dropped. A new world of
+ *   the same parent can be created while operations of an aborted one are pending.
  * - MPI has no non-blocking split: seldp_comm_split calls MPI_Comm_split once the headers
- *   show that every rank has arrived. A rank that times out at that very moment can leave
- *   the others inside MPI_Comm_split.
+ *   show that every rank has arrived and one more exchange (an MPI_Iallreduce) shows that
+ *   no rank knows of an abort, so every rank enters it or none does. A rank descheduled for
+ *   longer than the timeout between those two exchanges can still leave the others inside
+ *   MPI_Comm_split.
  * - Open MPI before 5.0 raises the errors of non-blocking collectives on MPI_COMM_WORLD,
  *   whose default handler aborts the job: set MPI_ERRORS_RETURN on MPI_COMM_WORLD after
  *   MPI_Init to get SELDP_ERR_TRANSPORT instead. seldp never changes the caller's

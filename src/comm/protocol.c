@@ -189,6 +189,23 @@ seldp_status seldp__proto_stalled_inside(const seldp__proto_timeout *t, bool wai
                        t->rank, name, t->timeout_s, who, t->size);
 }
 
+seldp_status seldp__proto_silent_inside(const seldp__proto_timeout *t, char *reason,
+                                        size_t reason_size)
+{
+    const char *name = seldp__comm_op_name(t->op);
+    const char *ranks = t->missing > 1 ? "ranks" : "rank";
+    snprintf(reason, reason_size,
+             "rank %d timed out after %g s in %s: %s %s did not answer from inside it (every "
+             "rank had arrived)",
+             t->world_rank, t->timeout_s, name, ranks, t->world_who);
+    return seldp__fail(SELDP_ERR_TIMEOUT,
+                       "rank %d: %s timed out after %g s: %s %s did not answer from inside it "
+                       "(stalled inside it, or done with %s part and busy elsewhere; every rank "
+                       "of the %d had arrived)",
+                       t->rank, name, t->timeout_s, ranks, t->who, t->missing > 1 ? "their" : "its",
+                       t->size);
+}
+
 seldp_status seldp__proto_aborted(int rank, seldp__comm_op op, seldp_status status,
                                   const char *reason)
 {

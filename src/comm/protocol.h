@@ -105,6 +105,16 @@ seldp_status seldp__proto_not_arrived(const seldp__proto_timeout *t, char *reaso
 seldp_status seldp__proto_stalled_inside(const seldp__proto_timeout *t, bool waited, char *reason,
                                          size_t reason_size);
 
+/* Every rank had arrived, and the ranks in t->who (t->missing > 0) did not answer from
+ * inside the collective at the timeout: stalled inside it, or done with their part and busy
+ * elsewhere, which a transport that cannot see the others' progress cannot tell apart.
+ * Writes the world's abort reason into reason and returns this rank's SELDP_ERR_TIMEOUT
+ * ("rank R: <call> timed out after T s: ranks ... did not answer from inside it (stalled
+ * inside it, or done with their part and busy elsewhere; every rank of the N had
+ * arrived)"). */
+seldp_status seldp__proto_silent_inside(const seldp__proto_timeout *t, char *reason,
+                                        size_t reason_size);
+
 /* The error of a collective of an aborted world: `status` (SELDP_ERR_ABORTED or
  * SELDP_ERR_TIMEOUT) with "rank R: <call> aborted: <reason>". */
 seldp_status seldp__proto_aborted(int rank, seldp__comm_op op, seldp_status status,

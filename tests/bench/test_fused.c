@@ -27,7 +27,7 @@
  * special one, chosen so that sums meet NaN, Inf - Inf, overflow, subnormals and ties. */
 static float value_of(int t, int r, size_t i)
 {
-    uint64_t h = seldp_test_hash((uint64_t)t * 131 + (uint64_t)r, i);
+    uint64_t h = tr_hash((uint64_t)t * 131 + (uint64_t)r, i);
     uint32_t bits;
     switch (h % 23) {
     case 0:
@@ -137,7 +137,7 @@ static uint32_t expected_bits(int t, size_t i, int size, bool sum, bool *nan)
     return bits;
 }
 
-static int rank_fused(seldp_rank_ctx *ctx)
+static int rank_fused(tr_rank_ctx *ctx)
 {
     const fused_arg *a = ctx->arg;
     seldp_model *model = NULL;
@@ -210,21 +210,21 @@ static void fused_reduction_matches_the_scalar_reference(void **state)
         {false, (size_t)25 << 20}, {true, (size_t)25 << 20}, {false, 256}, {false, 68}};
     for (size_t k = 0; k < sizeof args / sizeof args[0]; k++)
         for (int n = 1; n <= 4; n++)
-            seldp_run_ranks(n, TIMEOUT_S, rank_fused, (void *)&args[k]);
+            tr_run_ranks(n, TIMEOUT_S, rank_fused, (void *)&args[k]);
 }
 
 static void fused_reduction_in_a_group_beyond_the_register_kernel(void **state)
 {
     (void)state;
     static const fused_arg arg = {false, (size_t)25 << 20};
-    seldp_run_ranks(66, TIMEOUT_S, rank_fused, (void *)&arg);
+    tr_run_ranks(66, TIMEOUT_S, rank_fused, (void *)&arg);
 }
 
 /* ---- large collectives: the non-temporal stores ------------------------------------ */
 
 #define BIG ((size_t)3 << 20) /* floats per rank: 12 MiB, beyond the streaming threshold */
 
-static int rank_big(seldp_rank_ctx *ctx)
+static int rank_big(tr_rank_ctx *ctx)
 {
     int offset = 1 + ctx->rank; /* floats: unaligned, and differently on every rank */
     float *send = malloc((BIG + 8) * sizeof(float)), *recv = malloc((BIG + 8) * sizeof(float));
@@ -233,38 +233,38 @@ static int rank_big(seldp_rank_ctx *ctx)
     float *s = send + offset, *r = recv + offset, *g = gather + offset;
 
     /* out of place, then in place */
-    seldp_fill_f32_exact(s, BIG, (uint64_t)ctx->rank);
+    tr_fill_f32_exact(s, BIG, (uint64_t)ctx->rank);
     RANK_CHECK_OK(ctx, seldp_comm_allreduce(ctx->world, s, r, BIG, SELDP_F32, SELDP_HOST_DEVICE));
     RANK_CHECK_OK(ctx, seldp_comm_allreduce(ctx->world, s, s, BIG, SELDP_F32, SELDP_HOST_DEVICE));
     float *expect = malloc(BIG * sizeof(float)), *tmp = malloc(BIG * sizeof(float));
     RANK_CHECK(ctx, expect && tmp, "out of memory");
-    seldp_fill_f32_exact(expect, BIG, 0);
+    tr_fill_f32_exact(expect, BIG, 0);
     for (int q = 1; q < ctx->size; q++) {
-        seldp_fill_f32_exact(tmp, BIG, (uint64_t)q);
+        tr_fill_f32_exact(tmp, BIG, (uint64_t)q);
         for (size_t i = 0; i < BIG; i++)
             expect[i] += tmp[i];
     }
-    size_t at = seldp_first_diff(r, expect, BIG * sizeof(float));
+    size_t at = tr_first_diff(r, expect, BIG * sizeof(float));
     RANK_CHECK(ctx, at == BIG * sizeof(float), "allreduce differs at byte %zu", at);
-    at = seldp_first_diff(s, expect, BIG * sizeof(float));
+    at = tr_first_diff(s, expect, BIG * sizeof(float));
     RANK_CHECK(ctx, at == BIG * sizeof(float), "in-place allreduce differs at byte %zu", at);
 
     /* broadcast from the last rank */
     int root = ctx->size - 1;
-    seldp_fill_f32(r, BIG, ctx->rank == root ? 77 : (uint64_t)ctx->rank + 1000);
+    tr_fill_f32(r, BIG, ctx->rank == root ? 77 : (uint64_t)ctx->rank + 1000);
     RANK_CHECK_OK(ctx,
                   seldp_comm_broadcast(ctx->world, r, BIG, SELDP_F32, root, SELDP_HOST_DEVICE));
-    seldp_fill_f32(expect, BIG, 77);
-    at = seldp_first_diff(r, expect, BIG * sizeof(float));
+    tr_fill_f32(expect, BIG, 77);
+    at = tr_first_diff(r, expect, BIG * sizeof(float));
     RANK_CHECK(ctx, at == BIG * sizeof(float), "broadcast differs at byte %zu", at);
 
     /* allgather of a quarter each */
-    seldp_fill_f32(s, BIG / 4, (uint64_t)ctx->rank + 500);
+    tr_fill_f32(s, BIG / 4, (uint64_t)ctx->rank + 500);
     RANK_CHECK_OK(
         ctx, seldp_comm_allgather(ctx->world, s, g, BIG / 4 * sizeof(float), SELDP_HOST_DEVICE));
     for (int q = 0; q < ctx->size; q++) {
-        seldp_fill_f32(tmp, BIG / 4, (uint64_t)q + 500);
-        at = seldp_first_diff(g + (size_t)q * (BIG / 4), tmp, BIG / 4 * sizeof(float));
+        tr_fill_f32(tmp, BIG / 4, (uint64_t)q + 500);
+        at = tr_first_diff(g + (size_t)q * (BIG / 4), tmp, BIG / 4 * sizeof(float));
         RANK_CHECK(ctx, at == BIG / 4 * sizeof(float), "allgather block %d differs at byte %zu", q,
                    at);
     }
@@ -280,7 +280,7 @@ static void large_collectives_at_unaligned_addresses(void **state)
 {
     (void)state;
     for (int n = 1; n <= 3; n++)
-        seldp_run_ranks(n, TIMEOUT_S, rank_big, NULL);
+        tr_run_ranks(n, TIMEOUT_S, rank_big, NULL);
 }
 
 int main(void)

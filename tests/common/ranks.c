@@ -17,14 +17,14 @@
 typedef struct rank_thread {
     pthread_t thread;
     seldp_host_world *host;
-    seldp_rank_fn fn;
-    seldp_rank_ctx ctx;
+    tr_rank_fn fn;
+    tr_rank_ctx ctx;
     int result;
     bool started;
     struct timespec finished; /* when fn returned, to report the earliest failure */
 } rank_thread;
 
-void seldp_rank_fail(seldp_rank_ctx *ctx, const char *file, int line, const char *fmt, ...)
+void tr_rank_fail(tr_rank_ctx *ctx, const char *file, int line, const char *fmt, ...)
 {
     const char *base = strrchr(file, '/');
     int n = snprintf(ctx->why, sizeof ctx->why, "%s:%d: ", base ? base + 1 : file, line);
@@ -67,8 +67,8 @@ static void *rank_main(void *p)
     return NULL;
 }
 
-int seldp_run_ranks_status(int n, double timeout_s, seldp_rank_fn fn, void *arg, char *why,
-                           size_t why_size)
+int tr_run_ranks_status(int n, double timeout_s, tr_rank_fn fn, void *arg, char *why,
+                        size_t why_size)
 {
     seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
     seldp_host_world *host = NULL;
@@ -124,15 +124,15 @@ int seldp_run_ranks_status(int n, double timeout_s, seldp_rank_fn fn, void *arg,
     return failed;
 }
 
-void seldp_run_ranks(int n, double timeout_s, seldp_rank_fn fn, void *arg)
+void tr_run_ranks(int n, double timeout_s, tr_rank_fn fn, void *arg)
 {
     char why[1200];
-    int failed = seldp_run_ranks_status(n, timeout_s, fn, arg, why, sizeof why);
+    int failed = tr_run_ranks_status(n, timeout_s, fn, arg, why, sizeof why);
     if (failed)
         fail_msg("%d of %d ranks failed; first: %s", failed, n, why);
 }
 
-uint64_t seldp_test_hash(uint64_t seed, uint64_t i)
+uint64_t tr_hash(uint64_t seed, uint64_t i)
 {
     /* splitmix64 of a mix of both inputs */
     uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 0x632be59bd9b4e019ull;
@@ -141,26 +141,26 @@ uint64_t seldp_test_hash(uint64_t seed, uint64_t i)
     return z ^ (z >> 31);
 }
 
-void seldp_fill_bytes(void *buf, size_t bytes, uint64_t seed)
+void tr_fill_bytes(void *buf, size_t bytes, uint64_t seed)
 {
     unsigned char *p = buf;
     for (size_t i = 0; i < bytes; i++)
-        p[i] = (unsigned char)(seldp_test_hash(seed, i / 8) >> (8 * (i % 8)));
+        p[i] = (unsigned char)(tr_hash(seed, i / 8) >> (8 * (i % 8)));
 }
 
-void seldp_fill_f32(float *x, size_t n, uint64_t seed)
+void tr_fill_f32(float *x, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++)
-        x[i] = (float)((double)(seldp_test_hash(seed, i) >> 40) / (double)(1ull << 23) - 1.0);
+        x[i] = (float)((double)(tr_hash(seed, i) >> 40) / (double)(1ull << 23) - 1.0);
 }
 
-void seldp_fill_f32_exact(float *x, size_t n, uint64_t seed)
+void tr_fill_f32_exact(float *x, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++)
-        x[i] = (float)((int)(seldp_test_hash(seed, i) % 128) - 64) / 8.0f;
+        x[i] = (float)((int)(tr_hash(seed, i) % 128) - 64) / 8.0f;
 }
 
-size_t seldp_first_diff(const void *a, const void *b, size_t bytes)
+size_t tr_first_diff(const void *a, const void *b, size_t bytes)
 {
     const unsigned char *x = a, *y = b;
     for (size_t i = 0; i < bytes; i++)

@@ -10,25 +10,25 @@
 
 #include "contract.h"
 
-void tm_fill(seldp_dtype dtype, void *data, size_t n, uint64_t seed)
+void ct_fill(seldp_dtype dtype, void *data, size_t n, uint64_t seed)
 {
     if (seldp_dtype_is_float(dtype)) {
         float *tmp = malloc((n ? n : 1) * sizeof *tmp);
         if (!tmp)
             return;
-        seldp_fill_f32(tmp, n, seed);
+        tr_fill_f32(tmp, n, seed);
         for (size_t i = 0; i < n; i++)
-            tm_set(dtype, data, i, tmp[i]);
+            ct_set(dtype, data, i, tmp[i]);
         free(tmp);
         return;
     }
-    seldp_fill_bytes(data, n * seldp_dtype_size(dtype), seed);
+    tr_fill_bytes(data, n * seldp_dtype_size(dtype), seed);
     if (dtype == SELDP_BOOL)
         for (size_t i = 0; i < n; i++)
             ((unsigned char *)data)[i] &= 1u;
 }
 
-double tm_get(seldp_dtype dtype, const void *data, size_t i)
+double ct_get(seldp_dtype dtype, const void *data, size_t i)
 {
     switch (dtype) {
     case SELDP_F32:
@@ -44,7 +44,7 @@ double tm_get(seldp_dtype dtype, const void *data, size_t i)
     }
 }
 
-void tm_set(seldp_dtype dtype, void *data, size_t i, double value)
+void ct_set(seldp_dtype dtype, void *data, size_t i, double value)
 {
     switch (dtype) {
     case SELDP_F32:
@@ -64,25 +64,25 @@ void tm_set(seldp_dtype dtype, void *data, size_t i, double value)
     }
 }
 
-seldp_status tm_init(test_model *m, int rank)
+seldp_status ct_init(test_model *m, int rank)
 {
     memset(m, 0, sizeof *m);
     return seldp_model_create(rank, &m->model);
 }
 
-seldp_status tm_add(test_model *m, const char *path, seldp_param_id id, seldp_dtype dtype,
+seldp_status ct_add(test_model *m, const char *path, seldp_param_id id, seldp_dtype dtype,
                     bool frozen, uint64_t seed, int ndim, const int64_t *shape)
 {
-    return tm_add_on(m, SELDP_HOST_DEVICE, path, id, dtype, frozen, seed, ndim, shape);
+    return ct_add_on(m, SELDP_HOST_DEVICE, path, id, dtype, frozen, seed, ndim, shape);
 }
 
-seldp_status tm_add_on(test_model *m, seldp_device device, const char *path, seldp_param_id id,
+seldp_status ct_add_on(test_model *m, seldp_device device, const char *path, seldp_param_id id,
                        seldp_dtype dtype, bool frozen, uint64_t seed, int ndim,
                        const int64_t *shape)
 {
-    tm_param *p = &m->p[m->n];
+    ct_param *p = &m->p[m->n];
     seldp_status st;
-    if (m->n == TM_MAX)
+    if (m->n == CT_MAX)
         return SELDP_ERR_NOMEM;
     memset(p, 0, sizeof *p);
     snprintf(p->path, sizeof p->path, "%s", path);
@@ -93,7 +93,7 @@ seldp_status tm_add_on(test_model *m, seldp_device device, const char *path, sel
     if (!p->tensor.data)
         return SELDP_ERR_NOMEM;
     p->owns = true;
-    tm_fill(dtype, p->tensor.data, seldp_tensor_numel(&p->tensor), seed);
+    ct_fill(dtype, p->tensor.data, seldp_tensor_numel(&p->tensor), seed);
     p->tensor.device = device;
     st = seldp_model_add(m->model, path, id, &p->tensor, frozen, NULL);
     if (st != SELDP_OK) {
@@ -104,11 +104,11 @@ seldp_status tm_add_on(test_model *m, seldp_device device, const char *path, sel
     return SELDP_OK;
 }
 
-seldp_status tm_tie(test_model *m, const char *path, const char *existing)
+seldp_status ct_tie(test_model *m, const char *path, const char *existing)
 {
-    tm_param *e = tm_find(m, existing), *p = &m->p[m->n];
+    ct_param *e = ct_find(m, existing), *p = &m->p[m->n];
     seldp_status st;
-    if (!e || m->n == TM_MAX)
+    if (!e || m->n == CT_MAX)
         return SELDP_ERR_NOT_FOUND;
     *p = *e;
     p->owns = false;
@@ -121,7 +121,7 @@ seldp_status tm_tie(test_model *m, const char *path, const char *existing)
     return SELDP_OK;
 }
 
-tm_param *tm_find(test_model *m, const char *path)
+ct_param *ct_find(test_model *m, const char *path)
 {
     for (size_t i = 0; i < m->n; i++)
         if (strcmp(m->p[i].path, path) == 0)
@@ -129,7 +129,7 @@ tm_param *tm_find(test_model *m, const char *path)
     return NULL;
 }
 
-void tm_snapshot(test_model *m)
+void ct_snapshot(test_model *m)
 {
     for (size_t i = 0; i < m->n; i++) {
         size_t bytes = seldp_tensor_nbytes(&m->p[i].tensor);
@@ -140,16 +140,16 @@ void tm_snapshot(test_model *m)
     }
 }
 
-bool tm_unchanged(const test_model *m, char *why, size_t size)
+bool ct_unchanged(const test_model *m, char *why, size_t size)
 {
     for (size_t i = 0; i < m->n; i++) {
-        const tm_param *p = &m->p[i];
+        const ct_param *p = &m->p[i];
         size_t bytes = seldp_tensor_nbytes(&p->tensor), at;
         if (!p->snapshot) {
             snprintf(why, size, "'%s' has no snapshot", p->path);
             return false;
         }
-        at = seldp_first_diff(p->snapshot, p->tensor.data, bytes);
+        at = tr_first_diff(p->snapshot, p->tensor.data, bytes);
         if (at < bytes) {
             snprintf(why, size, "'%s' changed at byte %zu of %zu", p->path, at, bytes);
             return false;
@@ -158,7 +158,7 @@ bool tm_unchanged(const test_model *m, char *why, size_t size)
     return true;
 }
 
-void tm_free(test_model *m)
+void ct_free(test_model *m)
 {
     seldp_model_destroy(m->model);
     for (size_t i = 0; i < m->n; i++) {
@@ -180,7 +180,7 @@ seldp_status tg_put(test_grads *g, seldp_param_id id, seldp_dtype dtype, bool ow
 {
     seldp_tensor t = seldp_tensor_view(dtype, SELDP_HOST_DEVICE, NULL, ndim, shape);
     seldp_status st;
-    if (g->n == TM_MAX)
+    if (g->n == CT_MAX)
         return SELDP_ERR_NOMEM;
     if (owned) {
         if ((st = seldp_tensor_alloc(&t)) != SELDP_OK)
@@ -190,7 +190,7 @@ seldp_status tg_put(test_grads *g, seldp_param_id id, seldp_dtype dtype, bool ow
         if (!t.data)
             return SELDP_ERR_NOMEM;
     }
-    tm_fill(dtype, t.data, seldp_tensor_numel(&t), seed);
+    ct_fill(dtype, t.data, seldp_tensor_numel(&t), seed);
     st = seldp_grads_put(g->grads, id, &t, owned ? SELDP_OWNED : SELDP_BORROWED);
     if (st != SELDP_OK) {
         if (owned)
@@ -267,7 +267,7 @@ uint64_t stats_moves(seldp_comm_stats s)
 void gs_take(grads_snapshot *s, const seldp_grads *grads)
 {
     memset(s, 0, sizeof *s);
-    for (size_t i = 0; i < seldp_grads_count(grads) && s->n < TM_MAX; i++) {
+    for (size_t i = 0; i < seldp_grads_count(grads) && s->n < CT_MAX; i++) {
         const seldp_tensor *t;
         size_t bytes;
         seldp_grads_at(grads, i, &s->id[s->n], &t);
@@ -349,7 +349,7 @@ bool close_to(seldp_dtype dtype, const void *data, const double *ref, size_t n, 
               char *why, size_t size)
 {
     for (size_t i = 0; i < n; i++) {
-        double got = tm_get(dtype, data, i), err = fabs(got - ref[i]);
+        double got = ct_get(dtype, data, i), err = fabs(got - ref[i]);
         double tol = tol_rel * fmax(fabs(ref[i]), 1.0);
         if (seldp_dtype_is_half(dtype))
             tol += 0.5 * ulp_of(dtype, ref[i]);
@@ -389,20 +389,20 @@ seldp_status std_model(test_model *m, int rank)
     seldp_status st;
     for (size_t i = 0; i < STD_N; i++) {
         size_t k = rank % 2 ? STD_N - 1 - i : i;
-        st = tm_add(m, STD[k].path, std_id(rank, k), STD[k].dtype, STD[k].frozen, std_seed(rank, k),
+        st = ct_add(m, STD[k].path, std_id(rank, k), STD[k].dtype, STD[k].frozen, std_seed(rank, k),
                     STD[k].ndim, STD[k].shape);
         if (st != SELDP_OK)
             return st;
     }
-    if ((st = tm_tie(m, "lm_head.weight", "embed.weight")) != SELDP_OK)
+    if ((st = ct_tie(m, "lm_head.weight", "embed.weight")) != SELDP_OK)
         return st;
     snprintf(path, sizeof path, "layers.0.experts.%d.w1.weight", rank);
-    st = tm_add(m, path, 200 + (seldp_param_id)rank, expert_dtypes[rank % 4], false,
+    st = ct_add(m, path, 200 + (seldp_param_id)rank, expert_dtypes[rank % 4], false,
                 77 + (uint64_t)rank, 2, SHAPE(rank + 1, 3));
     if (st == SELDP_OK && rank % 2)
-        st = tm_add(m, "aux.table", 300, SELDP_F64, false, 99, 1, SHAPE(5));
+        st = ct_add(m, "aux.table", 300, SELDP_F64, false, 99, 1, SHAPE(5));
     if (st == SELDP_OK)
-        st = tm_add(m, "layers.0.norm.bias", 400 + (seldp_param_id)rank, SELDP_F32, false,
+        st = ct_add(m, "layers.0.norm.bias", 400 + (seldp_param_id)rank, SELDP_F32, false,
                     500 + (uint64_t)rank, 1, SHAPE(4));
     return st;
 }
@@ -415,7 +415,7 @@ void std_selection(int rank, seldp_param_id *ids)
 
 bool std_holds_root(test_model *m, size_t k, int root, char *why, size_t size)
 {
-    tm_param *p = tm_find(m, STD[k].path);
+    ct_param *p = ct_find(m, STD[k].path);
     size_t bytes, at;
     unsigned char *want;
     if (!p) {
@@ -428,8 +428,8 @@ bool std_holds_root(test_model *m, size_t k, int root, char *why, size_t size)
         snprintf(why, size, "out of memory");
         return false;
     }
-    tm_fill(p->tensor.dtype, want, seldp_tensor_numel(&p->tensor), std_seed(root, k));
-    at = seldp_first_diff(want, p->tensor.data, bytes);
+    ct_fill(p->tensor.dtype, want, seldp_tensor_numel(&p->tensor), std_seed(root, k));
+    at = tr_first_diff(want, p->tensor.data, bytes);
     free(want);
     if (at < bytes) {
         snprintf(why, size, "'%s' differs from root %d's values at byte %zu", STD[k].path, root,
@@ -471,9 +471,9 @@ void std_reference(size_t k, seldp_dtype dtype, int n, const bool *include, doub
     for (int r = 0; r < n; r++) {
         if (!include[r])
             continue;
-        tm_fill(dtype, tmp, numel, std_grad_seed(r, k));
+        ct_fill(dtype, tmp, numel, std_grad_seed(r, k));
         for (size_t i = 0; i < numel; i++)
-            ref[i] += tm_get(dtype, tmp, i);
+            ref[i] += ct_get(dtype, tmp, i);
     }
     for (size_t i = 0; i < numel; i++)
         ref[i] /= divisor;
@@ -485,7 +485,7 @@ seldp_status std_session(seldp_comm *comm, test_model *m, const seldp_session_co
 {
     seldp_param_id ids[STD_N];
     int rank = seldp_comm_rank(comm);
-    seldp_status st = tm_init(m, rank);
+    seldp_status st = ct_init(m, rank);
     if (st == SELDP_OK)
         st = std_model(m, rank);
     if (st != SELDP_OK)

@@ -11,69 +11,69 @@
 #include "ranks.h"
 #include "seldp/seldp.h"
 
-#define TM_MAX         64
+#define CT_MAX         64
 #define MAX_RANKS      8
 #define TEST_TIMEOUT_S 30.0
 
 /* A shape literal: SHAPE(4, 8). */
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
-typedef struct tm_param {
+typedef struct ct_param {
     char path[96];
     seldp_param_id id;
     seldp_tensor tensor;
     bool frozen;
     bool owns;               /* storage allocated here (false for a tied alias) */
-    unsigned char *snapshot; /* bytes at tm_snapshot time */
-} tm_param;
+    unsigned char *snapshot; /* bytes at ct_snapshot time */
+} ct_param;
 
 /* A rank-local model whose parameters' storage the test owns. */
 typedef struct test_model {
     seldp_model *model;
     size_t n;
-    tm_param p[TM_MAX];
+    ct_param p[CT_MAX];
 } test_model;
 
 /* Fill n elements of `dtype` at data with the deterministic pattern of `seed`: floats in
  * [-1, 1) (halves rounded from F32), other types raw bytes (bool 0/1). */
-void tm_fill(seldp_dtype dtype, void *data, size_t n, uint64_t seed);
+void ct_fill(seldp_dtype dtype, void *data, size_t n, uint64_t seed);
 
 /* Element i of a float tensor as a double (F32, F64, F16, BF16). */
-double tm_get(seldp_dtype dtype, const void *data, size_t i);
+double ct_get(seldp_dtype dtype, const void *data, size_t i);
 
 /* Store a value (rounded to nearest even for halves) as element i. */
-void tm_set(seldp_dtype dtype, void *data, size_t i, double value);
+void ct_set(seldp_dtype dtype, void *data, size_t i, double value);
 
-seldp_status tm_init(test_model *m, int rank);
+seldp_status ct_init(test_model *m, int rank);
 
 /* Register `path` with new host storage filled from `seed`. */
-seldp_status tm_add(test_model *m, const char *path, seldp_param_id id, seldp_dtype dtype,
+seldp_status ct_add(test_model *m, const char *path, seldp_param_id id, seldp_dtype dtype,
                     bool frozen, uint64_t seed, int ndim, const int64_t *shape);
 
-/* tm_add, but the descriptor names `device` (the bytes stay in host memory: for testing
+/* ct_add, but the descriptor names `device` (the bytes stay in host memory: for testing
  * the rejection of parameters on a device other than the session's). */
-seldp_status tm_add_on(test_model *m, seldp_device device, const char *path, seldp_param_id id,
+seldp_status ct_add_on(test_model *m, seldp_device device, const char *path, seldp_param_id id,
                        seldp_dtype dtype, bool frozen, uint64_t seed, int ndim,
                        const int64_t *shape);
 
 /* Register `path` as a tied alias of the earlier `existing` (same id and storage). */
-seldp_status tm_tie(test_model *m, const char *path, const char *existing);
+seldp_status ct_tie(test_model *m, const char *path, const char *existing);
 
-tm_param *tm_find(test_model *m, const char *path);
+ct_param *ct_find(test_model *m, const char *path);
 
-/* Remember every parameter's bytes; tm_unchanged compares with them. */
-void tm_snapshot(test_model *m);
+/* Remember every parameter's bytes; ct_unchanged compares with them. */
+void ct_snapshot(test_model *m);
 
-/* True when no parameter changed since tm_snapshot; else why names the first. */
-bool tm_unchanged(const test_model *m, char *why, size_t size);
+/* True when no parameter changed since ct_snapshot; else why names the first. */
+bool ct_unchanged(const test_model *m, char *why, size_t size);
 
-void tm_free(test_model *m);
+void ct_free(test_model *m);
 
 /* A gradient container and the storage of its borrowed entries. */
 typedef struct test_grads {
     seldp_grads *grads;
     size_t n;
-    void *storage[TM_MAX];
+    void *storage[CT_MAX];
 } test_grads;
 
 seldp_status tg_init(test_grads *g);
@@ -112,10 +112,10 @@ uint64_t stats_moves(seldp_comm_stats s);
 /* What a gradient container holds: ids, descriptors, ownership and bytes. */
 typedef struct grads_snapshot {
     size_t n;
-    seldp_param_id id[TM_MAX];
-    seldp_tensor t[TM_MAX];
-    seldp_ownership own[TM_MAX];
-    unsigned char *bytes[TM_MAX];
+    seldp_param_id id[CT_MAX];
+    seldp_tensor t[CT_MAX];
+    seldp_ownership own[CT_MAX];
+    unsigned char *bytes[CT_MAX];
 } grads_snapshot;
 
 void gs_take(grads_snapshot *s, const seldp_grads *grads);

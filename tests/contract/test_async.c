@@ -61,7 +61,7 @@ typedef struct async_arg {
 } async_arg;
 
 /* The model and a session over every parameter (or the first `n_selected`). */
-static int build(seldp_rank_ctx *ctx, const async_arg *a, test_model *m, size_t n_selected,
+static int build(tr_rank_ctx *ctx, const async_arg *a, test_model *m, size_t n_selected,
                  seldp_session **s)
 {
     seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
@@ -70,12 +70,12 @@ static int build(seldp_rank_ctx *ctx, const async_arg *a, test_model *m, size_t 
 
     cfg.bucket_bytes = a->bucket_bytes;
     cfg.check_finite = a->check_finite;
-    RANK_CHECK_OK(ctx, tm_init(m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(m, ctx->rank));
     /* registered in a rank-dependent order: collective order is path order */
     for (size_t j = 0; j < NP; j++) {
         size_t i = (j + (size_t)ctx->rank * 7) % NP;
         snprintf(path, sizeof path, "layers.%02zu.weight", i);
-        RANK_CHECK_OK(ctx, tm_add(m, path, param_id(ctx->rank, i), param_dtype(i), i == FROZEN,
+        RANK_CHECK_OK(ctx, ct_add(m, path, param_id(ctx->rank, i), param_dtype(i), i == FROZEN,
                                   77 + i, 1, SHAPE(NUMEL[i])));
     }
     for (size_t i = 0; i < n_selected; i++)
@@ -85,7 +85,7 @@ static int build(seldp_rank_ctx *ctx, const async_arg *a, test_model *m, size_t 
 }
 
 /* This rank's gradients: every trainable parameter it does not lack, and one unselected. */
-static int put_grads(seldp_rank_ctx *ctx, const async_arg *a, test_grads *g)
+static int put_grads(tr_rank_ctx *ctx, const async_arg *a, test_grads *g)
 {
     bool fp32 = a->method == MEAN_FP32 || a->method == SUM_FP32;
     void *data;
@@ -99,7 +99,7 @@ static int put_grads(seldp_rank_ctx *ctx, const async_arg *a, test_grads *g)
         RANK_CHECK_OK(ctx, tg_put(g, param_id(ctx->rank, i), dt, i % 2 == 0,
                                   grad_seed(ctx->rank, i), 1, SHAPE(NUMEL[i]), &data));
         if (i == 5 && ctx->rank == a->nonfinite_rank)
-            tm_set(dt, data, 3, 0.0 / 0.0);
+            ct_set(dt, data, 3, 0.0 / 0.0);
     }
     RANK_CHECK_OK(ctx, tg_put(g, UNSELECTED, SELDP_F32, false, 3, 1, SHAPE(2), NULL));
     return 0;
@@ -136,7 +136,7 @@ static seldp_status start(int method, const async_arg *a, seldp_session *s, seld
 }
 
 /* Start, mark in the argument's order (the random one differs from rank to rank), finish. */
-static seldp_status overlapped(seldp_rank_ctx *ctx, const async_arg *a, seldp_session *s,
+static seldp_status overlapped(tr_rank_ctx *ctx, const async_arg *a, seldp_session *s,
                                seldp_grads *g, uint64_t *total)
 {
     size_t order[NP], n_marks = NP;
@@ -147,7 +147,7 @@ static seldp_status overlapped(seldp_rank_ctx *ctx, const async_arg *a, seldp_se
         order[j] = a->order == REVERSE ? NP - 1 - j : j;
     if (a->order == RANDOM)
         for (size_t j = NP - 1; j > 0; j--) {
-            size_t k = seldp_test_hash((uint64_t)ctx->rank * 7 + a->bucket_bytes, j) % (j + 1);
+            size_t k = tr_hash((uint64_t)ctx->rank * 7 + a->bucket_bytes, j) % (j + 1);
             size_t t = order[j];
             order[j] = order[k];
             order[k] = t;
@@ -165,7 +165,7 @@ static seldp_status overlapped(seldp_rank_ctx *ctx, const async_arg *a, seldp_se
 
 /* The same inputs through the blocking call (container A) and the overlapped one (B): the
  * same status, global weight, entries, dtypes, ownership and bytes. */
-static int rank_same_as_blocking(seldp_rank_ctx *ctx)
+static int rank_same_as_blocking(tr_rank_ctx *ctx)
 {
     const async_arg *a = ctx->arg;
     test_model m;
@@ -203,7 +203,7 @@ static int rank_same_as_blocking(seldp_rank_ctx *ctx)
                    seldp_dtype_name(tb->dtype), seldp_dtype_name(ta->dtype));
         RANK_CHECK(ctx, seldp_grads_ownership(ga.grads, id) == seldp_grads_ownership(gb.grads, id),
                    "parameter %zu: ownership differs from the blocking call's", i);
-        size_t bytes = seldp_tensor_nbytes(ta), at = seldp_first_diff(ta->data, tb->data, bytes);
+        size_t bytes = seldp_tensor_nbytes(ta), at = tr_first_diff(ta->data, tb->data, bytes);
         RANK_CHECK(ctx, at == bytes,
                    "parameter %zu (%s, %zu-byte buckets, marks %s): byte %zu of %zu differs from "
                    "the blocking call's",
@@ -221,7 +221,7 @@ static int rank_same_as_blocking(seldp_rank_ctx *ctx)
     tg_free(&ga);
     tg_free(&gb);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -250,7 +250,7 @@ static void bit_identical_to_blocking(void **state)
                 for (int order = 0; order < N_ORDERS; order++) {
                     async_arg a = make(method, order, BUCKETS[b]);
                     a.f32_inputs = (order + (int)b) % 2 == 1;
-                    seldp_run_ranks(n, TEST_TIMEOUT_S, rank_same_as_blocking, &a);
+                    tr_run_ranks(n, TEST_TIMEOUT_S, rank_same_as_blocking, &a);
                 }
 }
 
@@ -267,17 +267,17 @@ static void inactive_ranks_and_missing_gradients(void **state)
             a.lacks[r][(size_t)r + 6] = true;
         }
         a.lacks[1][2] = true;
-        seldp_run_ranks(3, TEST_TIMEOUT_S, rank_same_as_blocking, &a);
+        tr_run_ranks(3, TEST_TIMEOUT_S, rank_same_as_blocking, &a);
         /* policy error: only an inactive rank lacks a gradient */
         a = make(method, REVERSE, 64);
         a.w[2] = 0;
         a.lacks[2][3] = true;
-        seldp_run_ranks(3, TEST_TIMEOUT_S, rank_same_as_blocking, &a);
+        tr_run_ranks(3, TEST_TIMEOUT_S, rank_same_as_blocking, &a);
         /* nobody active: every selected gradient is absent */
         a = make(method, FORWARD, 64);
         for (int r = 0; r < 3; r++)
             a.w[r] = 0;
-        seldp_run_ranks(3, TEST_TIMEOUT_S, rank_same_as_blocking, &a);
+        tr_run_ranks(3, TEST_TIMEOUT_S, rank_same_as_blocking, &a);
     }
 }
 
@@ -295,7 +295,7 @@ enum scenario {
     FROZEN_GRADIENT /* rank 0 supplies a gradient for the frozen parameter */
 };
 
-static int rank_fails(seldp_rank_ctx *ctx)
+static int rank_fails(tr_rank_ctx *ctx)
 {
     async_arg *a = ctx->arg;
     test_model m;
@@ -367,7 +367,7 @@ static int rank_fails(seldp_rank_ctx *ctx)
     tg_free(&g);
     seldp_session_destroy(half);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -385,14 +385,14 @@ static void policy_and_finiteness_as_blocking(void **state)
         async_arg a = failing(MISSING);
         char who[64];
         a.lacks[n - 1][3] = true;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
         snprintf(who, sizeof who, "no gradient on active group rank %d", n - 1);
         expect_same_failure(&a.o, n, SELDP_ERR_MISSING_GRADIENT, "'layers.03.weight'", who);
 
         a = failing(NONFINITE);
         a.check_finite = true;
         a.nonfinite_rank = 1;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_NONFINITE, "'layers.05.weight'",
                             "group rank 1 (world rank 1) is not finite at element 3");
     }
@@ -403,33 +403,33 @@ static void mismatches_fail_on_every_rank(void **state)
     (void)state;
     for (int n = 2; n <= 4; n++) {
         async_arg a = failing(OTHER_SESSION);
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_DISAGREE, "ranks reduce different sessions",
                             "seldp_session_reduce_start on the session of 'layers.00.weight' (2 "
                             "parameters");
 
         a = failing(OTHER_METHOD);
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_DISAGREE, "called seldp_session_sum_start",
                             "called seldp_session_reduce_start");
 
         a = failing(BLOCKING_PEER);
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_DISAGREE, "called seldp_session_reduce_start",
                             "called seldp_session_reduce with");
 
         a = failing(MARKED_TWICE);
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_INVALID_ARGUMENT, "group rank 1 (world rank 1)",
                             "'layers.00.weight' was marked ready twice");
 
         a = failing(WRONG_DTYPE);
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_DTYPE, "seldp_session_mark_ready",
                             "'layers.01.weight': gradient dtype f32, expected bf16");
 
         a = failing(FROZEN_GRADIENT);
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_FROZEN, "group rank 0 (world rank 0)",
                             "'layers.11.weight' is frozen");
     }
@@ -446,8 +446,7 @@ static bool same_entries(const seldp_grads *a, const seldp_grads *b, char *why, 
         seldp_grads_at(a, i, &id, &ta);
         tb = seldp_grads_get(b, id);
         if (!tb || tb->dtype != ta->dtype ||
-            seldp_first_diff(ta->data, tb->data, seldp_tensor_nbytes(ta)) !=
-                seldp_tensor_nbytes(ta)) {
+            tr_first_diff(ta->data, tb->data, seldp_tensor_nbytes(ta)) != seldp_tensor_nbytes(ta)) {
             snprintf(why, size, "the gradient of ParamId %llu differs", (unsigned long long)id);
             return false;
         }
@@ -458,7 +457,7 @@ static bool same_entries(const seldp_grads *a, const seldp_grads *b, char *why, 
 /* The world's session of the standard layout and a session of final_norm.weight over each
  * half of the world (even and odd ranks), both overlapped at once, as a model with a shared
  * group and expert groups does: each result equals its blocking call's. */
-static int rank_two_sessions_at_once(seldp_rank_ctx *ctx)
+static int rank_two_sessions_at_once(tr_rank_ctx *ctx)
 {
     static const size_t TRAINABLE[] = {0, 1, 3, 4};
     int r = ctx->rank;
@@ -507,7 +506,7 @@ static int rank_two_sessions_at_once(seldp_rank_ctx *ctx)
     tg_free(&gb2);
     seldp_session_destroy(sh);
     seldp_session_destroy(sw);
-    tm_free(&m);
+    ct_free(&m);
     seldp_comm_destroy(half);
     return 0;
 }
@@ -515,12 +514,12 @@ static int rank_two_sessions_at_once(seldp_rank_ctx *ctx)
 static void two_communicators_in_flight(void **state)
 {
     (void)state;
-    seldp_run_ranks(4, TEST_TIMEOUT_S, rank_two_sessions_at_once, NULL);
+    tr_run_ranks(4, TEST_TIMEOUT_S, rank_two_sessions_at_once, NULL);
 }
 
 /* Sessions with nothing to reduce (an empty selection, a frozen parameter only): the
  * overlapped call agrees, returns the global weight and leaves every gradient as it was. */
-static int rank_nothing_to_reduce(seldp_rank_ctx *ctx)
+static int rank_nothing_to_reduce(tr_rank_ctx *ctx)
 {
     int r = ctx->rank;
     test_model m;
@@ -530,7 +529,7 @@ static int rank_nothing_to_reduce(seldp_rank_ctx *ctx)
     seldp_param_id frozen_id = std_id(r, 2); /* frozen.scale */
     uint64_t w = 0;
 
-    RANK_CHECK_OK(ctx, tm_init(&m, r));
+    RANK_CHECK_OK(ctx, ct_init(&m, r));
     RANK_CHECK_OK(ctx, std_model(&m, r));
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, NULL, 0, NULL, &empty));
     RANK_CHECK_OK(ctx,
@@ -552,7 +551,7 @@ static int rank_nothing_to_reduce(seldp_rank_ctx *ctx)
     tg_free(&g);
     seldp_session_destroy(frozen);
     seldp_session_destroy(empty);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -560,7 +559,7 @@ static void nothing_to_reduce(void **state)
 {
     (void)state;
     for (int n = 2; n <= 3; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_nothing_to_reduce, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_nothing_to_reduce, NULL);
 }
 
 /* A rank that never starts: it learns so from its own finish, the others time out. */
@@ -569,7 +568,7 @@ static void a_rank_that_does_not_start(void **state)
     (void)state;
     for (int n = 2; n <= 3; n++) {
         async_arg a = failing(NOT_STARTED);
-        seldp_run_ranks(n, 0.5, rank_fails, &a);
+        tr_run_ranks(n, 0.5, rank_fails, &a);
         for (int r = 0; r < n - 1; r++) {
             if (a.o.st[r] != SELDP_ERR_TIMEOUT && a.o.st[r] != SELDP_ERR_ABORTED)
                 fail_msg("rank %d returned %s: %s", r, seldp_status_name(a.o.st[r]), a.o.msg[r]);

@@ -59,26 +59,26 @@ static uint64_t buf_seed(int rank, size_t k)
 static void expected_bytes(size_t k, int rank, void *out)
 {
     if (BUFS[k].raw)
-        seldp_fill_bytes(out, (size_t)BUFS[k].numel * seldp_dtype_size(BUFS[k].dtype),
-                         buf_seed(rank, k));
+        tr_fill_bytes(out, (size_t)BUFS[k].numel * seldp_dtype_size(BUFS[k].dtype),
+                      buf_seed(rank, k));
     else
-        tm_fill(BUFS[k].dtype, out, (size_t)BUFS[k].numel, buf_seed(rank, k));
+        ct_fill(BUFS[k].dtype, out, (size_t)BUFS[k].numel, buf_seed(rank, k));
 }
 
 /* The quantized-base layout beside an unselected parameter; ids given in reverse. */
-static int build(seldp_rank_ctx *ctx, test_model *m, seldp_param_id *ids)
+static int build(tr_rank_ctx *ctx, test_model *m, seldp_param_id *ids)
 {
-    RANK_CHECK_OK(ctx, tm_init(m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(m, ctx->rank));
     for (size_t k = 0; k < N_BUFS; k++) {
-        RANK_CHECK_OK(ctx, tm_add(m, BUFS[k].path, buf_id(ctx->rank, k), BUFS[k].dtype,
+        RANK_CHECK_OK(ctx, ct_add(m, BUFS[k].path, buf_id(ctx->rank, k), BUFS[k].dtype,
                                   BUFS[k].frozen, buf_seed(ctx->rank, k), 1, SHAPE(BUFS[k].numel)));
         if (BUFS[k].raw)
             expected_bytes(k, ctx->rank, m->p[m->n - 1].tensor.data);
         ids[N_BUFS - 1 - k] = buf_id(ctx->rank, k);
     }
-    RANK_CHECK_OK(ctx, tm_add(m, "other.expert", 5, SELDP_U8, true, 90 + (uint64_t)ctx->rank, 1,
+    RANK_CHECK_OK(ctx, ct_add(m, "other.expert", 5, SELDP_U8, true, 90 + (uint64_t)ctx->rank, 1,
                               SHAPE(ctx->rank + 3)));
-    tm_snapshot(m);
+    ct_snapshot(m);
     return 0;
 }
 
@@ -88,7 +88,7 @@ typedef struct buf_arg {
     outcome o;
 } buf_arg;
 
-static int rank_bit_exact(seldp_rank_ctx *ctx)
+static int rank_bit_exact(tr_rank_ctx *ctx)
 {
     buf_arg *a = ctx->arg;
     seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
@@ -119,24 +119,24 @@ static int rank_bit_exact(seldp_rank_ctx *ctx)
                "bucket %zu: %llu broadcasts, expected %llu", cfg.bucket_bytes,
                (unsigned long long)(s1.broadcasts - s0.broadcasts), (unsigned long long)expected);
     for (size_t k = 0; k < N_BUFS; k++) {
-        tm_param *p = tm_find(&m, BUFS[k].path);
+        ct_param *p = ct_find(&m, BUFS[k].path);
         size_t bytes = seldp_tensor_nbytes(&p->tensor);
         expected_bytes(k, a->root, want);
         const seldp_param *view = seldp_model_find_path(m.model, BUFS[k].path);
         RANK_CHECK(ctx,
                    view && view->tensor.dtype == BUFS[k].dtype && view->frozen == BUFS[k].frozen,
                    "'%s' changed dtype or frozen flag", p->path);
-        RANK_CHECK(ctx, seldp_first_diff(want, p->tensor.data, bytes) == bytes,
+        RANK_CHECK(ctx, tr_first_diff(want, p->tensor.data, bytes) == bytes,
                    "'%s' is not root's bytes (first difference at byte %zu)", p->path,
-                   seldp_first_diff(want, p->tensor.data, bytes));
+                   tr_first_diff(want, p->tensor.data, bytes));
     }
     {
-        tm_param *p = tm_find(&m, "other.expert");
+        ct_param *p = ct_find(&m, "other.expert");
         RANK_CHECK(ctx, memcmp(p->snapshot, p->tensor.data, seldp_tensor_nbytes(&p->tensor)) == 0,
                    "unselected quantized base changed");
     }
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -150,12 +150,12 @@ static void buffers_broadcast_bit_exactly(void **state)
             memset(&a, 0, sizeof a);
             a.root = n - 1;
             a.bucket_bytes = buckets[i];
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_bit_exact, &a);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_bit_exact, &a);
         }
     }
 }
 
-static int rank_rejected(seldp_rank_ctx *ctx)
+static int rank_rejected(tr_rank_ctx *ctx)
 {
     buf_arg *a = ctx->arg;
     test_model m;
@@ -167,9 +167,9 @@ static int rank_rejected(seldp_rank_ctx *ctx)
         return 1;
     st = seldp_session_initialize(ctx->world, m.model, a->root, ids, N_BUFS, NULL, &s);
     outcome_record(&a->o, ctx->rank, st);
-    a->o.unchanged[ctx->rank] = tm_unchanged(&m, a->o.why[ctx->rank], sizeof a->o.why[0]);
+    a->o.unchanged[ctx->rank] = ct_unchanged(&m, a->o.why[ctx->rank], sizeof a->o.why[0]);
     RANK_CHECK(ctx, s == NULL, "a session came back from a failed initialize");
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -179,7 +179,7 @@ static void buffers_rejected_by_initialize(void **state)
     for (int n = 1; n <= 4; n++) {
         buf_arg a;
         memset(&a, 0, sizeof a);
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_rejected, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_rejected, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_DTYPE, "'layers.0.experts.0.w1.qweight'",
                             "group rank 0");
     }
@@ -192,7 +192,7 @@ typedef struct reduce_arg {
     outcome o;
 } reduce_arg;
 
-static int rank_reduce(seldp_rank_ctx *ctx)
+static int rank_reduce(tr_rank_ctx *ctx)
 {
     reduce_arg *a = ctx->arg;
     test_model m;
@@ -208,7 +208,7 @@ static int rank_reduce(seldp_rank_ctx *ctx)
         return 1;
     RANK_CHECK_OK(
         ctx, seldp_session_initialize_with_buffers(ctx->world, m.model, 0, ids, N_BUFS, NULL, &s));
-    tm_snapshot(&m);
+    ct_snapshot(&m);
     RANK_CHECK_OK(ctx, tg_init(&g));
     RANK_CHECK_OK(ctx, tg_put(&g, buf_id(ctx->rank, LORA_A), SELDP_F32, false,
                               400 + (uint64_t)ctx->rank, 1, SHAPE(16), NULL));
@@ -222,7 +222,7 @@ static int rank_reduce(seldp_rank_ctx *ctx)
             ctx, tg_put(&g, buf_id(ctx->rank, MISC_I8), SELDP_I8, false, 1, 1, SHAPE(7), NULL));
     gs_take(&before, g.grads);
     st = seldp_session_reduce(s, g.grads, 4, SELDP_MISSING_ERROR, &total);
-    RANK_CHECK(ctx, tm_unchanged(&m, why, sizeof why), "a reduction wrote a parameter: %s", why);
+    RANK_CHECK(ctx, ct_unchanged(&m, why, sizeof why), "a reduction wrote a parameter: %s", why);
     if (a->bad >= 0) {
         outcome_record(&a->o, ctx->rank, st);
         a->o.unchanged[ctx->rank] =
@@ -241,9 +241,9 @@ static int rank_reduce(seldp_rank_ctx *ctx)
             for (size_t i = 0; i < n; i++)
                 ref[i] = 0.0;
             for (int r = 0; r < ctx->size; r++) {
-                tm_fill(dt, tmp, n, (j == 0 ? 400u : 500u) + (uint64_t)r);
+                ct_fill(dt, tmp, n, (j == 0 ? 400u : 500u) + (uint64_t)r);
                 for (size_t i = 0; i < n; i++)
-                    ref[i] += tm_get(dt, tmp, i) / (4.0 * ctx->size);
+                    ref[i] += ct_get(dt, tmp, i) / (4.0 * ctx->size);
             }
             RANK_CHECK(ctx, t && close_to(dt, t->data, ref, n, 2e-6, why, sizeof why), "'%s': %s",
                        BUFS[k].path, why);
@@ -252,7 +252,7 @@ static int rank_reduce(seldp_rank_ctx *ctx)
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -263,7 +263,7 @@ static void adapters_reduced_buffers_never(void **state)
         reduce_arg a;
         memset(&a, 0, sizeof a);
         a.bad = -1;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_reduce, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_reduce, &a);
     }
 }
 
@@ -276,11 +276,11 @@ static void gradient_for_a_buffer_is_an_error(void **state)
         snprintf(who, sizeof who, "group rank %d", n - 1);
         memset(&a, 0, sizeof a);
         a.bad = 0;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_reduce, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_reduce, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_FROZEN, "'layers.0.experts.0.w1.qweight'", who);
         memset(&a, 0, sizeof a);
         a.bad = 1;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_reduce, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_reduce, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_DTYPE, "'misc.i8'", who);
     }
 }

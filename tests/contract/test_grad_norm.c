@@ -146,9 +146,9 @@ static double reference_norm(const scenario *sc)
             const param_spec *ps = &s->params[p];
             int copies = s->kind == SELDP_NORM_SHARDED ? size : 1;
             for (int g = 0; g < copies; g++) {
-                tm_fill(grad_dtype(sc, ps), buf, numel(ps), grad_seed(i, p, g));
+                ct_fill(grad_dtype(sc, ps), buf, numel(ps), grad_seed(i, p, g));
                 for (size_t e = 0; e < numel(ps); e++) {
-                    double x = tm_get(grad_dtype(sc, ps), buf, e);
+                    double x = ct_get(grad_dtype(sc, ps), buf, e);
                     sum += x * x;
                 }
             }
@@ -168,11 +168,11 @@ typedef struct rank_state {
 } rank_state;
 
 /* Build the rank's model, its sessions (one split of the world each) and its gradients. */
-static int setup(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st)
+static int setup(tr_rank_ctx *ctx, const scenario *sc, rank_state *st)
 {
     seldp_param_id next = 1;
     memset(st, 0, sizeof *st);
-    RANK_CHECK_OK(ctx, tm_init(&st->m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&st->m, ctx->rank));
     RANK_CHECK_OK(ctx, tg_init(&st->g));
     for (size_t i = 0; i < N_SESSIONS; i++) {
         const session_spec *s = &LAYOUT[i];
@@ -187,7 +187,7 @@ static int setup(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st)
             bool frozen = sc->frozen && strcmp(ps->path, "shared.b") == 0;
             int64_t shape[2] = {ps->shape[0], ps->shape[1]};
             ids[p] = next++;
-            RANK_CHECK_OK(ctx, tm_add(&st->m, ps->path, ids[p], ps->dtype, frozen, 7 + p, ps->ndim,
+            RANK_CHECK_OK(ctx, ct_add(&st->m, ps->path, ids[p], ps->dtype, frozen, 7 + p, ps->ndim,
                                       ps->shape));
             if (ctx->rank == sc->bad_shape_rank && strcmp(ps->path, "shared.w") == 0) {
                 shape[0] = ps->shape[1];
@@ -199,7 +199,7 @@ static int setup(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st)
         }
     }
     RANK_CHECK_OK(ctx,
-                  tm_add(&st->m, LOCAL.path, next, LOCAL.dtype, false, 3, LOCAL.ndim, LOCAL.shape));
+                  ct_add(&st->m, LOCAL.path, next, LOCAL.dtype, false, 3, LOCAL.ndim, LOCAL.shape));
     RANK_CHECK_OK(ctx, tg_put(&st->g, next, LOCAL.dtype, false, 5, LOCAL.ndim, LOCAL.shape, NULL));
     for (size_t i = 0; i < N_SESSIONS; i++) {
         const session_spec *s = &LAYOUT[i];
@@ -232,7 +232,7 @@ static int setup(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st)
             const seldp_tensor *t;
             seldp_grads_at(st->g.grads, k, &id, &t);
             if (seldp_tensor_numel(t) > 1)
-                tm_set(t->dtype, t->data, 1, sc->bad_value);
+                ct_set(t->dtype, t->data, 1, sc->bad_value);
         }
     return 0;
 }
@@ -245,12 +245,12 @@ static void teardown(rank_state *st)
         seldp_comm_destroy(st->comms[i]);
     }
     tg_free(&st->g);
-    tm_free(&st->m);
+    ct_free(&st->m);
 }
 
 /* Every selected gradient holds its original values times coef (as the library rounds
  * them: F32 products, halves rounded to nearest even); the local gradient is untouched. */
-static int check_scaled(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st, double coef)
+static int check_scaled(tr_rank_ctx *ctx, const scenario *sc, rank_state *st, double coef)
 {
     unsigned char want[256];
     for (size_t i = 0; i < N_SESSIONS; i++) {
@@ -263,26 +263,26 @@ static int check_scaled(seldp_rank_ctx *ctx, const scenario *sc, rank_state *st,
                 seldp_grads_get(st->g.grads, seldp_model_find_path(st->m.model, ps->path)->id);
             RANK_CHECK(ctx, t, "'%s' lost its gradient", ps->path);
             seldp_dtype dtype = grad_dtype(sc, ps);
-            tm_fill(dtype, want, numel(ps), grad_seed(i, p, group_rank(s, ctx->rank)));
+            ct_fill(dtype, want, numel(ps), grad_seed(i, p, group_rank(s, ctx->rank)));
             for (size_t e = 0; e < numel(ps); e++)
-                tm_set(dtype, want, e,
-                       (double)(float)((double)(float)tm_get(dtype, want, e) * coef));
+                ct_set(dtype, want, e,
+                       (double)(float)((double)(float)ct_get(dtype, want, e) * coef));
             RANK_CHECK(ctx, memcmp(t->data, want, seldp_tensor_nbytes(t)) == 0,
                        "'%s' is not its gradient scaled by %.17g (first difference at byte %zu)",
-                       ps->path, coef, seldp_first_diff(t->data, want, seldp_tensor_nbytes(t)));
+                       ps->path, coef, tr_first_diff(t->data, want, seldp_tensor_nbytes(t)));
         }
     }
     {
         const seldp_tensor *t =
             seldp_grads_get(st->g.grads, seldp_model_find_path(st->m.model, LOCAL.path)->id);
-        tm_fill(LOCAL.dtype, want, numel(&LOCAL), 5);
+        ct_fill(LOCAL.dtype, want, numel(&LOCAL), 5);
         RANK_CHECK(ctx, t && memcmp(t->data, want, seldp_tensor_nbytes(t)) == 0,
                    "the unselected gradient '%s' changed", LOCAL.path);
     }
     return 0;
 }
 
-static int rank_norm(seldp_rank_ctx *ctx)
+static int rank_norm(tr_rank_ctx *ctx)
 {
     scenario *sc = ctx->arg;
     rank_state st;
@@ -354,7 +354,7 @@ static int rank_norm(seldp_rank_ctx *ctx)
 static void run(scenario *sc)
 {
     memset(&sc->out, 0, sizeof sc->out);
-    seldp_run_ranks(sc->n, TEST_TIMEOUT_S, rank_norm, sc);
+    tr_run_ranks(sc->n, TEST_TIMEOUT_S, rank_norm, sc);
     if (sc->expect != SELDP_OK)
         expect_same_failure(&sc->out, sc->n, sc->expect, sc->needles[0], sc->needles[1]);
 }

@@ -47,7 +47,7 @@ static uint64_t tokens(int rank, int step)
     return (uint64_t)(rank + 1) * 3u + (uint64_t)step;
 }
 
-static int rank_groups(seldp_rank_ctx *ctx)
+static int rank_groups(tr_rank_ctx *ctx)
 {
     groups_arg *a = ctx->arg;
     int e = a->color[ctx->rank], group[WORLD], n_group = members(a, e, group);
@@ -70,17 +70,17 @@ static int rank_groups(seldp_rank_ctx *ctx)
     RANK_CHECK(ctx, seldp_comm_size(sub) == n_group, "group of %d ranks", seldp_comm_size(sub));
 
     /* the shared layout plus this rank's expert, with rank-dependent ids */
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     RANK_CHECK_OK(ctx, std_model(&m, ctx->rank));
     if (a->break_schema && ctx->rank == WORLD - 1)
         expert_shape[0][0] += 1;
     for (int j = 0; j < 2; j++) {
         snprintf(path[j], sizeof path[j], "layers.1.experts.%d.w%d.weight", e, j + 1);
         expert_ids[j] = 300 + 10 * (seldp_param_id)ctx->rank + (seldp_param_id)j;
-        RANK_CHECK_OK(ctx, tm_add(&m, path[j], expert_ids[j], expert_dtype[j], false,
+        RANK_CHECK_OK(ctx, ct_add(&m, path[j], expert_ids[j], expert_dtype[j], false,
                                   expert_seed(ctx->rank, j), 2, expert_shape[j]));
     }
-    tm_snapshot(&m);
+    ct_snapshot(&m);
 
     /* both sessions, world first, then the expert's data group */
     std_selection(ctx->rank, shared_ids);
@@ -91,7 +91,7 @@ static int rank_groups(seldp_rank_ctx *ctx)
     if (a->break_schema) {
         /* only the broken group fails, and its parameters are untouched */
         if (a->expert_st[ctx->rank] != SELDP_OK) {
-            tm_param *p = tm_find(&m, path[0]);
+            ct_param *p = ct_find(&m, path[0]);
             RANK_CHECK(ctx,
                        memcmp(p->snapshot, p->tensor.data, seldp_tensor_nbytes(&p->tensor)) == 0,
                        "a failed initialize wrote '%s'", path[0]);
@@ -107,10 +107,10 @@ static int rank_groups(seldp_rank_ctx *ctx)
                    seldp_session_size(expert));
         /* the expert group's root is group rank expert_root = world rank group[expert_root] */
         for (int j = 0; j < 2; j++) {
-            tm_param *p = tm_find(&m, path[j]);
+            ct_param *p = ct_find(&m, path[j]);
             size_t numel = seldp_tensor_numel(&p->tensor);
             unsigned char want[256];
-            tm_fill(expert_dtype[j], want, numel, expert_seed(group[expert_root], j));
+            ct_fill(expert_dtype[j], want, numel, expert_seed(group[expert_root], j));
             RANK_CHECK(ctx, memcmp(want, p->tensor.data, seldp_tensor_nbytes(&p->tensor)) == 0,
                        "'%s' does not hold its group root's values", path[j]);
         }
@@ -155,9 +155,9 @@ static int rank_groups(seldp_rank_ctx *ctx)
                 for (int r = 0; r < WORLD; r++) {
                     if (!in_group[r])
                         continue;
-                    tm_fill(expert_dtype[j], tmp, numel, expert_grad_seed(r, step, j));
+                    ct_fill(expert_dtype[j], tmp, numel, expert_grad_seed(r, step, j));
                     for (size_t i = 0; i < numel; i++)
-                        eref[i] += tm_get(expert_dtype[j], tmp, i);
+                        eref[i] += ct_get(expert_dtype[j], tmp, i);
                 }
                 RANK_CHECK(ctx, t->data == data[j], "'%s' not reduced in place", path[j]);
                 RANK_CHECK(ctx, close_to(t->dtype, t->data, eref, numel, 2e-6, why, sizeof why),
@@ -176,7 +176,7 @@ static int rank_groups(seldp_rank_ctx *ctx)
     seldp_session_destroy(expert);
     seldp_session_destroy(shared);
     seldp_comm_destroy(sub);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -193,7 +193,7 @@ static void expert_group_beside_world_session(void **state)
         groups_arg a;
         memset(&a, 0, sizeof a);
         memcpy(a.color, layouts[i], sizeof a.color);
-        seldp_run_ranks(WORLD, TEST_TIMEOUT_S, rank_groups, &a);
+        tr_run_ranks(WORLD, TEST_TIMEOUT_S, rank_groups, &a);
     }
 }
 
@@ -204,7 +204,7 @@ static void failure_stays_inside_its_group(void **state)
     memset(&a, 0, sizeof a);
     memcpy(a.color, (int[WORLD]){0, 1, 0, 1}, sizeof a.color);
     a.break_schema = true;
-    seldp_run_ranks(WORLD, TEST_TIMEOUT_S, rank_groups, &a);
+    tr_run_ranks(WORLD, TEST_TIMEOUT_S, rank_groups, &a);
     assert_int_equal(a.expert_st[0], SELDP_OK);
     assert_int_equal(a.expert_st[2], SELDP_OK);
     assert_int_equal(a.expert_st[1], SELDP_ERR_SCHEMA);

@@ -27,12 +27,12 @@ static uint64_t grad_seed(int rank, seldp_dtype dtype)
 }
 
 /* One BF16 and one F16 parameter, both selected. */
-static int half_session(seldp_rank_ctx *ctx, test_model *m, seldp_session **s)
+static int half_session(tr_rank_ctx *ctx, test_model *m, seldp_session **s)
 {
     seldp_param_id ids[2] = {10 + (seldp_param_id)ctx->rank, 20};
-    RANK_CHECK_OK(ctx, tm_init(m, ctx->rank));
-    RANK_CHECK_OK(ctx, tm_add(m, "h.bf16", ids[0], SELDP_BF16, false, 1, 2, SHAPE(ROWS, COLS)));
-    RANK_CHECK_OK(ctx, tm_add(m, "h.f16", ids[1], SELDP_F16, false, 2, 2, SHAPE(ROWS, COLS)));
+    RANK_CHECK_OK(ctx, ct_init(m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_add(m, "h.bf16", ids[0], SELDP_BF16, false, 1, 2, SHAPE(ROWS, COLS)));
+    RANK_CHECK_OK(ctx, ct_add(m, "h.f16", ids[1], SELDP_F16, false, 2, 2, SHAPE(ROWS, COLS)));
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m->model, 0, ids, 2, NULL, s));
     return 0;
 }
@@ -57,14 +57,14 @@ static double relative_error(seldp_dtype dtype, const void *got, const double *r
 {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) {
-        double d = tm_get(dtype, got, i) - ref[i];
+        double d = ct_get(dtype, got, i) - ref[i];
         num += d * d;
         den += ref[i] * ref[i];
     }
     return sqrt(num) / sqrt(den);
 }
 
-static int rank_against_fp64(seldp_rank_ctx *ctx)
+static int rank_against_fp64(tr_rank_ctx *ctx)
 {
     const method mth = *(const method *)ctx->arg;
     static const seldp_dtype dtypes[2] = {SELDP_BF16, SELDP_F16};
@@ -98,9 +98,9 @@ static int rank_against_fp64(seldp_rank_ctx *ctx)
         for (size_t i = 0; i < NUMEL; i++)
             ref[i] = 0.0;
         for (int r = 0; r < ctx->size; r++) {
-            tm_fill(dtypes[d], tmp, NUMEL, grad_seed(r, dtypes[d]));
+            ct_fill(dtypes[d], tmp, NUMEL, grad_seed(r, dtypes[d]));
             for (size_t i = 0; i < NUMEL; i++)
-                ref[i] += tm_get(dtypes[d], tmp, i);
+                ref[i] += ct_get(dtypes[d], tmp, i);
         }
         for (size_t i = 0; i < NUMEL; i++)
             ref[i] /= normalize ? (double)total : 1.0;
@@ -119,7 +119,7 @@ static int rank_against_fp64(seldp_rank_ctx *ctx)
     free(tmp);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -129,13 +129,13 @@ static void halves_match_fp64(void **state)
     static const method methods[] = {REDUCE, REDUCE_FP32, SUM, SUM_FP32};
     for (size_t i = 0; i < 4; i++)
         for (int n = 1; n <= 4; n++)
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_against_fp64, (void *)&methods[i]);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_against_fp64, (void *)&methods[i]);
 }
 
 /* Two ranks sum 1 + x where x puts the F32 sum 0.5, 1.5, 0.75 and 0.25 ulps of the half
  * above 1: round-to-nearest-even gives 1, 1 + 2 ulp, 1 + 1 ulp, 1. Truncation would give
  * 1, 1 + 1 ulp, 1, 1. */
-static int rank_round_to_nearest_even(seldp_rank_ctx *ctx)
+static int rank_round_to_nearest_even(tr_rank_ctx *ctx)
 {
     const seldp_dtype dtype = *(const seldp_dtype *)ctx->arg;
     int mant = dtype == SELDP_BF16 ? 7 : 10;
@@ -150,23 +150,23 @@ static int rank_round_to_nearest_even(seldp_rank_ctx *ctx)
     seldp_tensor t = seldp_tensor_view(dtype, SELDP_HOST_DEVICE, grad, 1, SHAPE(4));
 
     for (int i = 0; i < 4; i++)
-        tm_set(dtype, grad, (size_t)i, ctx->rank == 0 ? 1.0 : x[i]);
+        ct_set(dtype, grad, (size_t)i, ctx->rank == 0 ? 1.0 : x[i]);
     for (int i = 0; i < 4; i++)
-        RANK_CHECK(ctx, tm_get(dtype, grad, (size_t)i) == (ctx->rank == 0 ? 1.0 : x[i]),
+        RANK_CHECK(ctx, ct_get(dtype, grad, (size_t)i) == (ctx->rank == 0 ? 1.0 : x[i]),
                    "test input %d not exact in %s", i, seldp_dtype_name(dtype));
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
-    RANK_CHECK_OK(ctx, tm_add(&m, "p", id, dtype, false, 1, 1, SHAPE(4)));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_add(&m, "p", id, dtype, false, 1, 1, SHAPE(4)));
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, &id, 1, NULL, &s));
     RANK_CHECK_OK(ctx, seldp_grads_create(&g));
     RANK_CHECK_OK(ctx, seldp_grads_put(g, id, &t, SELDP_BORROWED));
     RANK_CHECK_OK(ctx, seldp_session_sum(s, g, true, SELDP_MISSING_ERROR, NULL));
     for (int i = 0; i < 4; i++)
-        RANK_CHECK(ctx, tm_get(dtype, grad, (size_t)i) == want[i],
+        RANK_CHECK(ctx, ct_get(dtype, grad, (size_t)i) == want[i],
                    "%s: 1 + %g rounded to %.10g, expected %.10g", seldp_dtype_name(dtype), x[i],
-                   tm_get(dtype, grad, (size_t)i), want[i]);
+                   ct_get(dtype, grad, (size_t)i), want[i]);
     seldp_grads_destroy(g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -175,13 +175,13 @@ static void halves_round_to_nearest_even(void **state)
     (void)state;
     static const seldp_dtype dtypes[2] = {SELDP_BF16, SELDP_F16};
     for (int d = 0; d < 2; d++)
-        seldp_run_ranks(2, TEST_TIMEOUT_S, rank_round_to_nearest_even, (void *)&dtypes[d]);
+        tr_run_ranks(2, TEST_TIMEOUT_S, rank_round_to_nearest_even, (void *)&dtypes[d]);
 }
 
 /* 4 ranks sum big + 1 + 1 + 1 where big is 2048 (F16) or 256 (BF16), whose ulp is 2. In
  * FP32 the sum is big + 3, a tie rounded to the even big + 4. Accumulating in the half
  * type would lose every 1 (big + 1 is a tie rounded back to big). */
-static int rank_summed_in_fp32(seldp_rank_ctx *ctx)
+static int rank_summed_in_fp32(tr_rank_ctx *ctx)
 {
     const seldp_dtype dtype = *(const seldp_dtype *)ctx->arg;
     double big = dtype == SELDP_F16 ? 2048.0 : 256.0;
@@ -192,18 +192,18 @@ static int rank_summed_in_fp32(seldp_rank_ctx *ctx)
     uint16_t grad[1];
     seldp_tensor t = seldp_tensor_view(dtype, SELDP_HOST_DEVICE, grad, 1, SHAPE(1));
 
-    tm_set(dtype, grad, 0, ctx->rank == 0 ? big : 1.0);
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
-    RANK_CHECK_OK(ctx, tm_add(&m, "p", id, dtype, false, 1, 1, SHAPE(1)));
+    ct_set(dtype, grad, 0, ctx->rank == 0 ? big : 1.0);
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_add(&m, "p", id, dtype, false, 1, 1, SHAPE(1)));
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, &id, 1, NULL, &s));
     RANK_CHECK_OK(ctx, seldp_grads_create(&g));
     RANK_CHECK_OK(ctx, seldp_grads_put(g, id, &t, SELDP_BORROWED));
     RANK_CHECK_OK(ctx, seldp_session_sum(s, g, true, SELDP_MISSING_ERROR, NULL));
-    RANK_CHECK(ctx, tm_get(dtype, grad, 0) == big + 4.0, "%s: got %g, expected %g",
-               seldp_dtype_name(dtype), tm_get(dtype, grad, 0), big + 4.0);
+    RANK_CHECK(ctx, ct_get(dtype, grad, 0) == big + 4.0, "%s: got %g, expected %g",
+               seldp_dtype_name(dtype), ct_get(dtype, grad, 0), big + 4.0);
     seldp_grads_destroy(g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -212,7 +212,7 @@ static void halves_are_summed_in_fp32(void **state)
     (void)state;
     static const seldp_dtype dtypes[2] = {SELDP_BF16, SELDP_F16};
     for (int d = 0; d < 2; d++)
-        seldp_run_ranks(4, TEST_TIMEOUT_S, rank_summed_in_fp32, (void *)&dtypes[d]);
+        tr_run_ranks(4, TEST_TIMEOUT_S, rank_summed_in_fp32, (void *)&dtypes[d]);
 }
 
 int main(void)

@@ -26,7 +26,7 @@ static seldp_session_config config_of(const init_arg *a)
 
 /* Every rank: selected parameters take root's values (bit-identical on every rank),
  * frozen ones included, and each unselected one keeps its own bytes. */
-static int rank_broadcast(seldp_rank_ctx *ctx)
+static int rank_broadcast(tr_rank_ctx *ctx)
 {
     const init_arg *a = ctx->arg;
     seldp_session_config cfg = config_of(a);
@@ -35,14 +35,14 @@ static int rank_broadcast(seldp_rank_ctx *ctx)
     seldp_param_id ids[STD_N];
     char why[256];
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     RANK_CHECK_OK(ctx, std_model(&m, ctx->rank));
-    tm_snapshot(&m);
+    ct_snapshot(&m);
     std_selection(ctx->rank, ids);
     RANK_CHECK_OK(ctx,
                   seldp_session_initialize(ctx->world, m.model, a->root, ids, STD_N, &cfg, &s));
     for (size_t k = 0; k < STD_N; k++) {
-        tm_param *p = tm_find(&m, STD[k].path);
+        ct_param *p = ct_find(&m, STD[k].path);
         RANK_CHECK(ctx, std_holds_root(&m, k, a->root, why, sizeof why), "%s", why);
         RANK_CHECK(ctx,
                    same_everywhere(ctx->world, p->tensor.data, seldp_tensor_nbytes(&p->tensor)),
@@ -50,10 +50,10 @@ static int rank_broadcast(seldp_rank_ctx *ctx)
     }
     /* the tied alias names the same storage, so it reads root's values too */
     RANK_CHECK(
-        ctx, tm_find(&m, "lm_head.weight")->tensor.data == tm_find(&m, "embed.weight")->tensor.data,
+        ctx, ct_find(&m, "lm_head.weight")->tensor.data == ct_find(&m, "embed.weight")->tensor.data,
         "tied alias lost its storage");
     for (size_t i = 0; i < m.n; i++) {
-        tm_param *p = &m.p[i];
+        ct_param *p = &m.p[i];
         bool selected = false;
         for (size_t k = 0; k < STD_N; k++)
             selected |= strcmp(p->path, STD[k].path) == 0 || strcmp(p->path, "lm_head.weight") == 0;
@@ -63,7 +63,7 @@ static int rank_broadcast(seldp_rank_ctx *ctx)
                        "unselected '%s' changed", p->path);
     }
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -73,7 +73,7 @@ static void selected_parameters_take_root_values(void **state)
     for (int n = 1; n <= 4; n++) {
         for (int root = 0; root < n; root++) {
             init_arg a = {root, 0};
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_broadcast, &a);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_broadcast, &a);
         }
     }
 }
@@ -83,14 +83,14 @@ static void small_buckets_still_broadcast_every_byte(void **state)
     (void)state;
     for (int n = 2; n <= 4; n++) {
         init_arg a = {n - 1, 12}; /* smaller than most tensors: many buckets per tensor */
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_broadcast, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_broadcast, &a);
     }
 }
 
 /* Collective order is the order of paths, not of ids: on rank r the id of path k is
  * (k + r) mod 5 + 1, so rank 0's id of one path is rank 1's id of another. Covered by
  * rank_broadcast; this one checks the ids really differ and the session keeps them. */
-static int rank_ids_differ(seldp_rank_ctx *ctx)
+static int rank_ids_differ(tr_rank_ctx *ctx)
 {
     test_model m;
     seldp_session *s = NULL;
@@ -99,11 +99,11 @@ static int rank_ids_differ(seldp_rank_ctx *ctx)
     size_t n_kept = 0;
     char why[256];
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     RANK_CHECK_OK(ctx, std_model(&m, ctx->rank));
     RANK_CHECK(
         ctx,
-        !same_everywhere(ctx->world, &tm_find(&m, "embed.weight")->id, sizeof(seldp_param_id)) ||
+        !same_everywhere(ctx->world, &ct_find(&m, "embed.weight")->id, sizeof(seldp_param_id)) ||
             ctx->size == 1,
         "the test needs ids that differ between ranks");
     std_selection(ctx->rank, ids);
@@ -114,7 +114,7 @@ static int rank_ids_differ(seldp_rank_ctx *ctx)
     RANK_CHECK(ctx, n_kept == STD_N && memcmp(kept, ids, sizeof ids) == 0,
                "seldp_session_selected does not return the ids as given");
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -122,12 +122,12 @@ static void param_ids_may_differ_between_ranks(void **state)
 {
     (void)state;
     for (int n = 2; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_ids_differ, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_ids_differ, NULL);
 }
 
 /* The counts through the communicator: ceil(bytes / bucket) broadcasts per dtype, a tied
  * group counted once, and two all-gathers (status, manifests) before them. */
-static int rank_bucket_counts(seldp_rank_ctx *ctx)
+static int rank_bucket_counts(tr_rank_ctx *ctx)
 {
     const init_arg *a = ctx->arg;
     seldp_session_config cfg = config_of(a);
@@ -141,7 +141,7 @@ static int rank_bucket_counts(seldp_rank_ctx *ctx)
     size_t b32 = b / 4 * 4, b16 = b / 2 * 2;
     uint64_t expected = (f32 + b32 - 1) / b32 + (bf16 + b16 - 1) / b16 + (f16 + b16 - 1) / b16;
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     RANK_CHECK_OK(ctx, std_model(&m, ctx->rank));
     std_selection(ctx->rank, ids);
     before = seldp_comm_get_stats(ctx->world);
@@ -157,7 +157,7 @@ static int rank_bucket_counts(seldp_rank_ctx *ctx)
     RANK_CHECK(ctx, after.allreduces == before.allreduces && after.barriers == before.barriers,
                "initialize made allreduces or barriers");
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -168,13 +168,13 @@ static void broadcasts_are_coalesced_per_dtype(void **state)
     for (int n = 1; n <= 4; n++) {
         for (size_t i = 0; i < sizeof buckets / sizeof buckets[0]; i++) {
             init_arg a = {n / 2, buckets[i] ? buckets[i] : (size_t)25 << 20};
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_bucket_counts, &a);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_bucket_counts, &a);
         }
     }
 }
 
 /* n tensors of b bytes in all make ceil(b / bucket) broadcasts, not n. */
-static int rank_many_tensors(seldp_rank_ctx *ctx)
+static int rank_many_tensors(tr_rank_ctx *ctx)
 {
     enum { N_TENSORS = 40, ELEMS = 10 };
     seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
@@ -185,11 +185,11 @@ static int rank_many_tensors(seldp_rank_ctx *ctx)
     char path[32];
 
     cfg.bucket_bytes = 256;
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     for (int i = 0; i < N_TENSORS; i++) {
         snprintf(path, sizeof path, "t.%02d", i);
         ids[i] = (seldp_param_id)i + 1;
-        RANK_CHECK_OK(ctx, tm_add(&m, path, ids[i], SELDP_F32, false,
+        RANK_CHECK_OK(ctx, ct_add(&m, path, ids[i], SELDP_F32, false,
                                   (uint64_t)ctx->rank * 100 + (uint64_t)i, 1, SHAPE(ELEMS)));
     }
     before = seldp_comm_get_stats(ctx->world);
@@ -200,12 +200,12 @@ static int rank_many_tensors(seldp_rank_ctx *ctx)
                (unsigned long long)(after.broadcasts - before.broadcasts));
     for (int i = 0; i < N_TENSORS; i++) {
         float want[ELEMS];
-        tm_fill(SELDP_F32, want, ELEMS, (uint64_t)i);
+        ct_fill(SELDP_F32, want, ELEMS, (uint64_t)i);
         RANK_CHECK(ctx, memcmp(want, m.p[i].tensor.data, sizeof want) == 0,
                    "'%s' is not root's after bucketed broadcast", m.p[i].path);
     }
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -213,12 +213,12 @@ static void many_tensors_make_few_broadcasts(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_many_tensors, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_many_tensors, NULL);
 }
 
 /* An empty selection is valid: no broadcast, nothing written, and reductions pass every
  * gradient through. */
-static int rank_empty(seldp_rank_ctx *ctx)
+static int rank_empty(tr_rank_ctx *ctx)
 {
     test_model m;
     test_grads g;
@@ -229,14 +229,14 @@ static int rank_empty(seldp_rank_ctx *ctx)
     void *data = NULL;
     char why[256];
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     RANK_CHECK_OK(ctx, std_model(&m, ctx->rank));
-    tm_snapshot(&m);
+    ct_snapshot(&m);
     before = seldp_comm_get_stats(ctx->world);
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, NULL, 0, NULL, &s));
     after = seldp_comm_get_stats(ctx->world);
     RANK_CHECK(ctx, after.broadcasts == before.broadcasts, "empty selection broadcast");
-    RANK_CHECK(ctx, tm_unchanged(&m, why, sizeof why), "%s", why);
+    RANK_CHECK(ctx, ct_unchanged(&m, why, sizeof why), "%s", why);
     seldp_session_selected(s, &n_sel);
     RANK_CHECK(ctx, n_sel == 0, "empty selection reports %zu ids", n_sel);
     RANK_CHECK(ctx, seldp_session_rank(s) == ctx->rank && seldp_session_size(s) == ctx->size,
@@ -253,12 +253,12 @@ static int rank_empty(seldp_rank_ctx *ctx)
                "an unselected gradient did not pass through");
     {
         float want[32];
-        tm_fill(SELDP_F32, want, 32, 5);
+        ct_fill(SELDP_F32, want, 32, 5);
         RANK_CHECK(ctx, memcmp(want, data, sizeof want) == 0, "unselected gradient changed");
     }
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -266,11 +266,11 @@ static void empty_selection_is_valid(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_empty, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_empty, NULL);
 }
 
 /* Every parameter selected is plain DDP: every tensor becomes root's. */
-static int rank_full_model(seldp_rank_ctx *ctx)
+static int rank_full_model(tr_rank_ctx *ctx)
 {
     test_model m;
     seldp_session *s = NULL;
@@ -278,12 +278,12 @@ static int rank_full_model(seldp_rank_ctx *ctx)
     size_t n_ids = 0;
     const int root = ctx->size - 1;
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     for (size_t k = 0; k < STD_N; k++)
         RANK_CHECK_OK(ctx,
-                      tm_add(&m, STD[k].path, std_id(ctx->rank, k), STD[k].dtype, STD[k].frozen,
+                      ct_add(&m, STD[k].path, std_id(ctx->rank, k), STD[k].dtype, STD[k].frozen,
                              std_seed(ctx->rank, k), STD[k].ndim, STD[k].shape));
-    RANK_CHECK_OK(ctx, tm_tie(&m, "lm_head.weight", "embed.weight"));
+    RANK_CHECK_OK(ctx, ct_tie(&m, "lm_head.weight", "embed.weight"));
     for (size_t i = 0; i < seldp_model_count(m.model); i++) {
         const seldp_param *p = seldp_model_at(m.model, i);
         if (seldp_model_find_id(m.model, p->id) == p)
@@ -301,7 +301,7 @@ static int rank_full_model(seldp_rank_ctx *ctx)
         RANK_CHECK(ctx, std_holds_root(&m, k, root, why, sizeof why), "%s", why);
     }
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -309,11 +309,11 @@ static void full_model_session_is_ddp(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_full_model, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_full_model, NULL);
 }
 
 /* The session copies the ids: the caller may reuse its array. */
-static int rank_ids_copied(seldp_rank_ctx *ctx)
+static int rank_ids_copied(tr_rank_ctx *ctx)
 {
     test_model m;
     seldp_session *s = NULL;
@@ -321,7 +321,7 @@ static int rank_ids_copied(seldp_rank_ctx *ctx)
     const seldp_param_id *kept;
     size_t n = 0;
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     RANK_CHECK_OK(ctx, std_model(&m, ctx->rank));
     std_selection(ctx->rank, ids);
     memcpy(given, ids, sizeof ids);
@@ -333,7 +333,7 @@ static int rank_ids_copied(seldp_rank_ctx *ctx)
     RANK_CHECK(ctx, seldp_session_rank(s) == ctx->rank, "rank %d", seldp_session_rank(s));
     RANK_CHECK(ctx, seldp_session_size(s) == ctx->size, "size %d", seldp_session_size(s));
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -341,7 +341,7 @@ static void session_copies_ids_and_reports_group(void **state)
 {
     (void)state;
     for (int n = 1; n <= 3; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_ids_copied, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_ids_copied, NULL);
     seldp_session_destroy(NULL);
 }
 
@@ -355,7 +355,7 @@ typedef struct path_arg {
 
 /* The group takes the fused path only when every rank may; either way the reduction is
  * exact (small integers) and the path is reported alike on every rank. */
-static int rank_path(seldp_rank_ctx *ctx)
+static int rank_path(tr_rank_ctx *ctx)
 {
     path_arg *a = ctx->arg;
     seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
@@ -371,7 +371,7 @@ static int rank_path(seldp_rank_ctx *ctx)
         outcome_record(&a->o, ctx->rank, st);
         a->o.unchanged[ctx->rank] = s == NULL;
         snprintf(a->o.why[ctx->rank], sizeof a->o.why[0], "a session was returned");
-        tm_free(&m);
+        ct_free(&m);
         return 0;
     }
     RANK_CHECK(ctx, st == SELDP_OK, "initialize returned %s: %s", seldp_status_name(st),
@@ -399,7 +399,7 @@ static int rank_path(seldp_rank_ctx *ctx)
     }
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -413,26 +413,26 @@ static void reduce_path_agreed_by_the_group(void **state)
         memset(&a, 0, sizeof a);
         /* AUTO: the environment decides, else the host transport's fused reduction */
         a.expected = env_bucketed ? SELDP_REDUCE_PATH_BUCKETED : SELDP_REDUCE_PATH_FUSED;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
         for (int r = 0; r < n; r++)
             a.asked[r] = SELDP_REDUCE_PATH_BUCKETED;
         a.expected = SELDP_REDUCE_PATH_BUCKETED;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
         /* one rank asking for the bucketed path takes the group with it */
         for (int r = 0; r < n; r++)
             a.asked[r] = r == n - 1 ? SELDP_REDUCE_PATH_BUCKETED : SELDP_REDUCE_PATH_FUSED;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
         if (!env_bucketed) {
             for (int r = 0; r < n; r++)
                 a.asked[r] = SELDP_REDUCE_PATH_FUSED;
             a.expected = SELDP_REDUCE_PATH_FUSED;
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
         }
         /* an invalid request on one rank fails everywhere */
         memset(&a, 0, sizeof a);
         a.asked[n - 1] = (seldp_reduce_path)7;
         a.expected = SELDP_REDUCE_PATH_AUTO;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_path, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_INVALID_ARGUMENT, "cfg.reduce_path 7 is invalid",
                             "seldp_session_initialize");
     }

@@ -27,7 +27,7 @@ typedef struct miss_arg {
 } miss_arg;
 
 /* Every trainable gradient, final_norm.weight only where a->has[rank]. */
-static int put_grads(seldp_rank_ctx *ctx, const miss_arg *a, test_grads *g)
+static int put_grads(tr_rank_ctx *ctx, const miss_arg *a, test_grads *g)
 {
     RANK_CHECK_OK(ctx, tg_init(g));
     for (size_t j = 0; j < N_TRAINABLE; j++) {
@@ -51,7 +51,7 @@ static seldp_status call(const miss_arg *a, seldp_session *s, seldp_grads *g, in
 /* A call that must succeed: final_norm.weight is the sum over active ranks that have it,
  * divided by the global weight (mean), present on every rank exactly when some active
  * rank had it. */
-static int rank_succeeds(seldp_rank_ctx *ctx)
+static int rank_succeeds(tr_rank_ctx *ctx)
 {
     const miss_arg *a = ctx->arg;
     test_model m;
@@ -107,12 +107,12 @@ static int rank_succeeds(seldp_rank_ctx *ctx)
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
 /* A call that must fail: record the outcome for the main thread. */
-static int rank_fails(seldp_rank_ctx *ctx)
+static int rank_fails(tr_rank_ctx *ctx)
 {
     miss_arg *a = ctx->arg;
     test_model m;
@@ -132,7 +132,7 @@ static int rank_fails(seldp_rank_ctx *ctx)
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -157,7 +157,7 @@ static void policy_error_names_the_rank_that_lacks(void **state)
             miss_arg a = make(SELDP_MISSING_ERROR, sum);
             char who[64];
             a.has[n - 1] = false;
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_fails, &a);
             snprintf(who, sizeof who, "no gradient on active group rank %d", n - 1);
             expect_same_failure(&a.o, n, SELDP_ERR_MISSING_GRADIENT, "'final_norm.weight'", who);
         }
@@ -165,7 +165,7 @@ static void policy_error_names_the_rank_that_lacks(void **state)
     {
         miss_arg a = make(SELDP_MISSING_ERROR, false);
         a.has[1] = a.has[3] = false;
-        seldp_run_ranks(4, TEST_TIMEOUT_S, rank_fails, &a);
+        tr_run_ranks(4, TEST_TIMEOUT_S, rank_fails, &a);
         expect_same_failure(&a.o, 4, SELDP_ERR_MISSING_GRADIENT, "group ranks 1,3",
                             "has one on active group ranks 0,2");
     }
@@ -179,7 +179,7 @@ static void policy_error_ignores_inactive_ranks(void **state)
             miss_arg a = make(SELDP_MISSING_ERROR, sum);
             a.has[n - 1] = false;
             a.w[n - 1] = 0;
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_succeeds, &a);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_succeeds, &a);
         }
     }
 }
@@ -192,7 +192,7 @@ static void policy_zero_contributes_zero(void **state)
             for (int lacking = 0; lacking < n; lacking++) {
                 miss_arg a = make(SELDP_MISSING_ZERO, sum);
                 a.has[lacking] = false;
-                seldp_run_ranks(n, TEST_TIMEOUT_S, rank_succeeds, &a);
+                tr_run_ranks(n, TEST_TIMEOUT_S, rank_succeeds, &a);
             }
         }
     }
@@ -207,7 +207,7 @@ static void globally_absent_gradient_stays_absent(void **state)
                 miss_arg a = make((seldp_missing_policy)policy, sum);
                 for (int r = 0; r < n; r++)
                     a.has[r] = false;
-                seldp_run_ranks(n, TEST_TIMEOUT_S, rank_succeeds, &a);
+                tr_run_ranks(n, TEST_TIMEOUT_S, rank_succeeds, &a);
             }
         }
     }
@@ -225,7 +225,7 @@ static void gradient_only_on_inactive_ranks_is_absent(void **state)
                 for (int r = 0; r < n; r++)
                     a.has[r] = r == 1;
                 a.w[1] = 0;
-                seldp_run_ranks(n, TEST_TIMEOUT_S, rank_succeeds, &a);
+                tr_run_ranks(n, TEST_TIMEOUT_S, rank_succeeds, &a);
             }
         }
     }

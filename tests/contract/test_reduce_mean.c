@@ -30,7 +30,7 @@ static uint64_t weight_sum(const uint64_t *w, int n)
 
 /* Put this rank's gradients of the trainable entries in the parameter dtype (owned on odd
  * ranks, borrowed on even ones) and unselected ones beside them. */
-static int put_std_grads(seldp_rank_ctx *ctx, test_grads *g, void **data)
+static int put_std_grads(tr_rank_ctx *ctx, test_grads *g, void **data)
 {
     RANK_CHECK_OK(ctx, tg_init(g));
     for (size_t j = 0; j < N_TRAINABLE; j++) {
@@ -50,7 +50,7 @@ static int put_std_grads(seldp_rank_ctx *ctx, test_grads *g, void **data)
 }
 
 /* Check the reduced trainable gradients against the FP64 mean over `include`d ranks. */
-static int check_mean(seldp_rank_ctx *ctx, test_grads *g, const bool *include, double w,
+static int check_mean(tr_rank_ctx *ctx, test_grads *g, const bool *include, double w,
                       seldp_dtype force_dtype)
 {
     double ref[64];
@@ -73,7 +73,7 @@ static int check_mean(seldp_rank_ctx *ctx, test_grads *g, const bool *include, d
 
 /* --- the weighted mean ----------------------------------------------------- */
 
-static int rank_uneven_weights(seldp_rank_ctx *ctx)
+static int rank_uneven_weights(tr_rank_ctx *ctx)
 {
     test_model m;
     test_grads g;
@@ -88,11 +88,11 @@ static int rank_uneven_weights(seldp_rank_ctx *ctx)
     if (put_std_grads(ctx, &g, data))
         return 1;
     gs_take(&before, g.grads);
-    tm_snapshot(&m);
+    ct_snapshot(&m);
     RANK_CHECK_OK(ctx,
                   seldp_session_reduce(s, g.grads, WEIGHTS[ctx->rank], SELDP_MISSING_ERROR, &w));
     /* a reduction touches gradients only: no parameter update, no broadcast */
-    RANK_CHECK(ctx, tm_unchanged(&m, why, sizeof why), "reduce wrote a parameter: %s", why);
+    RANK_CHECK(ctx, ct_unchanged(&m, why, sizeof why), "reduce wrote a parameter: %s", why);
     RANK_CHECK(ctx, w == expected, "global weight %llu, expected %llu", (unsigned long long)w,
                (unsigned long long)expected);
     if (check_mean(ctx, &g, all, (double)expected, SELDP_DTYPE_COUNT))
@@ -118,7 +118,7 @@ static int rank_uneven_weights(seldp_rank_ctx *ctx)
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -126,12 +126,12 @@ static void mean_with_uneven_weights(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_uneven_weights, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_uneven_weights, NULL);
 }
 
 /* A case small enough to compute by hand: gradients {1, 10}, {2, 20}, {3, 30} with weights
  * 1, 2, 5 give {6, 60} / 8 = {0.75, 7.5}. */
-static int rank_hand_computed(seldp_rank_ctx *ctx)
+static int rank_hand_computed(tr_rank_ctx *ctx)
 {
     static const uint64_t w[3] = {1, 2, 5};
     test_model m;
@@ -142,8 +142,8 @@ static int rank_hand_computed(seldp_rank_ctx *ctx)
     seldp_tensor t = seldp_tensor_view(SELDP_F32, SELDP_HOST_DEVICE, grad, 1, SHAPE(2));
     uint64_t total = 0;
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
-    RANK_CHECK_OK(ctx, tm_add(&m, "p", id, SELDP_F32, false, 1, 1, SHAPE(2)));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_add(&m, "p", id, SELDP_F32, false, 1, 1, SHAPE(2)));
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, &id, 1, NULL, &s));
     RANK_CHECK_OK(ctx, seldp_grads_create(&g));
     RANK_CHECK_OK(ctx, seldp_grads_put(g, id, &t, SELDP_BORROWED));
@@ -153,19 +153,19 @@ static int rank_hand_computed(seldp_rank_ctx *ctx)
                grad[0], grad[1]);
     seldp_grads_destroy(g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
 static void mean_equals_hand_computed_value(void **state)
 {
     (void)state;
-    seldp_run_ranks(3, TEST_TIMEOUT_S, rank_hand_computed, NULL);
+    tr_run_ranks(3, TEST_TIMEOUT_S, rank_hand_computed, NULL);
 }
 
 /* --- inactive ranks and zero weight --------------------------------------- */
 
-static int rank_inactive(seldp_rank_ctx *ctx)
+static int rank_inactive(tr_rank_ctx *ctx)
 {
     static const uint64_t w[MAX_RANKS] = {2, 0, 3, 0};
     test_model m;
@@ -181,7 +181,7 @@ static int rank_inactive(seldp_rank_ctx *ctx)
     if (w[ctx->rank] == 0) /* an inactive rank's gradients must not leak into the result */
         for (size_t j = 0; j < N_TRAINABLE; j++)
             for (size_t i = 0; i < std_numel(TRAINABLE[j]); i++)
-                tm_set(STD[TRAINABLE[j]].dtype, data[j], i, NAN);
+                ct_set(STD[TRAINABLE[j]].dtype, data[j], i, NAN);
     RANK_CHECK_OK(ctx, seldp_session_reduce(s, g.grads, w[ctx->rank], SELDP_MISSING_ERROR, &total));
     RANK_CHECK(ctx, total == weight_sum(w, ctx->size), "global weight %llu",
                (unsigned long long)total);
@@ -189,7 +189,7 @@ static int rank_inactive(seldp_rank_ctx *ctx)
         return 1;
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -197,10 +197,10 @@ static void inactive_ranks_contribute_nothing(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_inactive, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_inactive, NULL);
 }
 
-static int rank_zero_weight(seldp_rank_ctx *ctx)
+static int rank_zero_weight(tr_rank_ctx *ctx)
 {
     test_model m;
     test_grads g;
@@ -235,7 +235,7 @@ static int rank_zero_weight(seldp_rank_ctx *ctx)
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -243,12 +243,12 @@ static void zero_global_weight_returns_no_selected_gradient(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_zero_weight, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_zero_weight, NULL);
 }
 
 /* --- FP32 results ---------------------------------------------------------- */
 
-static int rank_fp32(seldp_rank_ctx *ctx)
+static int rank_fp32(tr_rank_ctx *ctx)
 {
     test_model m;
     test_grads g;
@@ -293,7 +293,7 @@ static int rank_fp32(seldp_rank_ctx *ctx)
     }
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -301,7 +301,7 @@ static void reduce_fp32_keeps_fp32_results(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_fp32, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_fp32, NULL);
 }
 
 /* --- collectives ----------------------------------------------------------- */
@@ -311,7 +311,7 @@ typedef struct stats_arg {
     uint64_t allreduces; /* expected per call */
 } stats_arg;
 
-static int rank_stats(seldp_rank_ctx *ctx)
+static int rank_stats(tr_rank_ctx *ctx)
 {
     const stats_arg *a = ctx->arg;
     seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
@@ -352,7 +352,7 @@ static int rank_stats(seldp_rank_ctx *ctx)
         tg_free(&g);
     }
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -364,7 +364,7 @@ static void one_agreement_then_bucketed_allreduces(void **state)
     static const stats_arg cases[] = {{(size_t)25 << 20, 1}, {192, 1}, {64, 3}, {100, 2}, {4, 48}};
     for (int n = 1; n <= 4; n++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_stats, (void *)&cases[i]);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_stats, (void *)&cases[i]);
 }
 
 /* --- collective failures --------------------------------------------------- */
@@ -377,7 +377,7 @@ typedef struct fail_arg {
     outcome o;
 } fail_arg;
 
-static int rank_failure(seldp_rank_ctx *ctx)
+static int rank_failure(tr_rank_ctx *ctx)
 {
     fail_arg *a = ctx->arg;
     seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
@@ -399,9 +399,9 @@ static int rank_failure(seldp_rank_ctx *ctx)
     if (a->mode == 1 && ctx->rank == ctx->size - 1)
         ((float *)data[1])[2] = INFINITY; /* final_norm.weight */
     if (a->mode == 2 && ctx->rank == ctx->size - 1)
-        tm_set(SELDP_BF16, data[2], 1, NAN); /* layers.0.norm.weight */
+        ct_set(SELDP_BF16, data[2], 1, NAN); /* layers.0.norm.weight */
     if (a->mode == 3 && ctx->rank == 0)
-        tm_set(SELDP_F16, data[3], 5, INFINITY); /* layers.0.router.weight */
+        ct_set(SELDP_F16, data[3], 5, INFINITY); /* layers.0.router.weight */
     if (a->mode == 3 && ctx->rank == ctx->size - 1)
         ((float *)data[1])[3] = NAN; /* final_norm.weight, earlier in path order */
     if (a->mode == 4 && ctx->rank >= 1)
@@ -417,7 +417,7 @@ static int rank_failure(seldp_rank_ctx *ctx)
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -427,7 +427,7 @@ static void weight_sum_overflow(void **state)
     for (int n = 2; n <= 4; n++) {
         fail_arg a;
         memset(&a, 0, sizeof a);
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_OVERFLOW, "overflows 64 bits", "group rank 1");
     }
 }
@@ -441,11 +441,11 @@ static void nonfinite_gradient_detected_when_asked(void **state)
         snprintf(needle, sizeof needle, "group rank %d", n - 1);
         memset(&a, 0, sizeof a);
         a.mode = 1;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_NONFINITE, "'final_norm.weight'", needle);
         memset(&a, 0, sizeof a);
         a.mode = 2;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_NONFINITE, "'layers.0.norm.weight'", needle);
     }
 }
@@ -460,20 +460,20 @@ static void nonfinite_named_in_path_then_rank_order(void **state)
         char needle[64];
         memset(&a, 0, sizeof a);
         a.mode = 3;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
         snprintf(needle, sizeof needle, "group rank %d (world rank %d) is not finite at element 3",
                  n - 1, n - 1);
         expect_same_failure(&a.o, n, SELDP_ERR_NONFINITE, "'final_norm.weight'", needle);
         memset(&a, 0, sizeof a);
         a.mode = 4;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_failure, &a);
         expect_same_failure(&a.o, n, SELDP_ERR_NONFINITE, "'embed.weight'",
                             "group rank 1 (world rank 1) is not finite at element 1 of 32");
     }
 }
 
 /* Unchecked, a non-finite value is reduced like any other: every replica gets it. */
-static int rank_nonfinite_unchecked(seldp_rank_ctx *ctx)
+static int rank_nonfinite_unchecked(tr_rank_ctx *ctx)
 {
     test_model m;
     test_grads g;
@@ -489,7 +489,7 @@ static int rank_nonfinite_unchecked(seldp_rank_ctx *ctx)
     RANK_CHECK(ctx, isinf(((float *)data[1])[2]), "the infinity did not reach every replica");
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -497,7 +497,7 @@ static void nonfinite_gradient_reduced_when_not_asked(void **state)
 {
     (void)state;
     for (int n = 1; n <= 3; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_nonfinite_unchecked, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_nonfinite_unchecked, NULL);
 }
 
 int main(void)

@@ -103,7 +103,7 @@ static seldp_status put_grads(const rcase *c, int rank, bool bad, test_grads *g)
     return st;
 }
 
-static int rank_reduce_validation(seldp_rank_ctx *ctx)
+static int rank_reduce_validation(tr_rank_ctx *ctx)
 {
     rcase *c = ctx->arg;
     bool bad = ctx->rank == c->bad;
@@ -157,7 +157,7 @@ static int rank_reduce_validation(seldp_rank_ctx *ctx)
         tg_free(&g);
     }
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -173,7 +173,7 @@ static void run_defect(defect d, seldp_status expected, const char *needle, bool
         memset(&c, 0, sizeof c);
         c.defect = d;
         c.bad = n - 1;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_reduce_validation, &c);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_reduce_validation, &c);
         snprintf(who, sizeof who, "group rank %d", c.bad);
         expect_same_failure(&c.o, n, expected, needle, name_bad ? who : NULL);
     }
@@ -234,7 +234,7 @@ static void lowest_failing_rank_wins(void **state)
         memset(&c, 0, sizeof c);
         c.defect = TWO_FAILURES;
         c.bad = n - 1;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_reduce_validation, &c);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_reduce_validation, &c);
         snprintf(who, sizeof who, "group rank %d", n - 2);
         expect_same_failure(&c.o, n, SELDP_ERR_FROZEN, "'frozen.scale'", who);
     }

@@ -20,16 +20,16 @@ static const size_t TRAINABLE[] = {0, 1, 3, 4};
  * and exactly summable in F32. */
 static void exact_values(int rank, size_t k, float *x)
 {
-    seldp_fill_f32_exact(x, std_numel(k), std_grad_seed(rank, k));
+    tr_fill_f32_exact(x, std_numel(k), std_grad_seed(rank, k));
 }
 
-static int put_exact(seldp_rank_ctx *ctx, test_grads *g, size_t k, seldp_dtype dtype, void **data)
+static int put_exact(tr_rank_ctx *ctx, test_grads *g, size_t k, seldp_dtype dtype, void **data)
 {
     float x[64];
     RANK_CHECK_OK(ctx, std_put_grad(g, ctx->rank, k, dtype, ctx->rank % 2, data));
     exact_values(ctx->rank, k, x);
     for (size_t i = 0; i < std_numel(k); i++)
-        tm_set(dtype, *data, i, x[i]);
+        ct_set(dtype, *data, i, x[i]);
     return 0;
 }
 
@@ -53,7 +53,7 @@ typedef struct sum_arg {
     bool active[MAX_RANKS];
 } sum_arg;
 
-static int rank_sum(seldp_rank_ctx *ctx)
+static int rank_sum(tr_rank_ctx *ctx)
 {
     const sum_arg *a = ctx->arg;
     test_model m;
@@ -73,7 +73,7 @@ static int rank_sum(seldp_rank_ctx *ctx)
             return 1;
     if (!a->active[ctx->rank]) /* eligibility: an inactive rank's values never count */
         for (size_t j = 0; j < N_TRAINABLE; j++)
-            tm_set(STD[TRAINABLE[j]].dtype, data[j], 0, NAN);
+            ct_set(STD[TRAINABLE[j]].dtype, data[j], 0, NAN);
     if (a->fp32)
         RANK_CHECK_OK(ctx, seldp_session_sum_fp32(s, g.grads, a->active[ctx->rank],
                                                   SELDP_MISSING_ERROR, &total));
@@ -103,7 +103,7 @@ static int rank_sum(seldp_rank_ctx *ctx)
     }
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -113,15 +113,15 @@ static void sum_over_active_ranks(void **state)
     for (int fp32 = 0; fp32 <= 1; fp32++) {
         for (int n = 1; n <= 4; n++) {
             sum_arg a = {fp32, {true, n == 1, true, false}};
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_sum, &a);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_sum, &a);
             sum_arg all = {fp32, {true, true, true, true}};
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_sum, &all);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_sum, &all);
         }
     }
 }
 
 /* Identical gradients on n ranks sum to n times the gradient: nothing divides by n. */
-static int rank_no_division(seldp_rank_ctx *ctx)
+static int rank_no_division(tr_rank_ctx *ctx)
 {
     test_model m;
     seldp_grads *g = NULL;
@@ -132,8 +132,8 @@ static int rank_no_division(seldp_rank_ctx *ctx)
     uint64_t total = 0;
     float n = (float)ctx->size;
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
-    RANK_CHECK_OK(ctx, tm_add(&m, "w", id, SELDP_F32, false, 1, 1, SHAPE(3)));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_add(&m, "w", id, SELDP_F32, false, 1, 1, SHAPE(3)));
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, &id, 1, NULL, &s));
     RANK_CHECK_OK(ctx, seldp_grads_create(&g));
     RANK_CHECK_OK(ctx, seldp_grads_put(g, id, &t, SELDP_BORROWED));
@@ -143,7 +143,7 @@ static int rank_no_division(seldp_rank_ctx *ctx)
     RANK_CHECK(ctx, total == (uint64_t)ctx->size, "global weight %llu", (unsigned long long)total);
     seldp_grads_destroy(g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -151,11 +151,11 @@ static void sum_does_not_divide(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_no_division, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_no_division, NULL);
 }
 
 /* No active rank: only the unselected gradients come back, untouched. */
-static int rank_all_inactive(seldp_rank_ctx *ctx)
+static int rank_all_inactive(tr_rank_ctx *ctx)
 {
     const sum_arg *a = ctx->arg;
     test_model m;
@@ -189,7 +189,7 @@ static int rank_all_inactive(seldp_rank_ctx *ctx)
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -199,12 +199,12 @@ static void all_inactive_returns_only_untouched_gradients(void **state)
     for (int fp32 = 0; fp32 <= 1; fp32++) {
         sum_arg a = {fp32, {false}};
         for (int n = 1; n <= 4; n++)
-            seldp_run_ranks(n, TEST_TIMEOUT_S, rank_all_inactive, &a);
+            tr_run_ranks(n, TEST_TIMEOUT_S, rank_all_inactive, &a);
     }
 }
 
 /* sum makes the same collectives as reduce: one agreement, ceil(bytes / bucket) allreduces. */
-static int rank_sum_stats(seldp_rank_ctx *ctx)
+static int rank_sum_stats(tr_rank_ctx *ctx)
 {
     seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
     test_model m;
@@ -236,7 +236,7 @@ static int rank_sum_stats(seldp_rank_ctx *ctx)
                (unsigned long long)reductions);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -244,7 +244,7 @@ static void sum_is_bucketed(void **state)
 {
     (void)state;
     for (int n = 1; n <= 4; n++)
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_sum_stats, NULL);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_sum_stats, NULL);
 }
 
 int main(void)

@@ -58,7 +58,7 @@ static seldp_status build(const vcase *c, int rank, int size, test_model *m, sel
     *with_buffers = false;
     *no_model = false;
     *cfg = (seldp_session_config)SELDP_SESSION_CONFIG_INIT;
-    if ((st = tm_init(m, rank)) != SELDP_OK)
+    if ((st = ct_init(m, rank)) != SELDP_OK)
         return st;
     for (size_t k = 0; k < STD_N; k++) {
         seldp_dtype dtype = STD[k].dtype;
@@ -82,20 +82,20 @@ static seldp_status build(const vcase *c, int rank, int size, test_model *m, sel
             frozen = false;
         if (bad && c->defect == WRONG_DEVICE && strcmp(path, "final_norm.weight") == 0)
             device = (seldp_device){SELDP_DEVICE_CUDA, 0};
-        if ((st = tm_add_on(m, device, path, std_id(rank, k), dtype, frozen, std_seed(rank, k),
+        if ((st = ct_add_on(m, device, path, std_id(rank, k), dtype, frozen, std_seed(rank, k),
                             STD[k].ndim, shape)) != SELDP_OK)
             return st;
     }
     if (bad && c->defect == ALIAS_DIFFERS)
-        st = tm_add(m, "lm_head.weight", 50, SELDP_F32, false, 3, 2, SHAPE(8, 4));
+        st = ct_add(m, "lm_head.weight", 50, SELDP_F32, false, 3, 2, SHAPE(8, 4));
     else
-        st = tm_tie(m, "lm_head.weight", "embed.weight");
+        st = ct_tie(m, "lm_head.weight", "embed.weight");
     if (st != SELDP_OK)
         return st;
-    if ((st = tm_add(m, "aaa.qweight", 60, SELDP_U8, true, 4, 1, SHAPE(16))) != SELDP_OK ||
-        (st = tm_add(m, "aaa.mask", 61, SELDP_BOOL, true, 5, 1, SHAPE(16))) != SELDP_OK ||
-        (st = tm_add(m, "aaa.table", 62, SELDP_F64, false, 6, 1, SHAPE(4))) != SELDP_OK ||
-        (st = tm_add(m, "layers.0.extra", 63, SELDP_F32, false, 7, 1, SHAPE(4))) != SELDP_OK)
+    if ((st = ct_add(m, "aaa.qweight", 60, SELDP_U8, true, 4, 1, SHAPE(16))) != SELDP_OK ||
+        (st = ct_add(m, "aaa.mask", 61, SELDP_BOOL, true, 5, 1, SHAPE(16))) != SELDP_OK ||
+        (st = ct_add(m, "aaa.table", 62, SELDP_F64, false, 6, 1, SHAPE(4))) != SELDP_OK ||
+        (st = ct_add(m, "layers.0.extra", 63, SELDP_F32, false, 7, 1, SHAPE(4))) != SELDP_OK)
         return st;
 
     std_selection(rank, ids);
@@ -169,7 +169,7 @@ common:
     return SELDP_OK;
 }
 
-static int rank_validation(seldp_rank_ctx *ctx)
+static int rank_validation(tr_rank_ctx *ctx)
 {
     vcase *c = ctx->arg;
     test_model m, fresh;
@@ -184,7 +184,7 @@ static int rank_validation(seldp_rank_ctx *ctx)
 
     RANK_CHECK_OK(ctx, build(c, ctx->rank, ctx->size, &m, ids, &n_ids, &root, &with_buffers, &cfg,
                              &no_model));
-    tm_snapshot(&m);
+    ct_snapshot(&m);
     if (with_buffers)
         st = seldp_session_initialize_with_buffers(ctx->world, no_model ? NULL : m.model, root, ids,
                                                    n_ids, &cfg, &s);
@@ -192,24 +192,24 @@ static int rank_validation(seldp_rank_ctx *ctx)
         st = seldp_session_initialize(ctx->world, no_model ? NULL : m.model, root, ids, n_ids, &cfg,
                                       &s);
     outcome_record(&c->o, ctx->rank, st);
-    c->o.unchanged[ctx->rank] = tm_unchanged(&m, c->o.why[ctx->rank], sizeof c->o.why[0]);
+    c->o.unchanged[ctx->rank] = ct_unchanged(&m, c->o.why[ctx->rank], sizeof c->o.why[0]);
     if (s != NULL) {
         c->o.unchanged[ctx->rank] = false;
         snprintf(c->o.why[ctx->rank], sizeof c->o.why[0], "*out is not NULL after a failure");
         if (st == SELDP_OK)
             seldp_session_destroy(s);
     }
-    tm_free(&m);
+    ct_free(&m);
 
     /* The group is still in step: a correct initialize right after succeeds everywhere. */
-    RANK_CHECK_OK(ctx, tm_init(&fresh, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&fresh, ctx->rank));
     RANK_CHECK_OK(ctx, std_model(&fresh, ctx->rank));
     std_selection(ctx->rank, ids);
     s = NULL;
     RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, fresh.model, 0, ids, STD_N, NULL, &s));
     RANK_CHECK(ctx, std_holds_root(&fresh, 0, 0, why, sizeof why), "%s", why);
     seldp_session_destroy(s);
-    tm_free(&fresh);
+    ct_free(&fresh);
     return 0;
 }
 
@@ -222,7 +222,7 @@ static void run_defect(defect d, seldp_status expected, const char *needle1, boo
         memset(&c, 0, sizeof c);
         c.defect = d;
         c.bad = n - 1;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_validation, &c);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_validation, &c);
         snprintf(rank_needle, sizeof rank_needle, "group rank %d", c.bad);
         expect_same_failure(&c.o, n, expected, needle1, name_bad_rank ? rank_needle : NULL);
     }
@@ -351,7 +351,7 @@ static void lowest_failing_rank_wins(void **state)
         memset(&c, 0, sizeof c);
         c.defect = TWO_FAILURES;
         c.bad = n - 1;
-        seldp_run_ranks(n, TEST_TIMEOUT_S, rank_validation, &c);
+        tr_run_ranks(n, TEST_TIMEOUT_S, rank_validation, &c);
         snprintf(needle, sizeof needle, "group rank %d", n - 2);
         expect_same_failure(&c.o, n, SELDP_ERR_DUPLICATE, needle, "selected twice");
     }
@@ -372,7 +372,7 @@ static void every_differing_rank_is_listed(void **state)
     memset(&c, 0, sizeof c);
     c.defect = ALL_RANKS_DIFFER;
     c.bad = 3;
-    seldp_run_ranks(4, TEST_TIMEOUT_S, rank_validation, &c);
+    tr_run_ranks(4, TEST_TIMEOUT_S, rank_validation, &c);
     expect_same_failure(&c.o, 4, SELDP_ERR_SCHEMA, "differing from root here: 1,2,3",
                         "'final_norm.weight'");
 }
@@ -398,7 +398,7 @@ typedef struct absent_arg {
     char why[MAX_RANKS][256];
 } absent_arg;
 
-static int rank_absent(seldp_rank_ctx *ctx)
+static int rank_absent(tr_rank_ctx *ctx)
 {
     absent_arg *a = ctx->arg;
     bool absent = ctx->rank == ctx->size - 1;
@@ -408,14 +408,14 @@ static int rank_absent(seldp_rank_ctx *ctx)
     seldp_session *s = NULL;
     seldp_param_id ids[STD_N];
 
-    RANK_CHECK_OK(ctx, tm_init(&m, ctx->rank));
+    RANK_CHECK_OK(ctx, ct_init(&m, ctx->rank));
     RANK_CHECK_OK(ctx, std_model(&m, ctx->rank));
     std_selection(ctx->rank, ids);
     RANK_CHECK_OK(ctx, tg_init(&g));
     RANK_CHECK_OK(ctx, std_put_grad(&g, ctx->rank, 0, SELDP_F32, false, NULL));
     if (a->in_reduce)
         RANK_CHECK_OK(ctx, seldp_session_initialize(ctx->world, m.model, 0, ids, STD_N, NULL, &s));
-    tm_snapshot(&m);
+    ct_snapshot(&m);
     gs_take(&before, g.grads);
     if (!absent) {
         if (a->in_reduce)
@@ -423,13 +423,13 @@ static int rank_absent(seldp_rank_ctx *ctx)
         else
             a->st[ctx->rank] =
                 seldp_session_initialize(ctx->world, m.model, 0, ids, STD_N, NULL, &s);
-        a->unchanged[ctx->rank] = tm_unchanged(&m, a->why[ctx->rank], sizeof a->why[0]) &&
+        a->unchanged[ctx->rank] = ct_unchanged(&m, a->why[ctx->rank], sizeof a->why[0]) &&
                                   gs_same(&before, g.grads, a->why[ctx->rank], sizeof a->why[0]);
     }
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -441,7 +441,7 @@ static void absent_rank_times_out_without_writes(void **state)
             absent_arg a;
             memset(&a, 0, sizeof a);
             a.in_reduce = in_reduce;
-            seldp_run_ranks(n, 0.5, rank_absent, &a);
+            tr_run_ranks(n, 0.5, rank_absent, &a);
             for (int r = 0; r < n - 1; r++) {
                 if (a.st[r] != SELDP_ERR_TIMEOUT && a.st[r] != SELDP_ERR_ABORTED)
                     fail_msg("rank %d returned %s, expected a timeout", r,

@@ -38,8 +38,7 @@ static uint64_t fnv1a(const void *data, size_t bytes, uint64_t h)
 }
 
 /* Every rank of the world passes the same hash (an allgather over host memory). */
-static int same_on_every_rank(seldp_rank_ctx *ctx, seldp_comm *comm, uint64_t mine,
-                              const char *what)
+static int same_on_every_rank(tr_rank_ctx *ctx, seldp_comm *comm, uint64_t mine, const char *what)
 {
     int n = seldp_comm_size(comm);
     uint64_t all[64];
@@ -55,20 +54,20 @@ static int same_on_every_rank(seldp_rank_ctx *ctx, seldp_comm *comm, uint64_t mi
 
 /* ---- collectives ------------------------------------------------------------------------ */
 
-static int check_broadcast(seldp_rank_ctx *ctx, seldp_device mem)
+static int check_broadcast(tr_rank_ctx *ctx, seldp_device mem)
 {
     int r = ctx->rank, n = ctx->size;
     for (int root = 0; root < n; root++) {
         size_t bytes = 1000 + 13 * (size_t)root;
         unsigned char *want = malloc(bytes), *got = malloc(bytes);
         RANK_CHECK(ctx, want && got, "out of memory");
-        seldp_fill_bytes(want, bytes, 100 + (uint64_t)root);
-        seldp_fill_bytes(got, bytes, r == root ? 100 + (uint64_t)root : 900 + (uint64_t)r);
+        tr_fill_bytes(want, bytes, 100 + (uint64_t)root);
+        tr_fill_bytes(got, bytes, r == root ? 100 + (uint64_t)root : 900 + (uint64_t)r);
         void *buf = mem_dup(mem, got, bytes);
         RANK_CHECK(ctx, buf, "out of memory for %zu bytes", bytes);
         RANK_CHECK_OK(ctx, seldp_comm_broadcast(ctx->world, buf, bytes, SELDP_U8, root, mem));
         RANK_CHECK_OK(ctx, mem_read(mem, got, buf, bytes));
-        size_t d = seldp_first_diff(got, want, bytes);
+        size_t d = tr_first_diff(got, want, bytes);
         RANK_CHECK(ctx, d == bytes, "broadcast from root %d (mem %s): byte %zu differs", root,
                    mem.kind == SELDP_DEVICE_HOST ? "host" : "cuda", d);
         gpu_buf_free(mem, buf);
@@ -81,7 +80,7 @@ static int check_broadcast(seldp_rank_ctx *ctx, seldp_device mem)
 /* Element i of rank q's allreduce input, chosen so that every sum is exact. */
 static void elem(seldp_dtype dtype, int q, size_t i, void *out)
 {
-    uint64_t h = seldp_test_hash(40 + (uint64_t)q, i);
+    uint64_t h = tr_hash(40 + (uint64_t)q, i);
     switch (dtype) {
     case SELDP_F32:
         *(float *)out = (float)((int)(h % 128) - 64) / 8.0f;
@@ -98,7 +97,7 @@ static void elem(seldp_dtype dtype, int q, size_t i, void *out)
     }
 }
 
-static int check_allreduce(seldp_rank_ctx *ctx, seldp_device mem)
+static int check_allreduce(tr_rank_ctx *ctx, seldp_device mem)
 {
     const seldp_dtype dtypes[] = {SELDP_F32, SELDP_F64, SELDP_I64, SELDP_U64};
     for (size_t k = 0; k < 4; k++) {
@@ -134,7 +133,7 @@ static int check_allreduce(seldp_rank_ctx *ctx, seldp_device mem)
             RANK_CHECK(ctx, send && recv, "out of memory");
             RANK_CHECK_OK(ctx, seldp_comm_allreduce(ctx->world, send, recv, COUNT, dt, mem));
             RANK_CHECK_OK(ctx, mem_read(mem, got, recv, bytes));
-            size_t d = seldp_first_diff(got, want, bytes);
+            size_t d = tr_first_diff(got, want, bytes);
             RANK_CHECK(ctx, d == bytes, "allreduce %s (%s, mem %s): element %zu differs",
                        seldp_dtype_name(dt), in_place ? "in place" : "out of place",
                        mem.kind == SELDP_DEVICE_HOST ? "host" : "cuda", d / es);
@@ -153,20 +152,20 @@ static int check_allreduce(seldp_rank_ctx *ctx, seldp_device mem)
     return 0;
 }
 
-static int check_allgather(seldp_rank_ctx *ctx, seldp_device mem)
+static int check_allgather(tr_rank_ctx *ctx, seldp_device mem)
 {
     const size_t bytes = 333;
     size_t total = bytes * (size_t)ctx->size;
     unsigned char *mine = malloc(bytes), *got = malloc(total), *want = malloc(bytes);
     RANK_CHECK(ctx, mine && got && want, "out of memory");
-    seldp_fill_bytes(mine, bytes, 200 + (uint64_t)ctx->rank);
+    tr_fill_bytes(mine, bytes, 200 + (uint64_t)ctx->rank);
     void *send = mem_dup(mem, mine, bytes);
     void *recv = gpu_buf_alloc(mem, total);
     RANK_CHECK(ctx, send && recv, "out of memory");
     RANK_CHECK_OK(ctx, seldp_comm_allgather(ctx->world, send, recv, bytes, mem));
     RANK_CHECK_OK(ctx, mem_read(mem, got, recv, total));
     for (int q = 0; q < ctx->size; q++) {
-        seldp_fill_bytes(want, bytes, 200 + (uint64_t)q);
+        tr_fill_bytes(want, bytes, 200 + (uint64_t)q);
         RANK_CHECK(ctx, memcmp(got + (size_t)q * bytes, want, bytes) == 0,
                    "allgather (mem %s): the piece of rank %d differs",
                    mem.kind == SELDP_DEVICE_HOST ? "host" : "cuda", q);
@@ -179,7 +178,7 @@ static int check_allgather(seldp_rank_ctx *ctx, seldp_device mem)
     return 0;
 }
 
-static int check_allgatherv(seldp_rank_ctx *ctx)
+static int check_allgatherv(tr_rank_ctx *ctx)
 {
     int n = ctx->size;
     size_t mine_bytes = 37 * (size_t)ctx->rank; /* rank 0 sends nothing */
@@ -187,13 +186,13 @@ static int check_allgatherv(seldp_rank_ctx *ctx)
     size_t *lengths = calloc((size_t)n, sizeof *lengths);
     void *all = NULL;
     RANK_CHECK(ctx, mine && want && lengths, "out of memory");
-    seldp_fill_bytes(mine, mine_bytes, 300 + (uint64_t)ctx->rank);
+    tr_fill_bytes(mine, mine_bytes, 300 + (uint64_t)ctx->rank);
     RANK_CHECK_OK(ctx, seldp_comm_allgatherv(ctx->world, mine, mine_bytes, &all, lengths));
     size_t at = 0;
     for (int q = 0; q < n; q++) {
         RANK_CHECK(ctx, lengths[q] == 37 * (size_t)q,
                    "allgatherv: rank %d's length is %zu, not %zu", q, lengths[q], 37 * (size_t)q);
-        seldp_fill_bytes(want, lengths[q], 300 + (uint64_t)q);
+        tr_fill_bytes(want, lengths[q], 300 + (uint64_t)q);
         RANK_CHECK(ctx, memcmp((unsigned char *)all + at, want, lengths[q]) == 0,
                    "allgatherv: rank %d's blob differs", q);
         at += lengths[q];
@@ -207,7 +206,7 @@ static int check_allgatherv(seldp_rank_ctx *ctx)
 
 /* Pieces of (r + 2p) % 4 * 3 floats from r to p, one unused float between pieces on both
  * sides: the gaps must keep their sentinel. */
-static int check_alltoallv(seldp_rank_ctx *ctx, seldp_device mem)
+static int check_alltoallv(tr_rank_ctx *ctx, seldp_device mem)
 {
     int n = ctx->size, r = ctx->rank;
     size_t sc[64], sd[64], rc[64], rd[64], send_n = 0, recv_n = 0;
@@ -252,7 +251,7 @@ static int check_alltoallv(seldp_rank_ctx *ctx, seldp_device mem)
     return 0;
 }
 
-static int check_splits(seldp_rank_ctx *ctx)
+static int check_splits(tr_rank_ctx *ctx)
 {
     int r = ctx->rank, n = ctx->size;
     seldp_device dev = seldp_comm_device(ctx->world);
@@ -312,13 +311,13 @@ static int check_splits(seldp_rank_ctx *ctx)
 
 /* An inexact sum (floats in [-1, 1)): whatever order the transport uses, every rank must
  * receive the same bits. */
-static int check_replicas_identical(seldp_rank_ctx *ctx)
+static int check_replicas_identical(tr_rank_ctx *ctx)
 {
     const size_t n = 4097;
     seldp_device dev = seldp_comm_device(ctx->world);
     float *x = malloc(n * sizeof *x);
     RANK_CHECK(ctx, x, "out of memory");
-    seldp_fill_f32(x, n, 500 + (uint64_t)ctx->rank);
+    tr_fill_f32(x, n, 500 + (uint64_t)ctx->rank);
     float *dx = mem_dup(dev, x, n * sizeof *x);
     RANK_CHECK(ctx, dx, "out of memory");
     RANK_CHECK_OK(ctx, seldp_comm_allreduce(ctx->world, dx, dx, n, SELDP_F32, dev));
@@ -331,7 +330,7 @@ static int check_replicas_identical(seldp_rank_ctx *ctx)
     return 0;
 }
 
-int gpu_check_collectives(seldp_rank_ctx *ctx)
+int gpu_check_collectives(tr_rank_ctx *ctx)
 {
     seldp_device mems[2] = {seldp_comm_device(ctx->world), SELDP_HOST_DEVICE};
     for (int m = 0; m < 2; m++) {
@@ -382,7 +381,7 @@ static double load(seldp_dtype dtype, const void *p, size_t i)
 static void param_bytes(int i, int q, void *out)
 {
     float f[64];
-    seldp_fill_f32(f, sel_numel(i), 10 * (uint64_t)q + (uint64_t)i);
+    tr_fill_f32(f, sel_numel(i), 10 * (uint64_t)q + (uint64_t)i);
     store(sel_dtypes[i], f, sel_numel(i), out);
 }
 
@@ -390,8 +389,7 @@ static void param_bytes(int i, int q, void *out)
  * up to 8 ranks is exact in F32 and exactly representable in F16 and BF16. */
 static void grad_values(int call, int i, int q, float *out)
 {
-    seldp_fill_f32_exact(out, sel_numel(i),
-                         70 + 10 * (uint64_t)call + 3 * (uint64_t)q + (uint64_t)i);
+    tr_fill_f32_exact(out, sel_numel(i), 70 + 10 * (uint64_t)call + 3 * (uint64_t)q + (uint64_t)i);
 }
 
 /* A device tensor holding host bytes; the caller frees it with seldp_tensor_free. */
@@ -462,7 +460,7 @@ typedef struct session_state {
     unsigned char priv_host[64];
 } session_state;
 
-static int session_setup(seldp_rank_ctx *ctx, session_state *s)
+static int session_setup(tr_rank_ctx *ctx, session_state *s)
 {
     int r = ctx->rank, n = ctx->size;
     unsigned char bytes[64 * 4];
@@ -478,7 +476,7 @@ static int session_setup(seldp_rank_ctx *ctx, session_state *s)
     char path[64];
     snprintf(path, sizeof path, "private.rank%d.weight", r);
     int64_t priv_shape[1] = {r + 2};
-    seldp_fill_bytes(s->priv_host, (size_t)(r + 2) * 4, 600 + (uint64_t)r);
+    tr_fill_bytes(s->priv_host, (size_t)(r + 2) * 4, 600 + (uint64_t)r);
     RANK_CHECK_OK(ctx, device_tensor(s->dev, SELDP_F32, 1, priv_shape, s->priv_host, &s->priv));
     RANK_CHECK_OK(
         ctx, seldp_model_add(s->model, path, 0x9000 + (seldp_param_id)r, &s->priv, false, NULL));
@@ -505,7 +503,7 @@ static int session_setup(seldp_rank_ctx *ctx, session_state *s)
 }
 
 /* The unselected parameter and its gradient kept their bytes. */
-static int check_private(seldp_rank_ctx *ctx, session_state *s, seldp_grads *grads,
+static int check_private(tr_rank_ctx *ctx, session_state *s, seldp_grads *grads,
                          const seldp_tensor *priv_grad, const unsigned char *priv_grad_host)
 {
     unsigned char got[64];
@@ -521,7 +519,7 @@ static int check_private(seldp_rank_ctx *ctx, session_state *s, seldp_grads *gra
 }
 
 /* Mean of gradients in the parameter dtype, policy error. */
-static int session_reduce_mean(seldp_rank_ctx *ctx, session_state *s)
+static int session_reduce_mean(tr_rank_ctx *ctx, session_state *s)
 {
     int r = ctx->rank, n = ctx->size;
     seldp_grads *grads = NULL;
@@ -537,7 +535,7 @@ static int session_reduce_mean(seldp_rank_ctx *ctx, session_state *s)
         RANK_CHECK_OK(ctx, seldp_grads_put(grads, sel_id(i, r), &g[i], SELDP_BORROWED));
     }
     int64_t priv_shape[1] = {r + 2};
-    seldp_fill_bytes(priv_host, (size_t)(r + 2) * 4, 700 + (uint64_t)r);
+    tr_fill_bytes(priv_host, (size_t)(r + 2) * 4, 700 + (uint64_t)r);
     RANK_CHECK_OK(ctx, device_tensor(s->dev, SELDP_F32, 1, priv_shape, priv_host, &priv_grad));
     RANK_CHECK_OK(ctx,
                   seldp_grads_put(grads, 0x9000 + (seldp_param_id)r, &priv_grad, SELDP_BORROWED));
@@ -583,7 +581,7 @@ static int session_reduce_mean(seldp_rank_ctx *ctx, session_state *s)
 
 /* sum_fp32 of F32 gradients, policy zero: rank 0 has no gradient for the F16 parameter and
  * receives an owned F32 result on its device. */
-static int session_sum_fp32(seldp_rank_ctx *ctx, session_state *s)
+static int session_sum_fp32(tr_rank_ctx *ctx, session_state *s)
 {
     int r = ctx->rank, n = ctx->size;
     seldp_grads *grads = NULL;
@@ -639,7 +637,7 @@ static int session_sum_fp32(seldp_rank_ctx *ctx, session_state *s)
     return 0;
 }
 
-int gpu_check_session(seldp_rank_ctx *ctx)
+int gpu_check_session(tr_rank_ctx *ctx)
 {
     session_state s;
     memset(&s, 0, sizeof s);

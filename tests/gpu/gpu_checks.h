@@ -12,12 +12,12 @@
  * allgatherv, alltoallv with gaps, barrier; each with mem = the rank's device and the host.
  * Then splits (by parity with reversed keys, nested, with a rank outside every group) and an
  * allreduce of inexact floats whose results must be bit-identical on every rank. */
-int gpu_check_collectives(seldp_rank_ctx *ctx);
+int gpu_check_collectives(tr_rank_ctx *ctx);
 
 /* A session over device parameters (F32, F16, BF16, plus unselected ones that differ by
  * rank): initialize from the last rank, then reduce (mean, policy error) and sum_fp32 (policy
  * zero, one rank without a gradient) of device gradients, checked against the host
  * arithmetic, identical on every rank, unselected gradients untouched. */
-int gpu_check_session(seldp_rank_ctx *ctx);
+int gpu_check_session(tr_rank_ctx *ctx);
 
 #endif

@@ -73,8 +73,8 @@ typedef struct gpu_thread {
     seldp_nccl_world *nccl;
 #endif
     int ordinal;
-    seldp_rank_fn fn;
-    seldp_rank_ctx ctx;
+    tr_rank_fn fn;
+    tr_rank_ctx ctx;
     int result;
     bool started;
 } gpu_thread;
@@ -122,8 +122,8 @@ static void *gpu_rank_main(void *p)
     return NULL;
 }
 
-int gpu_run_ranks(gpu_world_kind kind, int n, int gpus, double timeout_s, seldp_rank_fn fn,
-                  void *arg, char *why, size_t why_size)
+int gpu_run_ranks(gpu_world_kind kind, int n, int gpus, double timeout_s, tr_rank_fn fn, void *arg,
+                  char *why, size_t why_size)
 {
     seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
     seldp_host_world *host = NULL;
@@ -194,7 +194,7 @@ done:
     return failed;
 }
 
-void gpu_run_ranks_or_fail(gpu_world_kind kind, int n, int gpus, double timeout_s, seldp_rank_fn fn,
+void gpu_run_ranks_or_fail(gpu_world_kind kind, int n, int gpus, double timeout_s, tr_rank_fn fn,
                            void *arg)
 {
     char why[1200];

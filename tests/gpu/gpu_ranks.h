@@ -29,11 +29,11 @@ bool gpu_host_mode(int argc, char **argv);
 /* Run fn on n rank threads of a world of `kind` (`gpus` devices used by host-staged
  * worlds), each with ctx->world joined on its device; destroy everything; return the
  * number of failed ranks with the first failure copied into why. */
-int gpu_run_ranks(gpu_world_kind kind, int n, int gpus, double timeout_s, seldp_rank_fn fn,
-                  void *arg, char *why, size_t why_size);
+int gpu_run_ranks(gpu_world_kind kind, int n, int gpus, double timeout_s, tr_rank_fn fn, void *arg,
+                  char *why, size_t why_size);
 
 /* As gpu_run_ranks, failing the current cmocka test on any rank failure. */
-void gpu_run_ranks_or_fail(gpu_world_kind kind, int n, int gpus, double timeout_s, seldp_rank_fn fn,
+void gpu_run_ranks_or_fail(gpu_world_kind kind, int n, int gpus, double timeout_s, tr_rank_fn fn,
                            void *arg);
 
 /* A buffer of `bytes` on `device` (zeroed), freed with gpu_buf_free. NULL on failure. */

@@ -149,7 +149,7 @@ static void test_overlapping_buffers(void **state)
     assert_non_null(x);
     assert_non_null(got);
     assert_non_null(back);
-    seldp_fill_f32(x, n, 42);
+    tr_fill_f32(x, n, 42);
     void *d = upload(x, n * sizeof *x);
     assert_int_equal(seldp__cuda_convert(0, d, SELDP_F16, d, SELDP_F32, n), SELDP_OK);
     download(got, d, n * sizeof *got);
@@ -194,7 +194,7 @@ static void test_scale_matches_host(void **state)
     float *x = malloc(n * sizeof *x), *got = malloc(n * sizeof *got);
     assert_non_null(x);
     assert_non_null(got);
-    seldp_fill_f32(x, n, 7);
+    tr_fill_f32(x, n, 7);
     x[0] = INFINITY;
     x[1] = float_of(0x00000001u); /* the smallest subnormal */
     const double factors[] = {1.0 / 3.0, 1.0 / 7.0, 1e-30, 3.0e30};
@@ -298,7 +298,7 @@ static void test_dispatch(void **state)
     assert_non_null(x);
     assert_non_null(got);
     assert_non_null(h);
-    seldp_fill_f32(x, n, 3);
+    tr_fill_f32(x, n, 3);
     float *dx = upload(x, n * sizeof *x);
     uint16_t *dh = gpu_buf_alloc(dev0, n * sizeof *dh);
     assert_non_null(dh);
@@ -334,7 +334,7 @@ static void test_convert_batch(void **state)
     assert_non_null(dev_out);
     assert_non_null(host_segs);
     assert_non_null(dev_segs);
-    seldp_fill_f32((float *)src, arena / 4, 11);
+    tr_fill_f32((float *)src, arena / 4, 11);
     memset(host_dst, 0xab, arena);
     unsigned char *dsrc = upload(src, arena), *ddst = upload(host_dst, arena);
     static const seldp_dtype pairs[][2] = {
@@ -383,7 +383,7 @@ static void test_fused_scale_convert(void **state)
     assert_non_null(want);
     assert_non_null(got);
     for (size_t i = 0; i < n; i++)
-        x[i] = (uint32_t)seldp_test_hash(5, i);
+        x[i] = (uint32_t)tr_hash(5, i);
     const uint32_t specials[] = {0x7fc12345u, 0x7f800001u, 0xff800000u, 0x00000001u,
                                  0x80000000u, 0x477ff000u, 0x33000000u, 0x3f808000u};
     memcpy(x, specials, sizeof specials);
@@ -419,7 +419,7 @@ static void test_fused_scale_convert(void **state)
                 assert_int_equal(seldp__scale_f32(SELDP_HOST_DEVICE, ref, n, scales[k]), SELDP_OK);
             assert_int_equal(seldp__convert(SELDP_HOST_DEVICE, want, outs[o], ref, SELDP_F32, n),
                              SELDP_OK);
-            size_t at = seldp_first_diff(want, got, n * esize);
+            size_t at = tr_first_diff(want, got, n * esize);
             if (at != n * esize)
                 fail_msg("scale %a into %s: element %zu (input 0x%08x) differs from the two "
                          "host passes",

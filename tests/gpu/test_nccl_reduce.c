@@ -35,7 +35,7 @@ static const double scale = 1.0 / 2037.0;
  * segment without one on odd ranks. */
 static void contribution(int r, int s, float *x)
 {
-    seldp_fill_f32_exact(x, counts[s], (uint64_t)(100 * s + r + 1));
+    tr_fill_f32_exact(x, counts[s], (uint64_t)(100 * s + r + 1));
     if (s == 3 && r % 2)
         memset(x, 0, counts[s] * sizeof *x);
 }
@@ -56,7 +56,7 @@ static void expected(int P, int s, void *out)
     free(x);
 }
 
-static int reduce_rank(seldp_rank_ctx *ctx)
+static int reduce_rank(tr_rank_ctx *ctx)
 {
     seldp_device dev = {SELDP_DEVICE_CUDA, ctx->rank};
     void *in[SEGS] = {0}, *out[SEGS] = {0}, *host = NULL;
@@ -111,7 +111,7 @@ static int reduce_rank(seldp_rank_ctx *ctx)
                 memcpy(got, out[s], bytes);
             else
                 RANK_CHECK_OK(ctx, gpu_download(dev, got, out[s], bytes));
-            size_t at = seldp_first_diff(want, got, bytes);
+            size_t at = tr_first_diff(want, got, bytes);
             RANK_CHECK(ctx, at == bytes,
                        "bucket %zu: segment %d (%s -> %s) differs from the reference at byte "
                        "%zu of %zu",

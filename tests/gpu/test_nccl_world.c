@@ -4,7 +4,7 @@
  * one GPU refused; and a world joined from an externally distributed unique id (the MPI
  * bootstrap path). Exits 77 without a GPU; `--host` runs the transport-independent checks on
  * the host-staged transport to validate them. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, setenv */
 
 #include <pthread.h>
 #include <setjmp.h>
@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -53,7 +54,7 @@ typedef struct outcome {
 } outcome;
 
 /* One device allreduce of a float, timed. */
-static seldp_status one_allreduce(seldp_rank_ctx *ctx, double *seconds)
+static seldp_status one_allreduce(tr_rank_ctx *ctx, double *seconds)
 {
     seldp_device dev = seldp_comm_device(ctx->world);
     float one = 1.0f;
@@ -70,7 +71,7 @@ static seldp_status one_allreduce(seldp_rank_ctx *ctx, double *seconds)
     return st;
 }
 
-static int abort_rank(seldp_rank_ctx *ctx)
+static int abort_rank(tr_rank_ctx *ctx)
 {
     outcome *o = ctx->arg;
     RANK_CHECK_OK(ctx, seldp_comm_barrier(ctx->world));
@@ -100,7 +101,7 @@ static void test_abort_reaches_every_rank(void **state)
     }
 }
 
-static int absent_rank(seldp_rank_ctx *ctx)
+static int absent_rank(tr_rank_ctx *ctx)
 {
     outcome *o = ctx->arg;
     RANK_CHECK_OK(ctx, seldp_comm_barrier(ctx->world));
@@ -143,7 +144,7 @@ typedef struct join_thread {
     seldp_nccl_world *world;
     seldp_status st;
     double seconds;
-    seldp_rank_ctx ctx;
+    tr_rank_ctx ctx;
     int result;
 } join_thread;
 
@@ -252,6 +253,38 @@ static void test_argument_checks(void **state)
     assert_true(seldp_nccl_device_count() >= 1);
 }
 
+/* Under SELDP_DEBUG_COLLECTIVES every rank's call is fingerprinted before data moves:
+ * rank 0 broadcasting while the others allreduce the same bytes is SELDP_ERR_DISAGREE on
+ * every rank, naming both calls, instead of a hang or a silent mix-up. */
+static int mismatched_rank(tr_rank_ctx *ctx)
+{
+    seldp_device dev = seldp_comm_device(ctx->world);
+    void *d = gpu_buf_alloc(dev, 4 * sizeof(float));
+    RANK_CHECK(ctx, d != NULL, "rank %d: no device buffer", ctx->rank);
+    seldp_status st = ctx->rank == 0 ? seldp_comm_broadcast(ctx->world, d, 4, SELDP_F32, 0, dev)
+                                     : seldp_comm_allreduce(ctx->world, d, d, 4, SELDP_F32, dev);
+    char message[1024];
+    snprintf(message, sizeof message, "%s", seldp_last_error());
+    gpu_buf_free(dev, d);
+    RANK_CHECK(ctx, st == SELDP_ERR_DISAGREE, "rank %d: mismatched calls returned %s: %s",
+               ctx->rank, seldp_status_name(st), message);
+    RANK_CHECK(ctx, strstr(message, "broadcast") && strstr(message, "allreduce"),
+               "rank %d: the message does not name both calls: %s", ctx->rank, message);
+    return 0;
+}
+
+static void test_debug_mode_catches_a_mismatch(void **state)
+{
+    (void)state;
+    if (world_size < 2) {
+        print_message("one rank: no mismatch to plant (NCCL needs a GPU per rank)\n");
+        skip();
+    }
+    assert_int_equal(setenv("SELDP_DEBUG_COLLECTIVES", "1", 1), 0);
+    gpu_run_ranks_or_fail(kind, world_size, 1, 120.0, mismatched_rank, NULL);
+    assert_int_equal(unsetenv("SELDP_DEBUG_COLLECTIVES"), 0);
+}
+
 int main(int argc, char **argv)
 {
     bool host = gpu_host_mode(argc, argv);
@@ -268,6 +301,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_session),
         cmocka_unit_test(test_abort_reaches_every_rank),
         cmocka_unit_test(test_missing_rank_times_out),
+        cmocka_unit_test(test_debug_mode_catches_a_mismatch),
     };
     const struct CMUnitTest nccl_only[] = {
         cmocka_unit_test(test_argument_checks),

@@ -229,7 +229,7 @@ static void test_json_round_trip(void **state)
 }
 
 /* Every rank splits the world of the ep-dp layout and checks its communicators. */
-static int split_rank(seldp_rank_ctx *ctx)
+static int split_rank(tr_rank_ctx *ctx)
 {
     const hx_layout *l = ctx->arg;
     hx_rank_comms c = {0};
@@ -253,7 +253,7 @@ static void test_split(void **state)
     (void)state;
     hx_layout *l = NULL;
     assert_int_equal(hx_layout_generate(8, 4, 8, HX_ORDER_EP_DP, HX_ROOTS_FIRST, &l), SELDP_OK);
-    seldp_run_ranks(8, 30.0, split_rank, l);
+    tr_run_ranks(8, 30.0, split_rank, l);
     hx_layout_destroy(l);
 }
 

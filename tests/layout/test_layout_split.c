@@ -6,7 +6,7 @@
 
 #define TIMEOUT_S 120.0
 
-static int split_every_kind(seldp_rank_ctx *ctx)
+static int split_every_kind(tr_rank_ctx *ctx)
 {
     const seldp_layout *l = ctx->arg;
     int me = ctx->rank;
@@ -46,7 +46,7 @@ static void split_layout(seldp_framework f, int world, int tp, int pp, int cp, i
                          const char *order)
 {
     seldp_layout *l = layout_build(f, world, tp, pp, cp, ep, etp, 8, order);
-    seldp_run_ranks(world, TIMEOUT_S, split_every_kind, l);
+    tr_run_ranks(world, TIMEOUT_S, split_every_kind, l);
     seldp_layout_destroy(l);
 }
 

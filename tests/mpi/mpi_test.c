@@ -91,6 +91,9 @@ int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *te
         MPI_Finalize();
         return 77;
     }
+    /* Open MPI connects processes at their first exchange: done here, so that a test's
+     * first join under a short timeout waits for arrival, not for connection setup. */
+    MPI_Barrier(MPI_COMM_WORLD);
     if (getenv("SELDP_MPI_TEST_FILTER")) /* a cmocka pattern: run those tests alone */
         cmocka_set_test_filter(getenv("SELDP_MPI_TEST_FILTER"));
     int failed = _cmocka_run_group_tests(name, tests, count, NULL, NULL);

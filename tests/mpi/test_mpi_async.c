@@ -35,7 +35,7 @@ static void fill(seldp_dtype dt, void *x, size_t n, uint64_t seed)
 {
     float *tmp = malloc(n * sizeof *tmp);
     assert_non_null(tmp);
-    seldp_fill_f32(tmp, n, seed);
+    tr_fill_f32(tmp, n, seed);
     for (size_t i = 0; i < n; i++) {
         if (dt == SELDP_F32)
             ((float *)x)[i] = tmp[i];
@@ -133,7 +133,7 @@ static void test_bit_identical_to_blocking(void **state)
             assert_true(wa == wb);
             for (size_t i = 0; i < NP; i++) {
                 size_t bytes = (size_t)NUMEL[i] * seldp_dtype_size(DTYPE[i % 3]);
-                if (seldp_first_diff(m.grad[0][i], m.grad[1][i], bytes) != bytes)
+                if (tr_first_diff(m.grad[0][i], m.grad[1][i], bytes) != bytes)
                     fail_msg("rank %d, %zu-byte buckets, %s: parameter %zu differs from the "
                              "blocking call's",
                              mt_rank, BUCKETS[b], sum ? "sum" : "mean", i);

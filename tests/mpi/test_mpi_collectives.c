@@ -50,11 +50,19 @@ static void test_world_properties(void **state)
     assert_ok(seldp_comm_barrier(world));
     assert_int_equal(seldp_comm_get_stats(world).barriers, 2);
 
-    seldp_comm_config bad = {0.0};
+    seldp_comm_config bad = SELDP_COMM_CONFIG_INIT;
+    bad.timeout_s = 0.0;
     seldp_comm *none = world;
     assert_int_equal(seldp_mpi_comm_init(MPI_COMM_WORLD, SELDP_HOST_DEVICE, &bad, &none),
                      SELDP_ERR_INVALID_ARGUMENT);
     assert_null(none);
+    seldp_comm_config unsized = {0};
+    unsized.timeout_s = 5.0;
+    none = world;
+    assert_int_equal(seldp_mpi_comm_init(MPI_COMM_WORLD, SELDP_HOST_DEVICE, &unsized, &none),
+                     SELDP_ERR_INVALID_ARGUMENT);
+    assert_null(none);
+    assert_non_null(strstr(seldp_last_error(), "SELDP_COMM_CONFIG_INIT"));
     assert_int_equal(seldp_mpi_comm_init(MPI_COMM_NULL, SELDP_HOST_DEVICE, NULL, &none),
                      SELDP_ERR_INVALID_ARGUMENT);
     seldp_comm_destroy(world);
@@ -90,11 +98,11 @@ static void test_broadcast_every_dtype_and_root(void **state)
                 size_t bytes = counts[c] * esize;
                 uint64_t seed = (uint64_t)(dt * 100 + root * 10) + c;
                 unsigned char *buf = xmalloc(bytes), *want = xmalloc(bytes);
-                seldp_fill_bytes(want, bytes, seed);
-                seldp_fill_bytes(buf, bytes, mt_rank == root ? seed : seed + 7777);
+                tr_fill_bytes(want, bytes, seed);
+                tr_fill_bytes(buf, bytes, mt_rank == root ? seed : seed + 7777);
                 assert_ok(seldp_comm_broadcast(world, buf, counts[c], (seldp_dtype)dt, root,
                                                SELDP_HOST_DEVICE));
-                size_t at = seldp_first_diff(buf, want, bytes);
+                size_t at = tr_first_diff(buf, want, bytes);
                 if (at != bytes)
                     fail_msg("rank %d: broadcast of %zu %s from root %d differs at byte %zu",
                              mt_rank, counts[c], seldp_dtype_name((seldp_dtype)dt), root, at);
@@ -115,7 +123,7 @@ static const seldp_dtype sum_dtypes[] = {SELDP_F32, SELDP_F64, SELDP_I64, SELDP_
 static void sum_input(seldp_dtype dtype, int rank, void *buf, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
-        uint64_t h = seldp_test_hash((uint64_t)rank * 1000003u + (uint64_t)dtype, i);
+        uint64_t h = tr_hash((uint64_t)rank * 1000003u + (uint64_t)dtype, i);
         double mant = (double)(h >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
         double value = ldexp(mant, (int)((h & 0xff) % 41) - 20);
         switch (dtype) {
@@ -180,7 +188,7 @@ static void test_allreduce_every_dtype(void **state)
                 sum_expected(dtype, mt_size, count, want, false);
                 unsigned char *out = in_place ? send : recv;
                 assert_ok(seldp_comm_allreduce(world, send, out, count, dtype, SELDP_HOST_DEVICE));
-                size_t at = seldp_first_diff(out, want, bytes);
+                size_t at = tr_first_diff(out, want, bytes);
                 if (at != bytes)
                     fail_msg("rank %d: allreduce of %zu %s (%s) differs from the rank-order sum "
                              "at element %zu",
@@ -217,7 +225,7 @@ static void test_allreduce_bit_identical_on_every_rank(void **state)
     if (mt_size >= 3) {
         float *other = xmalloc(count * sizeof *other);
         sum_expected(SELDP_F32, mt_size, count, other, true);
-        if (seldp_first_diff(other, first, count * sizeof *first) == count * sizeof *first)
+        if (tr_first_diff(other, first, count * sizeof *first) == count * sizeof *first)
             fail_msg("the test inputs do not depend on the order of the sum");
         free(other);
     }
@@ -232,7 +240,7 @@ typedef struct host_sum {
     float *result; /* written by host rank 0 */
 } host_sum;
 
-static int host_sum_rank(seldp_rank_ctx *ctx)
+static int host_sum_rank(tr_rank_ctx *ctx)
 {
     host_sum *hs = ctx->arg;
     float *send = malloc(hs->count * sizeof *send), *recv = malloc(hs->count * sizeof *recv);
@@ -253,13 +261,13 @@ static void test_allreduce_equals_host_transport(void **state)
     (void)state;
     const size_t count = 5000;
     host_sum hs = {count, xmalloc(count * sizeof(float))};
-    seldp_run_ranks(mt_size, TIMEOUT_S, host_sum_rank, &hs);
+    tr_run_ranks(mt_size, TIMEOUT_S, host_sum_rank, &hs);
 
     seldp_comm *world = mt_world(TIMEOUT_S);
     float *send = xmalloc(count * sizeof *send), *recv = xmalloc(count * sizeof *recv);
     sum_input(SELDP_F32, mt_rank, send, count);
     assert_ok(seldp_comm_allreduce(world, send, recv, count, SELDP_F32, SELDP_HOST_DEVICE));
-    size_t at = seldp_first_diff(recv, hs.result, count * sizeof *recv);
+    size_t at = tr_first_diff(recv, hs.result, count * sizeof *recv);
     if (at != count * sizeof *recv)
         fail_msg("rank %d: mpi and host allreduce differ at element %zu", mt_rank,
                  at / sizeof *recv);
@@ -276,15 +284,15 @@ static void check_allgather(seldp_comm *world, size_t bytes)
     size_t total = bytes * (size_t)mt_size;
     unsigned char *send = xmalloc(bytes), *recv = xmalloc(total), *want = xmalloc(total);
     for (int r = 0; r < mt_size; r++)
-        seldp_fill_bytes(want + (size_t)r * bytes, bytes, 500u + (uint64_t)r);
+        tr_fill_bytes(want + (size_t)r * bytes, bytes, 500u + (uint64_t)r);
     for (int in_place = 0; in_place < 2; in_place++) {
         memset(recv, 0xcd, total);
         unsigned char *from = send;
         if (in_place)
             from = recv + (size_t)mt_rank * bytes;
-        seldp_fill_bytes(from, bytes, 500u + (uint64_t)mt_rank);
+        tr_fill_bytes(from, bytes, 500u + (uint64_t)mt_rank);
         assert_ok(seldp_comm_allgather(world, from, recv, bytes, SELDP_HOST_DEVICE));
-        size_t at = seldp_first_diff(recv, want, total);
+        size_t at = tr_first_diff(recv, want, total);
         if (at != total)
             fail_msg("rank %d: allgather of %zu bytes (%s) differs at byte %zu (from rank %zu)",
                      mt_rank, bytes, in_place ? "in place" : "out of place", at,
@@ -318,7 +326,7 @@ static void check_allgatherv(seldp_comm *world, int variant)
 {
     size_t mine = blob_len(mt_rank, variant);
     unsigned char *send = xmalloc(mine);
-    seldp_fill_bytes(send, mine, 900u + (uint64_t)mt_rank);
+    tr_fill_bytes(send, mine, 900u + (uint64_t)mt_rank);
     size_t *lens = xmalloc((size_t)mt_size * sizeof *lens);
     void *blob = NULL;
     assert_ok(seldp_comm_allgatherv(world, send, mine, &blob, lens));
@@ -328,7 +336,7 @@ static void check_allgatherv(seldp_comm *world, int variant)
         size_t len = blob_len(r, variant);
         assert_int_equal(lens[r], len);
         unsigned char *want = xmalloc(len);
-        seldp_fill_bytes(want, len, 900u + (uint64_t)r);
+        tr_fill_bytes(want, len, 900u + (uint64_t)r);
         if (len && memcmp((unsigned char *)blob + at, want, len) != 0)
             fail_msg("rank %d: allgatherv blob of rank %d differs", mt_rank, r);
         at += len;
@@ -360,7 +368,7 @@ static size_t pair_count(int from, int to, size_t scale)
 /* Value of element i of the piece from -> to, the same bytes whatever the dtype width. */
 static unsigned char pair_byte(int from, int to, size_t i)
 {
-    return (unsigned char)(seldp_test_hash((uint64_t)(from * 64 + to), i / 8) >> (8 * (i % 8)));
+    return (unsigned char)(tr_hash((uint64_t)(from * 64 + to), i / 8) >> (8 * (i % 8)));
 }
 
 static void check_alltoallv(seldp_comm *world, seldp_dtype dtype, size_t scale)
@@ -434,8 +442,8 @@ static void test_pieces_of_a_small_max_message(void **state)
 
     size_t bytes = 1000;
     unsigned char *buf = xmalloc(bytes), *want = xmalloc(bytes);
-    seldp_fill_bytes(want, bytes, 31);
-    seldp_fill_bytes(buf, bytes, mt_rank == mt_size - 1 ? 31 : 32);
+    tr_fill_bytes(want, bytes, 31);
+    tr_fill_bytes(buf, bytes, mt_rank == mt_size - 1 ? 31 : 32);
     assert_ok(seldp_comm_broadcast(world, buf, bytes, SELDP_U8, mt_size - 1, SELDP_HOST_DEVICE));
     assert_memory_equal(buf, want, bytes);
     free(buf);

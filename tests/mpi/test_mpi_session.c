@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mpi_test.h"
 #include "ranks.h"
@@ -36,7 +37,7 @@ typedef struct rank_model {
 static void fill_bf16(uint16_t *x, size_t n, uint64_t seed)
 {
     float tmp[16];
-    seldp_fill_f32(tmp, n, seed);
+    tr_fill_f32(tmp, n, seed);
     for (size_t i = 0; i < n; i++)
         x[i] = seldp_f32_to_bf16(tmp[i]);
 }
@@ -49,10 +50,10 @@ static seldp_status model_build(rank_model *m, int rank, int n, bool disagree)
     seldp_status st = seldp_model_create(rank, &m->model);
     if (st != SELDP_OK)
         return st;
-    seldp_fill_f32(m->a, 12, 100u + (uint64_t)rank);
-    seldp_fill_f32(m->b, 6, 200u + (uint64_t)rank);
+    tr_fill_f32(m->a, 12, 100u + (uint64_t)rank);
+    tr_fill_f32(m->b, 6, 200u + (uint64_t)rank);
     fill_bf16(m->c, 6, 300u + (uint64_t)rank);
-    seldp_fill_bytes(m->table, sizeof(double) * ((size_t)rank + 1), 400u + (uint64_t)rank);
+    tr_fill_bytes(m->table, sizeof(double) * ((size_t)rank + 1), 400u + (uint64_t)rank);
     m->ids[0] = 10u + (uint64_t)rank;
     m->ids[1] = 20u + (uint64_t)(n - rank);
     m->ids[2] = 30u;
@@ -77,10 +78,10 @@ static seldp_status grads_build(rank_model *m, int rank, bool skip_a)
     seldp_status st = seldp_grads_create(&m->grads);
     if (st != SELDP_OK)
         return st;
-    seldp_fill_f32(m->ga, 12, 1000u + (uint64_t)rank);
-    seldp_fill_f32(m->gb, 5, 2000u + (uint64_t)rank);
+    tr_fill_f32(m->ga, 12, 1000u + (uint64_t)rank);
+    tr_fill_f32(m->gb, 5, 2000u + (uint64_t)rank);
     fill_bf16(m->gc, 6, 3000u + (uint64_t)rank);
-    seldp_fill_bytes(m->gtable, sizeof(double) * ((size_t)rank + 1), 4000u + (uint64_t)rank);
+    tr_fill_bytes(m->gtable, sizeof(double) * ((size_t)rank + 1), 4000u + (uint64_t)rank);
     int64_t sa[2] = {4, 3}, sb[1] = {5}, sc[1] = {6}, st_[1] = {rank + 1};
     seldp_tensor ta = seldp_tensor_view(SELDP_F32, SELDP_HOST_DEVICE, m->ga, 2, sa);
     seldp_tensor tb = seldp_tensor_view(SELDP_F32, SELDP_HOST_DEVICE, m->gb, 1, sb);
@@ -141,7 +142,7 @@ typedef struct host_run {
     unsigned char result[RESULT_BYTES]; /* host rank 0's */
 } host_run;
 
-static int host_rank(seldp_rank_ctx *ctx)
+static int host_rank(tr_rank_ctx *ctx)
 {
     host_run *run = ctx->arg;
     rank_model m;
@@ -194,8 +195,8 @@ static void test_initialize_and_reduce_with_uneven_weights(void **state)
     for (int r = 0; r < n; r++) {
         float ga[12], gb[5], gc32[6];
         uint16_t gc[6];
-        seldp_fill_f32(ga, 12, 1000u + (uint64_t)r);
-        seldp_fill_f32(gb, 5, 2000u + (uint64_t)r);
+        tr_fill_f32(ga, 12, 1000u + (uint64_t)r);
+        tr_fill_f32(gb, 5, 2000u + (uint64_t)r);
         fill_bf16(gc, 6, 3000u + (uint64_t)r);
         seldp_half_to_f32(SELDP_BF16, gc, gc32, 6);
         for (int i = 0; i < 12; i++)
@@ -217,13 +218,13 @@ static void test_initialize_and_reduce_with_uneven_weights(void **state)
     /* The unselected gradient passed through untouched. */
     assert_ptr_equal(seldp_grads_get(m.grads, 40)->data, m.gtable);
     double gtable[8];
-    seldp_fill_bytes(gtable, sizeof(double) * ((size_t)mt_rank + 1), 4000u + (uint64_t)mt_rank);
+    tr_fill_bytes(gtable, sizeof(double) * ((size_t)mt_rank + 1), 4000u + (uint64_t)mt_rank);
     assert_memory_equal(m.gtable, gtable, sizeof(double) * ((size_t)mt_rank + 1));
 
     /* Replicas are bit-identical, and equal to the same layout on the host transport. */
     assert_true(mt_same_everywhere(world, result, RESULT_BYTES));
     host_run run;
-    seldp_run_ranks(n, TIMEOUT_S, host_rank, &run);
+    tr_run_ranks(n, TIMEOUT_S, host_rank, &run);
     assert_memory_equal(result, run.result, RESULT_BYTES);
 
     model_free(&m);
@@ -274,12 +275,59 @@ static void test_missing_gradient_on_every_rank(void **state)
     seldp_comm_destroy(world);
 }
 
+/* The last rank comes to seldp_session_sum after the others' timeout: every rank returns
+ * SELDP_ERR_TIMEOUT with a message that names the user's call, the rank that had not
+ * arrived, and no internal collective of the session. */
+static void test_a_late_rank_is_named_in_the_call(void **state)
+{
+    (void)state;
+    const double timeout = 0.5;
+    int last = mt_size - 1;
+    seldp_comm *world = mt_world(timeout);
+    rank_model m;
+    seldp_session *session = NULL;
+    char message[1024] = "", late[32];
+    snprintf(late, sizeof late, "rank %d", last);
+    seldp_status built = model_build(&m, mt_rank, mt_size, false);
+    seldp_status init = built;
+    if (built == SELDP_OK)
+        init = seldp_session_initialize(world, m.model, 0, m.ids, N_SEL, NULL, &session);
+    if (init == SELDP_OK)
+        init = grads_build(&m, mt_rank, false);
+    if (mt_rank == last) {
+        struct timespec ts = {1, 500 * 1000 * 1000}; /* past the timeout and the census */
+        nanosleep(&ts, NULL);
+    }
+    seldp_status st = init != SELDP_OK
+                          ? init
+                          : seldp_session_sum(session, m.grads, true, SELDP_MISSING_ERROR, NULL);
+    snprintf(message, sizeof message, "%s", seldp_last_error());
+    seldp_session_destroy(session);
+    seldp_comm_destroy(world);
+    if (built == SELDP_OK)
+        model_free(&m);
+
+    assert_int_equal(init, SELDP_OK);
+    if (st != SELDP_ERR_TIMEOUT)
+        fail_msg("rank %d: returned %s: %s", mt_rank, seldp_status_name(st), message);
+    if (strncmp(message, "seldp_session_sum: ", 19) != 0)
+        fail_msg("rank %d: the message does not start with the public call: %s", mt_rank, message);
+    if (strstr(message, "allgather") || strstr(message, "allreduce"))
+        fail_msg("rank %d: the message names an internal collective: %s", mt_rank, message);
+    if (mt_rank != last && !strstr(message, late))
+        fail_msg("rank %d: the message does not name %s: %s", mt_rank, late, message);
+    if (mt_rank == last && !strstr(message, "aborted"))
+        fail_msg("rank %d: the late rank's message does not say the world was aborted: %s", mt_rank,
+                 message);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_initialize_and_reduce_with_uneven_weights),
         MT_TEST(test_validation_failure_on_every_rank),
         MT_TEST(test_missing_gradient_on_every_rank),
+        MT_TEST(test_a_late_rank_is_named_in_the_call),
     };
     return mt_main(argc, argv, "mpi_session", tests, sizeof tests / sizeof *tests);
 }

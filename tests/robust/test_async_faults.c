@@ -82,9 +82,9 @@ static bool sums_exact(int r, const seldp_grads *grads, char *why, size_t size)
         }
         for (size_t i = 0; i < std_numel(k); i++) {
             double want = (double)(NRANKS * (NRANKS + 1) / 2 * (int)(i % 7));
-            if (tm_get(t->dtype, t->data, i) != want) {
+            if (ct_get(t->dtype, t->data, i) != want) {
                 snprintf(why, size, "'%s'[%zu] = %g, expected %g", STD[k].path, i,
-                         tm_get(t->dtype, t->data, i), want);
+                         ct_get(t->dtype, t->data, i), want);
                 return false;
             }
         }
@@ -116,7 +116,7 @@ static void *rank_main(void *p)
         size_t k = MARKS[j];
         ready = std_put_grad(&g, r, k, STD[k].dtype, r == 1, &data) == SELDP_OK;
         for (size_t i = 0; ready && i < std_numel(k); i++)
-            tm_set(STD[k].dtype, data, i, (double)((r + 1) * (int)(i % 7)));
+            ct_set(STD[k].dtype, data, i, (double)((r + 1) * (int)(i % 7)));
     }
     if (!ready)
         snprintf(run->why[r], sizeof run->why[r], "setup failed: %s", seldp_last_error());
@@ -163,7 +163,7 @@ out:
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     seldp_comm_destroy(comm);
     return NULL;
 }
@@ -325,7 +325,7 @@ static void destroy_in_flight(void **state)
 
 /* --- calls in the wrong state: refused at once, the reduction in flight unharmed --------- */
 
-static int rank_misuse(seldp_rank_ctx *ctx)
+static int rank_misuse(tr_rank_ctx *ctx)
 {
     int r = ctx->rank;
     test_model m;
@@ -342,7 +342,7 @@ static int rank_misuse(seldp_rank_ctx *ctx)
         size_t k = MARKS[j];
         RANK_CHECK_OK(ctx, std_put_grad(&g, r, k, STD[k].dtype, false, &data));
         for (size_t i = 0; i < std_numel(k); i++)
-            tm_set(STD[k].dtype, data, i, (double)((r + 1) * (int)(i % 7)));
+            ct_set(STD[k].dtype, data, i, (double)((r + 1) * (int)(i % 7)));
     }
     RANK_CHECK(ctx, seldp_session_finish(s, NULL) == SELDP_ERR_INVALID_ARGUMENT,
                "finish without a start was not refused");
@@ -398,14 +398,14 @@ static int rank_misuse(seldp_rank_ctx *ctx)
     tg_free(&g);
     seldp_session_destroy(other);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
 static void wrong_state_calls_are_refused(void **state)
 {
     (void)state;
-    seldp_run_ranks(NRANKS, LONG_S, rank_misuse, NULL);
+    tr_run_ranks(NRANKS, LONG_S, rank_misuse, NULL);
 }
 
 int main(void)

@@ -36,11 +36,11 @@ typedef struct fixture {
 static void fixture_init(fixture *f)
 {
     memset(f, 0, sizeof *f);
-    assert_int_equal(tm_init(&f->m, FIXTURE_RANK), SELDP_OK);
-    assert_int_equal(tm_add(&f->m, "a.weight", 1, SELDP_F32, false, 1, 2, SHAPE(2, 3)), SELDP_OK);
-    assert_int_equal(tm_add(&f->m, "b.scale", 2, SELDP_F16, true, 2, 1, SHAPE(4)), SELDP_OK);
-    assert_int_equal(tm_tie(&f->m, "c.weight", "a.weight"), SELDP_OK);
-    tm_snapshot(&f->m);
+    assert_int_equal(ct_init(&f->m, FIXTURE_RANK), SELDP_OK);
+    assert_int_equal(ct_add(&f->m, "a.weight", 1, SELDP_F32, false, 1, 2, SHAPE(2, 3)), SELDP_OK);
+    assert_int_equal(ct_add(&f->m, "b.scale", 2, SELDP_F16, true, 2, 1, SHAPE(4)), SELDP_OK);
+    assert_int_equal(ct_tie(&f->m, "c.weight", "a.weight"), SELDP_OK);
+    ct_snapshot(&f->m);
     f->count = seldp_model_count(f->m.model);
     for (size_t i = 0; i < f->count; i++)
         f->params[i] = *seldp_model_at(f->m.model, i);
@@ -61,7 +61,7 @@ static void fixture_free(fixture *f)
     gs_free(&f->grads_before);
     seldp_grads_destroy(f->other);
     tg_free(&f->g);
-    tm_free(&f->m);
+    ct_free(&f->m);
 }
 
 /* The view lists the same occurrences (path, id, descriptor, flag) and every tensor and
@@ -82,7 +82,7 @@ static bool fixture_unchanged(const fixture *f, char *why, size_t size)
             return false;
         }
     }
-    return tm_unchanged(&f->m, why, size) && gs_same(&f->grads_before, f->g.grads, why, size);
+    return ct_unchanged(&f->m, why, size) && gs_same(&f->grads_before, f->g.grads, why, size);
 }
 
 /* --- the calls -------------------------------------------------------------------------- */
@@ -95,7 +95,7 @@ static seldp_tensor spare(fixture *f, seldp_dtype dtype, int ndim, const int64_t
 /* the tensor already registered as a.weight, changed by the row */
 static seldp_tensor a_weight(fixture *f)
 {
-    return tm_find(&f->m, "a.weight")->tensor;
+    return ct_find(&f->m, "a.weight")->tensor;
 }
 
 static seldp_status add_model_null(fixture *f)
@@ -292,7 +292,7 @@ static bool one_more_path(fixture *f, const char *path, char *why, size_t size)
         snprintf(why, size, "'%s' is not registered, or the count is not %zu", path, f->count + 1);
         return false;
     }
-    return tm_unchanged(&f->m, why, size);
+    return ct_unchanged(&f->m, why, size);
 }
 
 static bool zero_elements_registered(fixture *f, char *why, size_t size)

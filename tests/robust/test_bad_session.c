@@ -148,7 +148,7 @@ static bool is_reduction(call c)
 static seldp_status build_model(plan *p)
 {
     const std_change *change = p->change;
-    seldp_status st = tm_init(&p->m, p->rank);
+    seldp_status st = ct_init(&p->m, p->rank);
     for (size_t k = 0; st == SELDP_OK && k < STD_N; k++) {
         seldp_dtype dtype = STD[k].dtype;
         int64_t shape[2] = {STD[k].shape[0], STD[k].shape[1]};
@@ -164,25 +164,25 @@ static seldp_status build_model(plan *p)
             if (change->cuda)
                 device = (seldp_device){SELDP_DEVICE_CUDA, 0};
         }
-        st = tm_add_on(&p->m, device, STD[k].path, std_id(p->rank, k), dtype, frozen,
+        st = ct_add_on(&p->m, device, STD[k].path, std_id(p->rank, k), dtype, frozen,
                        std_seed(p->rank, k), STD[k].ndim, shape);
     }
     if (st != SELDP_OK)
         return st;
     if (p->untie_head)
-        st = tm_add(&p->m, "lm_head.weight", 50, SELDP_F32, false, 3, 2, SHAPE(8, 4));
+        st = ct_add(&p->m, "lm_head.weight", 50, SELDP_F32, false, 3, 2, SHAPE(8, 4));
     else
-        st = tm_tie(&p->m, "lm_head.weight", "embed.weight");
+        st = ct_tie(&p->m, "lm_head.weight", "embed.weight");
     if (st == SELDP_OK)
-        st = tm_add(&p->m, "aaa.qweight", ID_QWEIGHT, SELDP_U8, false, 4, 1, SHAPE(16));
+        st = ct_add(&p->m, "aaa.qweight", ID_QWEIGHT, SELDP_U8, false, 4, 1, SHAPE(16));
     if (st == SELDP_OK)
-        st = tm_add(&p->m, "aaa.table", ID_TABLE, SELDP_F64, false, 6, 1, SHAPE(4));
+        st = ct_add(&p->m, "aaa.table", ID_TABLE, SELDP_F64, false, 6, 1, SHAPE(4));
     if (st == SELDP_OK)
-        st = tm_add(&p->m, "head.a", ID_HEAD_A, SELDP_F32, false, 8, 1, SHAPE(4));
+        st = ct_add(&p->m, "head.a", ID_HEAD_A, SELDP_F32, false, 8, 1, SHAPE(4));
     if (st == SELDP_OK && p->tie_heads)
-        st = tm_tie(&p->m, "head.b", "head.a");
+        st = ct_tie(&p->m, "head.b", "head.a");
     else if (st == SELDP_OK)
-        st = tm_add(&p->m, "head.b", ID_HEAD_B, SELDP_F32, false, 9, 1, SHAPE(4));
+        st = ct_add(&p->m, "head.b", ID_HEAD_B, SELDP_F32, false, 9, 1, SHAPE(4));
     if (st == SELDP_OK && p->empty_param) {
         /* zero elements: no storage at all */
         seldp_tensor t =
@@ -240,14 +240,14 @@ static seldp_status regrad(plan *p, seldp_param_id id, seldp_dtype dtype, int nd
 static double grad_at(plan *p, size_t k, size_t i)
 {
     const seldp_tensor *t = seldp_grads_get(p->g.grads, std_id(p->rank, k));
-    return t ? tm_get(t->dtype, t->data, i) : NAN;
+    return t ? ct_get(t->dtype, t->data, i) : NAN;
 }
 
 static void set_grad(plan *p, size_t k, size_t i, double value)
 {
     const seldp_tensor *t = seldp_grads_get(p->g.grads, std_id(p->rank, k));
     if (t)
-        tm_set(t->dtype, t->data, i, value);
+        ct_set(t->dtype, t->data, i, value);
 }
 
 /* --- the rows' spoilers ------------------------------------------------------------ */
@@ -519,7 +519,7 @@ static bool nothing_selected(plan *p, seldp_session *s, uint64_t w, const grads_
         snprintf(why, size, "%zu ids selected, expected none", n);
         return false;
     }
-    return tm_unchanged(&p->m, why, size);
+    return ct_unchanged(&p->m, why, size);
 }
 
 /* After initialize, every selected parameter holds the root's values. */
@@ -910,7 +910,7 @@ static seldp_status reduction(plan *p, seldp_session *s, call c, uint64_t *w)
     }
 }
 
-static int rank_row(seldp_rank_ctx *ctx)
+static int rank_row(tr_rank_ctx *ctx)
 {
     row_run *run = ctx->arg;
     const row *r = run->row;
@@ -933,7 +933,7 @@ static int rank_row(seldp_rank_ctx *ctx)
     if (reduction_row)
         RANK_CHECK_OK(ctx, initialize(&p, ctx->world, p.init_call, &first));
 
-    tm_snapshot(&p.m);
+    ct_snapshot(&p.m);
     memset(&before, 0, sizeof before);
     if (!p.no_snapshot)
         gs_take(&before, p.g.grads);
@@ -948,7 +948,7 @@ static int rank_row(seldp_rank_ctx *ctx)
 
     o->intact = true;
     if (st != SELDP_OK) {
-        o->intact = tm_unchanged(&p.m, o->why, sizeof o->why) &&
+        o->intact = ct_unchanged(&p.m, o->why, sizeof o->why) &&
                     gs_same(&before, p.g.grads, o->why, sizeof o->why);
         if (o->intact && s) {
             o->intact = false;
@@ -958,7 +958,7 @@ static int rank_row(seldp_rank_ctx *ctx)
         o->intact =
             r->verify(&p, is_reduction(mine) ? first : s, w, &before, o->why, sizeof o->why);
     } else if (is_reduction(mine)) {
-        o->intact = tm_unchanged(&p.m, o->why, sizeof o->why);
+        o->intact = ct_unchanged(&p.m, o->why, sizeof o->why);
     }
     /* still in step: the group's next collective works */
     o->in_step = seldp_comm_barrier(ctx->world) == SELDP_OK;
@@ -967,7 +967,7 @@ static int rank_row(seldp_rank_ctx *ctx)
     seldp_session_destroy(s);
     seldp_session_destroy(first);
     tg_free(&p.g);
-    tm_free(&p.m);
+    ct_free(&p.m);
     return 0;
 }
 
@@ -1004,8 +1004,7 @@ static void bad_input_matrix(void **state)
         char why[1200];
         memset(&run, 0, sizeof run);
         run.row = &MATRIX[i];
-        if (seldp_run_ranks_status(MATRIX[i].ranks, WORLD_TIMEOUT_S, rank_row, &run, why,
-                                   sizeof why))
+        if (tr_run_ranks_status(MATRIX[i].ranks, WORLD_TIMEOUT_S, rank_row, &run, why, sizeof why))
             fail_msg("%s: %s", MATRIX[i].name, why);
         check_row(&run);
         by_status[MATRIX[i].expected]++;

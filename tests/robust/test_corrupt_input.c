@@ -51,7 +51,7 @@ static double now_s(void)
 static void standard_manifest(seldp__manifest *m, void **blob, size_t *bytes, test_model *tm)
 {
     seldp_param_id ids[STD_N];
-    assert_int_equal(tm_init(tm, 0), SELDP_OK);
+    assert_int_equal(ct_init(tm, 0), SELDP_OK);
     assert_int_equal(std_model(tm, 0), SELDP_OK);
     std_selection(0, ids);
     for (size_t i = 1; i < STD_N; i++) /* ascending, as the builder wants them */
@@ -119,7 +119,7 @@ static void manifest_sweep(void **state)
     free(bad);
     free(blob);
     seldp__manifest_free(&good);
-    tm_free(&tm);
+    ct_free(&tm);
 }
 
 /* --- layout files -------------------------------------------------------------------------- */

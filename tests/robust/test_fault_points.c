@@ -101,7 +101,7 @@ static bool only_own_or_root_bytes(test_model *m, char *why, size_t size)
 {
     bool written = false;
     for (size_t k = 0; k < STD_N; k++) {
-        tm_param *p = tm_find(m, STD[k].path);
+        ct_param *p = ct_find(m, STD[k].path);
         size_t bytes = seldp_tensor_nbytes(&p->tensor);
         unsigned char *root = calloc(1, bytes + 1);
         const unsigned char *now = p->tensor.data;
@@ -109,7 +109,7 @@ static bool only_own_or_root_bytes(test_model *m, char *why, size_t size)
             snprintf(why, size, "out of memory");
             return false;
         }
-        tm_fill(p->tensor.dtype, root, seldp_tensor_numel(&p->tensor), std_seed(0, k));
+        ct_fill(p->tensor.dtype, root, seldp_tensor_numel(&p->tensor), std_seed(0, k));
         for (size_t i = 0; i < bytes; i++) {
             if (now[i] != p->snapshot[i] && now[i] != root[i]) {
                 snprintf(why, size, "'%s' byte %zu is neither its own nor the root's", p->path, i);
@@ -195,14 +195,14 @@ static void *rank_main(void *p)
     int grank = seldp_comm_rank(on);
 
     res->points[PH_INIT] = seldp__host_fault_count(w, rank);
-    if (tm_init(&m, grank) != SELDP_OK || std_model(&m, grank) != SELDP_OK) {
+    if (ct_init(&m, grank) != SELDP_OK || std_model(&m, grank) != SELDP_OK) {
         res->intact = false;
         snprintf(res->why, sizeof res->why, "setup: the test model could not be built");
         goto out;
     }
     std_selection(grank, ids);
     cfg.bucket_bytes = BUCKET_BYTES;
-    tm_snapshot(&m);
+    ct_snapshot(&m);
     t0 = now_s();
     st = seldp_session_initialize(on, m.model, 0, ids, STD_N, &cfg, &s);
     if (st != SELDP_OK) {
@@ -213,7 +213,7 @@ static void *rank_main(void *p)
             res->intact = false;
             snprintf(res->why, sizeof res->why, "*out is not NULL after a failure");
         } else if (at <= 2) {
-            res->intact = tm_unchanged(&m, res->why, sizeof res->why);
+            res->intact = ct_unchanged(&m, res->why, sizeof res->why);
         } else {
             res->intact = only_own_or_root_bytes(&m, res->why, sizeof res->why);
         }
@@ -231,13 +231,13 @@ static void *rank_main(void *p)
             goto out;
         }
         gs_take(&before, g.grads);
-        tm_snapshot(&m);
+        ct_snapshot(&m);
         t0 = now_s();
         st = reduce_call(ph, s, g.grads, grank);
         if (st != SELDP_OK) {
             record(res, ph, st, t0);
             res->intact = gs_same(&before, g.grads, res->why, sizeof res->why) &&
-                          tm_unchanged(&m, res->why, sizeof res->why);
+                          ct_unchanged(&m, res->why, sizeof res->why);
         } else if (!gs_entry_same(&before, g.grads, 999)) {
             res->intact = false;
             snprintf(res->why, sizeof res->why, "%s changed the unselected gradient",
@@ -254,7 +254,7 @@ out:
     seldp_session_destroy(s);
     seldp_comm_destroy(group);
     seldp_comm_destroy(comm);
-    tm_free(&m);
+    ct_free(&m);
     return NULL;
 }
 

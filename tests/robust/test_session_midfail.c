@@ -75,7 +75,7 @@ static void *fault_rank(void *p)
         if (std_put_grad(&g, r, k, STD[k].dtype, r == 1, &data[j]) != SELDP_OK)
             goto out;
         for (size_t i = 0; i < std_numel(k); i++)
-            tm_set(STD[k].dtype, data[j], i, (double)((r + 1) * (int)(i % 7)));
+            ct_set(STD[k].dtype, data[j], i, (double)((r + 1) * (int)(i % 7)));
     }
     gs_take(&before, g.grads);
     run->before[r] = seldp__host_fault_count(run->world, r);
@@ -95,9 +95,9 @@ static void *fault_rank(void *p)
             const seldp_tensor *t = seldp_grads_get(g.grads, std_id(r, k));
             for (size_t i = 0; i < std_numel(k); i++) {
                 double want = (double)(NRANKS * (NRANKS + 1) / 2 * (int)(i % 7));
-                if (tm_get(t->dtype, t->data, i) != want) {
+                if (ct_get(t->dtype, t->data, i) != want) {
                     snprintf(run->why[r], sizeof run->why[r], "'%s'[%zu] = %g, expected %g",
-                             STD[k].path, i, tm_get(t->dtype, t->data, i), want);
+                             STD[k].path, i, ct_get(t->dtype, t->data, i), want);
                     run->intact[r] = false;
                     break;
                 }
@@ -108,7 +108,7 @@ out:
     gs_free(&before);
     tg_free(&g);
     seldp_session_destroy(s);
-    tm_free(&m);
+    ct_free(&m);
     seldp_comm_destroy(comm);
     return NULL;
 }
@@ -192,7 +192,7 @@ typedef struct abort_trial {
     char why[NRANKS][256];
 } abort_trial;
 
-static int rank_abort(seldp_rank_ctx *ctx)
+static int rank_abort(tr_rank_ctx *ctx)
 {
     abort_trial *t = ctx->arg;
     int r = ctx->rank;
@@ -215,9 +215,9 @@ static int rank_abort(seldp_rank_ctx *ctx)
         return 0;
     }
     cfg.staged_commit = t->staged;
-    RANK_CHECK_OK(ctx, tm_init(&m, r));
-    RANK_CHECK_OK(ctx, tm_add(&m, "big.bf16", 1, SELDP_BF16, false, 1, 1, SHAPE(BIG_BF16)));
-    RANK_CHECK_OK(ctx, tm_add(&m, "big.f32", 2, SELDP_F32, false, 2, 1, SHAPE(BIG_F32)));
+    RANK_CHECK_OK(ctx, ct_init(&m, r));
+    RANK_CHECK_OK(ctx, ct_add(&m, "big.bf16", 1, SELDP_BF16, false, 1, 1, SHAPE(BIG_BF16)));
+    RANK_CHECK_OK(ctx, ct_add(&m, "big.f32", 2, SELDP_F32, false, 2, 1, SHAPE(BIG_F32)));
     RANK_CHECK_OK(
         ctx, seldp_session_initialize(group, m.model, 0, (seldp_param_id[]){1, 2}, 2, &cfg, &s));
     RANK_CHECK_OK(ctx, tg_init(&g));
@@ -227,7 +227,7 @@ static int rank_abort(seldp_rank_ctx *ctx)
      * timed one below starts at once */
     RANK_CHECK_OK(ctx, seldp_session_sum(s, g.grads, true, SELDP_MISSING_ZERO, NULL));
     for (int64_t i = 0; i < BIG_BF16; i++)
-        tm_set(SELDP_BF16, data[0], (size_t)i, (double)(r + 1));
+        ct_set(SELDP_BF16, data[0], (size_t)i, (double)(r + 1));
     for (int64_t i = 0; i < BIG_F32; i++)
         ((float *)data[1])[i] = (float)((r + 1) * (i % 5));
     gs_take(&before, g.grads);
@@ -243,7 +243,7 @@ static int rank_abort(seldp_rank_ctx *ctx)
     } else {
         const float *x = seldp_grads_get(g.grads, 2)->data;
         const void *h = seldp_grads_get(g.grads, 1)->data;
-        t->intact[r] = tm_get(SELDP_BF16, h, (size_t)BIG_BF16 - 1) == 6.0;
+        t->intact[r] = ct_get(SELDP_BF16, h, (size_t)BIG_BF16 - 1) == 6.0;
         for (int64_t i = 0; i < BIG_F32 && t->intact[r]; i += 4099)
             t->intact[r] = x[i] == (float)(6 * (i % 5));
         if (!t->intact[r])
@@ -253,7 +253,7 @@ static int rank_abort(seldp_rank_ctx *ctx)
     tg_free(&g);
     seldp_session_destroy(s);
     seldp_comm_destroy(group);
-    tm_free(&m);
+    ct_free(&m);
     return 0;
 }
 
@@ -273,7 +273,7 @@ static void abort_while_reducing(void **state)
             t.staged = staged;
             t.delay_us = delay;
             /* a rank's setup failure (the abort cannot land before the barrier) fails */
-            if (seldp_run_ranks_status(NRANKS + 1, 30.0, rank_abort, &t, why, sizeof why))
+            if (tr_run_ranks_status(NRANKS + 1, 30.0, rank_abort, &t, why, sizeof why))
                 fail_msg("staged %d, abort after %ld us: %s", staged, delay, why);
             for (int r = 0; r < NRANKS; r++) {
                 if (!t.intact[r])

@@ -31,7 +31,7 @@ static void debug_mode(bool on)
 }
 
 /* Calls that agree run as usual, and the fingerprints do not count in the stats. */
-static int agreeing_rank(seldp_rank_ctx *ctx)
+static int agreeing_rank(tr_rank_ctx *ctx)
 {
     float x[64];
     for (int i = 0; i < 64; i++)
@@ -56,16 +56,16 @@ static void test_agreeing_calls(void **state)
 {
     (void)state;
     debug_mode(true);
-    seldp_run_ranks(2, TIMEOUT_S, agreeing_rank, NULL);
-    seldp_run_ranks(5, TIMEOUT_S, agreeing_rank, NULL);
+    tr_run_ranks(2, TIMEOUT_S, agreeing_rank, NULL);
+    tr_run_ranks(5, TIMEOUT_S, agreeing_rank, NULL);
 }
 
 /* Rank 1 broadcasts 32 F64 where the others broadcast 64 F32 (the same bytes). */
-static int dtype_mismatch_rank(seldp_rank_ctx *ctx)
+static int dtype_mismatch_rank(tr_rank_ctx *ctx)
 {
     bool *debug = ctx->arg;
     unsigned char buf[256], before[256];
-    seldp_fill_bytes(buf, sizeof buf, (uint64_t)ctx->rank + 1);
+    tr_fill_bytes(buf, sizeof buf, (uint64_t)ctx->rank + 1);
     memcpy(before, buf, sizeof buf);
     RANK_CHECK_OK(ctx, seldp_comm_barrier(ctx->world));
     seldp_status st =
@@ -96,14 +96,14 @@ static void test_planted_dtype_mismatch(void **state)
     (void)state;
     bool debug = false;
     debug_mode(false);
-    seldp_run_ranks(3, TIMEOUT_S, dtype_mismatch_rank, &debug);
+    tr_run_ranks(3, TIMEOUT_S, dtype_mismatch_rank, &debug);
     debug = true;
     debug_mode(true);
-    seldp_run_ranks(3, TIMEOUT_S, dtype_mismatch_rank, &debug);
+    tr_run_ranks(3, TIMEOUT_S, dtype_mismatch_rank, &debug);
 }
 
 /* The last rank calls an allreduce where the others call a broadcast. */
-static int op_mismatch_rank(seldp_rank_ctx *ctx)
+static int op_mismatch_rank(tr_rank_ctx *ctx)
 {
     float x[16] = {0}, y[16] = {0};
     int last = ctx->size - 1;
@@ -124,8 +124,8 @@ static void test_planted_op_mismatch(void **state)
 {
     (void)state;
     debug_mode(true);
-    seldp_run_ranks(2, TIMEOUT_S, op_mismatch_rank, NULL);
-    seldp_run_ranks(4, TIMEOUT_S, op_mismatch_rank, NULL);
+    tr_run_ranks(2, TIMEOUT_S, op_mismatch_rank, NULL);
+    tr_run_ranks(4, TIMEOUT_S, op_mismatch_rank, NULL);
 }
 
 int main(void)

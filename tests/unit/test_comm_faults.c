@@ -68,7 +68,7 @@ static fault_state *new_state(void)
 
 /* ---- a rank that never arrives --------------------------------------------------------- */
 
-static int straggler_rank(seldp_rank_ctx *ctx)
+static int straggler_rank(tr_rank_ctx *ctx)
 {
     fault_state *fs = ctx->arg;
     int last = ctx->size - 1;
@@ -119,7 +119,7 @@ static void test_rank_never_arrives(void **state)
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         fault_state *fs = new_state();
         double t0 = now_s();
-        seldp_run_ranks(sizes[i], SHORT_TIMEOUT_S, straggler_rank, fs);
+        tr_run_ranks(sizes[i], SHORT_TIMEOUT_S, straggler_rank, fs);
         double took = now_s() - t0;
         if (took > SHORT_TIMEOUT_S + 5.0)
             fail_msg("%d ranks: the timeout case took %.2f s", sizes[i], took);
@@ -128,7 +128,7 @@ static void test_rank_never_arrives(void **state)
 }
 
 /* In a split group the message gives both numberings; the whole world learns of it. */
-static int subgroup_straggler_rank(seldp_rank_ctx *ctx)
+static int subgroup_straggler_rank(tr_rank_ctx *ctx)
 {
     fault_state *fs = ctx->arg;
     seldp_comm *pair = NULL;
@@ -155,13 +155,13 @@ static void test_rank_never_arrives_in_split_group(void **state)
 {
     (void)state;
     fault_state *fs = new_state();
-    seldp_run_ranks(4, SHORT_TIMEOUT_S, subgroup_straggler_rank, fs);
+    tr_run_ranks(4, SHORT_TIMEOUT_S, subgroup_straggler_rank, fs);
     free(fs);
 }
 
 /* ---- abort in the middle of a collective ------------------------------------------------ */
 
-static int abort_rank(seldp_rank_ctx *ctx)
+static int abort_rank(tr_rank_ctx *ctx)
 {
     fault_state *fs = ctx->arg;
     int aborter = ctx->size - 1;
@@ -207,7 +207,7 @@ static void test_abort_mid_collective(void **state)
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         fault_state *fs = new_state();
         double t0 = now_s();
-        seldp_run_ranks(sizes[i], LONG_TIMEOUT_S, abort_rank, fs);
+        tr_run_ranks(sizes[i], LONG_TIMEOUT_S, abort_rank, fs);
         if (now_s() - t0 > 10.0)
             fail_msg("%d ranks: abort took %.2f s", sizes[i], now_s() - t0);
         free(fs);
@@ -215,7 +215,7 @@ static void test_abort_mid_collective(void **state)
 }
 
 /* Ranks 2 and 3 wait in a world barrier; rank 0 aborts through its pair communicator. */
-static int subgroup_abort_rank(seldp_rank_ctx *ctx)
+static int subgroup_abort_rank(tr_rank_ctx *ctx)
 {
     fault_state *fs = ctx->arg;
     seldp_comm *pair = NULL;
@@ -242,7 +242,7 @@ static void test_abort_through_split_comm(void **state)
 {
     (void)state;
     fault_state *fs = new_state();
-    seldp_run_ranks(4, LONG_TIMEOUT_S, subgroup_abort_rank, fs);
+    tr_run_ranks(4, LONG_TIMEOUT_S, subgroup_abort_rank, fs);
     free(fs);
 }
 
@@ -333,7 +333,7 @@ static void test_world_arguments(void **state)
 
 /* ---- fresh worlds afterwards -------------------------------------------------------------- */
 
-static int healthy_rank(seldp_rank_ctx *ctx)
+static int healthy_rank(tr_rank_ctx *ctx)
 {
     for (int i = 0; i < 50; i++) {
         int64_t v = ctx->rank + i;
@@ -345,7 +345,7 @@ static int healthy_rank(seldp_rank_ctx *ctx)
     return 0;
 }
 
-static int doomed_rank(seldp_rank_ctx *ctx)
+static int doomed_rank(tr_rank_ctx *ctx)
 {
     if (ctx->rank == 0)
         seldp_comm_abort(ctx->world);
@@ -358,7 +358,7 @@ static int doomed_rank(seldp_rank_ctx *ctx)
 
 typedef struct world_run {
     pthread_t thread;
-    seldp_rank_fn fn;
+    tr_rank_fn fn;
     int failed;
     char why[1200];
 } world_run;
@@ -366,15 +366,14 @@ typedef struct world_run {
 static void *world_main(void *p)
 {
     world_run *run = p;
-    run->failed =
-        seldp_run_ranks_status(4, LONG_TIMEOUT_S, run->fn, NULL, run->why, sizeof run->why);
+    run->failed = tr_run_ranks_status(4, LONG_TIMEOUT_S, run->fn, NULL, run->why, sizeof run->why);
     return NULL;
 }
 
 static void test_new_worlds_afterwards(void **state)
 {
     (void)state;
-    seldp_run_ranks(4, LONG_TIMEOUT_S, healthy_rank, NULL);
+    tr_run_ranks(4, LONG_TIMEOUT_S, healthy_rank, NULL);
     /* Two worlds at once: aborting one leaves the other alone. */
     world_run runs[2] = {{.fn = doomed_rank}, {.fn = healthy_rank}};
     for (int i = 0; i < 2; i++)
@@ -384,7 +383,7 @@ static void test_new_worlds_afterwards(void **state)
     for (int i = 0; i < 2; i++)
         if (runs[i].failed)
             fail_msg("world %d: %s", i, runs[i].why);
-    seldp_run_ranks(8, LONG_TIMEOUT_S, healthy_rank, NULL);
+    tr_run_ranks(8, LONG_TIMEOUT_S, healthy_rank, NULL);
 }
 
 int main(void)

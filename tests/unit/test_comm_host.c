@@ -40,13 +40,13 @@ static uint64_t seed_of(int rank, int a, int b, int c)
     return ((uint64_t)rank << 48) ^ ((uint64_t)a << 32) ^ ((uint64_t)b << 16) ^ (uint64_t)c;
 }
 
-static void run_all_sizes(seldp_rank_fn fn, bool check_digests)
+static void run_all_sizes(tr_rank_fn fn, bool check_digests)
 {
     for (size_t i = 0; i < N_RANK_COUNTS; i++) {
         shared sh;
         memset(&sh, 0, sizeof sh);
         atomic_init(&sh.counter, 0);
-        seldp_run_ranks(rank_counts[i], TIMEOUT_S, fn, &sh);
+        tr_run_ranks(rank_counts[i], TIMEOUT_S, fn, &sh);
         for (int r = 1; check_digests && r < rank_counts[i]; r++)
             if (sh.digest[r] != sh.digest[0])
                 fail_msg("%d ranks: rank %d's results differ from rank 0's (digest %016llx vs "
@@ -58,7 +58,7 @@ static void run_all_sizes(seldp_rank_fn fn, bool check_digests)
 
 /* ---- barrier ------------------------------------------------------------------------ */
 
-static int barrier_rank(seldp_rank_ctx *ctx)
+static int barrier_rank(tr_rank_ctx *ctx)
 {
     shared *sh = ctx->arg;
     for (int round = 1; round <= 20; round++) {
@@ -81,7 +81,7 @@ static void test_barrier(void **state)
 
 /* ---- broadcast ------------------------------------------------------------------------ */
 
-static int broadcast_rank(seldp_rank_ctx *ctx)
+static int broadcast_rank(tr_rank_ctx *ctx)
 {
     const size_t counts[] = {0, 1, 5, 1000};
     unsigned char *buf = malloc(8 * 1000), *want = malloc(8 * 1000);
@@ -92,11 +92,11 @@ static int broadcast_rank(seldp_rank_ctx *ctx)
             for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
                 size_t bytes = counts[c] * esize;
                 /* Random bytes include NaN patterns: they must travel unchanged. */
-                seldp_fill_bytes(buf, bytes, seed_of(ctx->rank, d, root, (int)c));
-                seldp_fill_bytes(want, bytes, seed_of(root, d, root, (int)c));
+                tr_fill_bytes(buf, bytes, seed_of(ctx->rank, d, root, (int)c));
+                tr_fill_bytes(want, bytes, seed_of(root, d, root, (int)c));
                 RANK_CHECK_OK(ctx, seldp_comm_broadcast(ctx->world, buf, counts[c], (seldp_dtype)d,
                                                         root, SELDP_HOST_DEVICE));
-                size_t at = seldp_first_diff(buf, want, bytes);
+                size_t at = tr_first_diff(buf, want, bytes);
                 RANK_CHECK(ctx, at == bytes, "%s x %zu from root %d: byte %zu differs",
                            seldp_dtype_name((seldp_dtype)d), counts[c], root, at);
             }
@@ -120,7 +120,7 @@ static void test_broadcast(void **state)
 static void fill_input(void *x, seldp_dtype dtype, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++) {
-        uint64_t h = seldp_test_hash(seed, i);
+        uint64_t h = tr_hash(seed, i);
         double v =
             ((double)(h >> 11) / (double)(1ull << 53) - 0.5) * ldexp(1.0, (int)(h % 40) - 20);
         switch (dtype) {
@@ -162,7 +162,7 @@ static void reference_sum(void *acc, const void *in, seldp_dtype dtype, size_t n
     }
 }
 
-static int allreduce_rank(seldp_rank_ctx *ctx)
+static int allreduce_rank(tr_rank_ctx *ctx)
 {
     shared *sh = ctx->arg;
     const seldp_dtype dtypes[] = {SELDP_F32, SELDP_F64, SELDP_I64, SELDP_U64};
@@ -187,7 +187,7 @@ static int allreduce_rank(seldp_rank_ctx *ctx)
                 void *out = in_place ? (void *)send : (void *)recv;
                 RANK_CHECK_OK(
                     ctx, seldp_comm_allreduce(ctx->world, send, out, n, dt, SELDP_HOST_DEVICE));
-                size_t at = seldp_first_diff(out, want, bytes);
+                size_t at = tr_first_diff(out, want, bytes);
                 RANK_CHECK(ctx, at == bytes,
                            "%s x %zu (%s): byte %zu differs from the rank-order sum",
                            seldp_dtype_name(dt), n, in_place ? "in place" : "out of place", at);
@@ -218,7 +218,7 @@ static void test_allreduce(void **state)
 }
 
 /* Exact F32 values: the sum is known in closed form whatever the order. */
-static int allreduce_exact_rank(seldp_rank_ctx *ctx)
+static int allreduce_exact_rank(tr_rank_ctx *ctx)
 {
     enum { N = 777 };
     float x[N];
@@ -246,7 +246,7 @@ static void test_allreduce_exact(void **state)
 
 /* ---- allgather, allgatherv ------------------------------------------------------------ */
 
-static int allgather_rank(seldp_rank_ctx *ctx)
+static int allgather_rank(tr_rank_ctx *ctx)
 {
     const size_t sizes[] = {0, 1, 13, 4096};
     int p = ctx->size;
@@ -257,11 +257,11 @@ static int allgather_rank(seldp_rank_ctx *ctx)
         for (int in_place = 0; in_place < 2; in_place++) {
             memset(recv, 0xcd, 4096 * (size_t)p + 1);
             unsigned char *mine = in_place ? recv + (size_t)ctx->rank * b : send;
-            seldp_fill_bytes(mine, b, seed_of(ctx->rank, 1, (int)s, 0));
+            tr_fill_bytes(mine, b, seed_of(ctx->rank, 1, (int)s, 0));
             RANK_CHECK_OK(ctx, seldp_comm_allgather(ctx->world, mine, recv, b, SELDP_HOST_DEVICE));
             for (int r = 0; r < p; r++) {
-                seldp_fill_bytes(want, b, seed_of(r, 1, (int)s, 0));
-                size_t at = seldp_first_diff(recv + (size_t)r * b, want, b);
+                tr_fill_bytes(want, b, seed_of(r, 1, (int)s, 0));
+                size_t at = tr_first_diff(recv + (size_t)r * b, want, b);
                 RANK_CHECK(ctx, at == b, "%zu bytes (%s): rank %d's block differs at byte %zu", b,
                            in_place ? "in place" : "out of place", r, at);
             }
@@ -280,13 +280,13 @@ static void test_allgather(void **state)
     run_all_sizes(allgather_rank, false);
 }
 
-static int allgatherv_rank(seldp_rank_ctx *ctx)
+static int allgatherv_rank(tr_rank_ctx *ctx)
 {
     unsigned char send[64], want[64];
     size_t lens[MAX_RANKS];
     for (int iter = 0; iter < 4; iter++) {
         size_t len = (size_t)(ctx->rank * 37 + iter * 11) % 50; /* includes empty blobs */
-        seldp_fill_bytes(send, len, seed_of(ctx->rank, 2, iter, 0));
+        tr_fill_bytes(send, len, seed_of(ctx->rank, 2, iter, 0));
         void *blob = NULL;
         RANK_CHECK_OK(ctx, seldp_comm_allgatherv(ctx->world, len ? send : NULL, len, &blob, lens));
         RANK_CHECK(ctx, blob != NULL, "allgatherv returned no block");
@@ -295,7 +295,7 @@ static int allgatherv_rank(seldp_rank_ctx *ctx)
             size_t l = (size_t)(r * 37 + iter * 11) % 50;
             RANK_CHECK(ctx, lens[r] == l, "iteration %d: rank %d's length %zu, expected %zu", iter,
                        r, lens[r], l);
-            seldp_fill_bytes(want, l, seed_of(r, 2, iter, 0));
+            tr_fill_bytes(want, l, seed_of(r, 2, iter, 0));
             RANK_CHECK(ctx, memcmp((unsigned char *)blob + at, want, l) == 0,
                        "iteration %d: rank %d's blob differs", iter, r);
             at += l;
@@ -318,7 +318,7 @@ static size_t a2a_count(int from, int to, int iter)
     return (size_t)(from * 3 + to * 5 + iter) % 7; /* some pieces are empty */
 }
 
-static int alltoallv_rank(seldp_rank_ctx *ctx)
+static int alltoallv_rank(tr_rank_ctx *ctx)
 {
     int p = ctx->size, me = ctx->rank;
     size_t scount[MAX_RANKS], sdispl[MAX_RANKS], rcount[MAX_RANKS], rdispl[MAX_RANKS];
@@ -377,7 +377,7 @@ static void test_alltoallv(void **state)
 
 /* ---- many collectives back to back ------------------------------------------------------ */
 
-static int sequence_rank(seldp_rank_ctx *ctx)
+static int sequence_rank(tr_rank_ctx *ctx)
 {
     for (int i = 0; i < 300; i++) {
         switch (i % 4) {
@@ -424,8 +424,8 @@ static void test_many_ranks(void **state)
     (void)state;
     shared sh;
     memset(&sh, 0, sizeof sh);
-    seldp_run_ranks(MAX_RANKS, TIMEOUT_S, allreduce_exact_rank, &sh);
-    seldp_run_ranks(MAX_RANKS, TIMEOUT_S, sequence_rank, &sh);
+    tr_run_ranks(MAX_RANKS, TIMEOUT_S, allreduce_exact_rank, &sh);
+    tr_run_ranks(MAX_RANKS, TIMEOUT_S, sequence_rank, &sh);
 }
 
 /* ---- argument checks, disagreement, stats ----------------------------------------------- */
@@ -440,7 +440,7 @@ static void test_many_ranks(void **state)
                    #call, seldp_last_error(), needle);                                             \
     } while (0)
 
-static int arguments_rank(seldp_rank_ctx *ctx)
+static int arguments_rank(tr_rank_ctx *ctx)
 {
     seldp_comm *w = ctx->world;
     seldp_device host = SELDP_HOST_DEVICE;
@@ -517,7 +517,7 @@ static void test_argument_checks(void **state)
     run_all_sizes(arguments_rank, false);
 }
 
-static int disagree_rank(seldp_rank_ctx *ctx)
+static int disagree_rank(tr_rank_ctx *ctx)
 {
     seldp_comm *w = ctx->world;
     seldp_device host = SELDP_HOST_DEVICE;
@@ -563,10 +563,10 @@ static void test_disagreement(void **state)
 {
     (void)state;
     for (size_t i = 1; i < N_RANK_COUNTS; i++)
-        seldp_run_ranks(rank_counts[i], TIMEOUT_S, disagree_rank, NULL);
+        tr_run_ranks(rank_counts[i], TIMEOUT_S, disagree_rank, NULL);
 }
 
-static int stats_rank(seldp_rank_ctx *ctx)
+static int stats_rank(tr_rank_ctx *ctx)
 {
     seldp_comm *w = ctx->world;
     seldp_device host = SELDP_HOST_DEVICE;

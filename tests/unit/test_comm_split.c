@@ -43,7 +43,7 @@ typedef struct split_case {
 
 /* Split by the case's color/key, check rank, size and world ranks, then run collectives
  * inside the new group (all groups at the same time) and check their results. */
-static int split_case_rank(seldp_rank_ctx *ctx)
+static int split_case_rank(tr_rank_ctx *ctx)
 {
     const split_case *sc = ctx->arg;
     int me = ctx->rank, n = ctx->size;
@@ -89,7 +89,7 @@ static void run_case(int n, const int *color, const int *key)
     split_case sc;
     memcpy(sc.color, color, (size_t)n * sizeof *color);
     memcpy(sc.key, key, (size_t)n * sizeof *key);
-    seldp_run_ranks(n, TIMEOUT_S, split_case_rank, &sc);
+    tr_run_ranks(n, TIMEOUT_S, split_case_rank, &sc);
 }
 
 static void test_uneven_groups(void **state)
@@ -144,7 +144,7 @@ static void test_all_sizes(void **state)
 /* Expert-parallel / expert-data-parallel layout by nested splits: 8 ranks, first in
  * halves (EP groups 0-3, 4-7), then each half strided into pairs {0,2},{1,3}; the data
  * groups across halves come from a second split of the world. */
-static int nested_rank(seldp_rank_ctx *ctx)
+static int nested_rank(tr_rank_ctx *ctx)
 {
     int me = ctx->rank;
     seldp_comm *half = NULL, *pair = NULL, *data = NULL, *solo = NULL;
@@ -188,11 +188,11 @@ static int nested_rank(seldp_rank_ctx *ctx)
 static void test_nested_splits(void **state)
 {
     (void)state;
-    seldp_run_ranks(8, TIMEOUT_S, nested_rank, NULL);
+    tr_run_ranks(8, TIMEOUT_S, nested_rank, NULL);
 }
 
 /* Many create/destroy cycles: group bookkeeping is released every time. */
-static int churn_rank(seldp_rank_ctx *ctx)
+static int churn_rank(tr_rank_ctx *ctx)
 {
     for (int i = 0; i < 100; i++) {
         seldp_comm *sub = NULL;
@@ -211,7 +211,7 @@ static int churn_rank(seldp_rank_ctx *ctx)
 static void test_split_churn(void **state)
 {
     (void)state;
-    seldp_run_ranks(5, TIMEOUT_S, churn_rank, NULL);
+    tr_run_ranks(5, TIMEOUT_S, churn_rank, NULL);
 }
 
 int main(void)

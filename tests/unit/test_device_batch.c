@@ -26,7 +26,7 @@ static void test_batch_matches_one_by_one(void **state)
     const seldp_device host = SELDP_HOST_DEVICE;
     float f[N], to_f32[N], want_f32[N], zeros[N], copy[N];
     uint16_t h[N], bf[N], want_bf[N];
-    seldp_fill_f32(f, N, 3);
+    tr_fill_f32(f, N, 3);
     f[0] = NAN;
     f[1] = 1e30f;
     for (int i = 0; i < N; i++) {
@@ -93,7 +93,7 @@ static void test_buckets_across_batches(void **state)
         restored[t] = calloc(sizes[t], sizeof(float));
         assert_non_null(tensors[t]);
         assert_non_null(restored[t]);
-        seldp_fill_f32(tensors[t], sizes[t], (uint64_t)t + 1);
+        tr_fill_f32(tensors[t], sizes[t], (uint64_t)t + 1);
     }
     const size_t capacities[] = {4 * 1000 + 2, 4 * 100000};
     for (int c = 0; c < 2; c++) {

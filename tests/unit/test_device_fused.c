@@ -94,7 +94,7 @@ static void test_random_patterns(void **state)
     uint32_t *x = malloc(N * sizeof *x);
     assert_non_null(x);
     for (size_t i = 0; i < N; i++)
-        x[i] = (uint32_t)seldp_test_hash(7, i);
+        x[i] = (uint32_t)tr_hash(7, i);
     assert_int_equal(check_values(x, N), N);
     free(x);
 }
@@ -125,7 +125,7 @@ static void test_rounding_midpoints(void **state)
     assert_non_null(x);
     size_t n = 0;
     for (size_t m = 0; m < MIDS; m++) {
-        uint64_t h = seldp_test_hash(11, m);
+        uint64_t h = tr_hash(11, m);
         /* a BF16 midpoint: lower 16 bits 0x8000; an F16 one: 13 dropped bits 0x1000 */
         uint32_t bf_mid =
             ((uint32_t)h & 0x7fff0000u) | 0x8000u | ((uint32_t)(h >> 32) & 0x80000000u);

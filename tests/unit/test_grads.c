@@ -245,7 +245,7 @@ static void test_random_partition(void **state)
     seldp_param_id ids[SEL];
     size_t count = 0;
     for (int i = 0; i < N; i++) {
-        int id = (int)(seldp_test_hash(3, (uint64_t)i) % N);
+        int id = (int)(tr_hash(3, (uint64_t)i) % N);
         seldp_tensor t = borrowed_tensor(id % 16);
         seldp_status st = seldp_grads_put(g, (seldp_param_id)id, &t, SELDP_BORROWED);
         assert_int_equal(st, in[id] ? SELDP_ERR_DUPLICATE : SELDP_OK);
@@ -253,7 +253,7 @@ static void test_random_partition(void **state)
         in[id] = true;
     }
     for (int i = 0; i < SEL; i++) {
-        ids[i] = seldp_test_hash(4, (uint64_t)i) % (2 * N);
+        ids[i] = tr_hash(4, (uint64_t)i) % (2 * N);
         if (ids[i] < N)
             selected[ids[i]] = true;
     }

@@ -21,7 +21,7 @@ static void test_convert(void **state)
     seldp_device host = SELDP_HOST_DEVICE;
     float src[N], back[N];
     uint16_t half[N];
-    seldp_fill_f32(src, N, 1);
+    tr_fill_f32(src, N, 1);
     src[0] = 1e30f; /* overflows F16 only */
     src[1] = NAN;
     src[2] = ldexpf(1.0f, -25);
@@ -44,7 +44,7 @@ static void test_convert(void **state)
     }
     /* Identical dtypes copy the bytes, whatever they are. */
     uint64_t a[N], b[N];
-    seldp_fill_bytes(a, sizeof a, 2);
+    tr_fill_bytes(a, sizeof a, 2);
     assert_int_equal(seldp__convert(host, b, SELDP_U64, a, SELDP_U64, N), SELDP_OK);
     assert_memory_equal(a, b, sizeof a);
     /* Everything else is refused, and n == 0 writes nothing. */
@@ -59,7 +59,7 @@ static void test_scale(void **state)
 {
     (void)state;
     float x[N], orig[N];
-    seldp_fill_f32(x, N, 3);
+    tr_fill_f32(x, N, 3);
     memcpy(orig, x, sizeof x);
     const double factor = 1.0 / 3.0;
     assert_int_equal(seldp__scale_f32(SELDP_HOST_DEVICE, x, N, factor), SELDP_OK);

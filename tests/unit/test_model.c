@@ -264,7 +264,7 @@ static void test_random_against_reference(void **state)
     bool present[N] = {false};
     size_t count = 0;
     for (int step = 0; step < 2 * N; step++) {
-        int i = (int)(seldp_test_hash(11, (uint64_t)step) % N);
+        int i = (int)(tr_hash(11, (uint64_t)step) % N);
         snprintf(paths[i], sizeof paths[i], "p.%d.%d", i % 13, i);
         ids[i] = (uint64_t)(i % 50); /* ids shared by several paths: aliases */
         seldp_tensor t = vec((int)(ids[i] % 8), 3);

@@ -1,0 +1,21 @@
+/* What the files of the harness's layouts share (layout.c: generation, validation, queries
+ * and splitting; layout_file.c: the layout file; layout_print.c: tables and JSON). */
+#ifndef HX_LAYOUT_IMPL_H
+#define HX_LAYOUT_IMPL_H
+
+#include "layout.h"
+
+/* Free a group's ranks (the group itself is not freed). */
+void hx_group_free(hx_group *g);
+
+/* Allocate a group of `size` ranks (at least one slot), its root unset (-1). */
+seldp_status hx_group_alloc(hx_group *g, int size);
+
+/* The root of group g under a roots policy; `index` spreads the roots of many groups. */
+int hx_group_root_of(const hx_group *g, hx_roots roots, int index);
+
+/* An empty layout of `world` ranks, `experts` experts and `n_ep` EP groups, the shared
+ * group being every rank. */
+seldp_status hx_layout_new(int world, int experts, int n_ep, hx_layout **out);
+
+#endif
