@@ -162,11 +162,13 @@ static void documented_in_help(void **state)
     assert_non_null(strstr(run.out, "--bucket-bytes N"));
 }
 
-/* report.json says whether the reductions were overlapped, and with which buckets. */
+/* report.json says whether the reductions were overlapped, and with which buckets; the finishes
+ * are checked as the blocking reductions are (gradients outside a selection left alone). */
 static void recorded_in_the_report(void **state)
 {
     (void)state;
     const char *flags[2] = {"", "--overlap --bucket-bytes 4096"};
+    int64_t untouched[2] = {0, 0};
     for (int k = 0; k < 2; k++) {
         char dir[1200];
         snprintf(dir, sizeof dir, "%s", hx_test_dir(k ? "report-overlapped" : "report-blocking"));
@@ -182,8 +184,14 @@ static void recorded_in_the_report(void **state)
         assert_int_equal(overlap->type, HX_JSON_BOOL);
         assert_int_equal(overlap->boolean, k == 1);
         assert_int_equal(hx_test_int(options, "bucket_bytes"), k ? 4096 : 0);
+        int64_t failed = -1;
+        hx_test_check(report, "reductions touch only their selected gradients", &untouched[k],
+                      &failed);
+        assert_int_equal(failed, 0);
         hx_json_free(report);
     }
+    assert_true(untouched[0] > 0);
+    assert_int_equal(untouched[1], untouched[0]);
 }
 
 /* A rank that fails while the others' reductions are in flight stops every rank. */
