@@ -5,6 +5,7 @@
 
 #include "grid.h"
 #include "inject.h"
+#include "overlap.h"
 #include "router.h"
 #include "run.h"
 
@@ -75,6 +76,12 @@ void hx_print_header(const hx_run *run, FILE *out)
             "  reduce  shared: reduce by tokens; experts: %s; policy %s; %s results, limit %.0e\n",
             o->flow == HX_FLOW_SUM ? "sum of grads / global tokens" : "reduce by EP-group tokens",
             hx_policy_name(o->policy), seldp_dtype_name(run->grad_dtype), run->tolerance);
+    if (o->overlap)
+        fprintf(out,
+                "  overlap reductions started before the backward, each layer's gradients marked "
+                "ready after its backward; buckets of %zu bytes%s\n",
+                hx_session_config(run).bucket_bytes,
+                o->bucket_bytes ? "" : " (the library's default)");
     char routing[256];
     hx_router_describe(m, routing, sizeof routing);
     if (routing[0])

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "grid.h"
+#include "overlap.h"
 #include "router.h"
 #include "run.h"
 
@@ -429,6 +430,7 @@ seldp_status hx_rank_compute(hx_rank *rk)
     tm_part part = rk->grid ? rk->grid->part : (tm_part){0, L, true, true};
     int stage = rk->grid ? rk->grid->stage : 0;
     int pp = rk->grid ? seldp_comm_size(rk->grid->pp) : 1;
+    bool overlap = run->opts.overlap; /* overlap.h: reductions in flight during the backward */
     size_t T = rk->T, D = (size_t)cfg->d_model, slots = T * (size_t)K;
     layer_plan *plans = hx_calloc((size_t)L, sizeof *plans);
     expert_route *routes = hx_calloc((size_t)E, sizeof *routes);
@@ -469,9 +471,18 @@ seldp_status hx_rank_compute(hx_rank *rk)
                      rk->rank, l);
     }
     HX_CHECK(pipe_transfers(rk, stage, pp - 1, h, NULL, scratch, T * D, "activations"));
+    /* tokens per expert over the world: tells every owner which experts were reached (known
+     * after the forward, where every rank has made its forward transfers) */
+    HX_CHECK_LIB(seldp_comm_allreduce(rk->world, local_routed, rk->routed, (size_t)(L * E),
+                                      SELDP_I64, SELDP_HOST_DEVICE),
+                 "rank %d: allreduce of tokens per expert", rk->rank);
+    if (overlap)
+        HX_CHECK(hx_overlap_begin(rk));
     rk->loss_sum = 0;
     if (part.head)
         HX_CHECK_LIB(ops->head(rk, h, &rk->loss_sum, dh), "rank %d: head", rk->rank);
+    if (overlap && part.head)
+        HX_CHECK(hx_overlap_ready(rk, HX_READY_HEAD));
     rk->loss_sum += hx_router_loss_sum(rk);
     HX_CHECK(pipe_transfers(rk, pp - 1, stage, NULL, dh, scratch, T * D, "gradients"));
     for (int l = part.end_layer - 1; l >= part.first_layer; l--) {
@@ -480,14 +491,13 @@ seldp_status hx_rank_compute(hx_rank *rk)
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, true, slot_out));
         HX_CHECK_LIB(ops->route_backward(rk, l, slot_out, dh), "rank %d: layer %d: router backward",
                      rk->rank, l);
+        if (overlap)
+            HX_CHECK(hx_overlap_ready(rk, l));
     }
     HX_CHECK(pipe_transfers(rk, stage, 0, dh, NULL, scratch, T * D, "gradients"));
     HX_CHECK_LIB(ops->embed_backward(rk, dh), "rank %d: embedding backward", rk->rank);
-
-    /* tokens per expert over the world: tells every owner which experts were reached */
-    HX_CHECK_LIB(seldp_comm_allreduce(rk->world, local_routed, rk->routed, (size_t)(L * E),
-                                      SELDP_I64, SELDP_HOST_DEVICE),
-                 "rank %d: allreduce of tokens per expert", rk->rank);
+    if (overlap)
+        HX_CHECK(hx_overlap_ready(rk, HX_READY_REST));
 fail:
     for (int l = 0; plans && l < L; l++)
         plan_free(rk, &plans[l]);

@@ -92,6 +92,16 @@ seldp_status hx_grid_setup(hx_rank *rk);         /* its groups, its model of sha
 seldp_status hx_grid_init_sessions(hx_rank *rk); /* initialize every set from its root */
 seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads);
 void hx_grid_cleanup(hx_rank *rk);
+/* The pieces of hx_grid_reduce, for the overlapped reductions (overlap.c): the weight each
+ * set reduces with; whether a set sums (else a weighted mean); whether its gradients are
+ * divided by the global token count in the model before export (hx_grid_prescale does it
+ * for one parameter); whether an expert parameter is owed a zero gradient under the error
+ * policy. */
+void hx_grid_weights(const hx_rank *rk, uint64_t weight[HX_SET_COUNT]);
+bool hx_grid_set_sums(const hx_run *run, hx_grid_set set);
+bool hx_grid_prescaled(const hx_run *run, hx_grid_set set);
+seldp_status hx_grid_prescale(hx_rank *rk, const tm_param_info *p);
+bool hx_grid_zero_owed(const hx_rank *rk, const tm_param_info *p);
 
 /* Main side (grid_check.c): the logical weights assembled from the shards into run->global;
  * the replica checks by replica set; the slice of a logical gradient a shard must equal. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "grid.h"
+#include "overlap.h"
 
 /* Split the world by the layout's colour and key of `kind` (NULL where the rank has none). */
 static seldp_status split_kind(hx_rank *rk, seldp_group_kind kind, seldp_comm **out)
@@ -166,6 +167,7 @@ seldp_status hx_grid_init_sessions(hx_rank *rk)
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
     hx_grid_rank *gr = rk->grid;
+    seldp_session_config cfg = hx_session_config(run);
     size_t n = tm_param_count(rk->model);
     seldp_param_id *ids = hx_calloc(n ? n : 1, sizeof *ids);
     uint64_t *before = hx_calloc(n ? n : 1, sizeof *before);
@@ -185,10 +187,10 @@ seldp_status hx_grid_init_sessions(hx_rank *rk)
         seldp_model *view = set == HX_SET_EMB ? gr->emb_view : tm_model_view(rk->model);
         HX_CHECK(checksums(rk, ids, n_ids, before));
         if (run->opts.model.quant != TM_QUANT_NONE)
-            st = seldp_session_initialize_with_buffers(gr->comm[set], view, root, ids, n_ids, NULL,
+            st = seldp_session_initialize_with_buffers(gr->comm[set], view, root, ids, n_ids, &cfg,
                                                        &gr->set[set]);
         else
-            st = seldp_session_initialize(gr->comm[set], view, root, ids, n_ids, NULL,
+            st = seldp_session_initialize(gr->comm[set], view, root, ids, n_ids, &cfg,
                                           &gr->set[set]);
         if (st != SELDP_OK)
             HX_FAIL_LIB(st, "rank %d: initialize of its %s group", rk->rank,
@@ -212,29 +214,39 @@ fail:
  * (both copies' gradients), the replicated adapters of ETP-split experts in the mean flow
  * (partial gradients of every ETP shard). Normalized here by the global token count, as the
  * sum flow's experts are at export. */
-static seldp_status scale_for_sum(hx_rank *rk, hx_grid_set set)
+bool hx_grid_prescaled(const hx_run *run, hx_grid_set set)
+{
+    return set == HX_SET_EMB || (set == HX_SET_EXPERT_TP && run->opts.flow != HX_FLOW_SUM);
+}
+
+seldp_status hx_grid_prescale(hx_rank *rk, const tm_param_info *p)
 {
     seldp_status st = SELDP_OK;
-    float *scaled = NULL;
+    const float *g = tm_param_grad(rk->model, p->path);
+    size_t n = seldp_tensor_numel(&p->tensor);
+    float *scaled = hx_calloc(n ? n : 1, sizeof *scaled);
+    if (!g || !scaled)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: scaling the gradient of %s", rk->rank, p->path);
+    for (size_t k = 0; k < n; k++)
+        scaled[k] = (float)((double)g[k] / (double)rk->global_tokens);
+    HX_CHECK_LIB(tm_model_set_grad(rk->model, p->path, scaled), "rank %d: gradient of %s", rk->rank,
+                 p->path);
+fail:
+    free(scaled);
+    return st;
+}
+
+static seldp_status scale_for_sum(hx_rank *rk, hx_grid_set set)
+{
     for (size_t i = 0; i < tm_param_count(rk->model); i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
         if (p->alias || p->frozen || hx_grid_set_of(rk->run, rk->rank, p) != set)
             continue;
-        const float *g = tm_param_grad(rk->model, p->path);
-        size_t n = seldp_tensor_numel(&p->tensor);
-        scaled = hx_calloc(n ? n : 1, sizeof *scaled);
-        if (!g || !scaled)
-            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: scaling the gradient of %s", rk->rank, p->path);
-        for (size_t k = 0; k < n; k++)
-            scaled[k] = (float)((double)g[k] / (double)rk->global_tokens);
-        HX_CHECK_LIB(tm_model_set_grad(rk->model, p->path, scaled), "rank %d: gradient of %s",
-                     rk->rank, p->path);
-        free(scaled);
-        scaled = NULL;
+        seldp_status st = hx_grid_prescale(rk, p);
+        if (st != SELDP_OK)
+            return st;
     }
-fail:
-    free(scaled);
-    return st;
+    return SELDP_OK;
 }
 
 /* Tokens of the EP group of world rank r this step. */
@@ -262,26 +274,47 @@ static uint64_t expert_weight(const hx_rank *rk)
 
 /* Under the error policy an owner whose shard saw no row of an expert that rows reached
  * elsewhere supplies zeros. */
-static seldp_status zero_expert_grads(hx_rank *rk, seldp_grads *grads, uint64_t weight)
+bool hx_grid_zero_owed(const hx_rank *rk, const tm_param_info *p)
 {
     int E = rk->run->layout->experts;
+    return (p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) && !p->frozen && expert_weight(rk) > 0 &&
+           rk->routed[p->layer * E + p->expert] != 0;
+}
+
+static seldp_status zero_expert_grads(hx_rank *rk, seldp_grads *grads)
+{
     for (size_t i = 0; i < tm_param_count(rk->model); i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
-        if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen || weight == 0 ||
-            rk->routed[p->layer * E + p->expert] == 0 || seldp_grads_get(grads, p->id))
+        if (!hx_grid_zero_owed(rk, p))
             continue;
-        seldp_tensor z = p->tensor;
-        z.dtype = rk->run->grad_dtype;
-        z.data = NULL;
-        seldp_status st = seldp_tensor_alloc(&z);
-        if (st == SELDP_OK)
-            st = seldp_grads_put(grads, p->id, &z, SELDP_OWNED);
-        if (st != SELDP_OK) {
-            seldp_tensor_free(&z);
-            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
-        }
+        seldp_status st = hx_zero_grad(rk, p, grads);
+        if (st != SELDP_OK)
+            return st;
     }
     return SELDP_OK;
+}
+
+void hx_grid_weights(const hx_rank *rk, uint64_t weight[HX_SET_COUNT])
+{
+    /* dense: the TP group's tokens (its TP ranks' tokens together); sp: the rank's own */
+    const seldp_layout *g = rk->run->layout->grid;
+    const int *tp = NULL;
+    int n_tp = seldp_layout_group(g, SELDP_GROUP_TP,
+                                  seldp_layout_group_of(g, SELDP_GROUP_TP, rk->rank), &tp);
+    uint64_t w_dense = 0, w_expert = expert_weight(rk);
+    for (int i = 0; i < n_tp; i++)
+        w_dense += rk->counts[tp[i]];
+    weight[HX_SET_DENSE] = w_dense;
+    weight[HX_SET_SP] = rk->T;
+    weight[HX_SET_EMB] = 1;
+    weight[HX_SET_EXPERT] = w_expert;
+    weight[HX_SET_EXPERT_TP] = w_expert;
+}
+
+bool hx_grid_set_sums(const hx_run *run, hx_grid_set set)
+{
+    return set == HX_SET_EMB || set == HX_SET_EXPERT_TP ||
+           (set == HX_SET_EXPERT && run->opts.flow == HX_FLOW_SUM);
 }
 
 seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads)
@@ -291,33 +324,23 @@ seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads)
     hx_grid_rank *gr = rk->grid;
     bool fp32 = run->opts.fp32_master;
     bool sum_flow = run->opts.flow == HX_FLOW_SUM;
-    if (gr->set[HX_SET_EMB])
-        HX_CHECK(scale_for_sum(rk, HX_SET_EMB));
-    if (gr->set[HX_SET_EXPERT_TP] && !sum_flow)
-        HX_CHECK(scale_for_sum(rk, HX_SET_EXPERT_TP));
+    for (int set = 0; set < HX_SET_COUNT; set++)
+        if (gr->set[set] && hx_grid_prescaled(run, (hx_grid_set)set))
+            HX_CHECK(scale_for_sum(rk, (hx_grid_set)set));
     HX_CHECK_LIB(tm_export_grads(rk->model, TM_ROLE_SHARED, 1.0, fp32, grads),
                  "rank %d: exporting the shared gradients", rk->rank);
     double scale = sum_flow ? 1.0 / (double)rk->global_tokens : 1.0;
     HX_CHECK_LIB(tm_export_grads(rk->model, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
                  "rank %d: exporting the expert gradients", rk->rank);
-    uint64_t w_expert = expert_weight(rk);
     if (run->opts.policy == SELDP_MISSING_ERROR)
-        HX_CHECK(zero_expert_grads(rk, grads, w_expert));
+        HX_CHECK(zero_expert_grads(rk, grads));
 
-    /* dense: the TP group's tokens (its TP ranks' tokens together); sp: the rank's own */
-    const seldp_layout *g = run->layout->grid;
-    const int *tp = NULL;
-    int n_tp = seldp_layout_group(g, SELDP_GROUP_TP,
-                                  seldp_layout_group_of(g, SELDP_GROUP_TP, rk->rank), &tp);
-    uint64_t w_dense = 0;
-    for (int i = 0; i < n_tp; i++)
-        w_dense += rk->counts[tp[i]];
-    const uint64_t weight[HX_SET_COUNT] = {w_dense, rk->T, 1, w_expert, w_expert};
+    uint64_t weight[HX_SET_COUNT];
+    hx_grid_weights(rk, weight);
     for (int set = 0; set < HX_SET_COUNT; set++) {
         if (!gr->set[set])
             continue;
-        bool sum =
-            set == HX_SET_EMB || set == HX_SET_EXPERT_TP || (set == HX_SET_EXPERT && sum_flow);
+        bool sum = hx_grid_set_sums(run, (hx_grid_set)set);
         char label[64];
         snprintf(label, sizeof label, "its %s group", hx_grid_set_name((hx_grid_set)set));
         HX_CHECK(hx_reduce_session(rk, gr->set[set], label, sum ? HX_REDUCE_SUM : HX_REDUCE_MEAN,

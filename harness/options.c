@@ -29,6 +29,8 @@ enum {
     OPT_TOKEN_SPREAD,
     OPT_LR,
     OPT_CLIP_GRAD,
+    OPT_OVERLAP,
+    OPT_BUCKET_BYTES,
     OPT_SEED,
     OPT_BACKEND,
     OPT_OUT,
@@ -128,6 +130,15 @@ static const option_doc docs[] = {
      "X",
      "clip the global gradient norm (every replica set and shard once) to X before the update, "
      "and check it against the FP64 reference's (0: off)"},
+    {{"overlap", no_argument, NULL, OPT_OVERLAP},
+     NULL,
+     "overlap the reductions with the backward: each rank starts its sessions' reductions "
+     "before its backward, marks each layer's gradients ready as its backward produces them and "
+     "finishes after it (bit-identical results; host ranks in one process only)"},
+    {{"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
+     "N",
+     "largest bucket of the sessions' reductions in bytes (0: the library's 25 MiB); with "
+     "--overlap a bucket is reduced as soon as its gradients are ready"},
     {{"seed", required_argument, NULL, OPT_SEED}, "N", "seed of weights and tokens"},
     {{"backend", required_argument, NULL, OPT_BACKEND},
      "auto|host|nccl|mpi",
@@ -386,7 +397,11 @@ static void default_text(int id, char *buf, size_t size)
     case OPT_FP32_MASTER:
     case OPT_QUIET:
     case OPT_PRINT_LAYOUT:
+    case OPT_OVERLAP:
         snprintf(buf, size, "off");
+        break;
+    case OPT_BUCKET_BYTES:
+        snprintf(buf, size, "%zu", d.bucket_bytes);
         break;
     case OPT_FRAMEWORK:
         snprintf(buf, size, "%s", seldp_framework_name(d.grid.framework));
@@ -631,6 +646,14 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             break;
         case OPT_FP32_MASTER:
             o->fp32_master = true;
+            break;
+        case OPT_OVERLAP:
+            o->overlap = true;
+            break;
+        case OPT_BUCKET_BYTES:
+            ok = parse_int(arg, 0, 1L << 30, &v);
+            expected = "an integer in 0..1073741824 (0: the library's default)";
+            o->bucket_bytes = (size_t)v;
             break;
         case OPT_POLICY:
             expected = "error or zero";

@@ -48,7 +48,9 @@ typedef struct hx_options {
     int tokens;       /* mean tokens per rank and step */
     int token_spread; /* each rank draws tokens +- up to this many; -1: tokens / 4 */
     double lr;
-    double clip_grad; /* --clip-grad: largest global gradient norm before the update; 0: off */
+    double clip_grad;    /* --clip-grad: largest global gradient norm before the update; 0: off */
+    bool overlap;        /* --overlap: reductions overlapped with the backward (overlap.c) */
+    size_t bucket_bytes; /* --bucket-bytes: the sessions' bucket size; 0: the library's */
     hx_backend_kind backend;
     const char *out_dir;  /* NULL or "": no report files */
     const char *dump_dir; /* NULL: no dump */

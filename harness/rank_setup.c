@@ -9,6 +9,7 @@
 #include "checkpoint.h"
 #include "gpu.h"
 #include "grid.h"
+#include "overlap.h"
 #include "run.h"
 
 /* ---- rank setup: groups, model, sessions ------------------------------------------------- */
@@ -97,13 +98,14 @@ static seldp_status init_session(hx_rank *rk, int g, seldp_comm *comm, seldp_ses
     int root = hx_group_rank(group, group->root);
     HX_CHECK(outside_checksums(rk, g, before));
     hx_group_label(g, label, sizeof label);
+    seldp_session_config cfg = hx_session_config(run);
     /* quantized bases (U8/I32 words) and the codebook need the buffer-aware entry point */
     if (run->opts.model.quant != TM_QUANT_NONE)
         HX_CHECK_LIB(
-            seldp_session_initialize_with_buffers(comm, rank_view(rk), root, ids, n_ids, NULL, out),
+            seldp_session_initialize_with_buffers(comm, rank_view(rk), root, ids, n_ids, &cfg, out),
             "rank %d: initialize_with_buffers of %s", rk->rank, label);
     else
-        HX_CHECK_LIB(seldp_session_initialize(comm, rank_view(rk), root, ids, n_ids, NULL, out),
+        HX_CHECK_LIB(seldp_session_initialize(comm, rank_view(rk), root, ids, n_ids, &cfg, out),
                      "rank %d: initialize of %s", rk->rank, label);
     HX_CHECK(outside_checksums(rk, g, after));
     for (size_t i = 0; i < n; i++) {

@@ -10,6 +10,7 @@
 #include "clip.h"
 #include "grid.h"
 #include "inject.h"
+#include "overlap.h"
 #include "run.h"
 
 /* ---- gradients and reductions ------------------------------------------------------------ */
@@ -17,32 +18,47 @@
 /* Under the error policy every active owner must hold a gradient of every expert that some
  * owner has one of: an owner whose rows all went elsewhere supplies zeros (the zero policy
  * lets the library do it). An expert no token reached stays absent on every rank. */
-static seldp_status add_zero_grads(hx_rank *rk, seldp_grads *grads)
+bool hx_zero_owed(const hx_rank *rk, const tm_param_info *p)
 {
     hx_run *run = rk->run;
     int E = run->layout->experts;
+    if (rk->grid)
+        return hx_grid_zero_owed(rk, p);
+    if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen)
+        return false;
+    return rk->routed[p->layer * E + p->expert] != 0 &&
+           !rk->ops->expert_seen(rk, p->layer, p->expert) &&
+           hx_data_share(rk, run->layout->data_of[p->expert]) != 0;
+}
+
+seldp_status hx_zero_grad(hx_rank *rk, const tm_param_info *p, seldp_grads *grads)
+{
+    if (seldp_grads_get(grads, p->id))
+        return SELDP_OK;
+    seldp_tensor z = p->tensor;
+    z.dtype = rk->run->grad_dtype;
+    z.device = rk->device;
+    z.data = NULL;
+    seldp_status st = seldp_tensor_alloc(&z);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
+    st = seldp_grads_put(grads, p->id, &z, SELDP_OWNED);
+    if (st != SELDP_OK) {
+        seldp_tensor_free(&z);
+        return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
+    }
+    return SELDP_OK;
+}
+
+static seldp_status add_zero_grads(hx_rank *rk, seldp_grads *grads)
+{
     for (size_t i = 0; i < rk->n_params; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
-        if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen)
+        if (!hx_zero_owed(rk, p))
             continue;
-        if (rk->routed[p->layer * E + p->expert] == 0 ||
-            rk->ops->expert_seen(rk, p->layer, p->expert) ||
-            hx_data_share(rk, run->layout->data_of[p->expert]) == 0)
-            continue;
-        if (seldp_grads_get(grads, p->id))
-            continue;
-        seldp_tensor z = p->tensor;
-        z.dtype = run->grad_dtype;
-        z.device = rk->device;
-        z.data = NULL;
-        seldp_status st = seldp_tensor_alloc(&z);
+        seldp_status st = hx_zero_grad(rk, p, grads);
         if (st != SELDP_OK)
-            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
-        st = seldp_grads_put(grads, p->id, &z, SELDP_OWNED);
-        if (st != SELDP_OK) {
-            seldp_tensor_free(&z);
-            return hx_fail_lib(st, "rank %d: zero gradient of %s", rk->rank, p->path);
-        }
+            return st;
     }
     return SELDP_OK;
 }
@@ -63,7 +79,7 @@ static bool id_selected(const seldp_param_id *ids, size_t n, seldp_param_id id)
 }
 
 /* One checksum over every parameter's bytes where the rank computes. */
-static seldp_status params_checksum(const hx_rank *rk, uint64_t *sum)
+seldp_status hx_params_checksum(const hx_rank *rk, uint64_t *sum)
 {
     *sum = 0;
     for (size_t i = 0; i < rk->n_params; i++) {
@@ -77,11 +93,14 @@ static seldp_status params_checksum(const hx_rank *rk, uint64_t *sum)
     return SELDP_OK;
 }
 
-/* One reduction of `grads` by one session, with the check that gradients outside its
- * selection come back as they were: same tensor, same dtype, same bytes. */
-seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
-                               hx_reduce_kind kind, uint64_t weight, seldp_grads *grads,
-                               uint64_t *global_weight)
+/* One reduction of `grads` by one session, blocking or (params_before given) the finish of an
+ * overlapped one, with the check that gradients outside its selection come back as they
+ * were: same tensor, same dtype, same bytes; and that no parameter moved since
+ * `params_before` (the parameters' checksum when the overlapped reduction started) or the
+ * blocking call began. */
+static seldp_status reduce_checked(hx_rank *rk, seldp_session *s, const char *label,
+                                   hx_reduce_kind kind, uint64_t weight, seldp_grads *grads,
+                                   uint64_t *global_weight, const uint64_t *params_before)
 {
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
@@ -90,7 +109,7 @@ seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
     size_t n_sel = 0;
     const seldp_param_id *sel = seldp_session_selected(s, &n_sel);
     size_t n = seldp_grads_count(grads), kept = 0;
-    kept_entry *before = hx_calloc(n, sizeof *before);
+    kept_entry *before = hx_calloc(n ? n : 1, sizeof *before);
     if (!before)
         return SELDP_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
@@ -104,19 +123,25 @@ seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
         kept++;
     }
     /* a reduction never writes parameters, selected or not */
-    uint64_t params_before = 0, params_after = 0;
-    HX_CHECK(params_checksum(rk, &params_before));
-    if (kind == HX_REDUCE_MEAN)
+    uint64_t params_start = 0, params_after = 0;
+    if (params_before)
+        params_start = *params_before;
+    else
+        HX_CHECK(hx_params_checksum(rk, &params_start));
+    const char *method = kind == HX_REDUCE_MEAN ? "reduce" : "sum";
+    if (params_before)
+        st = seldp_session_finish(s, global_weight);
+    else if (kind == HX_REDUCE_MEAN)
         st = fp32 ? seldp_session_reduce_fp32(s, grads, weight, policy, global_weight)
                   : seldp_session_reduce(s, grads, weight, policy, global_weight);
     else
         st = fp32 ? seldp_session_sum_fp32(s, grads, weight > 0, policy, global_weight)
                   : seldp_session_sum(s, grads, weight > 0, policy, global_weight);
     if (st != SELDP_OK)
-        HX_FAIL_LIB(st, "rank %d: %s%s over %s", rk->rank,
-                    kind == HX_REDUCE_MEAN ? "reduce" : "sum", fp32 ? "_fp32" : "", label);
-    HX_CHECK(params_checksum(rk, &params_after));
-    hx_record_local(&rk->reduce_untouched, params_after != params_before,
+        HX_FAIL_LIB(st, "rank %d: %s%s%s over %s", rk->rank, params_before ? "finish of " : "",
+                    method, fp32 ? "_fp32" : "", label);
+    HX_CHECK(hx_params_checksum(rk, &params_after));
+    hx_record_local(&rk->reduce_untouched, params_after != params_start,
                     "rank %d: the reduction over %s changed a parameter", rk->rank, label);
     for (size_t i = 0; i < kept; i++) {
         const seldp_tensor *t = seldp_grads_get(grads, before[i].id);
@@ -134,6 +159,20 @@ seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
 fail:
     free(before);
     return st;
+}
+
+seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
+                               hx_reduce_kind kind, uint64_t weight, seldp_grads *grads,
+                               uint64_t *global_weight)
+{
+    return reduce_checked(rk, s, label, kind, weight, grads, global_weight, NULL);
+}
+
+seldp_status hx_finish_session(hx_rank *rk, seldp_session *s, const char *label,
+                               hx_reduce_kind kind, seldp_grads *grads, uint64_t params_before,
+                               uint64_t *global_weight)
+{
+    return reduce_checked(rk, s, label, kind, 0, grads, global_weight, &params_before);
 }
 
 /* rk->grads: host copies of the device gradients, under the same ids. */
@@ -193,24 +232,36 @@ fail:
     return st;
 }
 
+seldp_status hx_reset_grads(hx_rank *rk)
+{
+    seldp_grads_destroy(rk->grads);
+    seldp_grads_destroy(rk->device_grads);
+    rk->grads = rk->device_grads = NULL;
+    seldp_status st = seldp_grads_create(&rk->grads);
+    if (st == SELDP_OK && rk->gpu)
+        st = seldp_grads_create(&rk->device_grads);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: gradient container", rk->rank);
+    return SELDP_OK;
+}
+
 seldp_status hx_rank_reduce(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
     double t0 = hx_now();
-    seldp_grads_destroy(rk->grads);
-    seldp_grads_destroy(rk->device_grads);
-    rk->grads = rk->device_grads = NULL;
-    HX_CHECK_LIB(seldp_grads_create(&rk->grads), "rank %d: gradient container", rk->rank);
-    if (rk->gpu)
-        HX_CHECK_LIB(seldp_grads_create(&rk->device_grads), "rank %d: gradient container",
-                     rk->rank);
     /* on a GPU the sessions reduce device tensors; the checks read their host copies */
+    if (run->opts.overlap) {
+        HX_CHECK(hx_overlap_finish(rk)); /* started in hx_rank_compute, into rk->grads */
+    } else {
+        HX_CHECK(hx_reset_grads(rk));
+        seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
+        if (rk->grid)
+            HX_CHECK(hx_grid_reduce(rk, grads));
+        else
+            HX_CHECK(reduce_replicated(rk, grads));
+    }
     seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
-    if (rk->grid)
-        HX_CHECK(hx_grid_reduce(rk, grads));
-    else
-        HX_CHECK(reduce_replicated(rk, grads));
     if (run->opts.clip_grad > 0)
         HX_CHECK(hx_clip_norm(rk, grads));
     if (rk->gpu)

@@ -114,8 +114,11 @@ static void report_json(const hx_run *run, hx_buf *b)
                   hx_roots_name(o->roots), hx_flow_name(o->flow), o->fp32_master ? "true" : "false",
                   hx_policy_name(o->policy), o->steps, o->tokens, hx_options_spread(o));
     hx_buf_json_number(b, o->lr);
-    hx_buf_printf(b, ", \"backend\": \"%s\", \"transport\": \"%s\"},\n  \"config\": ",
-                  hx_backend_name(o->backend), hx_backend_transport(run->backend));
+    hx_buf_printf(b,
+                  ", \"backend\": \"%s\", \"transport\": \"%s\", \"overlap\": %s, "
+                  "\"bucket_bytes\": %zu},\n  \"config\": ",
+                  hx_backend_name(o->backend), hx_backend_transport(run->backend),
+                  o->overlap ? "true" : "false", o->bucket_bytes);
     hx_config_json(&o->model, b);
     hx_buf_puts(b, ",\n  \"layout\": ");
     hx_layout_json(run->layout, b);
@@ -260,11 +263,12 @@ static void report_md(const hx_run *run, hx_buf *b)
                   tm_dtype_name(m->dtype), tm_quant_name(m->quant));
     if (m->quant != TM_QUANT_NONE)
         hx_buf_printf(b, ", LoRA r=%d alpha=%g", m->lora_rank, m->lora_alpha);
-    hx_buf_printf(b, " |\n| reductions | shared: reduce; experts: %s%s; policy %s |\n",
+    hx_buf_printf(b, " |\n| reductions | shared: reduce; experts: %s%s; policy %s%s |\n",
                   o->flow == HX_FLOW_SUM ? "sum (normalized by the global token count)"
                                          : "reduce (weighted by the EP group's tokens)",
                   o->fp32_master ? "; FP32 gradients and master weights" : "",
-                  hx_policy_name(o->policy));
+                  hx_policy_name(o->policy),
+                  o->overlap ? "; overlapped with the backward (--overlap)" : "");
     hx_buf_printf(b, "| steps | %d (ran %d), %d +- %d tokens per rank, SGD lr %g, seed %llu |\n",
                   o->steps, run->steps_done, o->tokens, hx_options_spread(o), o->lr,
                   (unsigned long long)m->seed);

@@ -12,6 +12,7 @@
 #include "checkpoint.h"
 #include "gpu.h"
 #include "grid.h"
+#include "overlap.h"
 #include "router.h"
 #include "inject.h"
 
@@ -192,6 +193,7 @@ static void rank_cleanup(hx_rank *rk)
         rk->data_sessions[d] = NULL;
     }
     hx_grid_cleanup(rk);
+    hx_overlap_cleanup(rk);
     seldp_comm_destroy(rk->shard_comm);
     rk->shard_comm = NULL;
     hx_rank_comms_destroy(&rk->comms);
@@ -312,6 +314,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     pthread_mutex_init(&run->gate_lock, NULL);
     pthread_cond_init(&run->gate_cond, NULL);
     hx_options *o = &run->opts;
+    HX_CHECK(hx_overlap_check_backend(o));
     /* one rank per MPI process: the world is the number of processes unless given */
     if (hx_backend_uses_processes(o->backend)) {
         int processes = 0, rank = 0;
@@ -349,6 +352,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
     HX_CHECK(hx_router_check(run));
     HX_CHECK(hx_grid_check_options(run));
+    HX_CHECK(hx_overlap_check_devices(run));
     HX_CHECK(batch_ranks(run));
     run->grad_dtype = o->fp32_master ? SELDP_F32 : o->model.dtype;
     run->tolerance = tolerance_for(run->grad_dtype);

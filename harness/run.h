@@ -261,11 +261,12 @@ struct hx_rank {
     uint64_t token_state;       /* --global-batch: the global token stream after this step */
     uint64_t saved_token_state; /* its value at the last save (read by the main thread) */
 
-    struct hx_grid_rank *grid; /* a sharded run's part of the grid (grid.h); NULL otherwise */
-    seldp_comm *shard_comm;    /* its data shard's ranks when the shard spans several (TP x CP)
-                                  and capacity or the local load-balancing loss needs them */
-    int batch_rank;            /* whose tokens this rank draws: itself, or its pipeline's
-                                  stage-0 rank */
+    struct hx_grid_rank *grid;  /* a sharded run's part of the grid (grid.h); NULL otherwise */
+    struct hx_overlap *overlap; /* --overlap: this step's overlapped reductions (overlap.h) */
+    seldp_comm *shard_comm;     /* its data shard's ranks when the shard spans several (TP x CP)
+                                   and capacity or the local load-balancing loss needs them */
+    int batch_rank;             /* whose tokens this rank draws: itself, or its pipeline's
+                                   stage-0 rank */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;
@@ -317,6 +318,19 @@ typedef enum hx_reduce_kind { HX_REDUCE_MEAN, HX_REDUCE_SUM } hx_reduce_kind;
 seldp_status hx_reduce_session(hx_rank *rk, seldp_session *s, const char *label,
                                hx_reduce_kind kind, uint64_t weight, seldp_grads *grads,
                                uint64_t *global_weight);
+/* The finish of session s's overlapped reduction (started by overlap.c), with the checks of
+ * hx_reduce_session; `params_before` is the parameters' checksum when it started. */
+seldp_status hx_finish_session(hx_rank *rk, seldp_session *s, const char *label,
+                               hx_reduce_kind kind, seldp_grads *grads, uint64_t params_before,
+                               uint64_t *global_weight);
+/* One checksum over every parameter's bytes where rank rk computes. */
+seldp_status hx_params_checksum(const hx_rank *rk, uint64_t *sum);
+/* Under the error policy: whether rank rk owes its session a zero gradient of p (an expert
+ * parameter that rows reached elsewhere but not here), and putting it into grads when absent. */
+bool hx_zero_owed(const hx_rank *rk, const tm_param_info *p);
+seldp_status hx_zero_grad(hx_rank *rk, const tm_param_info *p, seldp_grads *grads);
+/* Empty gradient containers of the step (rk->grads, and rk->device_grads on a GPU). */
+seldp_status hx_reset_grads(hx_rank *rk);
 /* Rank rk's setup before the first gate (rank_setup.c): its groups, model and sessions. */
 seldp_status hx_rank_setup(hx_rank *rk);
 /* Rank rk's tokens and targets of `step` (rank_setup.c). */

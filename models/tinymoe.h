@@ -454,6 +454,14 @@ const float *tm_param_grad(const tm_model *m, const char *path);
 seldp_status tm_export_grads(const tm_model *m, unsigned roles, double scale, bool fp32,
                              seldp_grads *out);
 
+/** tm_export_grads for one occurrence: the entry of tm_param_at(m, index), with the same
+ * bits tm_export_grads gives it, or none (OK, nothing put) where tm_export_grads gives none
+ * (frozen, the tied alias, an expert that saw no row). For putting a layer's gradients into a
+ * container as soon as its backward is done. INVALID_ARGUMENT for an index out of range;
+ * DUPLICATE, NOMEM as tm_export_grads (nothing put). */
+seldp_status tm_export_grad(const tm_model *m, size_t index, double scale, bool fp32,
+                            seldp_grads *out);
+
 /* ---------------------------------------------------------------------------------------
  * Quantization (exactly SPEC §4's bit layouts)
  * ------------------------------------------------------------------------------------- */
