@@ -1,0 +1,210 @@
+/* seldp-harness --help: every option with its help line and default, wrapped. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdio.h>
+#include <string.h>
+
+#include "options.h"
+#include "options_impl.h"
+#include "seldp/version.h"
+
+/* The default of an option, as the help prints it. */
+static void default_text(int id, char *buf, size_t size)
+{
+    hx_options d;
+    hx_options_default(&d);
+    switch (id) {
+    case OPT_WORLD:
+        snprintf(buf, size, "%d", d.world);
+        break;
+    case OPT_EP:
+        snprintf(buf, size, "%d", d.ep);
+        break;
+    case OPT_ORDER:
+        snprintf(buf, size, "%s", hx_order_name(d.order));
+        break;
+    case OPT_LAYOUT_FILE:
+        snprintf(buf, size, "none");
+        break;
+    case OPT_ROOTS:
+        snprintf(buf, size, "%s", hx_roots_name(d.roots));
+        break;
+    case OPT_DTYPE:
+        snprintf(buf, size, "%s", tm_dtype_name(d.model.dtype));
+        break;
+    case OPT_QUANT:
+        snprintf(buf, size, "%s", tm_quant_name(d.model.quant));
+        break;
+    case OPT_EXPERT_REDUCE:
+        snprintf(buf, size, "%s", hx_flow_name(d.flow));
+        break;
+    case OPT_POLICY:
+        snprintf(buf, size, "%s", hx_policy_name(d.policy));
+        break;
+    case OPT_STEPS:
+        snprintf(buf, size, "%d", d.steps);
+        break;
+    case OPT_TOKENS:
+        snprintf(buf, size, "%d", d.tokens);
+        break;
+    case OPT_TOKEN_SPREAD:
+        snprintf(buf, size, "%d", hx_options_spread(&d));
+        break;
+    case OPT_LR:
+        snprintf(buf, size, "%g", d.lr);
+        break;
+    case OPT_CLIP_GRAD:
+        snprintf(buf, size, "%g", d.clip_grad);
+        break;
+    case OPT_SEED:
+        snprintf(buf, size, "%llu", (unsigned long long)d.model.seed);
+        break;
+    case OPT_BACKEND:
+        snprintf(buf, size, "%s", hx_backend_name(d.backend));
+        break;
+    case OPT_OUT:
+        snprintf(buf, size, "%s", d.out_dir);
+        break;
+    case OPT_DUMP:
+    case OPT_SUMMARY:
+    case OPT_GLOBAL_BATCH:
+    case OPT_SAVE:
+    case OPT_RESUME:
+    case OPT_SWEEP:
+        snprintf(buf, size, "none");
+        break;
+    case OPT_SAVE_EVERY:
+        snprintf(buf, size, "%d", d.save_every);
+        break;
+    case OPT_TIMEOUT:
+        snprintf(buf, size, "%g", d.timeout_s);
+        break;
+    case OPT_INJECT:
+        snprintf(buf, size, "%s", hx_fault_name(d.inject));
+        break;
+    case OPT_VOCAB:
+        snprintf(buf, size, "%d", d.model.vocab);
+        break;
+    case OPT_D_MODEL:
+        snprintf(buf, size, "%d", d.model.d_model);
+        break;
+    case OPT_D_FF:
+        snprintf(buf, size, "%d", d.model.d_ff);
+        break;
+    case OPT_EXPERTS:
+        snprintf(buf, size, "%d", d.model.experts);
+        break;
+    case OPT_TOP_K:
+        snprintf(buf, size, "%d", d.model.top_k);
+        break;
+    case OPT_LAYERS:
+        snprintf(buf, size, "%d", d.model.layers);
+        break;
+    case OPT_LORA_RANK:
+        snprintf(buf, size, "%d", d.model.lora_rank);
+        break;
+    case OPT_LORA_ALPHA:
+        snprintf(buf, size, "%g", d.model.lora_alpha);
+        break;
+    case OPT_SHARED_EXPERT_FF:
+        snprintf(buf, size, "%d", d.model.d_ff_shared);
+        break;
+    case OPT_AUX_LOSS_COEFF:
+        snprintf(buf, size, "%g", d.model.aux_loss_coeff);
+        break;
+    case OPT_AUX_LOSS_SCOPE:
+        snprintf(buf, size, "%s", tm_aux_scope_name(d.model.aux_loss_scope));
+        break;
+    case OPT_Z_LOSS_COEFF:
+        snprintf(buf, size, "%g", d.model.z_loss_coeff);
+        break;
+    case OPT_CAPACITY_FACTOR:
+        snprintf(buf, size, "%g", d.model.capacity_factor);
+        break;
+    case OPT_FP32_MASTER:
+    case OPT_QUIET:
+    case OPT_PRINT_LAYOUT:
+    case OPT_OVERLAP:
+        snprintf(buf, size, "off");
+        break;
+    case OPT_BUCKET_BYTES:
+        snprintf(buf, size, "%zu", d.bucket_bytes);
+        break;
+    case OPT_FRAMEWORK:
+        snprintf(buf, size, "%s", seldp_framework_name(d.grid.framework));
+        break;
+    case OPT_TP:
+        snprintf(buf, size, "%d", d.grid.tp);
+        break;
+    case OPT_PP:
+        snprintf(buf, size, "%d", d.grid.pp);
+        break;
+    case OPT_CP:
+        snprintf(buf, size, "%d", d.grid.cp);
+        break;
+    case OPT_ETP:
+        snprintf(buf, size, "the framework's: Megatron tp, DeepSpeed and torchtitan 1");
+        break;
+    default:
+        buf[0] = '\0';
+    }
+}
+
+/* Print `text` from column `indent`, wrapped at 100 columns; the first line continues what
+ * is already printed up to column `at`. */
+static void print_wrapped(FILE *out, const char *text, int at, int indent)
+{
+    int col = at;
+    while (*text) {
+        const char *space = strchr(text, ' ');
+        int word = space ? (int)(space - text) : (int)strlen(text);
+        if (col > indent && col + 1 + word > 100) {
+            fprintf(out, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', out);
+            col++;
+        } else {
+            while (col < indent) {
+                fputc(' ', out);
+                col++;
+            }
+        }
+        for (int i = 0; i < word; i++)
+            fputc(text[i] == '\x01' ? ' ' : text[i], out);
+        col += word;
+        text += word;
+        while (*text == ' ')
+            text++;
+    }
+    fputc('\n', out);
+}
+
+void hx_options_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: seldp-harness [options]\n"
+            "\n"
+            "Runs tiny-moe training steps on simulated ranks (one thread each; under mpirun one\n"
+            "process each, e.g. mpirun -np 4 seldp-harness): the shared parameters replicated\n"
+            "over the world, each expert over its expert-data group, tokens dispatched to expert\n"
+            "owners by alltoallv. Checks every reduced gradient on every rank against an FP64\n"
+            "reference of the global loss, and the replicas (SPEC section 5).\n"
+            "Exit status: 0 every check passed, 1 a check or the run failed, 2 bad options or "
+            "layout.\n\n");
+    for (size_t i = 0; i < hx_option_docs_n; i++) {
+        char left[64], def[128], text[512];
+        snprintf(left, sizeof left, "--%s%s%s", hx_option_docs[i].opt.name,
+                 hx_option_docs[i].metavar ? " " : "",
+                 hx_option_docs[i].metavar ? hx_option_docs[i].metavar : "");
+        default_text(hx_option_docs[i].opt.val, def, sizeof def);
+        if (def[0])
+            /* \x01: a space the wrapping keeps, so "[default: X]" stays on one line */
+            snprintf(text, sizeof text, "%s [default:\x01%s]", hx_option_docs[i].help, def);
+        else
+            snprintf(text, sizeof text, "%s", hx_option_docs[i].help);
+        int at = fprintf(out, "  %-30s", left);
+        print_wrapped(out, text, at, 33);
+    }
+    fprintf(out, "\nexample: seldp-harness --world 8 --ep 4 --order ep-dp --dtype bf16\n");
+}

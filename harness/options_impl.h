@@ -1,0 +1,78 @@
+/* What the files of seldp-harness's command line share: the option ids and the one table
+ * of getopt entries and help lines (options_table.c) that options.c parses with and
+ * options_help.c prints. */
+#ifndef HX_OPTIONS_IMPL_H
+#define HX_OPTIONS_IMPL_H
+
+#include <getopt.h>
+#include <stddef.h>
+
+enum {
+    OPT_WORLD = 256,
+    OPT_EP,
+    OPT_ORDER,
+    OPT_LAYOUT_FILE,
+    OPT_ROOTS,
+    OPT_DTYPE,
+    OPT_QUANT,
+    OPT_EXPERT_REDUCE,
+    OPT_FP32_MASTER,
+    OPT_POLICY,
+    OPT_STEPS,
+    OPT_TOKENS,
+    OPT_TOKEN_SPREAD,
+    OPT_LR,
+    OPT_CLIP_GRAD,
+    OPT_OVERLAP,
+    OPT_BUCKET_BYTES,
+    OPT_SEED,
+    OPT_BACKEND,
+    OPT_OUT,
+    OPT_DUMP,
+    OPT_SUMMARY,
+    OPT_QUIET,
+    OPT_TIMEOUT,
+    OPT_INJECT,
+    OPT_VOCAB,
+    OPT_D_MODEL,
+    OPT_D_FF,
+    OPT_EXPERTS,
+    OPT_TOP_K,
+    OPT_LAYERS,
+    OPT_LORA_RANK,
+    OPT_LORA_ALPHA,
+    OPT_SHARED_EXPERT_FF,
+    OPT_AUX_LOSS_COEFF,
+    OPT_AUX_LOSS_SCOPE,
+    OPT_Z_LOSS_COEFF,
+    OPT_CAPACITY_FACTOR,
+    OPT_GLOBAL_BATCH,
+    OPT_SAVE,
+    OPT_SAVE_EVERY,
+    OPT_RESUME,
+    OPT_SWEEP,
+    OPT_HELP,
+    OPT_VERSION,
+    OPT_FRAMEWORK,
+    OPT_TP,
+    OPT_PP,
+    OPT_CP,
+    OPT_ETP,
+    OPT_PRINT_LAYOUT
+};
+
+/* One row per option: the getopt entry, its argument's name and its help line. The help
+ * text and the parser come from this one table. */
+typedef struct hx_option_doc {
+    struct option opt;
+    const char *metavar;
+    const char *help;
+} hx_option_doc;
+
+/* More rows than the table may have (the parser's getopt array is this long). */
+#define HX_OPTIONS_MAX 128
+
+extern const hx_option_doc hx_option_docs[];
+extern const size_t hx_option_docs_n;
+
+#endif
