@@ -98,6 +98,19 @@ seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg 
     return SELDP_OK;
 }
 
+seldp_status seldp__convert_queue_add(seldp__convert_queue *q, seldp__convert_seg seg)
+{
+    q->segs[q->n++] = seg;
+    return q->n == SELDP_CONVERT_BATCH_MAX ? seldp__convert_queue_flush(q) : SELDP_OK;
+}
+
+seldp_status seldp__convert_queue_flush(seldp__convert_queue *q)
+{
+    size_t n = q->n;
+    q->n = 0;
+    return seldp__convert_batch(q->device, q->segs, n);
+}
+
 seldp_status seldp__scale_f32(seldp_device device, float *x, size_t n, double factor)
 {
     if (n == 0)

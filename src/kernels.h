@@ -35,6 +35,18 @@ typedef struct seldp__convert_seg {
 seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg *segs,
                                   size_t n_segs);
 
+/* Segments gathered into batches of SELDP_CONVERT_BATCH_MAX: seldp__convert_queue_add
+ * converts the batch when it is full, seldp__convert_queue_flush what is left. Start from
+ * {.device = d} (n = 0). */
+typedef struct seldp__convert_queue {
+    seldp_device device;
+    size_t n;
+    seldp__convert_seg segs[SELDP_CONVERT_BATCH_MAX];
+} seldp__convert_queue;
+
+seldp_status seldp__convert_queue_add(seldp__convert_queue *q, seldp__convert_seg seg);
+seldp_status seldp__convert_queue_flush(seldp__convert_queue *q);
+
 /* x[i] = (float)((double)x[i] * factor) for n F32 elements on `device`. */
 seldp_status seldp__scale_f32(seldp_device device, float *x, size_t n, double factor);
 

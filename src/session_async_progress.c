@@ -21,8 +21,8 @@ static seldp_status pack_through(session_async *a, size_t b, size_t *next, bool 
     seldp_status st = SELDP_OK;
     seldp_session *s = a->s;
     reduce_call *c = &a->c;
-    seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
-    size_t n_batch = 0, start = b * a->capacity;
+    seldp__convert_queue q = {.device = s->device};
+    size_t start = b * a->capacity;
 
     for (; *next < s->n_slots; (*next)++) {
         size_t k = s->n_slots - 1 - *next;
@@ -37,19 +37,16 @@ static seldp_status pack_through(session_async *a, size_t b, size_t *next, bool 
         SELDP_CHECK(seldp__reduce_check_finite(c, k));
         if (!convert)
             continue;
-        batch[n_batch++] = (seldp__convert_seg){
-            .dst = s->staging + a->slot_offset[k],
-            .src = contributes ? slot->grad.data : NULL, /* NULL: zeros */
-            .dst_dtype = SELDP_F32,
-            .src_dtype = contributes ? slot->grad.dtype : SELDP_F32,
-            .n = n,
-        };
-        if (n_batch == SELDP_CONVERT_BATCH_MAX) {
-            SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
-            n_batch = 0;
-        }
+        SELDP_CHECK(seldp__convert_queue_add(
+            &q, (seldp__convert_seg){
+                    .dst = s->staging + a->slot_offset[k],
+                    .src = contributes ? slot->grad.data : NULL, /* NULL: zeros */
+                    .dst_dtype = SELDP_F32,
+                    .src_dtype = contributes ? slot->grad.dtype : SELDP_F32,
+                    .n = n,
+                }));
     }
-    SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+    SELDP_CHECK(seldp__convert_queue_flush(&q));
 fail:
     return st;
 }

@@ -45,8 +45,7 @@ static seldp_status commit_convert(reduce_call *c)
 {
     seldp_status st = SELDP_OK;
     seldp_session *s = c->s;
-    seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
-    size_t n_batch = 0;
+    seldp__convert_queue q = {.device = s->device};
 
     for (size_t k = 0; k < s->n_slots; k++) {
         const session_group *g = &s->groups[s->slot_group[k]];
@@ -55,19 +54,16 @@ static seldp_status commit_convert(reduce_call *c)
         if (!slot->present)
             continue;
         bool in_place = slot->has_grad && slot->grad.dtype == dtype;
-        batch[n_batch++] = (seldp__convert_seg){
-            .dst = in_place ? slot->grad.data : slot->result.data,
-            .src = s->staging + slot->offset,
-            .dst_dtype = dtype,
-            .src_dtype = SELDP_F32,
-            .n = seldp_tensor_numel(&g->tensor),
-        };
-        if (n_batch == SELDP_CONVERT_BATCH_MAX) {
-            SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
-            n_batch = 0;
-        }
+        SELDP_CHECK(
+            seldp__convert_queue_add(&q, (seldp__convert_seg){
+                                             .dst = in_place ? slot->grad.data : slot->result.data,
+                                             .src = s->staging + slot->offset,
+                                             .dst_dtype = dtype,
+                                             .src_dtype = SELDP_F32,
+                                             .n = seldp_tensor_numel(&g->tensor),
+                                         }));
     }
-    SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+    SELDP_CHECK(seldp__convert_queue_flush(&q));
 fail:
     return st;
 }

@@ -176,8 +176,7 @@ static seldp_status reduce_pack(reduce_call *c)
 {
     seldp_status st = SELDP_OK;
     seldp_session *s = c->s;
-    seldp__convert_seg batch[SELDP_CONVERT_BATCH_MAX];
-    size_t n_batch = 0;
+    seldp__convert_queue q = {.device = s->device};
 
     c->elems = 0;
     for (size_t k = 0; k < s->n_slots; k++) {
@@ -189,19 +188,16 @@ static seldp_status reduce_pack(reduce_call *c)
             continue;
         slot->offset = c->elems;
         c->elems += n;
-        batch[n_batch++] = (seldp__convert_seg){
-            .dst = s->staging + slot->offset,
-            .src = contributes ? slot->grad.data : NULL, /* NULL: zeros */
-            .dst_dtype = SELDP_F32,
-            .src_dtype = contributes ? slot->grad.dtype : SELDP_F32,
-            .n = n,
-        };
-        if (n_batch == SELDP_CONVERT_BATCH_MAX) {
-            SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
-            n_batch = 0;
-        }
+        SELDP_CHECK(seldp__convert_queue_add(
+            &q, (seldp__convert_seg){
+                    .dst = s->staging + slot->offset,
+                    .src = contributes ? slot->grad.data : NULL, /* NULL: zeros */
+                    .dst_dtype = SELDP_F32,
+                    .src_dtype = contributes ? slot->grad.dtype : SELDP_F32,
+                    .n = n,
+                }));
     }
-    SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
+    SELDP_CHECK(seldp__convert_queue_flush(&q));
 fail:
     return st;
 }

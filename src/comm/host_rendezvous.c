@@ -146,11 +146,13 @@ static bool give_up(host_group *g, int rank, uint64_t phases)
     return false;
 }
 
-/* The timeout of a WAIT_FOR_ALL phase passed with `missing` ranks of `g` still inside the
- * collective (they had arrived and may be reading or writing this rank's buffers): abort
- * the world so that they stop at their next chunk, and say who they are. The caller keeps
- * waiting for them. Caller holds w->lock. */
-static seldp_status stalled_inside_locked(seldp_comm *comm, seldp__comm_op op, uint64_t phase)
+/* A phase's timeout passed: abort the world and return this rank's status, naming the ranks
+ * of the group that had not entered the phase. `stalled_inside`: a WAIT_FOR_ALL phase, whose
+ * missing ranks had arrived at the collective and may be reading or writing this rank's
+ * buffers; the abort stops them at their next chunk and the caller keeps waiting for them.
+ * Otherwise they never arrived and this rank has given up. Caller holds w->lock. */
+static seldp_status timeout_locked(seldp_comm *comm, seldp__comm_op op, uint64_t phase,
+                                   bool stalled_inside)
 {
     host_comm *hc = impl_of(comm);
     seldp_host_world *w = hc->world;
@@ -165,7 +167,8 @@ static seldp_status stalled_inside_locked(seldp_comm *comm, seldp__comm_op op, u
                               .world_who = world_who};
     t.missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
     missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
-    seldp_status st = seldp__proto_stalled_inside(&t, true, reason, sizeof reason);
+    seldp_status st = stalled_inside ? seldp__proto_stalled_inside(&t, true, reason, sizeof reason)
+                                     : seldp__proto_not_arrived(&t, reason, sizeof reason);
     seldp__host_world_abort_locked(w, SELDP_ERR_TIMEOUT, reason);
     return st;
 }
@@ -222,7 +225,7 @@ seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__
         int rc = pthread_cond_timedwait(&g->cond, &w->lock, &deadline);
         if (rc == ETIMEDOUT && mode == WAIT_FOR_ALL) {
             if (!overdue)
-                st = stalled_inside_locked(comm, op, phase);
+                st = timeout_locked(comm, op, phase, true);
             overdue = true;
             /* look again now and then: the ranks inside signal when they enter, but a
              * look costs nothing once the collective has failed */
@@ -231,18 +234,7 @@ seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__
         }
         if (rc == ETIMEDOUT && give_up(g, comm->rank, phases)) {
             /* The phase will never complete: this rank is out of it. */
-            char who[256] = "", world_who[200] = "", reason[512];
-            seldp__proto_timeout t = {.rank = comm->rank,
-                                      .world_rank = comm->world_rank,
-                                      .size = g->size,
-                                      .op = op,
-                                      .timeout_s = w->timeout_s,
-                                      .who = who,
-                                      .world_who = world_who};
-            t.missing = missing_ranks(g, comm->rank, phase, false, who, sizeof who);
-            missing_ranks(g, comm->rank, phase, true, world_who, sizeof world_who);
-            st = seldp__proto_not_arrived(&t, reason, sizeof reason);
-            seldp__host_world_abort_locked(w, SELDP_ERR_TIMEOUT, reason);
+            st = timeout_locked(comm, op, phase, false);
             goto out;
         }
     }

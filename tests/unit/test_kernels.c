@@ -184,14 +184,44 @@ static void test_convert_matches_elements(void **state)
     free(g);
 }
 
+/* A queue of more segments than one batch converts every one of them: a full batch as it
+ * fills, the rest at the flush, and nothing before. */
+static void test_convert_queue(void **state)
+{
+    (void)state;
+    enum { SEGS = 2 * SELDP_CONVERT_BATCH_MAX + 7, W = 3 };
+    float *src = malloc(SEGS * W * sizeof *src), *dst = calloc(SEGS * W, sizeof *dst);
+    assert_non_null(src);
+    assert_non_null(dst);
+    tr_fill_f32(src, SEGS * W, 11);
+    seldp__convert_queue q = {.device = SELDP_HOST_DEVICE};
+    for (size_t i = 0; i < SEGS; i++) {
+        assert_int_equal(seldp__convert_queue_add(&q, (seldp__convert_seg){.dst = dst + i * W,
+                                                                           .src = src + i * W,
+                                                                           .dst_dtype = SELDP_F32,
+                                                                           .src_dtype = SELDP_F32,
+                                                                           .n = W}),
+                         SELDP_OK);
+        /* converted by whole batches: what is still queued is untouched */
+        assert_int_equal(q.n, (i + 1) % SELDP_CONVERT_BATCH_MAX);
+        if (q.n != 0)
+            assert_true(dst[i * W] == 0.0f);
+    }
+    assert_memory_equal(dst, src, 2 * SELDP_CONVERT_BATCH_MAX * W * sizeof *src);
+    assert_int_equal(seldp__convert_queue_flush(&q), SELDP_OK);
+    assert_int_equal(q.n, 0);
+    assert_memory_equal(dst, src, SEGS * W * sizeof *src);
+    assert_int_equal(seldp__convert_queue_flush(&q), SELDP_OK); /* empty: nothing to do */
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_convert),
-        cmocka_unit_test(test_convert_matches_elements),
-        cmocka_unit_test(test_scale),
-        cmocka_unit_test(test_find_nonfinite),
-        cmocka_unit_test(test_cuda_pointers_without_cuda),
+        cmocka_unit_test(test_convert),        cmocka_unit_test(test_convert_matches_elements),
+        cmocka_unit_test(test_convert_queue),  cmocka_unit_test(test_scale),
+        cmocka_unit_test(test_find_nonfinite), cmocka_unit_test(test_cuda_pointers_without_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
