@@ -203,8 +203,10 @@ void hx_grid_print(const seldp_layout *grid, FILE *out)
     fprintf(out,
             "layout: %s%s%s, world %d, tp %d, pp %d, cp %d, ep %d, etp %d (dp %d); each group "
             "broadcasts from its first rank (* in the table)\n",
-            seldp_framework_name(c.framework), c.order ? " " : "", c.order ? c.order : "", c.world,
-            c.tp, c.pp, c.cp, c.ep, c.etp, seldp_layout_dp(grid));
+            c.framework == SELDP_FRAMEWORK_NONE ? "explicit groups"
+                                                : seldp_framework_name(c.framework),
+            c.order ? " " : "", c.order ? c.order : "", c.world, c.tp, c.pp, c.cp, c.ep, c.etp,
+            seldp_layout_dp(grid));
     char text[300];
     for (int k = 0; k < SELDP_GROUP_KINDS; k++) {
         seldp_group_kind kind = (seldp_group_kind)k;

@@ -161,6 +161,14 @@ static void test_example_file(void **state)
     hx_buf_free(&b);
     hx_layout_destroy(file);
     hx_layout_destroy(preset);
+    /* --print-layout prints every kind of the file's grid, as for --framework */
+    hx_test_run run;
+    hx_test_harness(&run, "--print-layout --layout-file %s",
+                    hx_test_layout("megatron-tp2-pp2.json"));
+    assert_int_equal(run.status, 0);
+    if (!strstr(run.out, "  pp          4 x 2  [0,4] [1,5] [2,6] [3,7]\n") ||
+        !strstr(run.out, "  expert_tp   4 x 2  [0,1] [2,3] [4,5] [6,7]\n"))
+        fail_msg("--print-layout of the example:\n%s", run.out);
 }
 
 /* Megatron's world 8, tp 2, pp 2, ep 2 groups with every rank r renamed 7 - r: the stages
