@@ -97,14 +97,20 @@ typedef struct seldp_layout_groups {
                                     carries (not compared with the preset); NONE by default */
     const char *order;         /**< the framework's order string, a label as well (copied); NULL */
     int world;                 /**< ranks */
-    int tp, pp, cp, ep, etp;   /**< the sizes; tp * pp * cp and etp * ep * pp must divide world */
+    int tp;                    /**< tensor parallel size */
+    int pp;                    /**< pipeline stages */
+    int cp;                    /**< context parallel size; tp * pp * cp must divide world */
+    int ep;                    /**< expert parallel size */
+    int etp;                   /**< expert tensor parallel size; etp * ep * pp must divide world */
     int experts;               /**< routed experts (a multiple of ep), for ownership; 0: none */
-    /** Per kind: count[k] groups of size[k] ranks in groups[k] (flat, count[k] * size[k]
-     * ranks, groups and ranks in any order). The sizes must be tp, pp, cp, world / (tp * pp),
-     * ep, world / (etp * ep * pp), etp and, for the embedding, 2 (1 where pp is 1);
-     * groups[SELDP_GROUP_EMBEDDING] NULL: the first and last rank of each pipeline group. */
+    /** Per kind k: count[k] groups of size[k] ranks in groups[k]. The sizes must be tp, pp,
+     * cp, world / (tp * pp), ep, world / (etp * ep * pp), etp and, for the embedding, 2 (1
+     * where pp is 1). */
     int count[SELDP_GROUP_KINDS];
-    int size[SELDP_GROUP_KINDS];
+    int size[SELDP_GROUP_KINDS]; /**< the ranks of each group of a kind (see count) */
+    /** The groups of each kind, flat: count[k] * size[k] ranks, groups and ranks in any
+     * order (not copied: read during the call); groups[SELDP_GROUP_EMBEDDING] NULL: the first
+     * and last rank of each pipeline group. */
     const int *groups[SELDP_GROUP_KINDS];
 } seldp_layout_groups;
 
