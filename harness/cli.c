@@ -27,7 +27,10 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
             fprintf(err, "seldp-harness: %s\n", hx_last_error());
             return HX_EXIT_USAGE;
         }
-        hx_layout_print(layout, NULL, out);
+        if (layout->grid) /* a file of the full grid: every kind, as for --framework */
+            hx_grid_print(layout->grid, out);
+        else
+            hx_layout_print(layout, NULL, out);
         hx_layout_destroy(layout);
         return HX_EXIT_PASS;
     }

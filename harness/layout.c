@@ -104,22 +104,12 @@ static bool order_is_ep_dp(const char *order)
     return !order || strcmp(order, "ep-dp") == 0 || strcmp(order, "dp-ep") == 0;
 }
 
-seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_grid *grid,
-                                     hx_roots roots, hx_layout **out)
+seldp_status hx_layout_from_grid(seldp_layout *sl, hx_roots roots, hx_layout **out)
 {
     seldp_status st = SELDP_OK;
     hx_layout *l = NULL;
-    seldp_layout *sl = NULL;
-    if (world < 1)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--world %d: needs at least one rank", world);
-    if (ep < 1 || world % ep != 0)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--ep %d: must be >= 1 and divide --world %d",
-                       ep, world);
-    if (experts < 1 || experts % ep != 0)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--experts %d: must be a positive multiple of --ep %d", experts, ep);
-    HX_CHECK(hx_grid_build(grid, world, ep, experts, &sl));
     seldp_layout_config c = seldp_layout_get_config(sl);
+    int world = c.world, ep = c.ep, experts = c.experts;
     int n_ep = seldp_layout_group_count(sl, SELDP_GROUP_EP);
     int local = experts / ep;
     HX_CHECK(hx_layout_new(world, experts, n_ep, &l));
@@ -153,6 +143,32 @@ seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_gr
             goto fail;
     }
     l->shared.root = hx_group_root_of(&l->shared, roots, 0);
+    l->grid = sl;
+    *out = l;
+    return SELDP_OK;
+fail:
+    seldp_layout_destroy(sl);
+    hx_layout_destroy(l);
+    return st;
+}
+
+seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_grid *grid,
+                                     hx_roots roots, hx_layout **out)
+{
+    seldp_status st = SELDP_OK;
+    hx_layout *l = NULL;
+    seldp_layout *sl = NULL;
+    if (world < 1)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--world %d: needs at least one rank", world);
+    if (ep < 1 || world % ep != 0)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--ep %d: must be >= 1 and divide --world %d",
+                       ep, world);
+    if (experts < 1 || experts % ep != 0)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--experts %d: must be a positive multiple of --ep %d", experts, ep);
+    HX_CHECK(hx_grid_build(grid, world, ep, experts, &sl));
+    seldp_layout_config c = seldp_layout_get_config(sl);
+    HX_CHECK(hx_layout_from_grid(sl, roots, &l));
     char text[160];
     if (!grid->framework_given && order_is_ep_dp(grid->order))
         snprintf(text, sizeof text, "%s, world %d, ep %d", grid->order ? grid->order : "ep-dp",
@@ -171,13 +187,10 @@ seldp_status hx_layout_generate_grid(int world, int ep, int experts, const hx_gr
     l->description = hx_strdup(text);
     if (!l->name || !l->description)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
-    l->grid = sl;
-    sl = NULL;
     HX_CHECK(hx_layout_validate(l, "layout"));
     *out = l;
     return SELDP_OK;
 fail:
-    seldp_layout_destroy(sl);
     hx_layout_destroy(l);
     return st;
 }

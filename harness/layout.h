@@ -22,11 +22,20 @@
  *       {"owners": [0, 1, 2, 3]},           a hot expert, replicated twice per EP group
  *       ...],
  *     "framework": "megatron", "order": "tp-cp-ep-dp-pp",   optional, as report.json writes
- *     "tp": 1, "pp": 1, "cp": 1, "ep": 4, "etp": 1,          them; tp, pp, cp, etp must be 1
- *     "groups": {"tp": [[0], ...], ...} }                     optional, not read: the groups
+ *     "tp": 1, "pp": 1, "cp": 1, "ep": 4, "etp": 1,          them
+ *     "groups": {"tp": [[0], ...], ...} }                     optional, not read where tp, pp,
+ *                                                             cp and etp are 1: the groups
  *                                                             follow from ep_groups, experts
  * Every expert needs an owner inside every EP group (a token is only served inside its
- * EP group); an expert's owners form its expert-data group. */
+ * EP group); an expert's owners form its expert-data group.
+ *
+ * With tp, pp, cp or etp above 1 the file describes the full grid: "groups" lists every kind
+ * (tp, pp, cp, dp, ep, expert_dp, expert_tp; embedding optional), built and checked by
+ * seldp_layout_create_from_groups into layout->grid; "ep" (optional) must be the EP groups'
+ * size, "ep_groups" (optional) must repeat groups.ep, "world" defaults to the ranks of
+ * groups.tp; "experts" holds one entry per expert whose owners, if given, must be the ranks
+ * of its EP position (no uneven or redundant owners there), and "root" chooses its root;
+ * "framework" (a name, "none" or null) and "order" are labels the layout carries. */
 #ifndef HX_LAYOUT_H
 #define HX_LAYOUT_H
 

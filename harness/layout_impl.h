@@ -18,4 +18,9 @@ int hx_group_root_of(const hx_group *g, hx_roots roots, int index);
  * group being every rank. */
 seldp_status hx_layout_new(int world, int experts, int n_ep, hx_layout **out);
 
+/* The layout of a framework grid `grid` (with experts): its EP groups, each expert owned by the
+ * ranks of its EP position (roots by `roots`), the shared group the world. Takes `grid`,
+ * destroyed on failure; name and description are the caller's to set, then validate. */
+seldp_status hx_layout_from_grid(seldp_layout *grid, hx_roots roots, hx_layout **out);
+
 #endif

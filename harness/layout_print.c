@@ -58,13 +58,18 @@ static void singletons_json(int world, hx_buf *b)
     hx_buf_puts(b, "]");
 }
 
-/* The sizes and the groups of every kind (SPEC section 5.1). A layout file has no grid:
- * its groups are those of TP = PP = CP = 1, its EP and expert-data groups its own. */
+/* The sizes and the groups of every kind (SPEC section 5.1). A layout file of tp = pp = cp =
+ * etp = 1 has no grid: its groups are those of TP = PP = CP = 1, its EP and expert-data groups
+ * its own. */
 static void layout_grid_json(const hx_layout *l, hx_buf *b)
 {
     if (l->grid) {
         seldp_layout_config c = seldp_layout_get_config(l->grid);
-        hx_buf_printf(b, ", \"framework\": \"%s\", \"order\": ", seldp_framework_name(c.framework));
+        if (c.framework == SELDP_FRAMEWORK_NONE)
+            hx_buf_puts(b, ", \"framework\": null, \"order\": ");
+        else
+            hx_buf_printf(
+                b, ", \"framework\": \"%s\", \"order\": ", seldp_framework_name(c.framework));
         if (c.order)
             hx_buf_json_string(b, c.order);
         else
@@ -198,8 +203,10 @@ void hx_grid_print(const seldp_layout *grid, FILE *out)
     fprintf(out,
             "layout: %s%s%s, world %d, tp %d, pp %d, cp %d, ep %d, etp %d (dp %d); each group "
             "broadcasts from its first rank (* in the table)\n",
-            seldp_framework_name(c.framework), c.order ? " " : "", c.order ? c.order : "", c.world,
-            c.tp, c.pp, c.cp, c.ep, c.etp, seldp_layout_dp(grid));
+            c.framework == SELDP_FRAMEWORK_NONE ? "explicit groups"
+                                                : seldp_framework_name(c.framework),
+            c.order ? " " : "", c.order ? c.order : "", c.world, c.tp, c.pp, c.cp, c.ep, c.etp,
+            seldp_layout_dp(grid));
     char text[300];
     for (int k = 0; k < SELDP_GROUP_KINDS; k++) {
         seldp_group_kind kind = (seldp_group_kind)k;

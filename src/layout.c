@@ -17,6 +17,8 @@ static const char *const kind_names[SELDP_GROUP_KINDS] = {
 
 const char *seldp_framework_name(seldp_framework framework)
 {
+    if (framework == SELDP_FRAMEWORK_NONE)
+        return "none";
     return (unsigned)framework < SELDP_FRAMEWORKS ? framework_names[framework] : "invalid";
 }
 

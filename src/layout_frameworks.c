@@ -483,6 +483,8 @@ seldp_status seldp__layout_build(seldp_layout *l)
         return build_deepspeed(l);
     case SELDP_FRAMEWORK_TORCHTITAN:
         return build_torchtitan(l);
+    case SELDP_FRAMEWORK_NONE:
+        break; /* explicit groups: seldp_layout_create_from_groups */
     }
     return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: unknown framework", l->what);
 }

@@ -30,6 +30,7 @@ extern "C" {
 
 /** The framework whose group construction a layout reproduces. */
 typedef enum seldp_framework {
+    SELDP_FRAMEWORK_NONE = -1,        /**< none: groups given explicitly, any that are valid */
     SELDP_FRAMEWORK_MEGATRON = 0,     /**< Megatron-Core: separate expert grid (etp, ep, edp, pp) */
     SELDP_FRAMEWORK_MEGATRON_0_9 = 1, /**< Megatron-Core 0.9: EP carved out of data parallelism */
     SELDP_FRAMEWORK_DEEPSPEED = 2,    /**< DeepSpeed-MoE groups (deepspeed/utils/groups.py) */
@@ -88,6 +89,56 @@ typedef struct seldp_layout seldp_layout;
  * naming the sizes; *out is then untouched. */
 SELDP_API seldp_status seldp_layout_create(const seldp_layout_config *cfg, seldp_layout **out);
 
+/** Explicit groups of every kind (seldp_layout_create_from_groups). Grows at the end. */
+typedef struct seldp_layout_groups {
+    size_t struct_size; /**< sizeof(seldp_layout_groups) as the caller's header declared it: set
+                           by SELDP_LAYOUT_GROUPS_INIT, which every value must start from */
+    seldp_framework framework; /**< whose groups these are, as a label the layout's config
+                                    carries (not compared with the preset); NONE by default */
+    const char *order;         /**< the framework's order string, a label as well (copied); NULL */
+    int world;                 /**< ranks */
+    int tp;                    /**< tensor parallel size */
+    int pp;                    /**< pipeline stages */
+    int cp;                    /**< context parallel size; tp * pp * cp must divide world */
+    int ep;                    /**< expert parallel size */
+    int etp;                   /**< expert tensor parallel size; etp * ep * pp must divide world */
+    int experts;               /**< routed experts (a multiple of ep), for ownership; 0: none */
+    /** Per kind k: count[k] groups of size[k] ranks in groups[k]. The sizes must be tp, pp,
+     * cp, world / (tp * pp), ep, world / (etp * ep * pp), etp and, for the embedding, 2 (1
+     * where pp is 1). */
+    int count[SELDP_GROUP_KINDS];
+    int size[SELDP_GROUP_KINDS]; /**< the ranks of each group of a kind (see count) */
+    /** The groups of each kind, flat: count[k] * size[k] ranks, groups and ranks in any
+     * order (not copied: read during the call); groups[SELDP_GROUP_EMBEDDING] NULL: the first
+     * and last rank of each pipeline group. */
+    const int *groups[SELDP_GROUP_KINDS];
+} seldp_layout_groups;
+
+/** Initializer of seldp_layout_groups: no framework, one rank, every size 1, no groups. */
+#define SELDP_LAYOUT_GROUPS_INIT                                                                   \
+    {                                                                                              \
+        sizeof(seldp_layout_groups), SELDP_FRAMEWORK_NONE, NULL, 1, 1, 1, 1, 1, 1, 0, {0}, {0},    \
+        {                                                                                          \
+            NULL                                                                                   \
+        }                                                                                          \
+    }
+
+/** Build a layout from explicit groups, e.g. a framework's printed groups or a grid no preset
+ * builds. Every kind but the embedding must partition the world, and the groups must fit
+ * together as the frameworks' do: a TP group lies inside one stage; a dense (dp) group is the
+ * ranks of one stage and TP position; a CP group lies inside one dense group, and the TP
+ * groups of its ranks, in CP order, are the same for every rank of them (a data shard is a
+ * block of tp x cp ranks); a pipeline group's ranks share their TP and CP positions; an EP
+ * group and an expert-TP group lie inside one stage, the first at one expert-TP position, the
+ * second at one EP position; an expert-data group is the ranks of one stage, EP position and
+ * expert-TP position; the embedding groups are the ends of the pipeline groups. A stage is
+ * the position in the pipeline group (its ranks ascending); EP position j owns experts
+ * j * experts / ep onwards; roots are group rank 0, as for the presets. Anything else fails
+ * with SELDP_ERR_INVALID_ARGUMENT and one line naming the kind, the group or rank, and what
+ * was expected; *out is then untouched. On success *out is the caller's to destroy. */
+SELDP_API seldp_status seldp_layout_create_from_groups(const seldp_layout_groups *groups,
+                                                       seldp_layout **out);
+
 /** Free a layout. NULL is a no-op. */
 SELDP_API void seldp_layout_destroy(seldp_layout *layout);
 
@@ -132,7 +183,7 @@ SELDP_API int seldp_layout_local_experts(const seldp_layout *layout, int rank, i
 /** Pipeline stage of `rank` (its position in its PP group). */
 SELDP_API int seldp_layout_stage(const seldp_layout *layout, int rank);
 
-/** "megatron", "megatron-0.9", "deepspeed" or "torchtitan"; "invalid" otherwise. */
+/** "megatron", "megatron-0.9", "deepspeed", "torchtitan" or "none"; "invalid" otherwise. */
 SELDP_API const char *seldp_framework_name(seldp_framework framework);
 
 /** Parse a framework name (as seldp_framework_name writes it). SELDP_ERR_INVALID_ARGUMENT,

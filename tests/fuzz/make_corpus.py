@@ -7,6 +7,7 @@ real files: the harness's test layouts and two seldp-harness --dump outputs (den
   manifest/     schema-manifest blobs (src/manifest.c's encoding), valid and broken
   safetensors/  small safetensors files of every dtype, metadata, empty tensors
   layout/       one byte choosing the roots (b'0' first, b'1' last, b'2' spread), then JSON
+                (TP = PP = 1 files and a file of the full grid)
 """
 import json
 import os
@@ -144,6 +145,12 @@ def layouts():
     write("layout", "numbers.json", b"0" + b'{"world": 2, "shared_root": 1, "ep_groups": '
           b'[[0, 1]], "experts": [{"owners": [0], "root": 0}, {"owners": [1, 0]}], '
           b'"description": "-0 1e3 0.5 true false null"}')
+    # the full grid: tp 2 x cp 2 blocks, groups of every kind, the embedding derived
+    write("layout", "grid-tp2-cp2.json", b"1" + json.dumps({
+        "tp": 2, "cp": 2, "ep": 2, "framework": None, "experts": [{}, {"root": 3}],
+        "groups": {"tp": [[0, 1], [2, 3]], "pp": [[0], [1], [2], [3]], "cp": [[0, 2], [1, 3]],
+                   "dp": [[0, 2], [1, 3]], "ep": [[0, 1], [2, 3]], "expert_dp": [[0, 2], [1, 3]],
+                   "expert_tp": [[0], [1], [2], [3]]}}).encode())
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
  * documented status and a one-line message naming the file, the line:column and what was
  * expected; produce no layout (the output stays NULL); and leak nothing (the asan preset
  * runs this too). The layout's own JSON round-trips for the rows that are valid. */
+#define _POSIX_C_SOURCE 200809L
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -14,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "cli.h"
 #include "json.h"
 #include "layout.h"
 
@@ -22,6 +25,14 @@
 /* A two-group layout of four ranks and four experts that the rows spoil. */
 #define GOOD_GROUPS  "\"ep_groups\": [[0, 1], [2, 3]]"
 #define GOOD_EXPERTS "\"experts\": [{\"owners\": [0, 2]}, {\"owners\": [1, 3], \"root\": 3}]"
+
+/* A grid of four ranks at tp 2 (its groups, report.json's form) that the grid rows spoil. */
+#define GRID_TP "\"tp\": [[0, 1], [2, 3]]"
+#define GRID_REST                                                                                  \
+    "\"pp\": [[0], [1], [2], [3]], \"cp\": [[0], [1], [2], [3]], \"dp\": [[0, 2], [1, 3]], "       \
+    "\"ep\": [[0, 2], [1, 3]], \"expert_dp\": [[0, 1], [2, 3]], "                                  \
+    "\"expert_tp\": [[0], [1], [2], [3]]"
+#define GRID_GOOD "{\"tp\": 2, \"experts\": [{}, {}], \"groups\": {" GRID_TP ", " GRID_REST "}}"
 
 typedef struct lrow {
     const char *name;
@@ -315,6 +326,97 @@ static const lrow MATRIX[] = {
      0,
      SELDP_ERR_INVALID_ARGUMENT,
      {FILE_NAME ":1:17", "shared_root: rank 4 is outside the world (0..3)"}},
+    {"grid without groups",
+     "{\"tp\": 2, " GOOD_GROUPS ", " GOOD_EXPERTS "}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:1", "missing \"groups\"", "lists the groups of every kind"}},
+    {"grid size not an integer",
+     "{\"pp\": \"2\", " GOOD_GROUPS ", " GOOD_EXPERTS "}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:8", "pp: expected a positive integer"}},
+    {"grid groups not an object",
+     "{\"cp\": 2, \"experts\": [{}], \"groups\": [[0]]}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:38", "groups: expected an object of rank-list arrays, found a array"}},
+    {"grid kind missing",
+     "{\"tp\": 2, \"experts\": [{}, {}], \"groups\": {" GRID_TP "}}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:42", "groups: missing \"pp\""}},
+    {"grid kind empty",
+     "{\"tp\": 2, \"world\": 4, \"experts\": [{}, {}], \"groups\": {\"tp\": [], " GRID_REST "}}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:", "groups.tp: expected a non-empty array of rank arrays"}},
+    {"grid groups of two sizes",
+     "{\"tp\": 2, \"experts\": [{}, {}], \"groups\": {\"tp\": [[0, 1], [2]], " GRID_REST "}}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:58", "groups.tp[1]: 1 ranks where groups.tp[0] has 2"}},
+    {"grid rank outside the world",
+     "{\"tp\": 2, \"world\": 4, \"experts\": [{}, {}], \"groups\": {\"tp\": [[0, 1], [2, "
+     "4]], " GRID_REST "}}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:", "groups.tp[1]: rank 4 is outside the world (0..3)"}},
+    {"grid rank in two groups",
+     "{\"tp\": 2, \"world\": 4, \"experts\": [{}, {}], \"groups\": {\"tp\": [[0, 1], [1, "
+     "3]], " GRID_REST "}}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:", "rank 1 is listed twice in the tp groups"}},
+    {"grid tp group across stages",
+     "{\"tp\": 2, \"pp\": 2, \"etp\": 1, \"experts\": [{}], \"groups\": {\"tp\": [[0, 1], [2, 3]], "
+     "\"pp\": [[0, 1], [2, 3]], \"cp\": [[0], [1], [2], [3]], \"dp\": [[0], [1], [2], [3]], "
+     "\"ep\": [[0], [1], [2], [3]], \"expert_dp\": [[0, 1], [2, 3]], "
+     "\"expert_tp\": [[0], [1], [2], [3]]}}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:", "tp group 0 holds rank 0 (stage 0) and rank 1 (stage 1)",
+      "inside one stage"}},
+    {"grid of the wrong world",
+     GRID_GOOD,
+     0,
+     8,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:", "for a world of 4 ranks but --world is 8"}},
+    {"grid uneven owners",
+     "{\"tp\": 2, \"experts\": [{\"owners\": [0, 1, 3]}, {}], \"groups\": {" GRID_TP ", " GRID_REST
+     "}}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:", "experts[0].owners: [0,1,3]", "need tp = pp = cp = etp = 1"}},
+    {"grid framework unknown",
+     "{\"etp\": 2, \"framework\": 3, \"experts\": [{}], \"groups\": {}}",
+     0,
+     0,
+     0,
+     SELDP_ERR_INVALID_ARGUMENT,
+     {FILE_NAME ":1:", "framework: expected null"}},
     {"description not a string",
      "{\"description\": 7, " GOOD_GROUPS ", " GOOD_EXPERTS "}",
      0,
@@ -423,6 +525,7 @@ static void edge_layouts_round_trip(void **state)
         "{\"world\": 3, \"ep_groups\": [[2], [0], [1]], \"experts\": [{\"owners\": [0, 1, 2], "
         "\"root\": 1}]}",
         "{" GOOD_GROUPS ", " GOOD_EXPERTS ", \"description\": \"\\u00e9\\ud83d\\ude00\"}",
+        GRID_GOOD,
     };
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
         hx_layout *a = NULL, *b = NULL;
@@ -443,13 +546,53 @@ static void edge_layouts_round_trip(void **state)
     }
 }
 
+/* The program on a bad grid file: exit status 2, one line on stderr naming the file and the
+ * line:column, nothing run. */
+static void bad_grid_files_exit_2(void **state)
+{
+    (void)state;
+    static const char *const rows[] = {
+        "{\"tp\": 2, \"experts\": [{}, {}], \"groups\": {\"tp\": [[0, 1], [2]], " GRID_REST "}}",
+        "{\"tp\": 2, \"experts\": [{}, {}], \"groups\": {\"tp\": [[0, 2], [1, 3]], " GRID_REST "}}",
+        "{\"tp\": 2, \"experts\": [{}, {}, {}], \"groups\": {" GRID_TP ", " GRID_REST "}}",
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char path[] = "/tmp/seldp-bad-grid-XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        FILE *f = fdopen(fd, "w");
+        assert_non_null(f);
+        fputs(rows[i], f);
+        fclose(f);
+        FILE *out = tmpfile(), *err = tmpfile();
+        assert_non_null(out);
+        assert_non_null(err);
+        char *argv[] = {"seldp-harness", "--layout-file", path, "--steps", "1",
+                        "--out",         "none",          NULL};
+        int status = hx_main(7, argv, out, err);
+        char text[2048] = "";
+        rewind(err);
+        size_t n = fread(text, 1, sizeof text - 1, err);
+        text[n] = '\0';
+        remove(path);
+        fclose(out);
+        fclose(err);
+        if (status != HX_EXIT_USAGE)
+            fail_msg("row %zu: exit status %d, expected 2: %s", i, status, text);
+        char where[64];
+        snprintf(where, sizeof where, "%s:1:", path);
+        char *nl = strchr(text, '\n');
+        if (!strstr(text, where) || !nl || nl[1] != '\0')
+            fail_msg("row %zu: expected one line naming %s: %s", i, where, text);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(bad_layout_files),
-        cmocka_unit_test(bad_generated_layouts),
-        cmocka_unit_test(unreadable_layout_files),
-        cmocka_unit_test(edge_layouts_round_trip),
+        cmocka_unit_test(bad_layout_files),        cmocka_unit_test(bad_generated_layouts),
+        cmocka_unit_test(unreadable_layout_files), cmocka_unit_test(edge_layouts_round_trip),
+        cmocka_unit_test(bad_grid_files_exit_2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
