@@ -36,7 +36,7 @@ fi
 mkdir -p "$out"
 cd "$out"
 # the files of this script only (other benchmarks keep theirs here, e.g. scale*)
-names="allreduce broadcast latency latency_debug reduce reduce_f32 reduce_bf16 reduce_64m
+names="allreduce broadcast latency latency_debug reduce reduce_f32 reduce_bf16 reduce_f16 reduce_64m
        reduce_debug reduce_staged bucket_sweep ranks_sweep"
 for f in $names; do rm -f "$f.csv" "$f.jsonl" "$f.txt"; done
 rm -f allreduce_busbw.png broadcast_busbw.png latency.png bucket_sweep.png ranks_sweep.png
@@ -74,6 +74,7 @@ run reduce -o reduce $big_reduce -r 2 $reps --tensors $tensors -d mixed
 # 5. the reduce in F32 and in BF16 over the 16-256 MiB sweep, 2 and 4 ranks
 run reduce_f32 -o reduce $dtype_reduce -f 2 -r 2,4 -n 5 -w 1 --tensors 1000 -d f32
 run reduce_bf16 -o reduce $dtype_reduce -f 2 -r 2,4 -n 5 -w 1 --tensors 1000 -d bf16
+run reduce_f16 -o reduce $dtype_reduce -f 2 -r 2,4 -n 5 -w 1 --tensors 1000 -d f16
 # 6. what the collectives' debug mode and cfg.staged_commit cost: the reduce of 64 MiB per
 #    rank three times, plain, with SELDP_DEBUG_COLLECTIVES=1 and with --staged-commit
 run reduce_64m -o reduce $mid_reduce -r 2,4 $reps --tensors $tensors -d mixed
@@ -239,6 +240,23 @@ reduce_rows() { # CSV...: one table row per reduce row
                 ($15 <= $16 ? "memory ok" : "**memory missed**")
         }' "$@"
 }
+half_rows() { # the F16 reduce's time against BF16's at the same ranks and size (target 1.15x)
+    awk -F, '
+        FNR == 1 { next }
+        $1 == "reduce" && $2 == "seldp-host" {
+            key = $3 "," $4
+            if (FILENAME ~ /bf16/) b[key] = $5; else if (!(key in f)) { f[key] = $5; order[++n] = key }
+        }
+        END {
+            for (i = 1; i <= n; i++) {
+                k = order[i]; split(k, p, ",")
+                if (!(k in b)) continue
+                printf "| %d | %.1f MiB | %.2f | %.2f | %.2fx | %s |\n", p[1], p[2] / 1048576,
+                    b[k] / 1000, f[k] / 1000, f[k] / b[k], (f[k] <= 1.15 * b[k] ? "ok" : "**missed**")
+            }
+        }' reduce_bf16.csv reduce_f16.csv
+}
+
 reduce_header="| ranks | tensors | dtype | bytes per rank | raw allreduce (ms) | reduce (ms) | reduce / raw | B (GB/s) | bound fraction | extra memory per rank | budget per rank | targets |
 |---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 
@@ -340,11 +358,18 @@ the peak RSS during the reductions (VmHWM, reset before them) minus the RSS befo
 $reduce_header
 $(reduce_rows reduce.csv)
 
-F32 and BF16 selections (1,000 tensors) over the 16-256 MiB sweep; the bound fraction of a
+F32, BF16 and F16 selections (1,000 tensors) over the 16-256 MiB sweep; the bound fraction of a
 reduce counts the bytes of its gradients (BF16: half those of F32 for the same elements):
 
 $reduce_header
-$(reduce_rows reduce_f32.csv reduce_bf16.csv)
+$(reduce_rows reduce_f32.csv reduce_bf16.csv reduce_f16.csv)
+
+F16 against BF16 (the same elements and bytes; F16 takes the same fused register path with F16C
+conversions, target: within 1.15x of BF16's time):
+
+| ranks | bytes per rank | BF16 reduce (ms) | F16 reduce (ms) | F16 / BF16 | target |
+|---:|---:|---:|---:|---:|---|
+$(half_rows)
 
 ## 5. What the debug mode and staged_commit cost
 
