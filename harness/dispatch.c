@@ -8,9 +8,9 @@
  * A slot the capacity dropped (expert -1) goes nowhere: it is not sent and not counted.
  *
  * The same code drives a rank on the CPU and one on a GPU: activations live where the rank
- * computes and every model call, allocation and row copy goes through its hx_compute_ops
- * (the CPU's below, the GPU's in gpu.c); counts, expert ids and the routing stay on the
- * host. */
+ * computes and every model call, allocation and row copy goes through its model's
+ * tm_compute_ops (models/compute.h: the CPU's or the CUDA mirror's); counts, expert ids and the
+ * routing stay on the host. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdlib.h>
@@ -106,6 +106,18 @@ typedef struct layer_plan {
     float *recv_x;        /* [n_recv * D] where the rank computes, kept for the backward */
 } layer_plan;
 
+/* Rows of d_model floats where the rank computes (tm_compute_ops.copy_rows). */
+static seldp_status copy_rows(hx_rank *rk, float *dst, const int64_t *dst_rows, const float *src,
+                              const int64_t *src_rows, size_t n)
+{
+    seldp_status st = rk->ops->copy_rows(rk->compute, dst, dst_rows, src, src_rows, n,
+                                         rk->run->opts.model.d_model);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: copying %zu rows on cuda:%d", rk->rank, n,
+                           rk->device.ordinal);
+    return SELDP_OK;
+}
+
 static void plan_free(hx_rank *rk, layer_plan *p)
 {
     free(p->pos);
@@ -116,7 +128,7 @@ static void plan_free(hx_rank *rk, layer_plan *p)
     free(p->recv_rows);
     free(p->recv_displs);
     free(p->recv_expert);
-    rk->ops->release(rk, p->recv_x);
+    rk->ops->release(rk->compute, p->recv_x);
     *p = (layer_plan){0};
 }
 
@@ -246,13 +258,13 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
                                  const float *dy, float *out)
 {
     seldp_status st = SELDP_OK;
-    const hx_compute_ops *ops = rk->ops;
+    const tm_compute_ops *ops = rk->ops;
     size_t D = (size_t)rk->run->opts.model.d_model;
     int E = rk->run->layout->experts;
     int64_t *rows = hx_calloc(n, sizeof *rows);
-    float *xe = ops->alloc(rk, n * D);
-    float *ge = ops->alloc(rk, n * D);
-    float *oe = ops->alloc(rk, n * D);
+    float *xe = ops->alloc(rk->compute, n * D);
+    float *ge = ops->alloc(rk->compute, n * D);
+    float *oe = ops->alloc(rk->compute, n * D);
     if (!rows || !xe || !ge || !oe)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (size_t j = 0; j < n; j++)
@@ -268,22 +280,22 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
                 rows[m++] = (int64_t)j;
         if (m == 0)
             continue;
-        HX_CHECK(ops->copy_rows(rk, xe, NULL, x, rows, m));
+        HX_CHECK(copy_rows(rk, xe, NULL, x, rows, m));
         if (dy) {
-            HX_CHECK(ops->copy_rows(rk, ge, NULL, dy, rows, m));
-            HX_CHECK_LIB(ops->expert_backward(rk, l, e, xe, ge, m, oe),
+            HX_CHECK(copy_rows(rk, ge, NULL, dy, rows, m));
+            HX_CHECK_LIB(ops->expert_backward(rk->compute, l, e, xe, ge, m, oe),
                          "rank %d: layer %d: backward of expert %d", rk->rank, l, e);
         } else {
-            HX_CHECK_LIB(ops->expert_forward(rk, l, e, xe, m, oe),
+            HX_CHECK_LIB(ops->expert_forward(rk->compute, l, e, xe, m, oe),
                          "rank %d: layer %d: forward of expert %d", rk->rank, l, e);
         }
-        HX_CHECK(ops->copy_rows(rk, out, rows, oe, NULL, m));
+        HX_CHECK(copy_rows(rk, out, rows, oe, NULL, m));
     }
 fail:
     free(rows);
-    ops->release(rk, xe);
-    ops->release(rk, ge);
-    ops->release(rk, oe);
+    ops->release(rk->compute, xe);
+    ops->release(rk->compute, ge);
+    ops->release(rk->compute, oe);
     return st;
 }
 
@@ -362,19 +374,19 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
                                size_t slots, bool backward, float *back)
 {
     seldp_status st = SELDP_OK;
-    const hx_compute_ops *ops = rk->ops;
+    const tm_compute_ops *ops = rk->ops;
     size_t D = (size_t)rk->run->opts.model.d_model;
-    float *send = ops->alloc(rk, slots * D);
-    float *recv = ops->alloc(rk, p->n_recv * D);
-    float *result = ops->alloc(rk, p->n_recv * D);
-    float *returned = ops->alloc(rk, slots * D);
+    float *send = ops->alloc(rk->compute, slots * D);
+    float *recv = ops->alloc(rk->compute, p->n_recv * D);
+    float *result = ops->alloc(rk->compute, p->n_recv * D);
+    float *returned = ops->alloc(rk->compute, slots * D);
     if (!send || !recv || !result || !returned)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    HX_CHECK(ops->copy_rows(rk, send, p->kept_pos, slot_rows, p->kept, p->n_kept));
+    HX_CHECK(copy_rows(rk, send, p->kept_pos, slot_rows, p->kept, p->n_kept));
     HX_CHECK(exchange(rk, send, p->send_rows, p->send_displs, recv, p->recv_rows, p->recv_displs, D,
                       SELDP_F32, rk->device, backward ? "gradient rows" : "token rows", l));
     if (!backward) {
-        ops->release(rk, p->recv_x);
+        ops->release(rk->compute, p->recv_x);
         p->recv_x = recv;
         recv = NULL;
         HX_CHECK(run_experts(rk, l, p, NULL, result));
@@ -384,12 +396,12 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
     HX_CHECK(exchange(rk, result, p->recv_rows, p->recv_displs, returned, p->send_rows,
                       p->send_displs, D, SELDP_F32, rk->device,
                       backward ? "input gradients" : "expert outputs", l));
-    HX_CHECK(ops->copy_rows(rk, back, p->kept, returned, p->kept_pos, p->n_kept));
+    HX_CHECK(copy_rows(rk, back, p->kept, returned, p->kept_pos, p->n_kept));
 fail:
-    ops->release(rk, send);
-    ops->release(rk, recv);
-    ops->release(rk, result);
-    ops->release(rk, returned);
+    ops->release(rk->compute, send);
+    ops->release(rk->compute, recv);
+    ops->release(rk->compute, result);
+    ops->release(rk->compute, returned);
     return st;
 }
 
@@ -423,7 +435,7 @@ static seldp_status pipe_transfers(hx_rank *rk, int from, int to, float *mine, f
 seldp_status hx_rank_compute(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
-    const hx_compute_ops *ops = rk->ops;
+    const tm_compute_ops *ops = rk->ops;
     hx_run *run = rk->run;
     const tm_config *cfg = &run->opts.model;
     int L = cfg->layers, K = cfg->top_k, E = run->layout->experts;
@@ -435,11 +447,11 @@ seldp_status hx_rank_compute(hx_rank *rk)
     layer_plan *plans = hx_calloc((size_t)L, sizeof *plans);
     expert_route *routes = hx_calloc((size_t)E, sizeof *routes);
     int64_t *token_of_slot = hx_calloc(slots, sizeof *token_of_slot);
-    float *h = ops->alloc(rk, T * D);
-    float *dh = ops->alloc(rk, T * D);
-    float *slot_in = ops->alloc(rk, slots * D);
-    float *slot_out = ops->alloc(rk, slots * D);
-    float *scratch = ops->alloc(rk, T * D);
+    float *h = ops->alloc(rk->compute, T * D);
+    float *dh = ops->alloc(rk->compute, T * D);
+    float *slot_in = ops->alloc(rk->compute, slots * D);
+    float *slot_out = ops->alloc(rk->compute, slots * D);
+    float *scratch = ops->alloc(rk->compute, T * D);
     int64_t *local_routed = hx_calloc((size_t)(L * E), sizeof *local_routed);
     if (!plans || !routes || !token_of_slot || !h || !dh || !slot_in || !slot_out || !scratch ||
         !local_routed)
@@ -452,23 +464,24 @@ seldp_status hx_rank_compute(hx_rank *rk)
     rk->choices = hx_calloc((size_t)L * slots, sizeof *rk->choices);
     if (!rk->choices)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    HX_CHECK_LIB(ops->begin_step(rk), "rank %d: starting the step", rk->rank);
+    HX_CHECK_LIB(ops->begin_step(rk->compute), "rank %d: starting the step", rk->rank);
     /* on a later stage this only sizes the caches: h comes from the previous stage */
-    HX_CHECK_LIB(ops->embed_forward(rk, h), "rank %d: embedding", rk->rank);
+    HX_CHECK_LIB(ops->embed_forward(rk->compute, rk->tokens, rk->T, h), "rank %d: embedding",
+                 rk->rank);
     HX_CHECK(pipe_transfers(rk, 0, stage, NULL, h, scratch, T * D, "activations"));
     for (int l = part.first_layer; l < part.end_layer; l++) {
         tm_route route;
-        HX_CHECK_LIB(ops->route_forward(rk, l, h, &route), "rank %d: layer %d: router", rk->rank,
-                     l);
+        HX_CHECK_LIB(ops->route_forward(rk->compute, l, h, &route), "rank %d: layer %d: router",
+                     rk->rank, l);
         memcpy(rk->choices + (size_t)l * slots, route.choice ? route.choice : route.expert,
                slots * sizeof *rk->choices);
         HX_CHECK(hx_router_balance(rk, l));
         HX_CHECK(hx_router_shard(rk, l));
         HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
-        HX_CHECK(ops->copy_rows(rk, slot_in, NULL, route.x, token_of_slot, slots));
+        HX_CHECK(copy_rows(rk, slot_in, NULL, route.x, token_of_slot, slots));
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, false, slot_out));
-        HX_CHECK_LIB(ops->combine_forward(rk, l, slot_out, h), "rank %d: layer %d: combine",
-                     rk->rank, l);
+        HX_CHECK_LIB(ops->combine_forward(rk->compute, l, slot_out, h),
+                     "rank %d: layer %d: combine", rk->rank, l);
     }
     HX_CHECK(pipe_transfers(rk, stage, pp - 1, h, NULL, scratch, T * D, "activations"));
     /* tokens per expert over the world: tells every owner which experts were reached (known
@@ -480,22 +493,23 @@ seldp_status hx_rank_compute(hx_rank *rk)
         HX_CHECK(hx_overlap_begin(rk));
     rk->loss_sum = 0;
     if (part.head)
-        HX_CHECK_LIB(ops->head(rk, h, &rk->loss_sum, dh), "rank %d: head", rk->rank);
+        HX_CHECK_LIB(ops->head(rk->compute, h, rk->targets, &rk->loss_sum, dh), "rank %d: head",
+                     rk->rank);
     if (overlap && part.head)
         HX_CHECK(hx_overlap_ready(rk, HX_READY_HEAD));
     rk->loss_sum += hx_router_loss_sum(rk);
     HX_CHECK(pipe_transfers(rk, pp - 1, stage, NULL, dh, scratch, T * D, "gradients"));
     for (int l = part.end_layer - 1; l >= part.first_layer; l--) {
-        HX_CHECK_LIB(ops->combine_backward(rk, l, dh, slot_in),
+        HX_CHECK_LIB(ops->combine_backward(rk->compute, l, dh, slot_in),
                      "rank %d: layer %d: combine backward", rk->rank, l);
         HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, true, slot_out));
-        HX_CHECK_LIB(ops->route_backward(rk, l, slot_out, dh), "rank %d: layer %d: router backward",
-                     rk->rank, l);
+        HX_CHECK_LIB(ops->route_backward(rk->compute, l, slot_out, dh),
+                     "rank %d: layer %d: router backward", rk->rank, l);
         if (overlap)
             HX_CHECK(hx_overlap_ready(rk, l));
     }
     HX_CHECK(pipe_transfers(rk, stage, 0, dh, NULL, scratch, T * D, "gradients"));
-    HX_CHECK_LIB(ops->embed_backward(rk, dh), "rank %d: embedding backward", rk->rank);
+    HX_CHECK_LIB(ops->embed_backward(rk->compute, dh), "rank %d: embedding backward", rk->rank);
     if (overlap)
         HX_CHECK(hx_overlap_ready(rk, HX_READY_REST));
 fail:
@@ -506,119 +520,11 @@ fail:
     free(plans);
     free(routes);
     free(token_of_slot);
-    ops->release(rk, h);
-    ops->release(rk, dh);
-    ops->release(rk, slot_in);
-    ops->release(rk, slot_out);
-    ops->release(rk, scratch);
+    ops->release(rk->compute, h);
+    ops->release(rk->compute, dh);
+    ops->release(rk->compute, slot_in);
+    ops->release(rk->compute, slot_out);
+    ops->release(rk->compute, scratch);
     free(local_routed);
     return st;
 }
-
-/* ---- the CPU ----------------------------------------------------------------------------- */
-
-static float *host_alloc(hx_rank *rk, size_t floats)
-{
-    (void)rk;
-    return hx_calloc(floats, sizeof(float));
-}
-
-static void host_release(hx_rank *rk, float *p)
-{
-    (void)rk;
-    free(p);
-}
-
-static seldp_status host_copy_rows(hx_rank *rk, float *dst, const int64_t *dst_rows,
-                                   const float *src, const int64_t *src_rows, size_t n)
-{
-    size_t D = (size_t)rk->run->opts.model.d_model;
-    for (size_t j = 0; j < n; j++) {
-        size_t to = dst_rows ? (size_t)dst_rows[j] : j;
-        size_t from = src_rows ? (size_t)src_rows[j] : j;
-        memcpy(dst + to * D, src + from * D, D * sizeof *dst);
-    }
-    return SELDP_OK;
-}
-
-static seldp_status host_begin_step(hx_rank *rk)
-{
-    tm_begin_step(rk->model);
-    return SELDP_OK;
-}
-
-static seldp_status host_embed_forward(hx_rank *rk, float *h)
-{
-    return tm_embed_forward(rk->model, rk->tokens, rk->T, h);
-}
-
-static seldp_status host_route_forward(hx_rank *rk, int l, const float *h, tm_route *route)
-{
-    return tm_route_forward(rk->model, l, h, route);
-}
-
-static seldp_status host_expert_forward(hx_rank *rk, int l, int e, const float *x, size_t n,
-                                        float *y)
-{
-    return tm_expert_forward(rk->model, l, e, x, n, y);
-}
-
-static seldp_status host_expert_backward(hx_rank *rk, int l, int e, const float *x, const float *dy,
-                                         size_t n, float *dx)
-{
-    return tm_expert_backward(rk->model, l, e, x, dy, n, dx);
-}
-
-static seldp_status host_combine_forward(hx_rank *rk, int l, const float *y, float *h)
-{
-    return tm_combine_forward(rk->model, l, y, h);
-}
-
-static seldp_status host_combine_backward(hx_rank *rk, int l, const float *dh, float *dy)
-{
-    return tm_combine_backward(rk->model, l, dh, dy);
-}
-
-static seldp_status host_route_backward(hx_rank *rk, int l, const float *dx, float *dh)
-{
-    return tm_route_backward(rk->model, l, dx, dh);
-}
-
-static seldp_status host_head(hx_rank *rk, const float *h, double *loss_sum, float *dh)
-{
-    return tm_head_forward_backward(rk->model, h, rk->targets, loss_sum, dh);
-}
-
-static seldp_status host_embed_backward(hx_rank *rk, const float *dh)
-{
-    return tm_embed_backward(rk->model, dh);
-}
-
-static seldp_status host_export_grads(hx_rank *rk, unsigned roles, double scale, bool fp32,
-                                      seldp_grads *out)
-{
-    return tm_export_grads(rk->model, roles, scale, fp32, out);
-}
-
-static bool host_expert_seen(const hx_rank *rk, int l, int e)
-{
-    return tm_expert_seen(rk->model, l, e);
-}
-
-const hx_compute_ops hx_host_compute = {
-    .alloc = host_alloc,
-    .release = host_release,
-    .copy_rows = host_copy_rows,
-    .begin_step = host_begin_step,
-    .embed_forward = host_embed_forward,
-    .route_forward = host_route_forward,
-    .expert_forward = host_expert_forward,
-    .expert_backward = host_expert_backward,
-    .combine_forward = host_combine_forward,
-    .combine_backward = host_combine_backward,
-    .route_backward = host_route_backward,
-    .head = host_head,
-    .embed_backward = host_embed_backward,
-    .export_grads = host_export_grads,
-    .expert_seen = host_expert_seen,
-};

@@ -1,6 +1,6 @@
 /* CUDA devices for the harness (gpu.h), and a rank that computes on one (run.h): the
- * device mirror of the rank's model (models/cuda/tinymoe_cuda.h) and the compute ops that
- * dispatch.c drives. */
+ * device mirror of the rank's model (models/cuda/tinymoe_cuda.h), whose tm_compute_ops
+ * (tmc_compute) dispatch.c drives. */
 #include "gpu.h"
 
 #include <string.h>
@@ -84,6 +84,8 @@ seldp_status hx_gpu_attach(hx_rank *rk)
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: mirroring its model on cuda:%d", rk->rank,
                            rk->device.ordinal);
+    rk->ops = &tmc_compute;
+    rk->compute = rk->gpu;
     return SELDP_OK;
 }
 
@@ -128,127 +130,6 @@ seldp_status hx_gpu_upload(hx_rank *rk)
     return SELDP_OK;
 }
 
-static float *gpu_alloc(hx_rank *rk, size_t floats)
-{
-    void *p = NULL;
-    size_t bytes = (floats ? floats : 1) * sizeof(float);
-    /* zeroed before it is returned: the model's stream is non-blocking, so a memset still
-     * queued on another stream could land after the model's first kernel wrote here */
-    if (cudaMalloc(&p, bytes) != cudaSuccess ||
-        cudaMemsetAsync(p, 0, bytes, cudaStreamPerThread) != cudaSuccess ||
-        cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) {
-        cudaFree(p);
-        cudaGetLastError();
-        hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory on cuda:%d allocating %zu floats",
-                rk->rank, rk->device.ordinal, floats);
-        return NULL;
-    }
-    return p;
-}
-
-static void gpu_release(hx_rank *rk, float *p)
-{
-    (void)rk;
-    if (p)
-        cudaFree(p);
-}
-
-static seldp_status gpu_copy_rows(hx_rank *rk, float *dst, const int64_t *dst_rows,
-                                  const float *src, const int64_t *src_rows, size_t n)
-{
-    seldp_status st =
-        tmc_copy_rows(rk->gpu, dst, dst_rows, src, src_rows, n, rk->run->opts.model.d_model);
-    if (st != SELDP_OK)
-        return hx_fail_lib(st, "rank %d: copying %zu rows on cuda:%d", rk->rank, n,
-                           rk->device.ordinal);
-    return SELDP_OK;
-}
-
-static seldp_status gpu_begin_step(hx_rank *rk)
-{
-    return tmc_begin_step(rk->gpu);
-}
-
-static seldp_status gpu_embed_forward(hx_rank *rk, float *h)
-{
-    return tmc_embed_forward(rk->gpu, rk->tokens, rk->T, h);
-}
-
-static seldp_status gpu_route_forward(hx_rank *rk, int l, const float *h, tm_route *route)
-{
-    tmc_route r;
-    seldp_status st = tmc_route_forward(rk->gpu, l, h, &r);
-    if (st == SELDP_OK)
-        *route = (tm_route){.T = r.T, .K = r.K, .expert = r.expert, .gate = r.gate, .x = r.x};
-    return st;
-}
-
-static seldp_status gpu_expert_forward(hx_rank *rk, int l, int e, const float *x, size_t n,
-                                       float *y)
-{
-    return tmc_expert_forward(rk->gpu, l, e, x, n, y);
-}
-
-static seldp_status gpu_expert_backward(hx_rank *rk, int l, int e, const float *x, const float *dy,
-                                        size_t n, float *dx)
-{
-    return tmc_expert_backward(rk->gpu, l, e, x, dy, n, dx);
-}
-
-static seldp_status gpu_combine_forward(hx_rank *rk, int l, const float *y, float *h)
-{
-    return tmc_combine_forward(rk->gpu, l, y, h);
-}
-
-static seldp_status gpu_combine_backward(hx_rank *rk, int l, const float *dh, float *dy)
-{
-    return tmc_combine_backward(rk->gpu, l, dh, dy);
-}
-
-static seldp_status gpu_route_backward(hx_rank *rk, int l, const float *dx, float *dh)
-{
-    return tmc_route_backward(rk->gpu, l, dx, dh);
-}
-
-static seldp_status gpu_head(hx_rank *rk, const float *h, double *loss_sum, float *dh)
-{
-    return tmc_head_forward_backward(rk->gpu, h, rk->targets, loss_sum, dh);
-}
-
-static seldp_status gpu_embed_backward(hx_rank *rk, const float *dh)
-{
-    return tmc_embed_backward(rk->gpu, dh);
-}
-
-static seldp_status gpu_export_grads(hx_rank *rk, unsigned roles, double scale, bool fp32,
-                                     seldp_grads *out)
-{
-    return tmc_export_grads(rk->gpu, roles, scale, fp32, out);
-}
-
-static bool gpu_expert_seen(const hx_rank *rk, int l, int e)
-{
-    return tmc_expert_seen(rk->gpu, l, e);
-}
-
-const hx_compute_ops hx_gpu_compute = {
-    .alloc = gpu_alloc,
-    .release = gpu_release,
-    .copy_rows = gpu_copy_rows,
-    .begin_step = gpu_begin_step,
-    .embed_forward = gpu_embed_forward,
-    .route_forward = gpu_route_forward,
-    .expert_forward = gpu_expert_forward,
-    .expert_backward = gpu_expert_backward,
-    .combine_forward = gpu_combine_forward,
-    .combine_backward = gpu_combine_backward,
-    .route_backward = gpu_route_backward,
-    .head = gpu_head,
-    .embed_backward = gpu_embed_backward,
-    .export_grads = gpu_export_grads,
-    .expert_seen = gpu_expert_seen,
-};
-
 #else /* no CUDA: no rank is ever placed on a GPU */
 
 static seldp_status no_cuda(const hx_rank *rk)
@@ -288,7 +169,5 @@ seldp_status hx_gpu_upload(hx_rank *rk)
 {
     return no_cuda(rk);
 }
-
-const hx_compute_ops hx_gpu_compute = {0};
 
 #endif

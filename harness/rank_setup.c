@@ -213,7 +213,6 @@ seldp_status hx_rank_setup(hx_rank *rk)
         return SELDP_ERR_NOMEM;
     int n_owned = hx_layout_owned(l, rk->rank, owned);
     rk->device = hx_backend_device(run->backend, rk->rank);
-    rk->ops = rk->device.kind == SELDP_DEVICE_CUDA ? &hx_gpu_compute : &hx_host_compute;
     /* a rank thread works on its GPU from here on: NCCL joins on the current device */
     if (rk->device.kind == SELDP_DEVICE_CUDA)
         HX_CHECK(hx_gpu_select(rk->device.ordinal));
@@ -244,8 +243,10 @@ seldp_status hx_rank_setup(hx_rank *rk)
             HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
         memcpy(rk->pre_init[i], t->data, bytes);
     }
+    rk->ops = &tm_cpu_compute;
+    rk->compute = rk->model;
     if (rk->device.kind == SELDP_DEVICE_CUDA)
-        HX_CHECK(hx_gpu_attach(rk));
+        HX_CHECK(hx_gpu_attach(rk)); /* the rank computes with the mirror from here on */
 
     /* every rank initializes the groups in the same order: shared, then d0, d1, ... */
     if (rk->grid) {

@@ -27,7 +27,7 @@ bool hx_zero_owed(const hx_rank *rk, const tm_param_info *p)
     if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen)
         return false;
     return rk->routed[p->layer * E + p->expert] != 0 &&
-           !rk->ops->expert_seen(rk, p->layer, p->expert) &&
+           !rk->ops->expert_seen(rk->compute, p->layer, p->expert) &&
            hx_data_share(rk, run->layout->data_of[p->expert]) != 0;
 }
 
@@ -205,13 +205,15 @@ static seldp_status reduce_replicated(hx_rank *rk, seldp_grads *grads)
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
     bool fp32 = run->opts.fp32_master;
-    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_SHARED, hx_inject_shared_scale(rk), fp32, grads),
-                 "rank %d: exporting the shared gradients", rk->rank);
+    HX_CHECK_LIB(
+        rk->ops->export_grads(rk->compute, TM_ROLE_SHARED, hx_inject_shared_scale(rk), fp32, grads),
+        "rank %d: exporting the shared gradients", rk->rank);
     /* sum flow: normalize by the global token count here; mean flow: the reduce divides */
     double scale = run->opts.flow == HX_FLOW_SUM ? 1.0 / (double)rk->global_tokens : 1.0;
     scale *= hx_inject_expert_factor(rk); /* 1 unless a framework bug is planted */
-    HX_CHECK_LIB(rk->ops->export_grads(rk, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
-                 "rank %d: exporting the expert gradients", rk->rank);
+    HX_CHECK_LIB(
+        rk->ops->export_grads(rk->compute, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
+        "rank %d: exporting the expert gradients", rk->rank);
     if (run->opts.policy == SELDP_MISSING_ERROR)
         HX_CHECK(add_zero_grads(rk, grads));
 

@@ -14,7 +14,8 @@
  * Under mpirun each process runs one rank through the same phases on its main thread; in
  * place of the gate, rank 0 gathers mirrors of the other ranks (gather.c) and plays the
  * main thread's part, and after each step every process learns whether all could go on.
- * A rank computes on the host or on a GPU (hx_compute_ops); the host model stays its record.
+ * A rank computes on the host or on a GPU (its model's tm_compute_ops); the host model stays
+ * its record.
  *
  * Checks never stop a run: every step runs and every failure is counted. A rank that fails
  * (a library error) aborts the world so every rank returns instead of hanging; the run
@@ -29,6 +30,7 @@
 #include <stdio.h>
 
 #include "seldp/seldp.h"
+#include "compute.h"
 #include "tinymoe.h"
 
 #include "backend.h"
@@ -189,35 +191,6 @@ void hx_run_destroy(hx_run *run);
 
 /* ---- used by checks.c, report.c and dump.c ----------------------------------------------- */
 
-/* What computes a rank's step, and where its activations live (dispatch.c drives it): the
- * CPU model (hx_host_compute) or its GPU mirror (hx_gpu_compute). Buffers are counts of
- * floats on the rank's device; row copies move rows of d_model floats, dst[dst_rows[j]] =
- * src[src_rows[j]] for j < n with host index arrays (NULL: 0..n-1). The model calls are
- * tinymoe.h's (tm_route's expert and gate on the host, x on the device). */
-typedef struct hx_compute_ops {
-    float *(*alloc)(hx_rank *rk, size_t floats); /* zeroed; NULL on failure */
-    void (*release)(hx_rank *rk, float *p);      /* NULL is a no-op */
-    seldp_status (*copy_rows)(hx_rank *rk, float *dst, const int64_t *dst_rows, const float *src,
-                              const int64_t *src_rows, size_t n);
-    seldp_status (*begin_step)(hx_rank *rk);
-    seldp_status (*embed_forward)(hx_rank *rk, float *h); /* rk->tokens */
-    seldp_status (*route_forward)(hx_rank *rk, int l, const float *h, tm_route *route);
-    seldp_status (*expert_forward)(hx_rank *rk, int l, int e, const float *x, size_t n, float *y);
-    seldp_status (*expert_backward)(hx_rank *rk, int l, int e, const float *x, const float *dy,
-                                    size_t n, float *dx);
-    seldp_status (*combine_forward)(hx_rank *rk, int l, const float *y, float *h);
-    seldp_status (*combine_backward)(hx_rank *rk, int l, const float *dh, float *dy);
-    seldp_status (*route_backward)(hx_rank *rk, int l, const float *dx, float *dh);
-    seldp_status (*head)(hx_rank *rk, const float *h, double *loss_sum, float *dh); /* targets */
-    seldp_status (*embed_backward)(hx_rank *rk, const float *dh);
-    /* this step's gradients into `out`, tensors on the rank's device (tm_export_grads) */
-    seldp_status (*export_grads)(hx_rank *rk, unsigned roles, double scale, bool fp32,
-                                 seldp_grads *out);
-    bool (*expert_seen)(const hx_rank *rk, int l, int e);
-} hx_compute_ops;
-
-extern const hx_compute_ops hx_host_compute;
-
 struct tmc_model;
 
 /* What the main thread may read of a rank between phases. */
@@ -227,7 +200,8 @@ struct hx_rank {
     pthread_t thread;
     bool started;
     seldp_device device;       /* where the rank computes */
-    const hx_compute_ops *ops; /* how */
+    const tm_compute_ops *ops; /* how (models/compute.h): tm_cpu_compute, or tmc_compute */
+    void *compute;             /* the model ops compute with: `model`, or `gpu` on a GPU */
     struct tmc_model *gpu;     /* on a GPU: the device mirror of `model` (gpu.c) */
     seldp_grads *device_grads; /* on a GPU: the gradients the sessions reduce */
     seldp_comm *world;
@@ -287,8 +261,8 @@ uint64_t hx_data_share(const hx_rank *rk, int d);
 /* A rank on a GPU (gpu.c; without CUDA each returns SELDP_ERR_UNSUPPORTED). The host model
  * stays the rank's record: the checks, the gather, the dumps and the SGD update read and
  * write it, and these functions keep the device mirror in step with it. */
-extern const hx_compute_ops hx_gpu_compute;
-/* Mirror rk->model on rk->device (the calling thread's current device). */
+/* Mirror rk->model on rk->device (the calling thread's current device); the rank then
+ * computes with the mirror (rk->ops, rk->compute). */
 seldp_status hx_gpu_attach(hx_rank *rk);
 void hx_gpu_detach(hx_rank *rk);
 /* The device view the sessions initialize and reduce. */

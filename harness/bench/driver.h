@@ -15,6 +15,7 @@ typedef struct bench_team bench_team;
 
 typedef struct bench_rank {
     bench_team *team;
+    struct hx_runner_rank *runner; /* the thread running it (harness/runner.h) */
     int rank, size;
     seldp_comm *comm; /* this rank on the team's host world */
     void *arg;        /* shared by every rank */

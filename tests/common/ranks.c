@@ -1,28 +1,21 @@
 /* Test helpers: rank threads over a host world, deterministic buffer patterns. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
-
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
-#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cmocka.h>
 
 #include "ranks.h"
+#include "runner.h"
 
-typedef struct rank_thread {
-    pthread_t thread;
+/* What every rank thread of one tr_run_ranks_status shares. */
+typedef struct rank_run {
     seldp_host_world *host;
     tr_rank_fn fn;
-    tr_rank_ctx ctx;
-    int result;
-    bool started;
-    struct timespec finished; /* when fn returned, to report the earliest failure */
-} rank_thread;
+    void *arg;
+} rank_run;
 
 void tr_rank_fail(tr_rank_ctx *ctx, const char *file, int line, const char *fmt, ...)
 {
@@ -36,91 +29,47 @@ void tr_rank_fail(tr_rank_ctx *ctx, const char *file, int line, const char *fmt,
     va_end(ap);
 }
 
-static bool finished_before(const rank_thread *a, const rank_thread *b)
+static int rank_main(hx_runner_rank *r)
 {
-    if (a->finished.tv_sec != b->finished.tv_sec)
-        return a->finished.tv_sec < b->finished.tv_sec;
-    return a->finished.tv_nsec < b->finished.tv_nsec;
-}
-
-static void *rank_main(void *p)
-{
-    rank_thread *t = p;
-    seldp_status st = seldp_host_comm_init(t->host, t->ctx.rank, SELDP_HOST_DEVICE, &t->ctx.world);
-    if (st != SELDP_OK) {
-        snprintf(t->ctx.why, sizeof t->ctx.why, "seldp_host_comm_init returned %s: %s",
-                 seldp_status_name(st), seldp_last_error());
-        t->result = 1;
-        return NULL;
-    }
-    t->ctx.size = seldp_comm_size(t->ctx.world);
-    t->result = t->fn(&t->ctx);
-    clock_gettime(CLOCK_MONOTONIC, &t->finished);
-    if (t->result != 0) {
-        if (t->ctx.why[0] == '\0')
-            snprintf(t->ctx.why, sizeof t->ctx.why, "rank function returned %d", t->result);
-        /* Release the other ranks now instead of at their timeout. */
-        seldp_comm_abort(t->ctx.world);
-    }
-    seldp_comm_destroy(t->ctx.world);
-    t->ctx.world = NULL;
-    return NULL;
+    const rank_run *run = r->arg;
+    tr_rank_ctx ctx = {.rank = r->rank, .size = r->size, .arg = run->arg};
+    seldp_status st = seldp_host_comm_init(run->host, r->rank, SELDP_HOST_DEVICE, &ctx.world);
+    if (st != SELDP_OK)
+        return hx_runner_fail(r, "seldp_host_comm_init returned %s: %s", seldp_status_name(st),
+                              seldp_last_error());
+    r->comm = ctx.world;
+    ctx.size = seldp_comm_size(ctx.world);
+    int result = run->fn(&ctx);
+    if (result != 0 && ctx.why[0])
+        hx_runner_fail(r, "%s", ctx.why); /* aborts the world */
+    else if (result != 0)
+        hx_runner_fail(r, "rank function returned %d", result);
+    r->comm = NULL;
+    seldp_comm_destroy(ctx.world);
+    return result;
 }
 
 int tr_run_ranks_status(int n, double timeout_s, tr_rank_fn fn, void *arg, char *why,
                         size_t why_size)
 {
     seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
-    seldp_host_world *host = NULL;
-    rank_thread *threads = NULL;
-    int failed = 0;
+    rank_run run = {NULL, fn, arg};
+    hx_runner_report report;
     if (why && why_size)
         why[0] = '\0';
     cfg.timeout_s = timeout_s;
-    seldp_status st = seldp_host_world_create(n, &cfg, &host);
+    seldp_status st = seldp_host_world_create(n, &cfg, &run.host);
     if (st != SELDP_OK) {
         if (why)
             snprintf(why, why_size, "seldp_host_world_create(%d) returned %s: %s", n,
                      seldp_status_name(st), seldp_last_error());
         return n > 0 ? n : 1;
     }
-    threads = calloc((size_t)n, sizeof *threads);
-    if (!threads) {
-        seldp_host_world_destroy(host);
-        if (why)
-            snprintf(why, why_size, "out of memory for %d rank threads", n);
-        return n;
-    }
-    for (int r = 0; r < n; r++) {
-        threads[r].host = host;
-        threads[r].fn = fn;
-        threads[r].ctx.rank = r;
-        threads[r].ctx.size = n;
-        threads[r].ctx.arg = arg;
-        if (pthread_create(&threads[r].thread, NULL, rank_main, &threads[r]) != 0) {
-            /* The ranks already started time out waiting for this one. */
-            threads[r].result = 1;
-            snprintf(threads[r].ctx.why, sizeof threads[r].ctx.why, "pthread_create failed");
-            continue;
-        }
-        threads[r].started = true;
-    }
-    for (int r = 0; r < n; r++)
-        if (threads[r].started)
-            pthread_join(threads[r].thread, NULL);
-    seldp_host_world_destroy(host);
-    /* The earliest failure is the cause; later ones are usually its echo (aborted). */
-    int first = -1;
-    for (int r = 0; r < n; r++) {
-        if (threads[r].result == 0)
-            continue;
-        failed++;
-        if (first < 0 || finished_before(&threads[r], &threads[first]))
-            first = r;
-    }
-    if (first >= 0 && why)
-        snprintf(why, why_size, "rank %d of %d: %s", first, n, threads[first].ctx.why);
-    free(threads);
+    int failed = hx_runner_run(n, rank_main, &run, &report);
+    seldp_host_world_destroy(run.host);
+    /* the earliest failure is the cause; later ones are usually its echo (aborted) */
+    if (failed && why)
+        snprintf(why, why_size, "rank %d of %d: %s", report.first, n, report.why);
     return failed;
 }
 

@@ -3,7 +3,6 @@
 #define _POSIX_C_SOURCE 200809L /* access */
 
 #include <dirent.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -16,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu_ranks.h"
+#include "runner.h"
 #ifdef SELDP_HAVE_NCCL
 #include "seldp/nccl.h"
 #endif
@@ -65,84 +65,76 @@ bool gpu_host_mode(int argc, char **argv)
     return false;
 }
 
-typedef struct gpu_thread {
-    pthread_t thread;
+/* What every rank thread of one gpu_run_ranks shares. */
+typedef struct gpu_run {
     gpu_world_kind kind;
+    int gpus;
     seldp_host_world *host;
 #ifdef SELDP_HAVE_NCCL
     seldp_nccl_world *nccl;
 #endif
-    int ordinal;
     tr_rank_fn fn;
-    tr_rank_ctx ctx;
-    int result;
-    bool started;
-} gpu_thread;
+    void *arg;
+} gpu_run;
 
-static void *gpu_rank_main(void *p)
+static int gpu_rank_main(hx_runner_rank *r)
 {
-    gpu_thread *t = p;
+    const gpu_run *run = r->arg;
+    tr_rank_ctx ctx = {.rank = r->rank, .size = r->size, .arg = run->arg};
     seldp_status st = SELDP_ERR_UNSUPPORTED;
     const char *call = "join";
-    if (t->kind == GPU_WORLD_HOST_ON_HOST) {
+    if (run->kind == GPU_WORLD_HOST_ON_HOST) {
         call = "seldp_host_comm_init";
-        st = seldp_host_comm_init(t->host, t->ctx.rank, SELDP_HOST_DEVICE, &t->ctx.world);
+        st = seldp_host_comm_init(run->host, r->rank, SELDP_HOST_DEVICE, &ctx.world);
     } else {
-        cudaError_t err = cudaSetDevice(t->ordinal);
-        if (err != cudaSuccess) {
-            snprintf(t->ctx.why, sizeof t->ctx.why, "cudaSetDevice(%d): %s", t->ordinal,
-                     cudaGetErrorString(err));
-            t->result = 1;
-            return NULL;
-        }
-        if (t->kind == GPU_WORLD_HOST_STAGED) {
+        int ordinal = run->kind == GPU_WORLD_NCCL ? r->rank : r->rank % run->gpus;
+        cudaError_t err = cudaSetDevice(ordinal);
+        if (err != cudaSuccess)
+            return hx_runner_fail(r, "cudaSetDevice(%d): %s", ordinal, cudaGetErrorString(err));
+        if (run->kind == GPU_WORLD_HOST_STAGED) {
             call = "seldp_host_comm_init";
-            seldp_device dev = {SELDP_DEVICE_CUDA, t->ordinal};
-            st = seldp_host_comm_init(t->host, t->ctx.rank, dev, &t->ctx.world);
+            seldp_device dev = {SELDP_DEVICE_CUDA, ordinal};
+            st = seldp_host_comm_init(run->host, r->rank, dev, &ctx.world);
         }
 #ifdef SELDP_HAVE_NCCL
-        if (t->kind == GPU_WORLD_NCCL) {
+        if (run->kind == GPU_WORLD_NCCL) {
             call = "seldp_nccl_comm_init";
-            st = seldp_nccl_comm_init(t->nccl, t->ctx.rank, &t->ctx.world);
+            st = seldp_nccl_comm_init(run->nccl, r->rank, &ctx.world);
         }
 #endif
     }
-    if (st != SELDP_OK) {
-        snprintf(t->ctx.why, sizeof t->ctx.why, "%s returned %s: %s", call, seldp_status_name(st),
-                 seldp_last_error());
-        t->result = 1;
-        return NULL;
-    }
-    t->ctx.size = seldp_comm_size(t->ctx.world);
-    t->result = t->fn(&t->ctx);
-    if (t->result != 0 && t->ctx.why[0] == '\0')
-        snprintf(t->ctx.why, sizeof t->ctx.why, "rank function returned %d", t->result);
-    seldp_comm_destroy(t->ctx.world);
-    t->ctx.world = NULL;
-    return NULL;
+    if (st != SELDP_OK)
+        return hx_runner_fail(r, "%s returned %s: %s", call, seldp_status_name(st),
+                              seldp_last_error());
+    r->comm = ctx.world;
+    ctx.size = seldp_comm_size(ctx.world);
+    int result = run->fn(&ctx);
+    if (result != 0 && ctx.why[0])
+        hx_runner_fail(r, "%s", ctx.why); /* aborts the world */
+    else if (result != 0)
+        hx_runner_fail(r, "rank function returned %d", result);
+    r->comm = NULL;
+    seldp_comm_destroy(ctx.world);
+    return result;
 }
 
 int gpu_run_ranks(gpu_world_kind kind, int n, int gpus, double timeout_s, tr_rank_fn fn, void *arg,
                   char *why, size_t why_size)
 {
     seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
-    seldp_host_world *host = NULL;
-#ifdef SELDP_HAVE_NCCL
-    seldp_nccl_world *nccl = NULL;
-#endif
+    gpu_run run = {.kind = kind, .gpus = gpus > 0 ? gpus : 1, .fn = fn, .arg = arg};
     seldp_status st = SELDP_OK;
-    int failed = 0;
     if (why && why_size)
         why[0] = '\0';
     cfg.timeout_s = timeout_s;
     if (kind == GPU_WORLD_NCCL) {
 #ifdef SELDP_HAVE_NCCL
-        st = seldp_nccl_world_create(n, &cfg, &nccl);
+        st = seldp_nccl_world_create(n, &cfg, &run.nccl);
 #else
         st = SELDP_ERR_UNSUPPORTED;
 #endif
     } else {
-        st = seldp_host_world_create(n, &cfg, &host);
+        st = seldp_host_world_create(n, &cfg, &run.host);
     }
     if (st != SELDP_OK) {
         if (why)
@@ -150,46 +142,14 @@ int gpu_run_ranks(gpu_world_kind kind, int n, int gpus, double timeout_s, tr_ran
                      seldp_last_error());
         return n > 0 ? n : 1;
     }
-    gpu_thread *threads = calloc((size_t)n, sizeof *threads);
-    if (!threads) {
-        if (why)
-            snprintf(why, why_size, "out of memory for %d rank threads", n);
-        failed = n;
-        goto done;
-    }
-    for (int r = 0; r < n; r++) {
-        gpu_thread *t = &threads[r];
-        t->kind = kind;
-        t->host = host;
+    hx_runner_report report;
+    int failed = hx_runner_run(n, gpu_rank_main, &run, &report);
+    /* the earliest failure is the cause; later ones are usually its echo (aborted) */
+    if (failed && why)
+        snprintf(why, why_size, "rank %d of %d: %s", report.first, n, report.why);
+    seldp_host_world_destroy(run.host);
 #ifdef SELDP_HAVE_NCCL
-        t->nccl = nccl;
-#endif
-        t->ordinal = kind == GPU_WORLD_NCCL ? r : r % (gpus > 0 ? gpus : 1);
-        t->fn = fn;
-        t->ctx.rank = r;
-        t->ctx.size = n;
-        t->ctx.arg = arg;
-        if (pthread_create(&t->thread, NULL, gpu_rank_main, t) != 0) {
-            t->result = 1;
-            snprintf(t->ctx.why, sizeof t->ctx.why, "pthread_create failed");
-            continue;
-        }
-        t->started = true;
-    }
-    for (int r = 0; r < n; r++)
-        if (threads[r].started)
-            pthread_join(threads[r].thread, NULL);
-    for (int r = 0; r < n; r++) {
-        if (threads[r].result == 0)
-            continue;
-        if (failed++ == 0 && why)
-            snprintf(why, why_size, "rank %d of %d: %s", r, n, threads[r].ctx.why);
-    }
-    free(threads);
-done:
-    seldp_host_world_destroy(host);
-#ifdef SELDP_HAVE_NCCL
-    seldp_nccl_world_destroy(nccl);
+    seldp_nccl_world_destroy(run.nccl);
 #endif
     return failed;
 }

@@ -27,8 +27,9 @@ int gpu_require(void);
 bool gpu_host_mode(int argc, char **argv);
 
 /* Run fn on n rank threads of a world of `kind` (`gpus` devices used by host-staged
- * worlds), each with ctx->world joined on its device; destroy everything; return the
- * number of failed ranks with the first failure copied into why. */
+ * worlds), each with ctx->world joined on its device (harness/runner.h: a failing rank
+ * aborts the world); destroy everything; return the number of failed ranks with the
+ * earliest failure copied into why. */
 int gpu_run_ranks(gpu_world_kind kind, int n, int gpus, double timeout_s, tr_rank_fn fn, void *arg,
                   char *why, size_t why_size);
 
