@@ -64,49 +64,6 @@ static double tolerance_for(seldp_dtype dtype)
     }
 }
 
-void hx_tensor_to_f32(const seldp_tensor *t, float *out)
-{
-    size_t n = seldp_tensor_numel(t);
-    if (t->dtype == SELDP_F32)
-        memcpy(out, t->data, n * sizeof(float));
-    else
-        seldp_half_to_f32(t->dtype, t->data, out, n);
-}
-
-void hx_tensor_from_f32(const float *in, seldp_tensor *t)
-{
-    size_t n = seldp_tensor_numel(t);
-    if (t->dtype == SELDP_F32)
-        memcpy(t->data, in, n * sizeof(float));
-    else
-        seldp_f32_to_half(t->dtype, in, t->data, n);
-}
-
-bool hx_param_in_group(const hx_run *run, const tm_param_info *info, int g)
-{
-    if (g == 0)
-        return (info->role & TM_ROLES_SHARED_GROUP) != 0;
-    return (info->role & TM_ROLES_EXPERT_GROUP) != 0 && info->expert >= 0 &&
-           run->layout->data_of[info->expert] == g - 1;
-}
-
-const char *hx_group_label(int g, char *buf, size_t size)
-{
-    if (g == 0)
-        snprintf(buf, size, "the shared group");
-    else
-        snprintf(buf, size, "expert-data group d%d", g - 1);
-    return buf;
-}
-
-void hx_record_local(hx_check_result *c, bool failed, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    hx_check_vnote(c, failed, 0, fmt, ap);
-    va_end(ap);
-}
-
 static seldp_status rank_step(hx_rank *rk, int step)
 {
     seldp_status st = SELDP_OK;

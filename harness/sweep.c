@@ -529,35 +529,6 @@ fail:
     return st;
 }
 
-/* The largest ||w - w0|| / ||w0|| over the tensors, and where. */
-static double weights_deviation(const hx_sweep_weights *w0, const hx_sweep_weights *w, char *worst,
-                                size_t size)
-{
-    double dev = 0;
-    snprintf(worst, size, "-");
-    for (size_t i = 0; i < w->n; i++) {
-        size_t j = 0;
-        while (j < w0->n && strcmp(w0->paths[j], w->paths[i]) != 0)
-            j++;
-        if (j == w0->n || w0->numel[j] != w->numel[i]) {
-            snprintf(worst, size, "%s (absent from the first run)", w->paths[i]);
-            return INFINITY;
-        }
-        double d2 = 0, r2 = 0;
-        for (size_t k = 0; k < w->numel[i]; k++) {
-            double a = w->values[i][k], b = w0->values[j][k];
-            d2 += (a - b) * (a - b);
-            r2 += b * b;
-        }
-        double rel = r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
-        if (!(rel <= dev)) {
-            dev = rel;
-            snprintf(worst, size, "%s", w->paths[i]);
-        }
-    }
-    return dev;
-}
-
 /* Run entry i and compare it with the first run. */
 static void sweep_run(hx_sweep *s, int i, FILE *out)
 {
@@ -600,8 +571,8 @@ static void sweep_run(hx_sweep *s, int i, FILE *out)
         s->baselines[i] = w;
         w = (hx_sweep_weights){0};
     } else if (s->results[b].completed) {
-        r->weight_dev =
-            weights_deviation(&s->baselines[b], &w, r->worst_tensor, sizeof r->worst_tensor);
+        r->weight_dev = hx_sweep_weights_deviation(&s->baselines[b], &w, r->worst_tensor,
+                                                   sizeof r->worst_tensor);
     }
     for (int k = 0; k < steps && s->results[b].completed; k++) {
         double l0 = s->results[b].loss[k];

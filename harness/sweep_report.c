@@ -5,6 +5,7 @@
 #include "sweep_report.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,4 +271,33 @@ seldp_status hx_sweep_write(const hx_sweep *s, bool pass)
     if (st == SELDP_OK)
         st = write_md(s, pass, note);
     return st;
+}
+
+/* The largest ||w - w0|| / ||w0|| over the tensors, and where. */
+double hx_sweep_weights_deviation(const hx_sweep_weights *w0, const hx_sweep_weights *w,
+                                  char *worst, size_t size)
+{
+    double dev = 0;
+    snprintf(worst, size, "-");
+    for (size_t i = 0; i < w->n; i++) {
+        size_t j = 0;
+        while (j < w0->n && strcmp(w0->paths[j], w->paths[i]) != 0)
+            j++;
+        if (j == w0->n || w0->numel[j] != w->numel[i]) {
+            snprintf(worst, size, "%s (absent from the first run)", w->paths[i]);
+            return INFINITY;
+        }
+        double d2 = 0, r2 = 0;
+        for (size_t k = 0; k < w->numel[i]; k++) {
+            double a = w->values[i][k], b = w0->values[j][k];
+            d2 += (a - b) * (a - b);
+            r2 += b * b;
+        }
+        double rel = r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
+        if (!(rel <= dev)) {
+            dev = rel;
+            snprintf(worst, size, "%s", w->paths[i]);
+        }
+    }
+    return dev;
 }

@@ -69,4 +69,9 @@ double hx_sweep_step_deviation(const hx_sweep *s, int k);
  * into s->out_dir. `pass`: the sweep's result. SELDP_ERR_IO naming the file on failure. */
 seldp_status hx_sweep_write(const hx_sweep *s, bool pass);
 
+/* The largest ||w - w0|| / ||w0|| over the tensors of w, and in `worst` its path; INFINITY
+ * (and the path) when a tensor of w is absent from w0 or has another size. */
+double hx_sweep_weights_deviation(const hx_sweep_weights *w0, const hx_sweep_weights *w,
+                                  char *worst, size_t size);
+
 #endif
