@@ -110,10 +110,16 @@ bool bench_is_copy(const char *impl);
 
 /* ---- the streaming copy (copy.c) ---- */
 
-typedef enum bench_copy_kind { BENCH_COPY_NONE, BENCH_COPY_SSE2, BENCH_COPY_AVX2 } bench_copy_kind;
+typedef enum bench_copy_kind {
+    BENCH_COPY_NONE,
+    BENCH_COPY_SSE2,
+    BENCH_COPY_AVX2,
+    BENCH_COPY_AVX512
+} bench_copy_kind;
 
-/* The non-temporal copy this CPU runs: AVX2 when it has it, else SSE2 (x86-64 always has
- * it); NONE elsewhere (the copy is then memcpy). SELDP_BENCH_COPY=sse2 asks for SSE2. */
+/* The non-temporal copy this CPU runs (seldp__stream_copy): AVX-512 or AVX2 when it has
+ * them, else SSE2 (x86-64 always has it); NONE elsewhere (the copy is then memcpy).
+ * SELDP_BENCH_COPY=sse2 or avx2 asks for a narrower one. */
 bench_copy_kind bench_stream_kind(void);
 const char *bench_stream_name(void);
 

@@ -302,6 +302,8 @@ seldp_status seldp_host_world_create(int nranks, const seldp_comm_config *cfg,
     w->timeout_s = cfg->timeout_s;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     w->spin_size = cpus > 1 ? (int)(cpus < INT32_MAX ? cpus : INT32_MAX) : 0;
+    long yielders = (cpus > 1 ? cpus : 1) * YIELD_RANKS_PER_CPU;
+    w->yield_size = (int)(yielders < INT32_MAX ? yielders : INT32_MAX);
     w->simd = (int)seldp__host_simd_of_cpu();
     w->joined = calloc((size_t)nranks, sizeof *w->joined);
     if (!w->joined)

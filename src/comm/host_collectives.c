@@ -4,10 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
+#include "comm/host_copy.h"
 #include "comm/host_impl.h"
 #include "comm/host_sum.h"
 #include "device.h"
@@ -33,42 +31,21 @@ static size_t slice_elems(size_t count, int size, size_t esize)
  * skip the read-for-ownership of every output line, a third of the memory traffic. */
 #define STREAM_MIN_BYTES ((size_t)8 << 20)
 
-/* Copy with non-temporal stores where the destination allows it, else memcpy. Call
- * stream_fence before the collective's "leave" so that the data is visible. */
-static void stream_copy(void *dst, const void *src, size_t bytes, bool stream)
+/* Copy with non-temporal stores when `stream` (host_copy.h), else memcpy. Call stream_fence
+ * before the collective's "leave" so that the data is visible. */
+static void stream_copy(const seldp_comm *comm, void *dst, const void *src, size_t bytes,
+                        bool stream)
 {
-#if defined(__SSE2__)
-    if (stream && bytes >= 256) {
-        size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-        memcpy(dst, src, head);
-        char *d = (char *)dst + head;
-        const char *x = (const char *)src + head;
-        size_t n = bytes - head, i = 0;
-        for (; i + 64 <= n; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(x + i));
-            __m128i b = _mm_loadu_si128((const __m128i *)(x + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(x + i + 32));
-            __m128i e = _mm_loadu_si128((const __m128i *)(x + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), a);
-            _mm_stream_si128((__m128i *)(d + i + 16), b);
-            _mm_stream_si128((__m128i *)(d + i + 32), c);
-            _mm_stream_si128((__m128i *)(d + i + 48), e);
-        }
-        memcpy(d + i, x + i, n - i);
-        return;
-    }
-#endif
-    (void)stream;
-    memcpy(dst, src, bytes);
+    if (stream)
+        seldp__stream_copy(dst, src, bytes, impl_of(comm)->world->simd);
+    else
+        memcpy(dst, src, bytes);
 }
 
 static void stream_fence(bool stream)
 {
-#if defined(__SSE2__)
     if (stream)
-        _mm_sfence();
-#endif
-    (void)stream;
+        seldp__stream_fence();
 }
 
 /* ---- barrier, broadcast ------------------------------------------------------------- */
@@ -105,7 +82,7 @@ static bool broadcast_execute(const seldp_comm *comm, void *arg)
         size_t n = end - at < BROADCAST_CHUNK ? end - at : BROADCAST_CHUNK;
         for (int r = 0; r < g->size; r++)
             if (r != root)
-                stream_copy((char *)s[r].recv + at, src + at, n, stream);
+                stream_copy(comm, (char *)s[r].recv + at, src + at, n, stream);
         going = seldp__host_pace(&p, n * (size_t)(g->size - 1));
     }
     stream_fence(stream);
@@ -181,8 +158,10 @@ static void sum_chunked(const host_slot *s, int size, size_t seg, size_t begin, 
             acc[i] = (float)((double)acc[i] * m->scale);
         for (int r = 0; r < size; r++) {
             sum_side d = side_of(&s[r], seg, at);
-            if (d.out_dtype == SELDP_F32)
-                stream_copy(d.out, acc, n * sizeof(float), m->stream);
+            if (d.out_dtype == SELDP_F32 && m->stream)
+                seldp__stream_copy(d.out, acc, n * sizeof(float), m->simd);
+            else if (d.out_dtype == SELDP_F32)
+                memcpy(d.out, acc, n * sizeof(float));
             else
                 seldp_f32_to_half(d.out_dtype, acc, d.out, n);
         }
@@ -467,7 +446,7 @@ static bool copy_paced(exec_pace *p, void *dst, const void *src, size_t bytes, b
 {
     for (size_t at = 0; at < bytes; at += EXEC_PACE_BYTES) {
         size_t n = bytes - at < EXEC_PACE_BYTES ? bytes - at : EXEC_PACE_BYTES;
-        stream_copy((char *)dst + at, (const char *)src + at, n, stream);
+        stream_copy(p->comm, (char *)dst + at, (const char *)src + at, n, stream);
         if (!seldp__host_pace(p, n))
             return false;
     }

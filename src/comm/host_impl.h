@@ -53,6 +53,10 @@ typedef struct rank_counter {
  * phase of the owner-of-slice path (measured on two cores: 8 B to 512 B). */
 #define EAGER_MAX ((size_t)512)
 
+/* Groups of up to this many ranks per core yield-spin before they sleep (see YIELD_NS in
+ * host_rendezvous.c). */
+#define YIELD_RANKS_PER_CPU 4
+
 struct host_group {
     seldp_host_world *world;
     int size;
@@ -80,6 +84,7 @@ struct seldp_host_world {
     seldp_status abort_status; /* SELDP_ERR_ABORTED or SELDP_ERR_TIMEOUT */
     char abort_reason[512];
     int spin_size;             /* groups of at most this many ranks (one core each) spin */
+    int yield_size;            /* larger groups of at most this many ranks yield-spin */
     int simd;                  /* simd_width of the reduction kernels */
     atomic_bool faults_on;     /* set once by seldp__host_fault_set; read without the lock */
     struct host_fault *faults; /* [nranks] once faults_on, guarded by lock */

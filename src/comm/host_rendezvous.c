@@ -93,6 +93,14 @@ static int missing_ranks(const host_group *g, int self, uint64_t gen, bool world
  * is far behind. */
 #define SPIN_NS 20000L
 
+/* Groups with more ranks than cores cannot spin: the rank a waiter waits for may need the
+ * waiter's core. Up to YIELD_RANKS_PER_CPU ranks a core, a waiter gives its core away
+ * (sched_yield) between looks for up to YIELD_NS before it sleeps: the ranks behind run at
+ * once instead of after a futex wake-up each (tens of microseconds; small collectives on
+ * an oversubscribed machine are made of them). Beyond that, or for longer, yielding costs
+ * the ranks that work more than it saves, and waiters sleep. */
+#define YIELD_NS 100000L
+
 static bool every_rank_entered(host_group *g, uint64_t phases)
 {
     for (int q = 0; q < g->size; q++)
@@ -120,11 +128,14 @@ static bool phase_done(void *arg)
     return phase_complete(t->g, t->phases);
 }
 
-/* Spin, without the lock, until the phase completes (true) or SPIN_NS have passed. */
-static bool spin_until(host_group *g, uint64_t phases)
+/* Spin, without the lock, until the phase completes (true) or SPIN_NS have passed; in a
+ * group with more ranks than cores (and at most yield_size), yield instead for YIELD_NS. */
+static bool spin_until(const seldp_host_world *w, host_group *g, uint64_t phases)
 {
     phase_target t = {g, phases};
-    return seldp__proto_spin_until(phase_done, &t, SPIN_NS);
+    if (g->size <= w->spin_size)
+        return seldp__proto_spin_until(phase_done, &t, SPIN_NS);
+    return g->size <= w->yield_size && seldp__proto_yield_until(phase_done, &t, YIELD_NS);
 }
 
 /* Take this rank's entry in phase `phases - 1` back, unless every other rank has entered
@@ -214,7 +225,7 @@ seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__
         pthread_cond_broadcast(&g->cond);
         pthread_mutex_unlock(&w->lock);
     }
-    if (phase_complete(g, phases) || (g->size <= w->spin_size && spin_until(g, phases)))
+    if (phase_complete(g, phases) || spin_until(w, g, phases))
         return SELDP_OK;
 
     pthread_mutex_lock(&w->lock);

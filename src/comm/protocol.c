@@ -4,6 +4,7 @@
 
 #include "comm/protocol.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -270,6 +271,20 @@ bool seldp__proto_spin_until(bool (*done)(void *arg), void *arg, long spin_ns)
         clock_gettime(CLOCK_MONOTONIC, &t);
         if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > spin_ns)
             return false;
+    }
+}
+
+bool seldp__proto_yield_until(bool (*done)(void *arg), void *arg, long yield_ns)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (done(arg))
+            return true;
+        sched_yield();
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > yield_ns)
+            return done(arg);
     }
 }
 

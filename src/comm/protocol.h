@@ -138,6 +138,10 @@ void seldp__proto_cpu_relax(void);
 /* Spin until done(arg) holds (true) or spin_ns nanoseconds have passed (false). */
 bool seldp__proto_spin_until(bool (*done)(void *arg), void *arg, long spin_ns);
 
+/* The same for a thread that shares its core: between looks it gives the core away
+ * (sched_yield), so that the threads it waits for can run; false after yield_ns. */
+bool seldp__proto_yield_until(bool (*done)(void *arg), void *arg, long yield_ns);
+
 /* Polling without a core of one's own: the first polls spin, then each round sleeps a
  * little longer, up to a millisecond. */
 typedef struct seldp__proto_backoff {
