@@ -41,7 +41,8 @@ typedef struct bench_opts {
     bool staged_commit;      /* --staged-commit: the reduce's sessions set cfg.staged_commit */
     const char *out;         /* --out PREFIX: also PREFIX.jsonl and PREFIX.csv */
     const char *mpirun;      /* --mpirun: the launcher for --compare mpi */
-    const char *python;      /* --python: the interpreter for --compare gloo */
+    const char *python;      /* --python: the interpreter for --compare gloo (NULL: try
+                                python3, then /usr/bin/python3) */
     const char *gloo_script; /* --gloo-script (NULL: seldp-bench-gloo.py beside the binary) */
     double compute_us;       /* --compute-us: overlap, the backward of one layer */
 } bench_opts;

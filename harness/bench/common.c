@@ -74,7 +74,8 @@ static void usage(FILE *f, bool mpi)
         "                        (seldp-bench-gloo.py, P processes), skipped with a note when\n"
         "                        python3 cannot import torch; same ranks, sizes and timing rule\n"
         "      --mpirun PATH     the MPI launcher (default mpirun)\n"
-        "      --python PATH     the interpreter for --compare gloo (default python3)\n"
+        "      --python PATH     the interpreter for --compare gloo (default: python3, then\n"
+        "                        /usr/bin/python3, the first that imports torch with gloo)\n"
         "      --gloo-script PATH  the gloo program (default seldp-bench-gloo.py beside this\n"
         "                        executable)\n"
         "      --staged-commit   reduce: the sessions set cfg.staged_commit (the rows say\n"
@@ -276,7 +277,7 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
     o->tensors = 10000;
     o->bound = true;
     o->mpirun = "mpirun";
-    o->python = "python3";
+    o->python = NULL; /* python3, then /usr/bin/python3 (compare.c) */
     o->compute_us = 1000;
     strcpy(o->dtype, "");
 

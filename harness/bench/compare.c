@@ -71,8 +71,10 @@ int bench_mpi_rows(const bench_opts *o, const char *self_dir, int P, bench_rows 
 /* The exit status the gloo program uses to say that torch with gloo is not importable. */
 #define GLOO_SKIP 77
 
-int bench_gloo_rows(const bench_opts *o, const char *self_dir, int P, bench_rows *rows,
-                    bool *skipped)
+/* One run of the gloo program under `python`; *skipped when it could not import torch with
+ * gloo (or the interpreter could not be run), with the reason in why. */
+static int gloo_run(const bench_opts *o, const char *python, const char *self_dir, int P,
+                    bench_rows *rows, bool *skipped, char *why, size_t why_size)
 {
     char script[4096], cmd[6144];
     *skipped = false;
@@ -80,29 +82,30 @@ int bench_gloo_rows(const bench_opts *o, const char *self_dir, int P, bench_rows
         snprintf(script, sizeof script, "%s", o->gloo_script);
     else
         snprintf(script, sizeof script, "%s/seldp-bench-gloo.py", self_dir);
-    snprintf(cmd, sizeof cmd, "'%s' '%s' -o %s -r %d -b %zu -e %zu -f %g -n %d -w %d 2>&1",
-             o->python, script, bench_op_name(o->op), P, o->min_bytes, o->max_bytes, o->factor,
-             o->iters, o->warmup);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' -o %s -r %d -b %zu -e %zu -f %g -n %d -w %d 2>&1", python,
+             script, bench_op_name(o->op), P, o->min_bytes, o->max_bytes, o->factor, o->iters,
+             o->warmup);
     FILE *p = popen(cmd, "r");
     if (!p) {
         fprintf(stderr, "seldp-bench: cannot run %s\n", cmd);
         return 1;
     }
-    char line[4096], why[512] = "";
+    char line[4096];
     int got = 0, bad = 0;
+    why[0] = '\0';
     while (fgets(line, sizeof line, p)) {
         bench_row row;
         if (line[0] != '{') {
             /* the program's notes and torch's messages: keep the last for a failure */
             if (line[0] != '\n')
-                snprintf(why, sizeof why, "%.500s", line);
+                snprintf(why, why_size, "%.500s", line);
             continue;
         }
         if (!row_from_json(line, "the gloo program's output", &row) ||
             strcmp(row.impl, "gloo") != 0 || row.ranks != P ||
             strcmp(row.op, bench_op_name(o->op)) != 0) {
             bad++;
-            snprintf(why, sizeof why, "unexpected row: %.480s", line);
+            snprintf(why, why_size, "unexpected row: %.480s", line);
             continue;
         }
         bench_row_finish_rows(&row, rows);
@@ -114,14 +117,15 @@ int bench_gloo_rows(const bench_opts *o, const char *self_dir, int P, bench_rows
     why[strcspn(why, "\n")] = '\0';
     if (code == GLOO_SKIP && got == 0) {
         *skipped = true;
-        fprintf(o->json ? stderr : stdout, "# no gloo column, %d ranks: %s\n", P,
-                why[0] ? why : "the gloo program skipped");
+        if (!why[0])
+            snprintf(why, why_size, "the gloo program skipped");
         return 0;
     }
     if (code == 127 && got == 0) {
         *skipped = true;
-        fprintf(o->json ? stderr : stdout, "# no gloo column: cannot run '%s' '%s' (%s)\n",
-                o->python, script, why[0] ? why : "not found");
+        char said[512];
+        snprintf(said, sizeof said, "%s", why[0] ? why : "not found");
+        snprintf(why, why_size, "cannot run '%.100s' '%.200s' (%.150s)", python, script, said);
         return 0;
     }
     if (code != 0 || got == 0 || bad) {
@@ -129,5 +133,25 @@ int bench_gloo_rows(const bench_opts *o, const char *self_dir, int P, bench_rows
                 got, bad, why);
         return 1;
     }
+    return 0;
+}
+
+/* The interpreters --compare gloo tries when --python is not given: the first on PATH, then
+ * the system's (Debian's python3-torch installs for /usr/bin/python3, which a python3 of
+ * pyenv or a virtual environment earlier on PATH does not see). */
+static const char *const GLOO_PYTHONS[] = {"python3", "/usr/bin/python3"};
+
+int bench_gloo_rows(const bench_opts *o, const char *self_dir, int P, bench_rows *rows,
+                    bool *skipped)
+{
+    char why[512] = "";
+    size_t n = o->python ? 1 : sizeof GLOO_PYTHONS / sizeof GLOO_PYTHONS[0];
+    for (size_t i = 0; i < n; i++) {
+        const char *python = o->python ? o->python : GLOO_PYTHONS[i];
+        int failed = gloo_run(o, python, self_dir, P, rows, skipped, why, sizeof why);
+        if (failed || !*skipped)
+            return failed;
+    }
+    fprintf(o->json ? stderr : stdout, "# no gloo column, %d ranks: %s\n", P, why);
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -394,6 +395,43 @@ static void compare_gloo_reads_the_program_rows(void **state)
     rmdir(dir);
 }
 
+/* Without --python, a python3 first on PATH that cannot import torch (pyenv's, a virtual
+ * environment's) is not the end: the system's /usr/bin/python3, where Debian's
+ * python3-torch installs, is tried next and its rows are read. */
+static void compare_gloo_falls_back_to_the_system_python(void **state)
+{
+    (void)state;
+    if (access("/usr/bin/python3", X_OK) != 0)
+        skip();
+    char dir[] = "/tmp/seldp-bench-python-XXXXXX", path[600], script[600], args[2048];
+    if (!mkdtemp(dir))
+        fail_msg("mkdtemp failed");
+    /* the python3 first on PATH: says it has no torch */
+    snprintf(path, sizeof path, "%s/python3", dir);
+    write_stub(path, "#!/bin/sh\necho 'ModuleNotFoundError: No module named torch'\nexit 77\n");
+    assert_int_equal(chmod(path, 0755), 0);
+    /* the gloo program, as /usr/bin/python3 runs it: one row per size */
+    snprintf(script, sizeof script, "%s/gloo.py", dir);
+    write_stub(script, "import json\n"
+                       "for b in (4096, 16384):\n"
+                       "    print(json.dumps({'op': 'allreduce', 'impl': 'gloo', 'ranks': 2,\n"
+                       "                      'bytes': b, 'time_us': 1000.0, 'wrong': 0}))\n");
+    /* run() puts the binary first: env, which puts the stub's directory first on PATH */
+    const char *saved = bench;
+    bench = "env";
+    snprintf(args, sizeof args,
+             "PATH='%s':\"$PATH\" '%s' -b 4K -e 16K -f 4 -n 1 -w 0 -r 2 --compare gloo "
+             "--gloo-script %s --json",
+             dir, saved, script);
+    run_result *r = run(args);
+    bench = saved;
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->by_impl[6], 2);
+    remove(path);
+    remove(script);
+    rmdir(dir);
+}
+
 /* The real program beside the binary: rows when torch with gloo is importable, else the
  * skip note; either way the run succeeds. */
 static void compare_gloo_real_program_or_a_note(void **state)
@@ -401,7 +439,7 @@ static void compare_gloo_real_program_or_a_note(void **state)
     (void)state;
     if (system("command -v python3 > /dev/null 2>&1") != 0)
         skip();
-    run_result *r = run("-b 4K -e 16K -f 4 -n 2 -w 1 -r 2 --compare gloo");
+    run_result *r = run("-b 4K -e 16K -f 4 -n 2 -w 1 -r 2 --compare gloo --json 2>&1");
     assert_int_equal(r->status, 0);
     if (r->by_impl[6] == 0 && !strstr(r->text, "no gloo column"))
         fail_msg("--compare gloo printed neither gloo rows nor a note: %s", r->text);
@@ -445,6 +483,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(out_writes_jsonl_and_csv),
         cmocka_unit_test(compare_mpi_rows_validate),
         cmocka_unit_test(compare_gloo_reads_the_program_rows),
+        cmocka_unit_test(compare_gloo_falls_back_to_the_system_python),
         cmocka_unit_test(compare_gloo_real_program_or_a_note),
         cmocka_unit_test(gpu_rows_or_a_no_gpu_line),
         cmocka_unit_test(help_and_bad_options),
