@@ -29,6 +29,7 @@ static const seldp__cuda_api cuda_runtime = {
     .free_host = cudaFreeHost,
     .pointer_attributes = cudaPointerGetAttributes,
     .get_last_error = cudaGetLastError,
+    .launch_kernel = cudaLaunchKernel,
 };
 
 static const seldp__cuda_api *cuda_api = &cuda_runtime;

@@ -87,6 +87,10 @@ typedef struct seldp__cuda_api {
     cudaError_t (*free_host)(void *ptr);
     cudaError_t (*pointer_attributes)(struct cudaPointerAttributes *attr, const void *ptr);
     cudaError_t (*get_last_error)(void);
+    /* cudaLaunchKernel: the kernels of src/cuda/ that run on descriptions kept across calls
+     * (seldp__cuda_convert_async) launch through it, so that a test can count them */
+    cudaError_t (*launch_kernel)(const void *func, dim3 grid, dim3 block, void **args,
+                                 size_t shared_bytes, cudaStream_t stream);
 } seldp__cuda_api;
 
 /* The table in use (the CUDA runtime's unless replaced). */

@@ -295,23 +295,28 @@ static seldp_status requested_path(const seldp_session_config *cfg, seldp_reduce
     return SELDP_OK;
 }
 
-/* Whether this rank takes part in the fused path: it asked for it (or left it to the
- * transport) and its transport has one over the session's memory. */
-static seldp_status choose_fused(const seldp_session *s, bool *fused)
+seldp_status seldp__session_choose_fused(const seldp_comm *comm, seldp_device mem,
+                                         const seldp_session_config *cfg, bool *fused)
 {
     seldp_reduce_path path;
-    bool can = s->comm->ops->reduce_fused && s->device.kind == SELDP_DEVICE_HOST;
-    char where[32];
-    seldp_status st = requested_path(&s->cfg, &path);
+    char where[32], needs[64];
+    bool can = seldp__comm_fused_memory(comm, mem, needs, sizeof needs);
+    seldp_status st = requested_path(cfg, &path);
     *fused = false;
     if (st != SELDP_OK)
         return st;
-    if (path == SELDP_REDUCE_PATH_FUSED && !can)
+    if (path == SELDP_REDUCE_PATH_FUSED && !can) {
+        if (!comm->ops->reduce_fused)
+            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                               "the fused reduce path was asked for, but the %s transport has no "
+                               "fused reduction (only the bucketed path)",
+                               seldp_comm_transport(comm));
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "the fused reduce path was asked for, but the %s transport on %s has "
-                           "none (it needs the host-staged transport on host memory)",
-                           seldp_comm_transport(s->comm),
-                           seldp__session_device_name(s->device, where, sizeof where));
+                           "the fused reduce path was asked for, but the %s transport's fused "
+                           "reduction does not work on %s memory (it needs %s)",
+                           seldp_comm_transport(comm),
+                           seldp__session_device_name(mem, where, sizeof where), needs);
+    }
     *fused = can && path != SELDP_REDUCE_PATH_BUCKETED;
     return SELDP_OK;
 }
@@ -334,7 +339,7 @@ static seldp_status init_prepare(seldp_session *s, int root, const seldp_param_i
                    size);
     if (s->cfg.bucket_bytes == 0)
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "cfg.bucket_bytes must be positive");
-    SELDP_CHECK(choose_fused(s, fused));
+    SELDP_CHECK(seldp__session_choose_fused(s->comm, s->device, &s->cfg, fused));
 
     s->ids = malloc((s->n_ids ? s->n_ids : 1) * sizeof *s->ids);
     sorted = malloc((s->n_ids ? s->n_ids : 1) * sizeof *sorted);

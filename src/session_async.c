@@ -11,8 +11,10 @@
  *             path order, as backward produces the gradients); a bucket, once every
  *             parameter it holds is marked: this rank's contributions converted into it
  *             (zeros where it has none), one allreduce, the scale by 1/W; on a fused
- *             session (the host-staged transport on host memory) the transport's fused
- *             reduction does the three in one pass, the same bits, into the staging buffer.
+ *             session (a transport with a fused reduction over the session's memory:
+ *             the host-staged one on host memory, NCCL on the rank's GPU) the
+ *             transport's fused reduction does the three at once, the same bits, into the
+ *             staging buffer.
  * The caller's thread marks (under the lock: the container is read there and only there)
  * and, at finish, marks the rest, allocates the results, waits for the thread, and runs
  * the final agreement (status, presence, first non-finite input) and the commit of the

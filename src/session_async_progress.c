@@ -51,10 +51,11 @@ fail:
     return st;
 }
 
-/* Collective, on a fused session (the host-staged transport on host memory): bucket b in
- * one fused reduction that reads every rank's gradients where they are and writes the
- * scaled F32 sums into the staging buffer, the bits pack, allreduce and scale give, in one
- * pass. Each slot's part in the bucket is one segment. */
+/* Collective, on a fused session (seldp__session_choose_fused: the host-staged transport
+ * on host memory, NCCL on the rank's GPU): bucket b in one fused reduction that reads this
+ * rank's gradients where they are and writes the scaled F32 sums into the staging buffer,
+ * the bits pack, allreduce and scale give. Each slot's part in the bucket is one
+ * segment. */
 static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *first)
 {
     seldp_session *s = a->s;

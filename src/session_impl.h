@@ -48,6 +48,16 @@ struct seldp_session {
     struct session_async *async;
 };
 
+/* Whether this rank takes part in the fused reduce path, for a session on `comm` whose
+ * tensors are on `mem` (its device): it asked for it in cfg (or left it to the transport
+ * and the environment's SELDP_REDUCE_PATH) and the transport has a fused reduction over
+ * that memory (seldp__comm_fused_memory). SELDP_ERR_INVALID_ARGUMENT, naming the transport,
+ * the memory and what the reduction needs, when the fused path was asked for and cannot
+ * be taken, or when the request is invalid. Local; initialize then takes the fused path
+ * only when every rank of the group can. */
+seldp_status seldp__session_choose_fused(const seldp_comm *comm, seldp_device mem,
+                                         const seldp_session_config *cfg, bool *fused);
+
 /* Prefix the calling thread's last error with the caller's group and world rank and copy
  * it into message[SESSION_MESSAGE_MAX] (empty when local is SELDP_OK), so that it survives
  * the collectives that follow. */

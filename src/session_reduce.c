@@ -18,12 +18,15 @@
  *             the results are committed everywhere or nowhere;
  *   commit    results written into the caller's tensors, or put as owned entries, and
  *             gradients absent on every active rank removed.
- * On the fused path (the host-staged transport on host memory, unless the session chose
- * the bucketed one) the transport's fused reduction replaces pack and allreduce: it reads
- * every rank's gradients where they are, upcasts halves, sums in F32 in rank order, scales
- * by 1/W and writes the results straight into the tensors the commit would have written,
- * in one pass and one rendezvous, with no staging buffer; the results are the same bits. A
- * failure after that writing began is SELDP_ERR_GRADS_UNDEFINED. With cfg.staged_commit it
+ * On the fused path (a transport whose fused reduction works over the session's memory,
+ * seldp__comm_fused_memory: the host-staged one on host memory, in one pass and one
+ * rendezvous; NCCL on the rank's GPU, in one conversion launch, grouped bucket allreduces
+ * in its own F32 buffer and one scale-and-cast launch; unless the session chose the
+ * bucketed path) the transport's fused reduction replaces pack and allreduce: it reads
+ * this rank's gradients where they are, upcasts halves, sums in F32, scales by 1/W and
+ * writes the results straight into the tensors the commit would have written, with no
+ * session staging buffer; the results are the same bits. A failure after that writing
+ * began is SELDP_ERR_GRADS_UNDEFINED. With cfg.staged_commit it
  * writes F32 results into the staging buffer instead, and the commit converts them.
  *
  * The agreement and its decision live in session_agree.c, the commit in session_commit.c;

@@ -95,15 +95,17 @@ typedef enum seldp_missing_policy {
 /** How a reduction moves the gradients. Both paths give bit-identical results. */
 typedef enum seldp_reduce_path {
     /** The environment variable SELDP_REDUCE_PATH decides ("fused" or "bucketed"); unset,
-     * empty or "auto": fused where the transport has a fused reduction (the host-staged
-     * one, on host memory), else bucketed. */
+     * empty or "auto": fused where the transport has a fused reduction over the session's
+     * memory (the host-staged one on host memory, NCCL on the rank's GPU), else bucketed. */
     SELDP_REDUCE_PATH_AUTO = 0,
-    /** The transport reads every rank's gradients where they are and writes the results
-     * in one pass and one rendezvous, with no staging buffer. Host-staged transport on
-     * host memory only: elsewhere initialize fails with SELDP_ERR_INVALID_ARGUMENT. */
+    /** The transport reads the gradients where they are and writes the results with no
+     * session staging buffer: the host-staged transport in one pass and one rendezvous on
+     * host memory, NCCL with one conversion launch, grouped bucket allreduces and one
+     * scale-and-cast launch on the rank's GPU. Elsewhere (the host-staged transport on a
+     * GPU, MPI) initialize fails with SELDP_ERR_INVALID_ARGUMENT. */
     SELDP_REDUCE_PATH_FUSED = 1,
     /** Gradients converted to F32 into the session's staging buffer, allreduced in buckets
-     * of bucket_bytes, scaled, and converted back: what NCCL and MPI always do. */
+     * of bucket_bytes, scaled, and converted back: what MPI always does. */
     SELDP_REDUCE_PATH_BUCKETED = 2
 } seldp_reduce_path;
 

@@ -65,6 +65,21 @@ const char *seldp_comm_transport(const seldp_comm *comm)
     return comm && comm->ops ? comm->ops->name : "none";
 }
 
+bool seldp__comm_fused_memory(const seldp_comm *comm, seldp_device mem, char *needs, size_t size)
+{
+    const seldp_comm_ops *ops = comm ? comm->ops : NULL;
+    if (!ops || !ops->reduce_fused) {
+        if (needs && size)
+            snprintf(needs, size, "no fused reduction");
+        return false;
+    }
+    if (ops->fused_memory)
+        return ops->fused_memory(comm, mem, needs, size);
+    if (needs && size)
+        snprintf(needs, size, "host memory");
+    return mem.kind == SELDP_DEVICE_HOST;
+}
+
 seldp_comm_stats seldp_comm_get_stats(const seldp_comm *comm)
 {
     seldp_comm_stats none = {0};

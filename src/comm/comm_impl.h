@@ -74,9 +74,17 @@ typedef struct seldp_comm_ops {
                               size_t recv_extent);
     seldp_status (*split)(seldp_comm *comm, int color, int key, seldp_comm **out);
     /* Optional (NULL: the caller falls back to bucketed allreduces): the fused reduction of
-     * seldp__reduce_fused_args over host memory, in one rendezvous, so that a failure
-     * leaves every output untouched. Segments point at host memory. */
+     * seldp__reduce_fused_args, so that a failure before its outputs are written leaves
+     * them untouched. Its segments are on the memory fused_memory accepts, and a caller
+     * (a session choosing its reduce path) asks seldp__comm_fused_memory first. */
     seldp_status (*reduce_fused)(seldp_comm *comm, const seldp__reduce_fused_args *args);
+    /* The memory reduce_fused works over (read only with reduce_fused set): true when its
+     * segments may be on `mem` for this communicator. NULL means host memory only, as the
+     * host-staged transport's rendezvous reads every rank's host memory and stages nothing.
+     * When `needs` is not NULL it receives (at most `size` bytes, NUL-terminated) what the
+     * reduction works over, for messages: "host memory", "cuda:0 or host memory". The NCCL
+     * transport's works over the communicator's GPU (and host memory, staged). */
+    bool (*fused_memory)(const seldp_comm *comm, seldp_device mem, char *needs, size_t size);
     void (*abort)(seldp_comm *comm);
     void (*destroy)(seldp_comm *comm);
 } seldp_comm_ops;
@@ -112,9 +120,15 @@ void seldp__comm_free(seldp_comm *comm);
 seldp_status seldp__comm_debug_agree(seldp_comm *comm, seldp__comm_op op, int64_t count, int dtype,
                                      int root);
 
+/* Whether the transport has a fused reduction over memory on `mem` (comm->ops->reduce_fused,
+ * and fused_memory, or host memory when it is NULL). When `needs` is not NULL it receives
+ * what the fused reduction works over, or "no fused reduction" when there is none. */
+bool seldp__comm_fused_memory(const seldp_comm *comm, seldp_device mem, char *needs, size_t size);
+
 /* The fused reduction when the transport has one (comm->ops->reduce_fused), counted in
  * the stats as one reduction, its bytes those of the contributions this rank passed in.
- * The caller checks that the transport has it and that the segments are host memory. */
+ * The caller checks with seldp__comm_fused_memory that the transport has one over the
+ * segments' memory. */
 static inline seldp_status seldp__comm_reduce_fused(seldp_comm *comm,
                                                     const seldp__reduce_fused_args *args)
 {

@@ -465,6 +465,12 @@ static const seldp_comm_ops nccl_ops = {
     .alltoallv = seldp__nccl_alltoallv,
     .split = nccl_split,
     .reduce_fused = seldp__nccl_reduce_fused,
+    .fused_memory = seldp__nccl_fused_memory,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
 };
+
+const seldp_comm_ops *seldp__nccl_ops(void)
+{
+    return &nccl_ops;
+}

@@ -143,6 +143,14 @@ seldp_status seldp__nccl_alltoallv(seldp_comm *comm, const void *send, const siz
                                    size_t recv_extent);
 seldp_status seldp__nccl_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args);
 
+/* The memory the fused reduction works over (seldp_comm_ops.fused_memory): the rank's GPU,
+ * whose segments it converts, sums and scales in place with one launch each way, and the
+ * host, whose segments it stages through pinned memory; not another GPU. */
+bool seldp__nccl_fused_memory(const seldp_comm *comm, seldp_device mem, char *needs, size_t size);
+
+/* The transport's table (nccl.c), for tests that look at what it offers without a GPU. */
+const seldp_comm_ops *seldp__nccl_ops(void);
+
 /* Sort a fused reduction's segments into GPU and host ones (c->reduce.side) and make the
  * communicator's buffers big enough for it, growing them only when they are not; local,
  * nothing is launched. Fails on a segment on another GPU, or with its contribution and

@@ -51,6 +51,14 @@ static seldp_status segment_side(nccl_comm *c, const void *ptr, size_t seg, bool
     return SELDP_OK;
 }
 
+bool seldp__nccl_fused_memory(const seldp_comm *comm, seldp_device mem, char *needs, size_t size)
+{
+    const nccl_comm *c = comm->impl;
+    if (needs && size)
+        snprintf(needs, size, "cuda:%d or host memory", c->ordinal);
+    return mem.kind == SELDP_DEVICE_HOST || mem.ordinal == c->ordinal;
+}
+
 seldp_status seldp__nccl_reduce_prepare(nccl_comm *c, const seldp__reduce_fused_args *args,
                                         seldp__nccl_reduce_plan *plan)
 {

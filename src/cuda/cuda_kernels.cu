@@ -5,6 +5,12 @@
  * and waits for it, so that rank threads sharing one GPU (the host-staged transport
  * simulating more ranks than GPUs) never serialize on the legacy default stream. The
  * conversions share their bit-level code with a host-side test (src/cuda/half/seldp_half_bits.cuh).
+ *
+ * The batched conversion and the search for a non-finite value allocate nothing once warm:
+ * their descriptions and result word live in grow-only buffers kept per device by a pool
+ * (cuda_scratch.c), and they reach the runtime (copies, waits, launches) through
+ * seldp__cuda(), so that tests/unit/test_device_batch_scratch.c can count what they do
+ * without a GPU.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -14,6 +20,7 @@
 #include "seldp_half_bits.cuh"
 
 extern "C" {
+#include "device.h"
 #include "internal.h"
 }
 
@@ -37,22 +44,23 @@ seldp_status cuda_fail(cudaError_t err, const char *what, int ordinal)
 }
 
 /* Makes `ordinal` the current device for the lifetime of the object and restores the
- * caller's device afterwards, as src/device.c does for copies. */
+ * caller's device afterwards, as src/device.c does for copies (through the same table of
+ * runtime calls, seldp__cuda()). */
 class DeviceScope
 {
   public:
     explicit DeviceScope(int ordinal) : prev_(-1), err_(cudaSuccess)
     {
-        err_ = cudaGetDevice(&prev_);
+        err_ = seldp__cuda()->get_device(&prev_);
         if (err_ == cudaSuccess && prev_ != ordinal)
-            err_ = cudaSetDevice(ordinal);
+            err_ = seldp__cuda()->set_device(ordinal);
         else if (prev_ == ordinal)
             prev_ = -1;
     }
     ~DeviceScope()
     {
         if (prev_ >= 0)
-            cudaSetDevice(prev_);
+            seldp__cuda()->set_device(prev_);
     }
     cudaError_t error() const
     {
@@ -114,6 +122,20 @@ __global__ void nonfinite_kernel(const T *x, size_t n, T exp_mask, unsigned long
         if ((x[i] & exp_mask) == exp_mask)
             atomicMin(first, (unsigned long long)i);
     }
+}
+
+/* One launch of nonfinite_kernel<T> over x[0, n) on `stream`, through seldp__cuda(). */
+template <typename T>
+cudaError_t launch_nonfinite(const void *x, size_t n, T exp_mask, unsigned long long *first,
+                             cudaStream_t stream)
+{
+    const T *arg_x = (const T *)x;
+    size_t arg_n = n;
+    T arg_mask = exp_mask;
+    unsigned long long *arg_first = first;
+    void *args[] = {&arg_x, &arg_n, &arg_mask, &arg_first};
+    return seldp__cuda()->launch_kernel((const void *)nonfinite_kernel<T>, dim3(blocks_for(n)),
+                                        dim3(kThreads), args, 0, stream);
 }
 
 /* One segment of a batch as the kernel reads it: elements [start, start + n) of the batch's
@@ -220,6 +242,12 @@ bool ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes
     return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
+/* Whether a segment moves something (describe() keeps it). */
+bool moves(const seldp__convert_seg &g, double scale)
+{
+    return g.n != 0 && !(batch_op(g, scale) == kCopy && g.dst == g.src);
+}
+
 /* The descriptions of the segments that move something, into host[]; returns how many,
  * and the elements they cover in *total. */
 size_t describe(const seldp__convert_seg *segs, size_t n_segs, double scale, BatchSeg *host,
@@ -230,7 +258,7 @@ size_t describe(const seldp__convert_seg *segs, size_t n_segs, double scale, Bat
     for (size_t i = 0; i < n_segs; i++) {
         const seldp__convert_seg &g = segs[i];
         int op = batch_op(g, scale);
-        if (g.n == 0 || (op == kCopy && g.dst == g.src))
+        if (!moves(g, scale))
             continue;
         host[n].dst = g.dst;
         host[n].src = g.src;
@@ -301,47 +329,30 @@ extern "C" seldp_status seldp__cuda_convert(int ordinal, void *dst, seldp_dtype 
 extern "C" seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__convert_seg *segs,
                                                   size_t n_segs)
 {
-    BatchSeg local[64];
-    BatchSeg *host = local;
-    unsigned long long total = 0;
-    if (n_segs > sizeof local / sizeof local[0]) {
-        host = (BatchSeg *)malloc(n_segs * sizeof *host);
-        if (!host)
-            return seldp__fail(SELDP_ERR_NOMEM,
-                               "cuda:%d convert_batch: out of memory describing %zu segments",
-                               ordinal, n_segs);
+    size_t i = 0;
+    while (i < n_segs && !moves(segs[i], 1.0))
+        i++;
+    if (i == n_segs)
+        return SELDP_OK; /* nothing moves: no launch, nothing taken from the pool */
+    DeviceScope scope(ordinal);
+    if (scope.error() != cudaSuccess)
+        return cuda_fail(scope.error(), "cudaSetDevice", ordinal);
+    seldp__cuda_scratch *scratch = NULL;
+    void *host = NULL, *dev = NULL;
+    seldp_status st = seldp__cuda_scratch_take(ordinal, seldp__cuda_batch_desc_bytes(n_segs),
+                                               &scratch, &host, &dev);
+    if (st != SELDP_OK)
+        return st;
+    cudaStream_t stream = cudaStreamPerThread;
+    st = seldp__cuda_convert_async(stream, segs, n_segs, 1.0, host, dev);
+    /* Also after a failed launch: the copy of the descriptions may be in flight, and the
+     * scratch goes back to the pool only once the stream has passed it. */
+    cudaError_t err = seldp__cuda()->stream_synchronize(stream);
+    seldp__cuda_scratch_give(scratch);
+    if (st == SELDP_OK && err != cudaSuccess) {
+        seldp__cuda()->get_last_error();
+        st = cuda_fail(err, "convert_batch", ordinal);
     }
-    size_t n = describe(segs, n_segs, 1.0, host, &total);
-    seldp_status st = SELDP_OK;
-    if (n > 0) {
-        DeviceScope scope(ordinal);
-        cudaStream_t stream = cudaStreamPerThread;
-        BatchSeg *dev = NULL;
-        cudaError_t err = scope.error();
-        /* The descriptors go up with the launch: a pageable cudaMemcpyAsync to the device
-         * has copied them out of `host` when it returns. */
-        if (err == cudaSuccess)
-            err = cudaMallocAsync((void **)&dev, n * sizeof *dev, stream);
-        if (err == cudaSuccess) {
-            err = cudaMemcpyAsync(dev, host, n * sizeof *dev, cudaMemcpyHostToDevice, stream);
-            if (err == cudaSuccess) {
-                convert_batch_kernel<<<blocks_for((size_t)total), kThreads, 0, stream>>>(
-                    dev, n, (size_t)total, 1.0);
-                err = cudaGetLastError();
-            }
-            cudaError_t free_err = cudaFreeAsync(dev, stream);
-            if (err == cudaSuccess)
-                err = free_err;
-        }
-        if (err == cudaSuccess)
-            err = cudaStreamSynchronize(stream);
-        if (err != cudaSuccess) {
-            cudaGetLastError();
-            st = cuda_fail(err, "convert_batch", ordinal);
-        }
-    }
-    if (host != local)
-        free(host);
     return st;
 }
 
@@ -359,16 +370,21 @@ extern "C" seldp_status seldp__cuda_convert_async(cudaStream_t stream,
     size_t n = describe(segs, n_segs, scale, host, &total);
     if (n == 0)
         return SELDP_OK;
+    const seldp__cuda_api *rt = seldp__cuda();
     cudaError_t err =
-        cudaMemcpyAsync(dev_desc, host, n * sizeof *host, cudaMemcpyHostToDevice, stream);
+        rt->memcpy_async(dev_desc, host, n * sizeof *host, cudaMemcpyHostToDevice, stream);
     if (err == cudaSuccess) {
-        convert_batch_kernel<<<blocks_for((size_t)total), kThreads, 0, stream>>>(
-            (const BatchSeg *)dev_desc, n, (size_t)total, scale);
-        err = cudaGetLastError();
+        const BatchSeg *arg_segs = (const BatchSeg *)dev_desc;
+        size_t arg_n = n, arg_total = (size_t)total;
+        double arg_scale = scale;
+        void *args[] = {&arg_segs, &arg_n, &arg_total, &arg_scale};
+        err = rt->launch_kernel((const void *)convert_batch_kernel, dim3(blocks_for(arg_total)),
+                                dim3(kThreads), args, 0, stream);
     }
     if (err != cudaSuccess) {
         int ordinal = -1;
-        cudaGetDevice(&ordinal);
+        rt->get_last_error();
+        rt->get_device(&ordinal);
         return cuda_fail(err, "scale and convert", ordinal);
     }
     return SELDP_OK;
@@ -399,43 +415,48 @@ extern "C" seldp_status seldp__cuda_find_nonfinite(int ordinal, const void *x, s
     if (scope.error() != cudaSuccess)
         return cuda_fail(scope.error(), "cudaSetDevice", ordinal);
     cudaStream_t stream = cudaStreamPerThread;
-    unsigned long long *d_first = NULL;
-    unsigned long long h_first = (unsigned long long)n;
-    cudaError_t err = cudaMallocAsync((void **)&d_first, sizeof *d_first, stream);
-    if (err != cudaSuccess)
-        return cuda_fail(err, "cudaMallocAsync (find_nonfinite result)", ordinal);
-    err = cudaMemcpyAsync(d_first, &h_first, sizeof h_first, cudaMemcpyHostToDevice, stream);
+    /* the result's word, up and down, in a scratch of the pool: nothing allocated per call */
+    seldp__cuda_scratch *scratch = NULL;
+    void *host = NULL, *dev = NULL;
+    seldp_status st =
+        seldp__cuda_scratch_take(ordinal, sizeof(unsigned long long), &scratch, &host, &dev);
+    if (st != SELDP_OK)
+        return st;
+    unsigned long long *d_first = (unsigned long long *)dev;
+    unsigned long long *h_first = (unsigned long long *)host;
+    *h_first = (unsigned long long)n;
+    const seldp__cuda_api *rt = seldp__cuda();
+    cudaError_t err =
+        rt->memcpy_async(d_first, h_first, sizeof *h_first, cudaMemcpyHostToDevice, stream);
     if (err == cudaSuccess) {
-        unsigned blocks = blocks_for(n);
         switch (dtype) {
         case SELDP_F32:
-            nonfinite_kernel<uint32_t>
-                <<<blocks, kThreads, 0, stream>>>((const uint32_t *)x, n, 0x7f800000u, d_first);
+            err = launch_nonfinite<uint32_t>(x, n, 0x7f800000u, d_first, stream);
             break;
         case SELDP_F64:
-            nonfinite_kernel<unsigned long long><<<blocks, kThreads, 0, stream>>>(
-                (const unsigned long long *)x, n, 0x7ff0000000000000ull, d_first);
+            err =
+                launch_nonfinite<unsigned long long>(x, n, 0x7ff0000000000000ull, d_first, stream);
             break;
         case SELDP_F16:
-            nonfinite_kernel<uint16_t><<<blocks, kThreads, 0, stream>>>((const uint16_t *)x, n,
-                                                                        (uint16_t)0x7c00u, d_first);
+            err = launch_nonfinite<uint16_t>(x, n, (uint16_t)0x7c00u, d_first, stream);
             break;
         default:
-            nonfinite_kernel<uint16_t><<<blocks, kThreads, 0, stream>>>((const uint16_t *)x, n,
-                                                                        (uint16_t)0x7f80u, d_first);
+            err = launch_nonfinite<uint16_t>(x, n, (uint16_t)0x7f80u, d_first, stream);
             break;
         }
-        err = cudaGetLastError();
     }
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync(&h_first, d_first, sizeof h_first, cudaMemcpyDeviceToHost, stream);
-    cudaError_t free_err = cudaFreeAsync(d_first, stream);
+        err = rt->memcpy_async(h_first, d_first, sizeof *h_first, cudaMemcpyDeviceToHost, stream);
+    /* always: the scratch goes back only once the stream has passed the copies */
+    cudaError_t sync_err = rt->stream_synchronize(stream);
     if (err == cudaSuccess)
-        err = free_err;
-    if (err == cudaSuccess)
-        err = cudaStreamSynchronize(stream);
-    if (err != cudaSuccess)
+        err = sync_err;
+    size_t found = (size_t)*h_first;
+    seldp__cuda_scratch_give(scratch);
+    if (err != cudaSuccess) {
+        rt->get_last_error();
         return cuda_fail(err, "find_nonfinite", ordinal);
-    *first = (size_t)h_first;
+    }
+    *first = found;
     return SELDP_OK;
 }

@@ -14,9 +14,31 @@
 extern "C" {
 #endif
 
+/* The descriptions of seldp__cuda_convert_batch's launches (and the result word of
+ * seldp__cuda_find_nonfinite) (cuda_scratch.c): page-locked host memory they are written
+ * into and device memory of `ordinal` they are copied to,
+ * kept in a pool across calls and grown only when a call needs more, so that a call of
+ * the same or a smaller size allocates nothing. A pool per device ordinal, shared by the
+ * threads of the process: a thread takes one for a call and gives it back when its stream
+ * has passed the launch, so that threads converting on the same GPU at once each hold
+ * their own (the pool grows to the most held at once, then stops growing). */
+typedef struct seldp__cuda_scratch seldp__cuda_scratch;
+
+/* A scratch of at least `bytes` on each side for device `ordinal` (reused when the pool
+ * has one, grown when it is smaller); *host and *dev receive its two buffers. On failure
+ * nothing is held. */
+seldp_status seldp__cuda_scratch_take(int ordinal, size_t bytes, seldp__cuda_scratch **out,
+                                      void **host, void **dev);
+/* Back into the pool; its buffers are kept. */
+void seldp__cuda_scratch_give(seldp__cuda_scratch *scratch);
+/* Free every scratch in the pools (none may be held); returns how many. Called at process
+ * exit (registered at the first allocation) and by tests. */
+size_t seldp__cuda_scratch_release(void);
+
 seldp_status seldp__cuda_convert(int ordinal, void *dst, seldp_dtype dst_dtype, const void *src,
                                  seldp_dtype src_dtype, size_t n);
-/* seldp__convert_batch on device `ordinal` (dtype pairs already checked): one launch. */
+/* seldp__convert_batch on device `ordinal` (dtype pairs already checked): one launch, its
+ * descriptions in a scratch of the pool (nothing allocated once the pool's fit). */
 seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__convert_seg *segs, size_t n_segs);
 seldp_status seldp__cuda_scale_f32(int ordinal, float *x, size_t n, double factor);
 
