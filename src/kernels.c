@@ -1,9 +1,12 @@
 /* Element-wise operations on host memory, and the dispatch of device pointers to
  * the CUDA versions in src/cuda/ (builds with CUDA only). */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "comm/host_copy.h"
 #include "internal.h"
 #include "kernels.h"
 
@@ -70,6 +73,27 @@ seldp_status seldp__convert(seldp_device device, void *dst, seldp_dtype dst_dtyp
     return SELDP_OK;
 }
 
+/* Batches writing at least this many bytes stream their copies (see seldp__convert_batch). */
+#define BATCH_STREAM_MIN_BYTES ((size_t)8 << 20)
+
+static bool overlap(const void *a, const void *b, size_t n)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + n && y < x + n;
+}
+
+/* The CPU's vector width for the streaming copy, asked once. */
+static seldp__simd_width simd_width(void)
+{
+    static atomic_int width = -1;
+    int w = atomic_load_explicit(&width, memory_order_relaxed);
+    if (w < 0) {
+        w = (int)seldp__host_simd_of_cpu();
+        atomic_store_explicit(&width, w, memory_order_relaxed);
+    }
+    return (seldp__simd_width)w;
+}
+
 seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg *segs,
                                   size_t n_segs)
 {
@@ -86,15 +110,26 @@ seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg 
     if (n_segs == 0)
         return SELDP_OK;
     DISPATCH_CUDA(device, seldp__cuda_convert_batch(device.ordinal, segs, n_segs));
+    /* A batch that writes more than the cache would keep (a session's commit) copies with
+     * non-temporal stores: no read-for-ownership of the destination lines. */
+    size_t bytes = 0;
+    for (size_t i = 0; i < n_segs; i++)
+        bytes += segs[i].n * seldp_dtype_size(segs[i].dst_dtype);
+    bool stream = bytes >= BATCH_STREAM_MIN_BYTES;
     for (size_t i = 0; i < n_segs; i++) {
         const seldp__convert_seg *g = &segs[i];
+        size_t n = g->n * seldp_dtype_size(g->dst_dtype);
         if (g->n == 0)
             continue;
-        if (g->src)
-            host_convert(g->dst, g->dst_dtype, g->src, g->src_dtype, g->n);
+        if (!g->src)
+            memset(g->dst, 0, n);
+        else if (stream && g->dst_dtype == g->src_dtype && !overlap(g->dst, g->src, n))
+            seldp__stream_copy(g->dst, g->src, n, simd_width());
         else
-            memset(g->dst, 0, g->n * seldp_dtype_size(g->dst_dtype));
+            host_convert(g->dst, g->dst_dtype, g->src, g->src_dtype, g->n);
     }
+    if (stream)
+        seldp__stream_fence();
     return SELDP_OK;
 }
 
