@@ -37,6 +37,7 @@
 #include "bucket.h"
 #include "device.h"
 #include "internal.h"
+#include "kernels.h"
 #include "session_async.h"
 
 #define FINISH "seldp_session_finish"
@@ -283,7 +284,8 @@ static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t w
                        .overlapped = REDUCE_START,
                        .policy = policy,
                        .weight = weight,
-                       .staged = true};
+                       .staged = true,
+                       .staged_as_result = s->fused};
     SELDP_CHECK(seldp__reduce_call_alloc(c, seldp_comm_size(s->comm)));
     if (!(a->mine = calloc(1, c->record_bytes)))
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory for the agreement record");
@@ -308,6 +310,8 @@ static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t w
     a->local_message[0] = '\0';
     a->thread_status = SELDP_OK;
     a->start_failed = false;
+    a->kept_from = s->slot_elems;
+    a->in_place_segments = 0;
     pthread_mutex_lock(&a->lock);
     a->cancel = false;
     a->in_flight = true;
@@ -395,6 +399,60 @@ seldp_status seldp_session_mark_ready(seldp_session *session, seldp_param_id id)
 /* What finish does before it waits: every slot not marked yet is marked, gradients of
  * groups never reduced are refused as the blocking call refuses them, and the results the
  * commit needs are allocated. Failures are this rank's part of the final agreement. */
+seldp_status seldp__session_async_restore(session_async *a, bool all)
+{
+    seldp_status st = SELDP_OK;
+    seldp_session *s = a->s;
+    reduce_call *c = &a->c;
+    seldp__convert_queue q = {.device = s->device};
+
+    for (size_t k = 0; c->slots && k < s->n_slots; k++) {
+        reduce_slot *slot = &c->slots[k];
+        size_t off = a->slot_offset[k], count = seldp_tensor_numel(&slot->grad);
+        size_t from = off > a->kept_from ? off : a->kept_from;
+        if (!slot->in_place || (!all && slot->present))
+            continue;
+        slot->in_place = false;
+        if (from >= off + count)
+            continue;
+        size_t size = seldp_dtype_size(slot->grad.dtype);
+        SELDP_CHECK(seldp__convert_queue_add(
+            &q, (seldp__convert_seg){
+                    .dst = (char *)slot->grad.data + (from - off) * size,
+                    .src = (char *)(s->staging + off) + (from - off) * size,
+                    .dst_dtype = slot->grad.dtype,
+                    .src_dtype = slot->grad.dtype,
+                    .n = off + count - from,
+                }));
+    }
+    SELDP_CHECK(seldp__convert_queue_flush(&q));
+    return SELDP_OK;
+fail:
+    return seldp__fail(SELDP_ERR_GRADS_UNDEFINED,
+                       "the overlapped reduction wrote results into the gradients "
+                       "(cfg.overlap_in_place) and could not put them back, so the selected "
+                       "gradients are undefined: %s (%s)",
+                       seldp_last_error(), seldp_status_name(st));
+}
+
+size_t seldp__session_async_in_place_segments(const seldp_session *s)
+{
+    return s && s->async ? s->async->in_place_segments : 0;
+}
+
+/* After a failure: every gradient written in place put back; *st becomes the restore's
+ * failure when that fails too (the gradients are then undefined). */
+static void restore_after(session_async *a, seldp_status *st)
+{
+    char why[SESSION_MESSAGE_MAX];
+    snprintf(why, sizeof why, "%s", seldp_last_error());
+    seldp_status restored = seldp__session_async_restore(a, true);
+    if (restored != SELDP_OK)
+        *st = restored;
+    else
+        seldp__set_error(why);
+}
+
 static void finish_marks(session_async *a)
 {
     seldp_session *s = a->s;
@@ -454,6 +512,12 @@ seldp_status seldp_session_finish(seldp_session *session, uint64_t *global_weigh
         seldp__set_error(own);
         st = local;
     }
+    /* results written in place (cfg.overlap_in_place) stay only where every rank succeeded
+     * and the parameter is present; an entry about to be dropped gets its bytes back first */
+    if (st == SELDP_OK)
+        st = seldp__session_async_restore(a, false);
+    else
+        restore_after(a, &st);
     if (st == SELDP_OK)
         st = seldp__reduce_commit(c);
     if (st == SELDP_OK && global_weight)
@@ -482,6 +546,8 @@ void seldp__session_async_free(seldp_session *s)
     if (a->thread_started)
         pthread_join(a->thread, NULL); /* after the collective in progress, if any */
     if (a->in_flight) {
+        /* destroyed during the reduction: the gradients written in place are put back */
+        (void)seldp__session_async_restore(a, true);
         seldp__reduce_call_free(&a->c);
         free(a->mine);
         busy_remove(s->comm);

@@ -51,7 +51,21 @@ typedef struct session_async {
     seldp_status thread_status;
     char thread_message[SESSION_MESSAGE_MAX];
     bool start_failed; /* the first agreement failed: the same verdict on every rank */
+    /* cfg.overlap_in_place: the staging buffer keeps this rank's gradients from this element
+     * on (the buckets reduced so far: the last ones) where buckets wrote results in place
+     * (reduce_slot.in_place); s->slot_elems when none. Written by the progress thread, read
+     * by the caller once the job is done. */
+    size_t kept_from;
+    size_t in_place_segments; /* bucket segments written in place by the last reduction */
 } session_async;
+
+/* Put back this rank's gradients that buckets wrote in place (reduce_slot.in_place), from
+ * their copies in the staging buffer: every one (`all`), or those of parameters absent on
+ * every active rank. Once the progress thread is idle. */
+seldp_status seldp__session_async_restore(session_async *a, bool all);
+
+/* The segments the session's last overlapped reduction wrote in place (for the tests). */
+size_t seldp__session_async_in_place_segments(const seldp_session *s);
 
 /* The progress thread's body: waits for a job, runs its collectives, reports, until quit.
  * `arg` is the session_async. */

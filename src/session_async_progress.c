@@ -52,25 +52,30 @@ fail:
 }
 
 /* Collective, on a fused session (seldp__session_choose_fused: the host-staged transport
- * on host memory, NCCL on the rank's GPU): bucket b in one fused reduction that reads this
- * rank's gradients where they are and writes the scaled F32 sums into the staging buffer,
- * the bits pack, allreduce and scale give. Each slot's part in the bucket is one
- * segment. */
+ * on host memory, NCCL on the rank's GPU): bucket b in one fused reduction that reads every
+ * rank's gradients where they are and writes the scaled sums in the result dtype, the bits
+ * pack, allreduce, scale and the commit's conversion give. Each slot's part in the bucket is
+ * one segment; its results go into the slot's room in the staging buffer (element i at byte
+ * i * the result's size), for the commit. Under cfg.overlap_in_place, where this rank's
+ * gradient has the result's dtype, they go into the gradient itself instead, once its bytes
+ * have been copied into that room (seldp__session_async_restore puts them back). */
 static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *first)
 {
+    seldp_status st = SELDP_OK;
     seldp_session *s = a->s;
     reduce_call *c = &a->c;
+    seldp__convert_queue keep = {.device = s->device};
     size_t lo = b * a->capacity, hi = lo + a->capacity, n = 0;
 
     /* slots in reverse path order (falling offsets), from the first that reaches into bucket
      * b; the buckets come last to first */
     for (size_t j = *first; j < s->n_slots; j++) {
         size_t k = s->n_slots - 1 - j;
-        const reduce_slot *slot = &c->slots[k];
+        reduce_slot *slot = &c->slots[k];
+        const session_group *g = &s->groups[s->slot_group[k]];
         size_t off = a->slot_offset[k];
-        size_t count = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t count = seldp_tensor_numel(&g->tensor);
         size_t from = off > lo ? off : lo, to = off + count < hi ? off + count : hi;
-        bool contributes;
         if (off + count <= lo)
             break; /* in an earlier bucket, maybe not marked yet: its slot is not read */
         if (off >= hi) {
@@ -79,17 +84,35 @@ static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *firs
         }
         if (count == 0)
             continue;
-        contributes = c->weight > 0 && slot->has_grad;
+        seldp_dtype dtype = seldp__reduce_result_dtype(c, g);
+        size_t size = seldp_dtype_size(dtype);
+        bool contributes = c->weight > 0 && slot->has_grad;
+        bool in_place = s->cfg.overlap_in_place && slot->has_grad && slot->grad.dtype == dtype;
+        char *room = (char *)(s->staging + off) + (from - off) * size;
+        char *grad = in_place ? (char *)slot->grad.data + (from - off) * size : NULL;
+        if (in_place) {
+            SELDP_CHECK(seldp__convert_queue_add(&keep, (seldp__convert_seg){
+                                                            .dst = room,
+                                                            .src = grad,
+                                                            .dst_dtype = dtype,
+                                                            .src_dtype = dtype,
+                                                            .n = to - from,
+                                                        }));
+            slot->in_place = true;
+            a->in_place_segments++;
+        }
         c->segs[n++] = (seldp__reduce_seg){
             .in = contributes ? (const char *)slot->grad.data +
                                     (from - off) * seldp_dtype_size(slot->grad.dtype)
                               : NULL,
             .in_dtype = contributes ? slot->grad.dtype : SELDP_F32,
-            .out = s->staging + from,
-            .out_dtype = SELDP_F32,
+            .out = in_place ? (void *)grad : (void *)room,
+            .out_dtype = dtype,
             .count = to - from,
         };
     }
+    SELDP_CHECK(seldp__convert_queue_flush(&keep));
+    a->kept_from = lo; /* kept: from here on, a failure puts the gradients back */
     seldp__reduce_fused_args args = {
         .segs = c->segs,
         .n_segs = n,
@@ -97,7 +120,9 @@ static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *firs
         .scale = c->normalize ? 1.0 / (double)c->global_weight : 1.0,
         .written = NULL,
     };
-    return seldp__comm_reduce_fused(s->comm, &args);
+    st = seldp__comm_reduce_fused(s->comm, &args);
+fail:
+    return st;
 }
 
 /* Collective: the call's collectives, on the progress thread. */

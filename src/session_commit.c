@@ -54,12 +54,14 @@ static seldp_status commit_convert(reduce_call *c)
         if (!slot->present)
             continue;
         bool in_place = slot->has_grad && slot->grad.dtype == dtype;
+        if (slot->in_place)
+            continue; /* the overlapped reduction wrote its results there already */
         SELDP_CHECK(
             seldp__convert_queue_add(&q, (seldp__convert_seg){
                                              .dst = in_place ? slot->grad.data : slot->result.data,
                                              .src = s->staging + slot->offset,
                                              .dst_dtype = dtype,
-                                             .src_dtype = SELDP_F32,
+                                             .src_dtype = c->staged_as_result ? dtype : SELDP_F32,
                                              .n = seldp_tensor_numel(&g->tensor),
                                          }));
     }

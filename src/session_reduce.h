@@ -26,6 +26,8 @@ typedef struct reduce_slot {
     seldp_tensor result; /* owned result allocated in advance; data NULL when not needed */
     bool present;        /* some active rank has a gradient */
     size_t offset;       /* in the staging buffer, in elements, when present */
+    bool in_place;       /* overlapped, cfg.overlap_in_place: buckets wrote results into grad
+                            itself, its bytes kept in the staging buffer (session_async.c) */
 } reduce_slot;
 
 /* Bytes of a session's first path carried in the record, for messages. */
@@ -74,6 +76,7 @@ typedef struct reduce_call {
     size_t elems;            /* F32 elements of the present parameters */
     bool fused;              /* the transport reduces the tensors in a single pass */
     bool staged;             /* results land in the staging buffer first (bucketed path) */
+    bool staged_as_result;   /* ... in the result dtype (overlapped, fused), not in F32 */
     seldp__reduce_seg *segs; /* fused: one per reducible parameter */
 } reduce_call;
 

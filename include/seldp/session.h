@@ -124,13 +124,21 @@ typedef struct seldp_session_config {
     bool staged_commit;            /**< keep the full guarantee on every path: results are staged in
                                         FP32 and committed only after a final agreement that every
                                         rank's reduction succeeded; the same on every rank */
+    bool overlap_in_place;         /**< overlapped reductions on the fused path write each bucket's
+                                        results into this rank's gradients as the bucket completes
+                                        (as DDP does), after copying the gradients' bytes into the
+                                        staging buffer, and put them back from there on any failure:
+                                        finish has nothing left to commit, but the marked gradients
+                                        change before it returns (see seldp_session_reduce_start);
+                                        may differ between ranks; ignored elsewhere */
 } seldp_session_config;
 
 /** Initializer of seldp_session_config with the defaults: 25 MiB buckets, no finiteness
  * check, the reduce path chosen by SELDP_REDUCE_PATH or the transport. */
 #define SELDP_SESSION_CONFIG_INIT                                                                  \
     {                                                                                              \
-        sizeof(seldp_session_config), (size_t)25 << 20, false, SELDP_REDUCE_PATH_AUTO, false       \
+        sizeof(seldp_session_config), (size_t)25 << 20, false, SELDP_REDUCE_PATH_AUTO, false,      \
+            false                                                                                  \
     }
 
 /** Collective: validate the selection on every rank of `comm`, then broadcast every
@@ -237,6 +245,21 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  *   always): any failure, on any rank, leaves every rank's container unchanged, and
  *   finish returns the failure on every rank (the first failing rank's status and message;
  *   a transport failure that leaves the ranks unable to exchange it: each rank's own).
+ *   The price is the commit after the final agreement: every result copied from the
+ *   staging buffer into the gradients, after the last bucket, on the step's critical path
+ *   (on the host-staged transport, where the reduction is itself memory traffic on the
+ *   same cores, about a third of the reduction's time).
+ * - cfg.overlap_in_place (fused sessions: the host-staged transport on host memory, NCCL
+ *   on its GPU) moves that copy off the critical path: before a bucket's reduction, this
+ *   rank's gradients in it are copied into the staging buffer, and the bucket's results are
+ *   written straight into the gradients (a gradient of another dtype than the result, or
+ *   none, still goes through the staging buffer). The results are the same bits. Any failure
+ *   (a bucket, the final agreement: a rank's local error, the missing-gradient policy, a
+ *   non-finite input) puts every gradient written back from its copy before finish returns,
+ *   so the container is unchanged, as above; but between the bucket and finish a marked
+ *   gradient holds results, not what the caller wrote; and a parameter that turns out
+ *   absent on every active rank gets its bytes back before its entry is removed. When
+ *   putting back fails (a device copy), finish returns SELDP_ERR_GRADS_UNDEFINED.
  * - Timeouts and seldp_comm_abort (from any thread) interrupt the bucket in flight; finish
  *   then returns SELDP_ERR_TIMEOUT or SELDP_ERR_ABORTED.
  *

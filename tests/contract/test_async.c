@@ -5,7 +5,10 @@
  * missing-gradient policy and the finiteness check decide as the blocking call does; and a
  * different session, a different method or a rank that does not start is an error on every
  * rank with the container unchanged. Runs on both reduce paths (ctest registers it again with
- * SELDP_REDUCE_PATH=bucketed): the blocking call it is compared with takes either. */
+ * SELDP_REDUCE_PATH=bucketed): the blocking call it is compared with takes either; and under
+ * cfg.overlap_in_place (SELDP_TEST_OVERLAP_IN_PLACE=all, or =odd for the odd ranks only),
+ * where the fused path writes results into the gradients bucket by bucket and every failure
+ * must put them back: the same results, the same failures, nothing changed by a failure. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +19,7 @@
 #include <cmocka.h>
 
 #include "contract.h"
+#include "session_async.h"
 
 /* A model of NP parameters in path order, dtypes F32, BF16, F16 in turn, of sizes that
  * straddle every bucket size tested; the last one is frozen. ParamIds differ per rank. */
@@ -60,6 +64,15 @@ typedef struct async_arg {
     outcome o;
 } async_arg;
 
+/* Whether this rank's sessions set cfg.overlap_in_place (SELDP_TEST_OVERLAP_IN_PLACE). */
+static bool in_place_on(int rank)
+{
+    const char *mode = getenv("SELDP_TEST_OVERLAP_IN_PLACE");
+    if (!mode)
+        return false;
+    return strcmp(mode, "all") == 0 || (strcmp(mode, "odd") == 0 && rank % 2 == 1);
+}
+
 /* The model and a session over every parameter (or the first `n_selected`). */
 static int build(tr_rank_ctx *ctx, const async_arg *a, test_model *m, size_t n_selected,
                  seldp_session **s)
@@ -70,6 +83,7 @@ static int build(tr_rank_ctx *ctx, const async_arg *a, test_model *m, size_t n_s
 
     cfg.bucket_bytes = a->bucket_bytes;
     cfg.check_finite = a->check_finite;
+    cfg.overlap_in_place = in_place_on(ctx->rank);
     RANK_CHECK_OK(ctx, ct_init(m, ctx->rank));
     /* registered in a rank-dependent order: collective order is path order */
     for (size_t j = 0; j < NP; j++) {
@@ -215,6 +229,13 @@ static int rank_same_as_blocking(tr_rank_ctx *ctx)
                 reduced_any = true;
     }
     RANK_CHECK(ctx, reduced_any || wa == 0, "no result differs from this rank's own gradients");
+    /* under cfg.overlap_in_place on the fused path, the results went into the gradients */
+    size_t in_place = seldp__session_async_in_place_segments(s);
+    bool fused = seldp_session_reduce_path(s) == SELDP_REDUCE_PATH_FUSED;
+    RANK_CHECK(ctx, in_place_on(ctx->rank) && fused && wa > 0 ? in_place > 0 : in_place == 0,
+               "%zu segments written in place (cfg.overlap_in_place %d, %s path, weight %llu)",
+               in_place, in_place_on(ctx->rank), fused ? "fused" : "bucketed",
+               (unsigned long long)wa);
     RANK_CHECK(ctx, gs_entry_same(&before, gb.grads, UNSELECTED),
                "the unselected gradient changed");
     gs_free(&before);

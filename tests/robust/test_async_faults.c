@@ -6,7 +6,9 @@
  * made in the wrong state. Every rank's finish must return an error (or, where the fault
  * came after every collective had done its work, every rank success with the right
  * results), and every rank's gradients must be as they were after a failure. Runs on both
- * reduce paths (ctest registers it again with SELDP_REDUCE_PATH=bucketed). */
+ * reduce paths (ctest registers it again with SELDP_REDUCE_PATH=bucketed), and with
+ * cfg.overlap_in_place (SELDP_TEST_OVERLAP_IN_PLACE=1), where buckets write their results
+ * into the gradients and every failure must put them back. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 
 #include <pthread.h>
@@ -109,6 +111,7 @@ static void *rank_main(void *p)
     memset(&g, 0, sizeof g);
     memset(&before, 0, sizeof before);
     cfg.bucket_bytes = BUCKET;
+    cfg.overlap_in_place = getenv("SELDP_TEST_OVERLAP_IN_PLACE") != NULL;
     run->st[r] = SELDP_ERR_INTERNAL;
     bool ready = seldp_host_comm_init(run->world, r, SELDP_HOST_DEVICE, &comm) == SELDP_OK &&
                  std_session(comm, &m, &cfg, &s) == SELDP_OK && tg_init(&g) == SELDP_OK;
