@@ -94,8 +94,8 @@ static seldp__simd_width simd_width(void)
     return (seldp__simd_width)w;
 }
 
-seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg *segs,
-                                  size_t n_segs)
+static seldp_status convert_batch(seldp_device device, const seldp__convert_seg *segs,
+                                  size_t n_segs, bool stream_always)
 {
     for (size_t i = 0; i < n_segs; i++) {
         const seldp__convert_seg *g = &segs[i];
@@ -115,7 +115,7 @@ seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg 
     size_t bytes = 0;
     for (size_t i = 0; i < n_segs; i++)
         bytes += segs[i].n * seldp_dtype_size(segs[i].dst_dtype);
-    bool stream = bytes >= BATCH_STREAM_MIN_BYTES;
+    bool stream = stream_always || bytes >= BATCH_STREAM_MIN_BYTES;
     for (size_t i = 0; i < n_segs; i++) {
         const seldp__convert_seg *g = &segs[i];
         size_t n = g->n * seldp_dtype_size(g->dst_dtype);
@@ -133,6 +133,12 @@ seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg 
     return SELDP_OK;
 }
 
+seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg *segs,
+                                  size_t n_segs)
+{
+    return convert_batch(device, segs, n_segs, false);
+}
+
 seldp_status seldp__convert_queue_add(seldp__convert_queue *q, seldp__convert_seg seg)
 {
     q->segs[q->n++] = seg;
@@ -143,7 +149,7 @@ seldp_status seldp__convert_queue_flush(seldp__convert_queue *q)
 {
     size_t n = q->n;
     q->n = 0;
-    return seldp__convert_batch(q->device, q->segs, n);
+    return convert_batch(q->device, q->segs, n, q->stream);
 }
 
 seldp_status seldp__scale_f32(seldp_device device, float *x, size_t n, double factor)

@@ -37,9 +37,11 @@ seldp_status seldp__convert_batch(seldp_device device, const seldp__convert_seg 
 
 /* Segments gathered into batches of SELDP_CONVERT_BATCH_MAX: seldp__convert_queue_add
  * converts the batch when it is full, seldp__convert_queue_flush what is left. Start from
- * {.device = d} (n = 0). */
+ * {.device = d} (n = 0); .stream = true: host copies (same dtype) always take non-temporal
+ * stores, for destinations nobody reads soon (a copy kept in case of failure). */
 typedef struct seldp__convert_queue {
     seldp_device device;
+    bool stream;
     size_t n;
     seldp__convert_seg segs[SELDP_CONVERT_BATCH_MAX];
 } seldp__convert_queue;

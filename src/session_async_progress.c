@@ -64,7 +64,7 @@ static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *firs
     seldp_status st = SELDP_OK;
     seldp_session *s = a->s;
     reduce_call *c = &a->c;
-    seldp__convert_queue keep = {.device = s->device};
+    seldp__convert_queue keep = {.device = s->device, .stream = true};
     size_t lo = b * a->capacity, hi = lo + a->capacity, n = 0;
 
     /* slots in reverse path order (falling offsets), from the first that reaches into bucket

@@ -10,9 +10,13 @@
  *   compute  the backward alone: the layers' sleeps, no reduction;
  *   comm     the overlapped reduction alone: start, every mark at once, finish;
  *   serial   the backward, then the blocking seldp_session_reduce: compute + comm;
- *   overlap  start, the backward marking each layer as it ends, finish.
- * The overlap row's note gives its time over max(compute, comm), the time a perfect overlap
- * would take (1.00), and over compute + comm, the time of no overlap at all. (The serial row
+ *   overlap  start, the backward marking each layer as it ends, finish;
+ *   comm_in_place, in_place  comm and overlap with cfg.overlap_in_place (a second session):
+ *            each bucket's results written into the gradients as it completes, after a copy
+ *            of them is kept, and nothing left to copy at finish.
+ * The overlap rows' notes give their time over max(compute, comm) (their own mode's comm),
+ * the time a perfect overlap would take (1.00), and over compute + comm, the time of no
+ * overlap at all. (The serial row
  * is what a blocking reduce after backward costs: on the host-staged transport its fused
  * path writes in place without staging, so its comm part is cheaper than the overlapped
  * reduction's, which always stages in F32 and commits after a final agreement, as
@@ -30,8 +34,9 @@
 
 #include "driver.h"
 
-enum { ROW_COMPUTE, ROW_COMM, ROW_SERIAL, ROW_OVERLAP, N_ROWS };
-static const char *const ROW_IMPL[N_ROWS] = {"compute", "comm", "serial", "overlap"};
+enum { ROW_COMPUTE, ROW_COMM, ROW_SERIAL, ROW_OVERLAP, ROW_COMM_IN_PLACE, ROW_IN_PLACE, N_ROWS };
+static const char *const ROW_IMPL[N_ROWS] = {"compute", "comm",          "serial",
+                                             "overlap", "comm_in_place", "in_place"};
 
 typedef struct overlap_ctx {
     const bench_opts *o;
@@ -46,10 +51,12 @@ typedef struct overlap_ctx {
 typedef struct overlap_rank {
     overlap_ctx *c;
     seldp_session *session;
+    seldp_session *in_place; /* cfg.overlap_in_place */
     seldp_grads *grads;
     seldp_param_id *ids; /* by layer */
     uint64_t weight;
-    int mode; /* the row being timed */
+    int mode;      /* the row being timed */
+    bool checking; /* the results are being checked: no compute */
 } overlap_rank;
 
 static void compute(double us)
@@ -75,22 +82,26 @@ static int step(bench_rank *r, void *arg)
         return st == SELDP_OK ? 0
                               : bench_team_fail(r, "seldp_session_reduce: %s", seldp_last_error());
     }
-    st = seldp_session_reduce_start(k->session, k->grads, k->weight, SELDP_MISSING_ERROR);
+    bool in_place = k->mode == ROW_IN_PLACE || k->mode == ROW_COMM_IN_PLACE;
+    bool sleeps = (k->mode == ROW_OVERLAP || k->mode == ROW_IN_PLACE) && !k->checking;
+    seldp_session *s = in_place ? k->in_place : k->session;
+    st = seldp_session_reduce_start(s, k->grads, k->weight, SELDP_MISSING_ERROR);
     for (int l = c->layers - 1; l >= 0 && st == SELDP_OK; l--) {
-        if (k->mode == ROW_OVERLAP)
+        if (sleeps)
             compute(us);
-        st = seldp_session_mark_ready(k->session, k->ids[l]);
+        st = seldp_session_mark_ready(s, k->ids[l]);
     }
     if (st == SELDP_OK)
-        st = seldp_session_finish(k->session, NULL);
-    else if (seldp_session_in_flight(k->session))
-        (void)seldp_session_finish(k->session, NULL);
+        st = seldp_session_finish(s, NULL);
+    else if (seldp_session_in_flight(s))
+        (void)seldp_session_finish(s, NULL);
     return st == SELDP_OK ? 0 : bench_team_fail(r, "overlapped reduction: %s", seldp_last_error());
 }
 
-/* Elements where the overlapped result differs from the blocking one, same inputs. */
-static int check(bench_rank *r, overlap_rank *k, float *grads, float *copy, seldp_grads *blocking,
-                 size_t count)
+/* Elements where the overlapped result (mode ROW_COMM: the default session; ROW_IN_PLACE:
+ * the in-place one) differs from the blocking one, same inputs. */
+static int check(bench_rank *r, overlap_rank *k, int mode, float *grads, float *copy,
+                 seldp_grads *blocking, size_t count)
 {
     long long wrong = 0;
     bench_fill(grads, count, r->rank, 0);
@@ -98,8 +109,11 @@ static int check(bench_rank *r, overlap_rank *k, float *grads, float *copy, seld
     if (seldp_session_reduce(k->session, blocking, k->weight, SELDP_MISSING_ERROR, NULL) !=
         SELDP_OK)
         return bench_team_fail(r, "seldp_session_reduce: %s", seldp_last_error());
-    k->mode = ROW_COMM;
-    if (step(r, k))
+    k->mode = mode;
+    k->checking = true;
+    int failed = step(r, k);
+    k->checking = false;
+    if (failed)
         return 1;
     for (size_t i = 0; i < count; i++)
         wrong += memcmp(&grads[i], &copy[i], sizeof(float)) != 0;
@@ -154,7 +168,14 @@ static int overlap_rank_main(bench_rank *r)
         failed = bench_team_fail(r, "seldp_session_initialize: %s", seldp_last_error());
         goto out;
     }
-    if ((failed = check(r, &k, grads, copy, blocking, count)) != 0)
+    cfg.overlap_in_place = true;
+    if (seldp_session_initialize(r->comm, model, 0, k.ids, (size_t)c->layers, &cfg, &k.in_place) !=
+        SELDP_OK) {
+        failed = bench_team_fail(r, "seldp_session_initialize: %s", seldp_last_error());
+        goto out;
+    }
+    if ((failed = check(r, &k, ROW_COMM, grads, copy, blocking, count)) != 0 ||
+        (failed = check(r, &k, ROW_IN_PLACE, grads, copy, blocking, count)) != 0)
         goto out;
     /* the modes in turns, sample by sample, so that a drifting load hits them alike */
     for (int it = 0; it < o->warmup + o->iters && !failed; it++) {
@@ -173,6 +194,7 @@ static int overlap_rank_main(bench_rank *r)
 out:
     bench_team_barrier(r); /* nobody destroys a session another rank still reduces through */
     seldp_session_destroy(k.session);
+    seldp_session_destroy(k.in_place);
     seldp_grads_destroy(blocking);
     seldp_grads_destroy(k.grads);
     seldp_model_destroy(model);
@@ -195,11 +217,12 @@ static void add_rows(overlap_ctx *c, int P)
         snprintf(row.dtype, sizeof row.dtype, "f32");
         if (m == ROW_COMPUTE)
             snprintf(row.note, sizeof row.note, "%d layers x %.0f us", c->layers, c->o->compute_us);
-        if (m == ROW_OVERLAP) {
-            double best = fmax(t[ROW_COMPUTE], t[ROW_COMM]);
+        if (m == ROW_OVERLAP || m == ROW_IN_PLACE) {
+            double comm = t[m == ROW_OVERLAP ? ROW_COMM : ROW_COMM_IN_PLACE];
+            double best = fmax(t[ROW_COMPUTE], comm);
             row.wrong = atomic_load(&c->wrong);
             snprintf(row.note, sizeof row.note, "%.2f x max(compute,comm), %.2f x sum", t[m] / best,
-                     t[m] / (t[ROW_COMPUTE] + t[ROW_COMM]));
+                     t[m] / (t[ROW_COMPUTE] + comm));
         }
         bench_row_finish(&row, 0);
         bench_rows_add(c->rows, &row);
