@@ -45,6 +45,9 @@ typedef struct bench_opts {
                                 python3, then /usr/bin/python3) */
     const char *gloo_script; /* --gloo-script (NULL: seldp-bench-gloo.py beside the binary) */
     double compute_us;       /* --compute-us: overlap, the backward of one layer */
+    double ratios[BENCH_MAX_LIST]; /* --compute-ratio: overlap, backward time over the
+                                      communication's, each its own rows (0: --compute-us) */
+    int n_ratios;
 } bench_opts;
 
 /* One measurement: a line of the table, a JSON object, a CSV row. */

@@ -61,6 +61,10 @@ static void usage(FILE *f, bool mpi)
         "                        communication alone and both in series (default 16M, 1M\n"
         "                        buckets)\n"
         "      --compute-us US   overlap: the backward of one layer (default 1000)\n"
+        "      --compute-ratio LIST  overlap, instead of --compute-us: the whole backward\n"
+        "                        R times the communication alone (measured first: the median\n"
+        "                        of 3 runs of the default session), for each R in the list\n"
+        "                        (0.5,1,2)\n"
         "  -r, --ranks LIST      simulated ranks: 2, or 2,4, or 1-16 (default 2)\n"
         "  -d, --dtype DTYPE     allreduce: f32; reduce: mixed | f32 | bf16 | f16 (default\n"
         "                        mixed: half the tensors BF16, half F32)\n"
@@ -233,7 +237,8 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         OPT_GPU,
         OPT_JSON,
         OPT_OUT,
-        OPT_COMPUTE_US
+        OPT_COMPUTE_US,
+        OPT_COMPUTE_RATIO
     };
     static const struct option longs[] = {
         {"minbytes", required_argument, NULL, 'b'},
@@ -256,6 +261,7 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         {"json", no_argument, NULL, OPT_JSON},
         {"out", required_argument, NULL, OPT_OUT},
         {"compute-us", required_argument, NULL, OPT_COMPUTE_US},
+        {"compute-ratio", required_argument, NULL, OPT_COMPUTE_RATIO},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -401,6 +407,26 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
             if (*optarg == '\0' || *end != '\0' || !(o->compute_us >= 0) || o->compute_us > 1e7) {
                 fprintf(stderr, "%s: --compute-us %s: expected 0 to 10000000\n", prog, optarg);
                 return 2;
+            }
+            break;
+        }
+        case OPT_COMPUTE_RATIO: {
+            char *at = optarg, *end = NULL;
+            o->n_ratios = 0;
+            for (;;) {
+                double r = strtod(at, &end);
+                if (end == at || !(r > 0) || r > 1000 || o->n_ratios == BENCH_MAX_LIST ||
+                    (*end != ',' && *end != '\0')) {
+                    fprintf(stderr,
+                            "%s: --compute-ratio %s: expected up to %d ratios above 0 and up to "
+                            "1000, separated by commas\n",
+                            prog, optarg, BENCH_MAX_LIST);
+                    return 2;
+                }
+                o->ratios[o->n_ratios++] = r;
+                if (*end == '\0')
+                    break;
+                at = end + 1;
             }
             break;
         }

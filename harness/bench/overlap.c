@@ -25,6 +25,7 @@
  * inputs (checked once per size, before the timing). */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -40,6 +41,8 @@ static const char *const ROW_IMPL[N_ROWS] = {"compute", "comm",          "serial
 
 typedef struct overlap_ctx {
     const bench_opts *o;
+    double ratio;      /* --compute-ratio: backward over communication time; 0: --compute-us */
+    double compute_us; /* the backward of one layer: --compute-us or from the ratio */
     size_t bytes, bucket;
     int layers;
     bench_rows *rows;
@@ -59,11 +62,16 @@ typedef struct overlap_rank {
     bool checking; /* the results are being checked: no compute */
 } overlap_rank;
 
-static void compute(double us)
+/* The backward of layer `done` (counted from 0) of a backward that started at `t0`: a sleep
+ * until t0 + (done + 1) * us on the monotonic clock, so that the overshoot of each wake-up
+ * (tens of microseconds) is taken out of the next layer's instead of adding up. */
+static void compute(double t0, int done, double us)
 {
-    struct timespec ts = {(time_t)(us / 1e6), (long)(fmod(us, 1e6) * 1e3)};
+    double until = t0 + (done + 1) * us * 1e-6;
+    struct timespec ts = {(time_t)until, (long)((until - floor(until)) * 1e9)};
     if (us > 0)
-        nanosleep(&ts, NULL);
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
 }
 
 /* One step in the mode of the row being timed. */
@@ -71,12 +79,13 @@ static int step(bench_rank *r, void *arg)
 {
     overlap_rank *k = arg;
     const overlap_ctx *c = k->c;
-    double us = c->o->compute_us;
+    double us = c->compute_us;
     seldp_status st = SELDP_OK;
 
+    double t0 = bench_now();
     if (k->mode == ROW_COMPUTE || k->mode == ROW_SERIAL) {
         for (int l = c->layers - 1; l >= 0; l--)
-            compute(us);
+            compute(t0, c->layers - 1 - l, us);
         if (k->mode == ROW_SERIAL)
             st = seldp_session_reduce(k->session, k->grads, k->weight, SELDP_MISSING_ERROR, NULL);
         return st == SELDP_OK ? 0
@@ -88,7 +97,7 @@ static int step(bench_rank *r, void *arg)
     st = seldp_session_reduce_start(s, k->grads, k->weight, SELDP_MISSING_ERROR);
     for (int l = c->layers - 1; l >= 0 && st == SELDP_OK; l--) {
         if (sleeps)
-            compute(us);
+            compute(t0, c->layers - 1 - l, us);
         st = seldp_session_mark_ready(s, k->ids[l]);
     }
     if (st == SELDP_OK)
@@ -177,6 +186,23 @@ static int overlap_rank_main(bench_rank *r)
     if ((failed = check(r, &k, ROW_COMM, grads, copy, blocking, count)) != 0 ||
         (failed = check(r, &k, ROW_IN_PLACE, grads, copy, blocking, count)) != 0)
         goto out;
+    /* --compute-ratio: the communication alone timed first, the backward made `ratio` times it */
+    if (c->ratio > 0) {
+        double t[3];
+        for (int it = 0; it < 3; it++) {
+            k.mode = ROW_COMM;
+            if (!bench_team_barrier(r))
+                goto out;
+            t[it] = bench_now();
+            if ((failed = step(r, &k)) != 0 || !bench_team_barrier(r))
+                goto out;
+            t[it] = bench_now() - t[it];
+        }
+        if (r->rank == 0)
+            c->compute_us = c->ratio * 1e6 * bench_median(t, 3) / c->layers;
+        if (!bench_team_barrier(r))
+            goto out;
+    }
     /* the modes in turns, sample by sample, so that a drifting load hits them alike */
     for (int it = 0; it < o->warmup + o->iters && !failed; it++) {
         for (int mode = 0; mode < N_ROWS && !failed; mode++) {
@@ -215,8 +241,11 @@ static void add_rows(overlap_ctx *c, int P)
         row.bucket_bytes = c->bucket;
         row.tensors = c->layers;
         snprintf(row.dtype, sizeof row.dtype, "f32");
-        if (m == ROW_COMPUTE)
-            snprintf(row.note, sizeof row.note, "%d layers x %.0f us", c->layers, c->o->compute_us);
+        if (m == ROW_COMPUTE && c->ratio > 0)
+            snprintf(row.note, sizeof row.note, "%d layers x %.0f us (%.2f x comm)", c->layers,
+                     c->compute_us, c->ratio);
+        else if (m == ROW_COMPUTE)
+            snprintf(row.note, sizeof row.note, "%d layers x %.0f us", c->layers, c->compute_us);
         if (m == ROW_OVERLAP || m == ROW_IN_PLACE) {
             double comm = t[m == ROW_OVERLAP ? ROW_COMM : ROW_COMM_IN_PLACE];
             double best = fmax(t[ROW_COMPUTE], comm);
@@ -234,12 +263,15 @@ int bench_overlap_rows(const bench_opts *o, int P, bench_rows *rows)
     int failed = 0;
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes && !failed;
          bytes = bench_next_size(bytes, o->factor)) {
-        for (int b = 0; b < o->n_buckets && !failed; b++) {
+        for (int b = 0; b < o->n_buckets * (o->n_ratios ? o->n_ratios : 1) && !failed; b++) {
             overlap_ctx c;
             memset(&c, 0, sizeof c);
             c.o = o;
+            c.ratio = o->n_ratios ? o->ratios[b % o->n_ratios] : 0.0;
+            c.compute_us = o->compute_us;
             c.bytes = bytes / sizeof(float) * sizeof(float);
-            c.bucket = o->buckets[b] / sizeof(float) * sizeof(float);
+            c.bucket =
+                o->buckets[b / (o->n_ratios ? o->n_ratios : 1)] / sizeof(float) * sizeof(float);
             if (c.bucket == 0 || c.bytes == 0) {
                 fprintf(stderr, "seldp-bench: --op overlap: sizes below one F32 element\n");
                 return 1;

@@ -9,6 +9,8 @@
 #   cmake --build build --target bench-results       the same, with that build
 #
 # Takes 10-20 minutes on two cores and about 5 GiB of memory at its peak (the 1 GiB reduce).
+# The gloo columns need torch with gloo, which seldp never depends on: on Debian or Ubuntu,
+# apt-get install python3-torch (seldp-bench finds it through /usr/bin/python3).
 # The machine should be otherwise idle: the load average before and after is recorded, and
 # when it is above the core count at the start README.md says in its first lines that the
 # figures were taken under load and are not the official ones.
@@ -27,8 +29,10 @@ fi
 # Open MPI beside seldp when it is there; gloo always asked for (seldp-bench leaves its column
 # out, with a note, when python3 cannot import torch)
 compare="--compare gloo"
+compare_small="" # small messages: gloo takes about 1 ms a call, thousands of calls a size
 if [ -x "$bin/seldp-bench-mpi" ] && command -v mpirun >/dev/null 2>&1; then
     compare="--compare mpi,gloo"
+    compare_small="--compare mpi"
 else
     echo "regenerate.sh: no seldp-bench-mpi or mpirun: the MPI columns stay empty" >&2
 fi
@@ -37,7 +41,7 @@ mkdir -p "$out"
 cd "$out"
 # the files of this script only (other benchmarks keep theirs here, e.g. scale*)
 names="allreduce broadcast latency latency_debug reduce reduce_f32 reduce_bf16 reduce_f16 reduce_64m
-       reduce_debug reduce_staged bucket_sweep ranks_sweep"
+       reduce_debug reduce_staged bucket_sweep ranks_sweep overlap"
 for f in $names; do rm -f "$f.csv" "$f.jsonl" "$f.txt"; done
 rm -f allreduce_busbw.png broadcast_busbw.png latency.png bucket_sweep.png ranks_sweep.png
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -56,10 +60,12 @@ if [ -n "$quick" ]; then
     big="-b 1M -e 4M"; reps="-n 2 -w 1"; small="-b 8 -e 4K"; big_reduce="-b 8M -e 8M"
     mid_reduce="-b 4M -e 4M"; sweep_reduce="-b 4M -e 4M"; buckets="1M-4M"; ranks="1-3"
     dtype_reduce="-b 2M -e 4M"; tensors=200; rank_size="-b 4M -e 4M"
+    overlap="-b 1M -e 4M -f 4 --bucket 256K,1M"
 else
     big="-b 16M -e 256M"; reps="-n 7 -w 2"; small="-b 8 -e 64K"; big_reduce="-b 512M -e 512M"
     mid_reduce="-b 64M -e 64M"; sweep_reduce="-b 256M -e 256M"; buckets="1M-256M"; ranks="1-16"
     dtype_reduce="-b 16M -e 256M"; tensors=10000; rank_size="-b 64M -e 64M"
+    overlap="-b 16M -e 64M -f 4 --bucket 1M,4M"
 fi
 
 # 1. allreduce F32 SUM, 16-256 MiB per rank, 2 and 4 ranks, beside the copies, MPI and gloo
@@ -67,7 +73,7 @@ run allreduce -o allreduce $big -f 2 $reps -r 2,4 $compare
 # 2. broadcast, the same sizes
 run broadcast -o broadcast $big -f 2 $reps -r 2,4 $compare
 # 3. small messages: latency at 2 and 4 ranks, and the same in the collectives' debug mode
-run latency -o allreduce $small -f 2 -n 15 -w 50 -r 2,4 --no-bound $compare
+run latency -o allreduce $small -f 2 -n 15 -w 50 -r 2,4 --no-bound $compare_small
 SELDP_DEBUG_COLLECTIVES=1 run latency_debug -o allreduce $small -f 2 -n 15 -w 50 -r 2,4 --no-bound
 # 4. a session reduce of 10,000 mixed BF16/F32 tensors, 512 MiB per rank (1 GiB in all)
 run reduce -o reduce $big_reduce -r 2 $reps --tensors $tensors -d mixed
@@ -83,6 +89,8 @@ run reduce_staged -o reduce $mid_reduce -r 2,4 $reps --tensors $tensors -d mixed
 # 7. sweeps: bucket size (the reduce of 256 MiB per rank) and rank count (allreduce 64 MiB)
 run bucket_sweep -o reduce $sweep_reduce -r 2 -n 5 -w 1 --tensors $tensors -d mixed --bucket $buckets
 run ranks_sweep -o allreduce $rank_size -r $ranks -n 5 -w 1
+# 8. the overlapped reduction against a backward of sleeps 0.5, 1 and 2 times its communication
+run overlap -o overlap $overlap --compute-ratio 0.5,1,2 -r 2 $reps
 
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -257,6 +265,28 @@ half_rows() { # the F16 reduce's time against BF16's at the same ranks and size 
         }' reduce_bf16.csv reduce_f16.csv
 }
 
+overlap_table() {
+    awk -F, '
+        function mib(b) { return b >= 1048576 ? (b / 1048576) " MiB" : (b / 1024) " KiB" }
+        NR == 1 || $1 != "overlap" { next }
+        $2 == "compute" { k = ++n; size[k] = $4; bucket[k] = $11; layers[k] = $12 }
+        { t[n, $2] = $5 }
+        END {
+            print "| size per rank | bucket | layers | compute / comm | compute (ms) | comm (ms) | overlap (ms) | overlap / max | comm, in place (ms) | in place (ms) | in place / max | targets (<= 1.2x max) |"
+            print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            for (k = 1; k <= n; k++) {
+                c = t[k, "compute"]; m = t[k, "comm"]; o = t[k, "overlap"]
+                mi = t[k, "comm_in_place"]; i = t[k, "in_place"]
+                ro = o / (c > m ? c : m); ri = i / (c > mi ? c : mi)
+                printf "| %s | %s | %d | %.2f | %.1f | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %s, %s |\n",
+                    mib(size[k]), mib(bucket[k]), layers[k], c / m, c / 1000, m / 1000,
+                    o / 1000, ro, mi / 1000, i / 1000, ri,
+                    (ro <= 1.2 ? "staged ok" : "**staged missed**"),
+                    (ri <= 1.2 ? "in place ok" : "**in place missed**")
+            }
+        }' overlap.csv
+}
+
 reduce_header="| ranks | tensors | dtype | bytes per rank | raw allreduce (ms) | reduce (ms) | reduce / raw | B (GB/s) | bound fraction | extra memory per rank | budget per rank | targets |
 |---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 
@@ -309,7 +339,10 @@ algbw * 2(n-1)/n for an allreduce and algbw for a broadcast.
 threads each copy their own buffer of the same size at once, counted as bytes read + bytes
 written per second, once with non-temporal (streaming) stores ($copy, fenced with
 \`_mm_sfence\`: the \`stream\` rows) and once with glibc's \`memcpy\` (the \`memcpy\` rows);
-B is the better of the two. An in-process allreduce of N bytes on n ranks must move at least
+B is the better of the two. The streaming copy is the one seldp's host transport moves large
+payloads with (\`src/comm/host_copy.c\`: the source prefetched, a line of each of four pages in
+turn, as glibc does for its largest copies), so a fraction is what the collective's rendezvous,
+slicing and arithmetic leave of a plain copy by the same threads. An in-process allreduce of N bytes on n ranks must move at least
 2 n N bytes (each slice's owner reads the n inputs of its slice and writes the sum into the n
 outputs) and a broadcast n N; bound fraction = (bytes / B) / time. \`memcpy\` alone is not the
 bound: below its non-temporal threshold (a large share of the last-level cache) glibc writes
@@ -319,6 +352,10 @@ do; against it seldp's kernels, which stream the outputs they do not read, read 
 bound" in earlier runs. A fraction above 1 now means that the bound was mis-measured (a size
 that fits in the cache, a load that changed between the samples), not that the code beat
 memory. The copies and the collective are sampled in turns, so that all see the same load.
+This CPU reports a 300 MiB last-level cache: up to 64 MiB per rank the copies' buffers and the
+collective's partly stay in it, and whichever ran last evicts the other's, so B and the
+fractions of 16-64 MiB (4 ranks: 16-32 MiB) move by up to 2x from run to run; the rows of 128
+MiB and more are the steady ones.
 
 seldp's ranks are threads of one process pinned one per core when they fit; Open MPI's are
 processes (mpirun --oversubscribe, bound to cores by mpirun when they fit) and gloo's are
@@ -329,7 +366,7 @@ gloo: ${gloo_note:+not measured in this run: }${gloo_note:-measured (the gloo co
 Files: \`NAME.txt\` (the table seldp-bench printed), \`NAME.jsonl\` (one JSON object per row, with
 \`bound_GBps\`, \`memcpy_GBps\` and \`stream_GBps\`), \`NAME.csv\`, and the plots
 \`allreduce_busbw.png\`, \`broadcast_busbw.png\`, \`latency.png\`, \`bucket_sweep.png\`,
-\`ranks_sweep.png\`.
+\`ranks_sweep.png\`; \`scale.*\` are results/bench/scale.sh's (the 2,048-rank layout).
 
 ## 1. Allreduce, F32 SUM (targets: bound fraction >= 0.85 at 2 ranks and >= 0.80 at 4; seldp busbw >= 3x MPI from 16 MiB up)
 
@@ -401,7 +438,26 @@ per rank (ranks beyond the cores time-share them and sleep between phases).
 
 $(awk -F, 'NR > 1 && $2 == "seldp-host" { printf "- %d rank%s: busbw %.2f GB/s, B %.1f GB/s, bound fraction %.2f\n", $3, ($3 > 1 ? "s" : ""), $7, $18, $8 }' ranks_sweep.csv)
 
-## 7. GPU rows
+## 7. Overlap with backward (target: a step within 1.2x max(compute, communication) for a backward comparable to the communication)
+
+\`seldp-bench --op overlap --compute-ratio 0.5,1,2\` (\`overlap.txt\`): 2 ranks, a model of
+layers of one bucket each, whose backward sleeps per layer (a sleep, not a loop: it leaves the
+cores to the progress threads, as a GPU's backward does) for a total of 0.5, 1 and 2 times the
+communication alone (timed first; a sleep overshoots, so the compute / comm column is the
+measured one). comm: the overlapped reduction alone (start, every mark at once, finish);
+overlap: start, each layer marked as its backward ends, finish. Two sessions: the default
+(every result staged until finish's final agreement, then copied into the gradients: nothing
+is written before every bucket has succeeded) and \`cfg.overlap_in_place\` (each bucket's
+results written into the gradients as it completes, after a copy of them is kept; any failure
+puts them back). The staged commit is a copy of every result after the last bucket, on the
+critical path: on the host transport, whose communication is itself memory traffic on the same
+cores, about a third of the communication, which is the staged rows' excess when the backward
+is as long as the communication. In place, what is left after the last mark is the last
+bucket, so few large buckets (4 MiB buckets of 16 MiB: 4 layers) leave a larger tail.
+
+$(overlap_table)
+
+## 8. GPU rows
 
 \`seldp-bench --gpu\` (raw ncclAllReduce, seldp's allreduce and reduce on NCCL, host-staged with
 device buffers) needs a GPU; where there is none it prints:

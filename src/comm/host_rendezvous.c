@@ -23,7 +23,8 @@
  * exchange copies of their inputs instead of reading one another's buffers.
  * Phases are counted without the lock (see seldp__host_phase_wait): every rank announces
  * its arrival on a cache line of its own and watches the others'; in a group with a core
- * per rank waiters spin briefly before sleeping. Every wait has a deadline on
+ * per rank waiters spin briefly before sleeping (with up to YIELD_RANKS_PER_CPU ranks a core
+ * they yield the core between looks first). Every wait has a deadline on
  * CLOCK_MONOTONIC; a rank that times out marks the whole world aborted so that every rank
  * of every group returns.
  *
@@ -198,7 +199,8 @@ static seldp_status timeout_locked(seldp_comm *comm, seldp__comm_op op, uint64_t
  * they have all entered, the phase completed and it stays. A rank sees the phase
  * complete only when two scans in a row find every rank in it, so either every rank sees
  * it complete or none does (the stores and loads are sequentially consistent). Waiters
- * spin first when the group has a core per rank, then sleep on the condition variable,
+ * spin first when the group has a core per rank (yield-spin when it has up to
+ * YIELD_RANKS_PER_CPU ranks a core), then sleep on the condition variable,
  * which the arrival that completes the phase signals when someone sleeps. */
 seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op, seldp__host_wait_mode mode)
 {

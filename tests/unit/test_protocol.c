@@ -231,6 +231,13 @@ static void test_clocks(void **state)
     double t1 = seldp__proto_now();
     assert_false(seldp__proto_spin_until(never, NULL, 1000000L));
     assert_true(seldp__proto_now() - t1 >= 0.001);
+    /* the same giving the core away between looks (ranks that share cores) */
+    calls = 0;
+    assert_true(seldp__proto_yield_until(after_three, &calls, 1000000000L));
+    assert_int_equal(calls, 3);
+    t1 = seldp__proto_now();
+    assert_false(seldp__proto_yield_until(never, NULL, 1000000L));
+    assert_true(seldp__proto_now() - t1 >= 0.001);
 
     /* the first polls spin, later ones sleep a growing nap, up to a millisecond */
     seldp__proto_backoff b = SELDP__PROTO_BACKOFF_INIT;
