@@ -57,9 +57,9 @@
  *   agreement (one more small all-gather) that every rank's reduction succeeded, so any
  *   failure before the commit leaves every rank's gradients unchanged. It costs the staging
  *   buffer and a conversion pass; measured with seldp-bench --op reduce (64 MiB of mixed
- *   F32/BF16 gradients per rank, 2 and 4 ranks on a loaded 2-core machine), about 5-8
- *   times the time of one raw allreduce of the same bytes against 0.7-1.2 times for the
- *   fused path without it, which is why it is not the default.
+ *   F32/BF16 gradients per rank, 2 and 4 ranks on a 2-core machine, results/bench §5),
+ *   2.5-3.5 times the time of the fused path without it, which is why it is not the
+ *   default.
  * Only the commit itself (writing the staged results into the container) follows the last
  * collective, and it cannot fail: every result buffer and the container's room for new
  * entries are allocated before the agreement. */

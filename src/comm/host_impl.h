@@ -5,6 +5,7 @@
  *   host_rendezvous.c  the phases of a collective: publish, agree, wait, give up, leave
  *   host_collectives.c what moves in the execute step of each collective
  *   host_sum.c         the SIMD kernels of the reductions (host_sum.h)
+ *   host_copy.c        the streaming copy of large payloads (host_copy.h)
  *   host_fault.c       fault injection for the tests (host_fault.h)
  * See host_rendezvous.c for how a collective runs. */
 #ifndef SELDP_HOST_IMPL_H
