@@ -396,9 +396,6 @@ seldp_status seldp_session_mark_ready(seldp_session *session, seldp_param_id id)
     return st;
 }
 
-/* What finish does before it waits: every slot not marked yet is marked, gradients of
- * groups never reduced are refused as the blocking call refuses them, and the results the
- * commit needs are allocated. Failures are this rank's part of the final agreement. */
 seldp_status seldp__session_async_restore(session_async *a, bool all)
 {
     seldp_status st = SELDP_OK;
@@ -453,6 +450,9 @@ static void restore_after(session_async *a, seldp_status *st)
         seldp__set_error(why);
 }
 
+/* What finish does before it waits: every slot not marked yet is marked, gradients of
+ * groups never reduced are refused as the blocking call refuses them, and the results the
+ * commit needs are allocated. Failures are this rank's part of the final agreement. */
 static void finish_marks(session_async *a)
 {
     seldp_session *s = a->s;
