@@ -1,7 +1,6 @@
 /* Element-wise operations on host memory, and the dispatch of device pointers to
  * the CUDA versions in src/cuda/ (builds with CUDA only). */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -82,18 +81,6 @@ static bool overlap(const void *a, const void *b, size_t n)
     return x < y + n && y < x + n;
 }
 
-/* The CPU's vector width for the streaming copy, asked once. */
-static seldp__simd_width simd_width(void)
-{
-    static atomic_int width = -1;
-    int w = atomic_load_explicit(&width, memory_order_relaxed);
-    if (w < 0) {
-        w = (int)seldp__host_simd_of_cpu();
-        atomic_store_explicit(&width, w, memory_order_relaxed);
-    }
-    return (seldp__simd_width)w;
-}
-
 static seldp_status convert_batch(seldp_device device, const seldp__convert_seg *segs,
                                   size_t n_segs, bool stream_always)
 {
@@ -124,7 +111,7 @@ static seldp_status convert_batch(seldp_device device, const seldp__convert_seg 
         if (!g->src)
             memset(g->dst, 0, n);
         else if (stream && g->dst_dtype == g->src_dtype && !overlap(g->dst, g->src, n))
-            seldp__stream_copy(g->dst, g->src, n, simd_width());
+            seldp__stream_copy(g->dst, g->src, n, seldp__host_simd_of_cpu());
         else
             host_convert(g->dst, g->dst_dtype, g->src, g->src_dtype, g->n);
     }

@@ -6,6 +6,7 @@
  * F16C (VCVTPH2PS/VCVTPS2PH, 256 and 512 bits). The 128-bit kernel, for CPUs without AVX2
  * and F16C, converts F16 a block at a time through the array conversions of src/dtype.c
  * (F16C where the CPU has it after all, else the scalar functions). */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@
 #include "comm/host_sum.h"
 #include "half_simd.h"
 
-seldp__simd_width seldp__host_simd_of_cpu(void)
+static seldp__simd_width simd_of_cpu(void)
 {
     const char *force = getenv("SELDP_HOST_SIMD");
     seldp__simd_width cap = force && strcmp(force, "128") == 0   ? SIMD_128
@@ -37,6 +38,18 @@ seldp__simd_width seldp__host_simd_of_cpu(void)
         have = SIMD_256;
 #endif
     return have < cap ? have : cap;
+}
+
+seldp__simd_width seldp__host_simd_of_cpu(void)
+{
+    /* threads may ask at once: each computes the same answer */
+    static atomic_int width = -1;
+    int w = atomic_load_explicit(&width, memory_order_relaxed);
+    if (w < 0) {
+        w = (int)simd_of_cpu();
+        atomic_store_explicit(&width, w, memory_order_relaxed);
+    }
+    return (seldp__simd_width)w;
 }
 
 static float sum_scale(float x, const seldp__sum_mode *m)

@@ -23,7 +23,8 @@
 typedef enum seldp__simd_width { SIMD_128, SIMD_256, SIMD_512 } seldp__simd_width;
 
 /* The vector width the kernels use: the CPU's widest, or narrower when the environment
- * variable SELDP_HOST_SIMD says 128 or 256 (to test and compare the kernels). */
+ * variable SELDP_HOST_SIMD says 128 or 256 (to test and compare the kernels); asked once a
+ * process. */
 seldp__simd_width seldp__host_simd_of_cpu(void);
 
 /* How an owner turns sums into results. */

@@ -6,7 +6,7 @@
  * path fails naming the transport, the memory and what the reduction needs. The NCCL
  * transport is looked at through its own table of operations (a GPU-less process cannot
  * join an NCCL world); the host-staged one through whole sessions over a scripted CUDA
- * runtime (seldp__cuda_replace) whose "device" memory is host memory. */
+ * runtime (fake_cuda.h) whose "device" memory is host memory. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 
 #include <setjmp.h>
@@ -21,6 +21,7 @@
 
 #include "comm/comm_impl.h"
 #include "device.h"
+#include "fake_cuda.h"
 #include "seldp/seldp.h"
 #include "session_impl.h"
 #ifdef SELDP_HAVE_NCCL
@@ -133,92 +134,6 @@ static void test_transport_without_fused(void **state)
 
 /* ---- the host-staged transport, through whole sessions ---- */
 
-static cudaError_t f_get_device(int *ordinal)
-{
-    *ordinal = 0;
-    return cudaSuccess;
-}
-
-static cudaError_t f_set_device(int ordinal)
-{
-    (void)ordinal;
-    return cudaSuccess;
-}
-
-static cudaError_t f_count(int *n)
-{
-    *n = 1;
-    return cudaSuccess;
-}
-
-static cudaError_t f_malloc(void **p, size_t bytes)
-{
-    *p = malloc(bytes ? bytes : 1);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-
-static cudaError_t f_free(void *p)
-{
-    free(p);
-    return cudaSuccess;
-}
-
-static cudaError_t f_memset(void *p, int v, size_t bytes, cudaStream_t s)
-{
-    (void)s;
-    memset(p, v, bytes);
-    return cudaSuccess;
-}
-
-static cudaError_t f_memcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
-                            cudaStream_t s)
-{
-    (void)kind;
-    (void)s;
-    memmove(dst, src, bytes);
-    return cudaSuccess;
-}
-
-static cudaError_t f_sync(cudaStream_t s)
-{
-    (void)s;
-    return cudaSuccess;
-}
-
-static cudaError_t f_malloc_host(void **p, size_t bytes)
-{
-    *p = malloc(bytes ? bytes : 1);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-
-static cudaError_t f_attributes(struct cudaPointerAttributes *attr, const void *p)
-{
-    (void)p;
-    memset(attr, 0, sizeof *attr);
-    attr->type = cudaMemoryTypeHost; /* pinned frees go to f_free */
-    return cudaSuccess;
-}
-
-static cudaError_t f_last_error(void)
-{
-    return cudaSuccess;
-}
-
-static const seldp__cuda_api scripted = {
-    .get_device = f_get_device,
-    .set_device = f_set_device,
-    .get_device_count = f_count,
-    .malloc = f_malloc,
-    .free = f_free,
-    .memset_async = f_memset,
-    .memcpy_async = f_memcpy,
-    .stream_synchronize = f_sync,
-    .malloc_host = f_malloc_host,
-    .free_host = f_free,
-    .pointer_attributes = f_attributes,
-    .get_last_error = f_last_error,
-};
-
 /* A one-rank session on the host-staged transport with its tensors on `device`: an empty
  * selection, so that nothing but the path's choice needs the device. Returns initialize's
  * status and, when it succeeded, the path the group agreed on. */
@@ -253,6 +168,8 @@ static void test_host_gpu_session_stays_bucketed(void **state)
 {
     (void)state;
     seldp_reduce_path agreed;
+    static seldp__cuda_api scripted;
+    scripted = fake_cuda_api();
     const seldp__cuda_api *prev = seldp__cuda_replace(&scripted);
 
     /* GPU tensors: the host transport's fused reduction would read device pointers on the
