@@ -19,8 +19,8 @@
 
 #include <cblas.h>
 
+#include "reference_impl.h"
 #include "reference_router.h"
-#include "reference_weights.h"
 #include "tm_error.h"
 
 void tm_reference_destroy(tm_reference *ref)
@@ -40,14 +40,6 @@ void tm_reference_destroy(tm_reference *ref)
 static double silu_d(double a)
 {
     return a / (1.0 + exp(-a));
-}
-
-/* silu(a), and its derivative into *slope, from one exponential */
-static double silu_slope(double a, double *slope)
-{
-    double s = 1.0 / (1.0 + exp(-a));
-    *slope = s + a * s * (1.0 - s);
-    return a * s;
 }
 
 /* y = x * r * g with r = 1 / sqrt(mean(x^2) + eps); returns r. */
@@ -115,33 +107,6 @@ static void group_by_expert(const int *sel, const unsigned char *kept, size_t NK
 
 /* ---- the computation ----------------------------------------------------------------- */
 
-/* The step's activations (kept from the forward for the backward) and work buffers. Expert
- * buffers hold one expert's rows at a time; the router-loss arrays exist only when the
- * config enables a router loss. */
-typedef struct ref_work {
-    size_t N;
-    const size_t *shard_begin; /* (n_shards + 1) */
-    int n_shards;
-    const int *tok, *tgt; /* (N) */
-    double *H;            /* (L+1,N,D) layer inputs, then the last layer's output */
-    double *U, *R;        /* (L,N,D) normed inputs, (L,N) their 1/rms */
-    int *SEL;             /* (L,N,K) top-K, slots in decreasing logit */
-    double *GATE;         /* (L,N,K) */
-    unsigned char *KEPT;  /* (L,N,K) 0 where the capacity dropped the slot */
-    size_t *FIRST;        /* (L,E+1) */
-    size_t *ORDER;        /* (L,N*K) kept slots grouped by expert (group_by_expert) */
-    double *DLR;          /* (L,N,E) router-loss logit gradients, or NULL */
-    double *RW;           /* (N*E + 2E) router-loss work, or NULL */
-    double *SA;           /* (L,N,Fs) shared expert pre-activations */
-    double *LG;           /* (N,E) one layer's router logits */
-    size_t *next;         /* (E) */
-    double *taken;        /* (E) */
-    double *X, *A, *S, *YE, *dYE, *dA, *dX; /* one expert: (n,D) (n,F) (n,F) (n,D) ... */
-    double *dHr, *P;                        /* one expert: (n,D) rows of dH, (n,F) dH W2 */
-    double *dW, *dgate, *SS, *dSS, *dSA;    /* (D*F) (N,K) (N,Fs) x3 */
-    double *Z, *RF, *LOG, *dZ, *dH, *dU;    /* head: (N,D) (N) (N,V); (N,D) x3 */
-} ref_work;
-
 static seldp_status work_alloc(tm_reference *ref, ref_work *w)
 {
     const tm_config *c = &ref->cfg;
@@ -159,7 +124,8 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->FIRST = tm__ref_calloc(r, L * (E + 1), sizeof(size_t));
     w->ORDER = tm__ref_calloc(r, L * NK, sizeof(size_t));
     w->DLR = losses ? tm__ref_calloc(r, L * N * E, sizeof(double)) : NULL;
-    w->RW = losses ? tm__ref_calloc(r, N * E + 2 * E, sizeof(double)) : NULL;
+    w->MDLR = losses ? tm__ref_calloc(r, L * N * E, sizeof(double)) : NULL;
+    w->RW = losses ? tm__ref_calloc(r, 2 * N * E + 3 * E, sizeof(double)) : NULL;
     w->SA = tm__ref_calloc(r, L * NF, sizeof(double));
     w->LG = tm__ref_calloc(r, N * E, sizeof(double));
     w->next = tm__ref_calloc(r, E, sizeof(size_t));
@@ -184,18 +150,20 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->dZ = tm__ref_calloc(r, N * D, sizeof(double));
     w->dH = tm__ref_calloc(r, N * D, sizeof(double));
     w->dU = tm__ref_calloc(r, N * D, sizeof(double));
+    w->mdH = tm__ref_calloc(r, N * D, sizeof(double));
+    w->mdU = tm__ref_calloc(r, N * D, sizeof(double));
     if (!w->H || !w->U || !w->R || !w->SEL || !w->GATE || !w->KEPT || !w->FIRST || !w->ORDER ||
-        (losses && (!w->DLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->taken || !w->X ||
-        !w->A || !w->S || !w->YE || !w->dYE || !w->dA || !w->dX || !w->dW || !w->dgate || !w->SS ||
-        !w->dSA || !w->dSS || !w->dHr || !w->P || !w->Z || !w->RF || !w->LOG || !w->dZ || !w->dH ||
-        !w->dU)
+        (losses && (!w->DLR || !w->MDLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->taken ||
+        !w->X || !w->A || !w->S || !w->YE || !w->dYE || !w->dA || !w->dX || !w->dW || !w->dgate ||
+        !w->SS || !w->dSA || !w->dSS || !w->dHr || !w->P || !w->Z || !w->RF || !w->LOG || !w->dZ ||
+        !w->dH || !w->dU || !w->mdH || !w->mdU)
         return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     return SELDP_OK;
 }
 
 /* Rows of expert e in layer l: copies the normed inputs of its slots into w->X, returns n. */
-static size_t gather_rows(const tm_reference *ref, const ref_work *w, int l, int e,
-                          const size_t **rows)
+size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, int e,
+                           const size_t **rows)
 {
     const int D = ref->cfg.d_model, K = ref->cfg.top_k, E = ref->cfg.experts;
     const size_t *first = w->FIRST + (size_t)l * ((size_t)E + 1);
@@ -258,7 +226,8 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     tm__ref_capacity(c, sel, w->shard_begin, w->n_shards, w->taken, kept);
     if (w->DLR)
         router_loss = tm__ref_router_losses(c, lg, sel, w->shard_begin, w->n_shards, w->RW,
-                                            w->DLR + (size_t)l * N * E);
+                                            w->DLR + (size_t)l * N * E, NULL,
+                                            w->MDLR + (size_t)l * N * E, &ref->loss_magnitude);
     size_t *first = w->FIRST + (size_t)l * ((size_t)E + 1);
     group_by_expert(sel, kept, NK, E, first, w->ORDER + (size_t)l * NK, w->next);
     /* the residual, then each expert adds its gated output to the rows it serves */
@@ -266,7 +235,7 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     for (int e = 0; e < E; e++) {
         const ref_linear *w1 = &p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
         const size_t *rows;
-        const size_t n = gather_rows(ref, w, l, e, &rows);
+        const size_t n = tm__ref_gather_rows(ref, w, l, e, &rows);
         ref->routed[(size_t)l * E + e] = n;
         if (n == 0)
             continue;
@@ -303,7 +272,7 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
         w->RF[t] = rms_row(Hf + t * D, p->fnorm->w, D, c->eps, w->Z + t * D);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, V, D, 1.0, w->Z, D, p->emb->w, D,
                 0.0, w->LOG, V);
-    double loss = 0.0;
+    double loss = 0.0, head_mag = 0.0;
     for (size_t t = 0; t < N; t++) {
         double *row = w->LOG + t * V;
         double mx = row[0];
@@ -314,6 +283,7 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
             se += exp(row[v] - mx);
         const double lse = mx + log(se);
         loss += lse - row[w->tgt[t]];
+        head_mag += fabs(lse) + fabs(row[w->tgt[t]]);
         for (int v = 0; v < V; v++)
             row[v] = exp(row[v] - lse) / (double)N;
         row[w->tgt[t]] -= 1.0 / (double)N;
@@ -322,6 +292,7 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
                 p->emb->g, D);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, p->emb->w,
                 D, 0.0, w->dZ, D);
+    ref->loss_magnitude += head_mag / (double)N; /* a token's loss is lse - z_y */
     return loss / (double)N;
 }
 
@@ -354,7 +325,7 @@ static void expert_backward(tm_reference *ref, const ref_params *p, ref_work *w,
     const double *gate = w->GATE + (size_t)l * w->N * (size_t)K;
     ref_linear *w1 = &p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
     const size_t *rows;
-    const size_t n = gather_rows(ref, w, l, e, &rows);
+    const size_t n = tm__ref_gather_rows(ref, w, l, e, &rows);
     if (n == 0)
         return;
     for (size_t i = 0; i < n; i++)
@@ -362,7 +333,7 @@ static void expert_backward(tm_reference *ref, const ref_params *p, ref_work *w,
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0,
                 w->A, F);
     for (size_t i = 0; i < n * (size_t)F; i++)
-        w->S[i] = silu_slope(w->A[i], &w->dA[i]); /* dA holds silu'(A) for now */
+        w->S[i] = tm__ref_silu_slope(w->A[i], &w->dA[i]); /* dA holds silu'(A) for now */
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F,
                 0.0, w->P, F);
     for (size_t i = 0; i < n; i++) {
@@ -407,7 +378,7 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
         const size_t NF = N * (size_t)Fs;
         const double *sa = w->SA + (size_t)l * NF;
         for (size_t i = 0; i < NF; i++)
-            w->SS[i] = silu_slope(sa[i], &w->dSS[i]);
+            w->SS[i] = tm__ref_silu_slope(sa[i], &w->dSS[i]);
         /* W2s: dW (D,Fs) += dH^T S; dS = dH W2s; W1s: dW (Fs,D) += dA^T u; dU = dA W1s */
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fs, (int)N, 1.0, dH, D, w->SS, Fs,
                     1.0, p->sw2[l]->g, Fs);
@@ -535,6 +506,7 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
     for (size_t t = 0; t < N; t++)
         for (int i = 0; i < D; i++)
             p.emb->g[(size_t)tok[t] * D + i] += w.dH[t * D + i];
+    TM_CHECK(tm__ref_magnitudes(ref, &p, &w));
 
     *out = ref;
     return SELDP_OK;
@@ -577,6 +549,18 @@ const double *tm_reference_grad(const tm_reference *ref, const char *path, size_
     if (numel)
         *numel = en->n;
     return en->g;
+}
+
+const double *tm_reference_magnitude(const tm_reference *ref, const char *path, size_t *numel)
+{
+    if (!tm_reference_grad(ref, path, numel))
+        return NULL;
+    return tm__ref_find(ref, path)->m;
+}
+
+double tm_reference_loss_magnitude(const tm_reference *ref)
+{
+    return ref->loss_magnitude;
 }
 
 double tm_rel_error(const seldp_tensor *g, double scale, const double *ref, size_t n)

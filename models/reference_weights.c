@@ -91,7 +91,8 @@ static seldp_status add_entry(tm_reference *ref, const seldp_model *weights, con
     en->expert = e;
     en->w = tm__ref_calloc(ref, n, sizeof(double));
     en->g = tm__ref_calloc(ref, n, sizeof(double));
-    if (!en->w || !en->g)
+    en->m = tm__ref_calloc(ref, n, sizeof(double));
+    if (!en->w || !en->g || !en->m)
         return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %s", path);
     for (size_t i = 0; i < n; i++)
         en->w[i] = tm__ref_stored_float(t, i);

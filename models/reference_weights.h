@@ -13,6 +13,7 @@ typedef struct ref_entry {
     char path[REF_PATH_MAX];
     double *w; /* weight (FP64) */
     double *g; /* gradient of the mean loss; NULL for frozen */
+    double *m; /* the magnitude of every element of g (reference_impl.h) */
     size_t n;
     int layer, expert; /* expert -1 for shared */
 } ref_entry;
@@ -37,6 +38,7 @@ typedef struct ref_params {
 struct tm_reference {
     tm_config cfg;
     double loss;
+    double loss_magnitude; /* the magnitude of the loss (reference_impl.h) */
     size_t N;
     size_t *routed; /* (L,E) */
     size_t ties_followed;

@@ -555,6 +555,16 @@ size_t tm_reference_tokens(const tm_reference *ref);
  * gradients must stay absent). */
 const double *tm_reference_grad(const tm_reference *ref, const char *path, size_t *numel);
 
+/** The magnitude of each element of tm_reference_grad's array (the same numel and NULL
+ * cases): the gradient recomputed with every term replaced by its absolute value, >= |grad|.
+ * The FP32 model's rounding error of an element is a small multiple of the unit roundoff times
+ * its magnitude (docs/tolerances.md). */
+const double *tm_reference_magnitude(const tm_reference *ref, const char *path, size_t *numel);
+
+/** The magnitude of the global mean loss: the mean over tokens of |logsumexp| + |target logit|
+ * (the two terms a token's loss is the difference of) plus the router losses. */
+double tm_reference_loss_magnitude(const tm_reference *ref);
+
 /** Number of tokens (over all ranks, counting each of the K slots) that layer l routed to
  * expert e and that expert e processed (assignments dropped by the capacity not counted). */
 size_t tm_reference_routed(const tm_reference *ref, int l, int e);

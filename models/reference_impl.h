@@ -1,0 +1,61 @@
+/* The FP64 reference's internals shared by reference.c (the forward and the backward) and
+ * reference_magnitude.c (the magnitudes the checks' error bounds are made of), for those
+ * files only: the FP32 model's files never include this. */
+#ifndef TM_REFERENCE_IMPL_H
+#define TM_REFERENCE_IMPL_H
+
+#include <math.h>
+#include <stddef.h>
+
+#include "reference_weights.h"
+
+/* The step's activations (kept from the forward for the backward) and work buffers. Expert
+ * buffers hold one expert's rows at a time; the router-loss arrays exist only when the
+ * config enables a router loss. */
+typedef struct ref_work {
+    size_t N;
+    const size_t *shard_begin; /* (n_shards + 1) */
+    int n_shards;
+    const int *tok, *tgt; /* (N) */
+    double *H;            /* (L+1,N,D) layer inputs, then the last layer's output */
+    double *U, *R;        /* (L,N,D) normed inputs, (L,N) their 1/rms */
+    int *SEL;             /* (L,N,K) top-K, slots in decreasing logit */
+    double *GATE;         /* (L,N,K) */
+    unsigned char *KEPT;  /* (L,N,K) 0 where the capacity dropped the slot */
+    size_t *FIRST;        /* (L,E+1) */
+    size_t *ORDER;        /* (L,N*K) kept slots grouped by expert (group_by_expert) */
+    double *DLR;          /* (L,N,E) router-loss logit gradients, or NULL */
+    double *MDLR;         /* (L,N,E) their magnitudes (reference_magnitude.c), or NULL */
+    double *RW;           /* (2 N*E + 3E) router-loss work, or NULL */
+    double *SA;           /* (L,N,Fs) shared expert pre-activations */
+    double *LG;           /* (N,E) one layer's router logits */
+    size_t *next;         /* (E) */
+    double *taken;        /* (E) */
+    double *X, *A, *S, *YE, *dYE, *dA, *dX; /* one expert: (n,D) (n,F) (n,F) (n,D) ... */
+    double *dHr, *P;                        /* one expert: (n,D) rows of dH, (n,F) dH W2 */
+    double *dW, *dgate, *SS, *dSS, *dSA;    /* (D*F) (N,K) (N,Fs) x3 */
+    double *Z, *RF, *LOG, *dZ, *dH, *dU;    /* head: (N,D) (N) (N,V); (N,D) x3 */
+    double *mdH, *mdU;                      /* magnitudes of dH and dU: (N,D) x2 */
+} ref_work;
+
+/* silu(a), and its derivative into *slope, from one exponential */
+static inline double tm__ref_silu_slope(double a, double *slope)
+{
+    double s = 1.0 / (1.0 + exp(-a));
+    *slope = s + a * s * (1.0 - s);
+    return a * s;
+}
+
+/* Rows of expert e in layer l: copies the normed inputs of its slots into w->X, returns n;
+ * *rows points at their slots (token * K + k). */
+size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, int e,
+                           const size_t **rows);
+
+/* After the backward: the magnitude of every gradient element (ref_entry.m) and of the loss
+ * (ref->loss_magnitude), from the activations the forward kept in w. The magnitude of a
+ * quantity is the same computation with every term replaced by its absolute value: where
+ * terms cancel the magnitude stays large while the value shrinks, and the FP32 model's
+ * rounding error scales with the magnitude, not with the value (docs/tolerances.md). */
+seldp_status tm__ref_magnitudes(tm_reference *ref, const ref_params *p, ref_work *w);
+
+#endif
