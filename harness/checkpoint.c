@@ -61,14 +61,6 @@ static int shard_generation(const char *name)
     return generation;
 }
 
-/* The writer of a parameter: its replica set's root (SPEC §7: one writer per replica set). */
-static int writer_of(const hx_layout *l, const tm_param_info *p)
-{
-    if (p->role & TM_ROLES_SHARED_GROUP)
-        return l->shared.root;
-    return l->owners[p->expert].root;
-}
-
 int hx_ckpt_next_generation(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -106,22 +98,9 @@ seldp_status hx_ckpt_write_rank(hx_rank *rk, int step)
     hx_grid_ckpt_keep keep = {0};
     rk->saved_token_state = rk->token_state;
     HX_CHECK(hx_st_writer_create(&w));
-    if (rk->grid) { /* logical tensors gathered from the shards */
-        HX_CHECK(hx_grid_ckpt_add(rk, w, &keep));
-        written = keep.written;
-    }
-    for (size_t i = 0; !rk->grid && i < tm_param_count(rk->model); i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (p->alias || writer_of(run->layout, p) != rk->rank)
-            continue;
-        const seldp_tensor *t = &p->tensor;
-        HX_CHECK(hx_st_add(w, p->path, t->dtype, t->ndim, t->shape, t->data));
-        written++;
-        if (rk->master && rk->master[i]) {
-            snprintf(name, sizeof name, CKPT_MASTER_PREFIX "%s", p->path);
-            HX_CHECK(hx_st_add(w, name, SELDP_F32, t->ndim, t->shape, rk->master[i]));
-        }
-    }
+    /* one writer per replica set, logical tensors gathered from the shards */
+    HX_CHECK(hx_grid_ckpt_add(rk, w, &keep));
+    written = keep.written;
     if (written == 0)
         goto fail; /* this rank roots no replica set */
     HX_CHECK(hx_st_add_metadata(w, "format", CKPT_FORMAT));
@@ -261,15 +240,9 @@ seldp_status hx_ckpt_commit(hx_run *run, int step)
     bool *writes = hx_calloc((size_t)W, sizeof *writes);
     if (!writes)
         return SELDP_ERR_NOMEM;
-    for (int r = 0; hx_grid_sharded(run) && r < W; r++)
+    for (int r = 0; r < W; r++)
         for (size_t i = 0; i < tm_param_count(run->ranks[r].model); i++)
-            writes[r] =
-                writes[r] || hx_grid_ckpt_writes(run, r, tm_param_at(run->ranks[r].model, i));
-    if (!hx_grid_sharded(run)) {
-        writes[l->shared.root] = true;
-        for (int e = 0; e < l->experts; e++)
-            writes[l->owners[e].root] = true;
-    }
+            writes[r] = writes[r] || hx_set_writes(run, r, tm_param_at(run->ranks[r].model, i));
     HX_CHECK(sync_path(dir, true)); /* the shards' renames are durable before the index */
     for (int r = 0; r < W; r++) {
         if (!writes[r])

@@ -93,71 +93,60 @@ static void merge_local(hx_check_result *into, hx_check_result *from)
     *from = (hx_check_result){0};
 }
 
-static const hx_group *group_of(const hx_run *run, int g)
+/* The index of rk's occurrence at `path` (or, on a root that holds the tied embedding as
+ * embed.weight, its logical path), or -1. */
+static long param_index(const hx_rank *rk, const char *path)
 {
-    return g == 0 ? &run->layout->shared : &run->layout->data[g - 1];
-}
-
-static const char *group_name(int g, char *buf, size_t size)
-{
-    if (g == 0)
-        snprintf(buf, size, "shared");
-    else
-        snprintf(buf, size, "d%d", g - 1);
-    return buf;
-}
-
-/* The bytes rank r held at `path` before initialize, or NULL. */
-static const void *pre_init_of(const hx_rank *rk, const char *path)
-{
-    for (size_t i = 0; i < rk->n_params; i++)
-        if (strcmp(tm_param_at(rk->model, i)->path, path) == 0)
-            return rk->pre_init[i];
-    return NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        const char *want = pass ? hx_grid_logical_path(path) : path;
+        for (size_t i = 0; i < rk->n_params; i++)
+            if (strcmp(tm_param_at(rk->model, i)->path, want) == 0)
+                return (long)i;
+    }
+    return -1;
 }
 
 void hx_check_init(hx_run *run)
 {
-    char name[32];
-    if (hx_grid_sharded(run)) {
-        hx_grid_check_init(run);
-        return;
-    }
-    for (int g = 0; g <= run->layout->n_data; g++) {
-        const hx_group *group = group_of(run, g);
-        const hx_rank *root = &run->ranks[group->root];
-        group_name(g, name, sizeof name);
-        for (int i = 0; i < group->size; i++) {
-            const hx_rank *rk = &run->ranks[group->ranks[i]];
-            bool differed = false;
+    for (int i = 0; i < run->sets.n; i++) {
+        const hx_set *set = &run->sets.sets[i];
+        const hx_rank *root = &run->ranks[set->root];
+        for (int k = 0; k < set->size; k++) {
+            const hx_rank *rk = &run->ranks[set->ranks[k]];
+            bool differed = false, compared = false;
             for (size_t j = 0; j < rk->n_params; j++) {
                 const tm_param_info *p = tm_param_at(rk->model, j);
-                if (p->alias || !hx_param_in_group(run, p, g))
+                if (!hx_set_covers(run, set, rk->rank, p))
                     continue;
-                const void *want = pre_init_of(root, p->path);
+                long at = param_index(root, p->path);
                 size_t bytes = seldp_tensor_nbytes(&p->tensor);
-                if (!want) {
+                if (at < 0 ||
+                    seldp_tensor_nbytes(&tm_param_at(root->model, (size_t)at)->tensor) != bytes) {
                     hx_check_record(run, HX_CHECK_INIT_REPLICAS, true, 0,
-                                    "group %s: rank %d holds %s, root rank %d does not", name,
+                                    "%s: rank %d holds %s, root rank %d does not", set->label,
                                     rk->rank, p->path, root->rank);
                     continue;
                 }
+                const void *want = root->pre_init[at];
+                compared = true;
                 differed = differed || memcmp(rk->pre_init[j], want, bytes) != 0;
                 bool equal = memcmp(p->tensor.data, want, bytes) == 0;
                 hx_check_record(run, HX_CHECK_INIT_REPLICAS, !equal, 0,
-                                "group %s: rank %d's %s differs from root rank %d's value after "
+                                "%s: rank %d's %s differs from root rank %d's value after "
                                 "initialize",
-                                name, rk->rank, p->path, root->rank);
+                                set->label, rk->rank, p->path, root->rank);
             }
-            if (rk != root && run->resume)
+            if (rk == root || !compared) /* an empty set (its kind's parameters elsewhere) */
+                continue;
+            if (run->resume)
                 hx_check_record(run, HX_CHECK_LOADED_REPLICAS, differed, 0,
-                                "group %s: rank %d loaded values that differ from root rank %d's",
-                                name, rk->rank, root->rank);
-            else if (rk != root)
+                                "%s: rank %d loaded values that differ from root rank %d's",
+                                set->label, rk->rank, root->rank);
+            else
                 hx_check_record(run, HX_CHECK_DIFFER_BEFORE_INIT, !differed, 0,
-                                "group %s: rank %d held the same values as root rank %d before "
+                                "%s: rank %d held the same values as root rank %d before "
                                 "initialize, so the broadcast is not tested",
-                                name, rk->rank, root->rank);
+                                set->label, rk->rank, root->rank);
         }
     }
     for (int r = 0; r < run->opts.world; r++)
@@ -233,8 +222,9 @@ static void check_gradients(hx_run *run, int step, const tm_reference *ref)
                             "step %d: rank %d: %s: relative error %.3e exceeds %.0e", step + 1, r,
                             p->path, err, run->tolerance);
             note_error(&run->classes[hx_class_of(p->path)], err, p->path, r, step);
-            int g = p->expert >= 0 ? 1 + run->layout->data_of[p->expert] : 0;
-            note_error(&run->groups[g], err, p->path, r, step);
+            const hx_set *set = hx_set_of(run, r, p);
+            if (set)
+                note_error(&run->set_errors[set->index], err, p->path, r, step);
             note_error(&step_worst, err, p->path, r, step);
         }
     }
@@ -244,45 +234,40 @@ static void check_gradients(hx_run *run, int step, const tm_reference *ref)
     snprintf(rec->worst_path, sizeof rec->worst_path, "%s", step_worst.worst_path);
 }
 
-/* Bit-identical gradients (trainable) and parameters (everything selected) over each group. */
+/* Bit-identical parameters (everything selected) and gradients (trainable) over each set:
+ * every member's equal to its root's. */
 static void check_replicas(hx_run *run, int step)
 {
-    char name[32];
-    if (hx_grid_sharded(run)) {
-        hx_grid_check_replicas(run, step);
-        return;
-    }
-    for (int g = 0; g <= run->layout->n_data; g++) {
-        const hx_group *group = group_of(run, g);
-        const hx_rank *first = &run->ranks[group->ranks[0]];
-        const hx_rank *root = &run->ranks[group->root];
-        group_name(g, name, sizeof name);
-        for (int i = 0; i < group->size; i++) {
-            const hx_rank *rk = &run->ranks[group->ranks[i]];
+    for (int i = 0; i < run->sets.n; i++) {
+        const hx_set *set = &run->sets.sets[i];
+        const hx_rank *root = &run->ranks[set->root];
+        for (int k = 0; k < set->size; k++) {
+            const hx_rank *rk = &run->ranks[set->ranks[k]];
+            if (rk == root)
+                continue;
             for (size_t j = 0; j < rk->n_params; j++) {
                 const tm_param_info *p = tm_param_at(rk->model, j);
-                if (p->alias || !hx_param_in_group(run, p, g))
+                if (!hx_set_covers(run, set, rk->rank, p))
                     continue;
-                if (rk != root) {
-                    const tm_param_info *q = tm_param_find(root->model, p->path);
-                    bool same = q && memcmp(q->tensor.data, p->tensor.data,
-                                            seldp_tensor_nbytes(&p->tensor)) == 0;
-                    hx_check_record(run, HX_CHECK_PARAM_REPLICAS, !same, 0,
-                                    "step %d: group %s: rank %d's %s differs from root rank %d's",
-                                    step + 1, name, rk->rank, p->path, root->rank);
-                }
-                if (rk == first || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+                long at = param_index(root, p->path);
+                const tm_param_info *q = at >= 0 ? tm_param_at(root->model, (size_t)at) : NULL;
+                bool same =
+                    q && seldp_tensor_nbytes(&q->tensor) == seldp_tensor_nbytes(&p->tensor) &&
+                    memcmp(q->tensor.data, p->tensor.data, seldp_tensor_nbytes(&p->tensor)) == 0;
+                hx_check_record(run, HX_CHECK_PARAM_REPLICAS, !same, 0,
+                                "step %d: %s: rank %d's %s differs from root rank %d's", step + 1,
+                                set->label, rk->rank, p->path, root->rank);
+                if (!q || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
                     continue;
-                const tm_param_info *q = tm_param_find(first->model, p->path);
                 const seldp_tensor *a = seldp_grads_get(rk->grads, p->id);
-                const seldp_tensor *b = q ? seldp_grads_get(first->grads, q->id) : NULL;
-                bool same = (!a && !b) || (a && b && seldp_tensor_same_layout(a, b) &&
-                                           memcmp(a->data, b->data, seldp_tensor_nbytes(a)) == 0);
-                hx_check_record(run, HX_CHECK_GRAD_REPLICAS, !same, 0,
-                                "step %d: group %s: rank %d's reduced gradient of %s %s rank %d's",
-                                step + 1, name, rk->rank, p->path,
+                const seldp_tensor *b = seldp_grads_get(root->grads, q->id);
+                bool equal = (!a && !b) || (a && b && seldp_tensor_same_layout(a, b) &&
+                                            memcmp(a->data, b->data, seldp_tensor_nbytes(a)) == 0);
+                hx_check_record(run, HX_CHECK_GRAD_REPLICAS, !equal, 0,
+                                "step %d: %s: rank %d's reduced gradient of %s %s root rank %d's",
+                                step + 1, set->label, rk->rank, p->path,
                                 (!a) != (!b) ? "is present where it is absent on" : "differs from",
-                                first->rank);
+                                root->rank);
             }
         }
     }
@@ -316,9 +301,11 @@ seldp_status hx_check_step(hx_run *run, int step, const tm_reference *ref)
     for (int r = 0; r < run->opts.world; r++)
         merge_local(&run->checks[HX_CHECK_REDUCE_UNTOUCHED], &run->ranks[r].reduce_untouched);
 
-    run->shared_weight = r0->shared_weight;
-    for (int d = 0; d < run->layout->n_data; d++)
-        run->data_weights[d] = run->ranks[run->layout->data[d].ranks[0]].data_weights[d];
+    for (int i = 0; i < run->sets.n; i++) {
+        const hx_set *set = &run->sets.sets[i];
+        const hx_rank_set *rs = hx_rank_membership(&run->ranks[set->ranks[0]], set);
+        run->set_weights[i] = rs ? rs->global_weight : 0;
+    }
     rec->failures = hx_run_failures(run) - failed_before;
     return SELDP_OK;
 }
@@ -341,23 +328,6 @@ void hx_tensor_from_f32(const float *in, seldp_tensor *t)
         memcpy(t->data, in, n * sizeof(float));
     else
         seldp_f32_to_half(t->dtype, in, t->data, n);
-}
-
-bool hx_param_in_group(const hx_run *run, const tm_param_info *info, int g)
-{
-    if (g == 0)
-        return (info->role & TM_ROLES_SHARED_GROUP) != 0;
-    return (info->role & TM_ROLES_EXPERT_GROUP) != 0 && info->expert >= 0 &&
-           run->layout->data_of[info->expert] == g - 1;
-}
-
-const char *hx_group_label(int g, char *buf, size_t size)
-{
-    if (g == 0)
-        snprintf(buf, size, "the shared group");
-    else
-        snprintf(buf, size, "expert-data group d%d", g - 1);
-    return buf;
 }
 
 void hx_record_local(hx_check_result *c, bool failed, const char *fmt, ...)

@@ -4,39 +4,22 @@
 #include <string.h>
 
 #include "clip.h"
-#include "grid.h"
 #include "util.h"
 
-/* The rank's sessions as the parts of a norm call: the shared group and every expert-data
- * group it belongs to, or a sharded run's sets (grid.h), all replica sets: each group holds
- * replicas of its shards, so every shard counts once. parts has room for max_parts(rk). */
-static size_t max_parts(const hx_rank *rk)
+/* The rank's replica sets as the parts of a norm call: each holds replicas of its shards, so
+ * every shard counts once. parts has room for rk->n_sets. */
+static size_t rank_parts(const hx_rank *rk, seldp_grads *grads, seldp_norm_part *parts)
 {
-    size_t n = (size_t)(1 + rk->run->layout->n_data);
-    return n > HX_SET_COUNT ? n : HX_SET_COUNT;
-}
-
-static size_t rank_parts(hx_rank *rk, seldp_grads *grads, seldp_norm_part *parts)
-{
-    size_t n = 0;
-    if (rk->grid) {
-        for (int set = 0; set < HX_SET_COUNT; set++)
-            if (rk->grid->set[set])
-                parts[n++] = (seldp_norm_part){rk->grid->set[set], grads, SELDP_NORM_REPLICATED};
-        return n;
-    }
-    parts[n++] = (seldp_norm_part){rk->shared_session, grads, SELDP_NORM_REPLICATED};
-    for (int d = 0; d < rk->run->layout->n_data; d++)
-        if (rk->data_sessions[d])
-            parts[n++] = (seldp_norm_part){rk->data_sessions[d], grads, SELDP_NORM_REPLICATED};
-    return n;
+    for (int i = 0; i < rk->n_sets; i++)
+        parts[i] = (seldp_norm_part){rk->sets[i].session, grads, SELDP_NORM_REPLICATED};
+    return (size_t)rk->n_sets;
 }
 
 seldp_status hx_clip_norm(hx_rank *rk, seldp_grads *grads)
 {
     seldp_status st = SELDP_OK;
     seldp_grad_norm_result res;
-    seldp_norm_part *parts = hx_calloc(max_parts(rk), sizeof *parts);
+    seldp_norm_part *parts = hx_calloc((size_t)rk->n_sets + 1, sizeof *parts);
     if (!parts)
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     size_t n = rank_parts(rk, grads, parts);
@@ -112,7 +95,7 @@ seldp_status hx_clip_apply(hx_rank *rk, bool *skip)
     seldp_status st = SELDP_OK;
     seldp_grad_norm_result res;
     seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
-    seldp_norm_part *parts = hx_calloc(max_parts(rk), sizeof *parts);
+    seldp_norm_part *parts = hx_calloc((size_t)rk->n_sets + 1, sizeof *parts);
     if (!parts)
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     size_t n = rank_parts(rk, grads, parts);

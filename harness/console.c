@@ -39,10 +39,11 @@ static void print_grid_table(const hx_run *run, const char *const *devices, FILE
             "tp", "etp", "dense", "EP group", "expert-data", "experts");
     for (int r = 0; r < l->world; r++) {
         char dense[256], ep[256], edp[256], experts[256] = "-";
-        group_cell(g, SELDP_GROUP_DP, r, hx_grid_root(run, r, HX_SET_DENSE), dense, sizeof dense);
+        const hx_set *ds = hx_set_member(run, r, HX_SET_DENSE);
+        const hx_set *es = hx_set_member(run, r, HX_SET_EXPERT);
+        group_cell(g, SELDP_GROUP_DP, r, ds ? ds->root : -1, dense, sizeof dense);
         group_cell(g, SELDP_GROUP_EP, r, -1, ep, sizeof ep);
-        group_cell(g, SELDP_GROUP_EXPERT_DP, r, hx_grid_root(run, r, HX_SET_EXPERT), edp,
-                   sizeof edp);
+        group_cell(g, SELDP_GROUP_EXPERT_DP, r, es ? es->root : -1, edp, sizeof edp);
         int n = hx_layout_owned(l, r, owned);
         for (int i = 0, at = 0; i < n && at < (int)sizeof experts; i++)
             at +=

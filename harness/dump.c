@@ -118,20 +118,24 @@ static void data_shards(const hx_run *run, hx_buf *b)
     free(ranks);
 }
 
-/* A sharded run's global weights: what each rank's reductions returned, per set (grid.h):
+/* A sharded run's global weights: what each rank's reductions returned, per set (sets.h):
  * dense and sequence-parallel `reduce` (tokens), embedding and expert-data x expert-TP `sum`
  * (active ranks), expert-data as the expert flow says. */
 static void sharded_weights(const hx_run *run, hx_buf *b)
 {
-    static const char *const keys[HX_SET_COUNT] = {"dense", "sequence_parallel", "embedding",
-                                                   "expert_data", "expert_data_expert_tp"};
+    static const char *const keys[HX_SET_KINDS] = {[HX_SET_DENSE] = "dense",
+                                                   [HX_SET_SP] = "sequence_parallel",
+                                                   [HX_SET_EMB] = "embedding",
+                                                   [HX_SET_EXPERT] = "expert_data",
+                                                   [HX_SET_EXPERT_TP] = "expert_data_expert_tp"};
     hx_buf_puts(b, ",\n  \"global_weights\": [");
     for (int r = 0; r < run->opts.world; r++) {
-        const hx_grid_rank *gr = run->ranks[r].grid;
+        const hx_rank *rk = &run->ranks[r];
         hx_buf_printf(b, "%s\n    {\"rank\": %d", r ? "," : "", r);
-        for (int set = 0; gr && set < HX_SET_COUNT; set++)
-            if (gr->comm[set] || gr->weight[set])
-                hx_buf_printf(b, ", \"%s\": %llu", keys[set], (unsigned long long)gr->weight[set]);
+        for (int i = 0; i < rk->n_sets; i++)
+            if (keys[rk->sets[i].set->kind])
+                hx_buf_printf(b, ", \"%s\": %llu", keys[rk->sets[i].set->kind],
+                              (unsigned long long)rk->sets[i].global_weight);
         hx_buf_puts(b, "}");
     }
     hx_buf_puts(b, "\n  ]\n}\n");
@@ -175,7 +179,7 @@ static void manifest(const hx_run *run, int step, const char *config, const char
                   ",\n  \"global_weights\": {\n    \"shared\": {\"ranks\": \"all\", \"root\": %d, "
                   "\"method\": \"reduce\", \"global_weight\": %llu},\n"
                   "    \"expert_data_groups\": [",
-                  l->shared.root, (unsigned long long)run->ranks[0].shared_weight);
+                  l->shared.root, (unsigned long long)run->set_weights[0]);
     for (int d = 0; d < l->n_data; d++) {
         const hx_group *g = &l->data[d];
         hx_buf_printf(b, "%s\n      {\"group\": \"d%d\", \"ranks\": [", d ? "," : "", d);
@@ -191,7 +195,7 @@ static void manifest(const hx_run *run, int step, const char *config, const char
         }
         hx_buf_printf(b, "], \"method\": \"%s\", \"global_weight\": %llu}",
                       run->opts.flow == HX_FLOW_SUM ? "sum" : "reduce",
-                      (unsigned long long)run->ranks[g->ranks[0]].data_weights[d]);
+                      (unsigned long long)run->set_weights[1 + d]);
     }
     hx_buf_puts(b, "\n    ]\n  }\n}\n");
 }

@@ -107,10 +107,10 @@ static seldp_status mirror_create(hx_run *run, hx_rank *rk)
         "rank 0: the mirror of rank %d's model", rk->rank);
     rk->n_params = tm_param_count(rk->model);
     rk->pre_init = hx_calloc(rk->n_params, sizeof *rk->pre_init);
-    rk->data_weights = hx_calloc((size_t)(l->n_data ? l->n_data : 1), sizeof *rk->data_weights);
+    HX_CHECK(hx_rank_sets_list(rk));
     rk->counts = hx_calloc((size_t)run->opts.world, sizeof *rk->counts);
     rk->routed = hx_calloc((size_t)(run->opts.model.layers * l->experts), sizeof *rk->routed);
-    if (!rk->pre_init || !rk->data_weights || !rk->counts || !rk->routed)
+    if (!rk->pre_init || !rk->counts || !rk->routed)
         HX_FAIL(SELDP_ERR_NOMEM, "rank 0: out of memory");
     for (size_t i = 0; i < rk->n_params; i++) {
         size_t bytes = seldp_tensor_nbytes(&tm_param_at(rk->model, i)->tensor);
@@ -261,9 +261,8 @@ static void pack_step(hx_rank *rk, hx_buf *b)
     put(b, &rk->t_compute, sizeof rk->t_compute);
     put(b, &rk->t_dispatch, sizeof rk->t_dispatch);
     put(b, &rk->t_reduce, sizeof rk->t_reduce);
-    put_u64(b, rk->shared_weight);
-    int n_data = rk->run->layout->n_data;
-    put(b, rk->data_weights, (size_t)n_data * sizeof *rk->data_weights);
+    for (int i = 0; i < rk->n_sets; i++)
+        put_u64(b, rk->sets[i].global_weight);
     put_check(b, &rk->reduce_untouched);
     if (rk->rank != 0)
         rk->reduce_untouched = (hx_check_result){0};
@@ -340,8 +339,8 @@ static seldp_status unpack_step(hx_run *run, hx_rank *rk, reader *r)
     get(r, &rk->t_compute, sizeof rk->t_compute);
     get(r, &rk->t_dispatch, sizeof rk->t_dispatch);
     get(r, &rk->t_reduce, sizeof rk->t_reduce);
-    rk->shared_weight = get_u64(r);
-    get(r, rk->data_weights, (size_t)run->layout->n_data * sizeof *rk->data_weights);
+    for (int i = 0; i < rk->n_sets; i++)
+        rk->sets[i].global_weight = get_u64(r);
     get_check(r, &rk->reduce_untouched);
     /* the same on every rank: allgathered and allreduced by the step itself */
     memcpy(rk->counts, root->counts, (size_t)run->opts.world * sizeof *rk->counts);

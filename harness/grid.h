@@ -39,25 +39,21 @@ typedef struct hx_shard {
     int rows;
 } hx_shard;
 
-/* The session a parameter of a sharded run is reduced in. */
-typedef enum hx_grid_set {
-    HX_SET_DENSE = 0,
-    HX_SET_SP = 1,
-    HX_SET_EMB = 2,
-    HX_SET_EXPERT = 3,
-    HX_SET_EXPERT_TP = 4, /* a quantized expert's replicated adapters under etp > 1 */
-    HX_SET_COUNT
-} hx_grid_set;
+/* The kind of replica set a parameter of a sharded run is reduced in (sets.h). */
+typedef enum hx_grid_kind {
+    HX_GRID_DENSE = 0,
+    HX_GRID_SP = 1,
+    HX_GRID_EMB = 2,
+    HX_GRID_EXPERT = 3,
+    HX_GRID_EXPERT_TP = 4 /* a quantized expert's replicated adapters under etp > 1 */
+} hx_grid_kind;
 
 typedef struct hx_grid_rank {
     int stage, tp_rank, etp_rank;
     tm_part part;
     seldp_comm *tp, *pp, *etp;
-    seldp_comm *stage_comm;         /* every rank of the stage (load-balancing counts) */
-    seldp_comm *comm[HX_SET_COUNT]; /* the groups of the sessions; NULL where none */
-    seldp_session *set[HX_SET_COUNT];
-    uint64_t weight[HX_SET_COUNT]; /* the global weights the last reductions returned */
-    seldp_model *emb_view;         /* emb: the tied copy under the path embed.weight */
+    seldp_comm *stage_comm; /* every rank of the stage (load-balancing counts) */
+    seldp_model *emb_view;  /* pp > 1, first and last stage: the tied copy as embed.weight */
 } hx_grid_rank;
 
 /* True when the run shards the model: tp, pp or etp > 1. */
@@ -78,38 +74,21 @@ hx_shard hx_grid_shard(const hx_run *run, int r, const char *path);
 /* The stage-0 rank of rank r's pipeline group, whose tokens r shares. */
 int hx_grid_batch_rank(const hx_run *run, int r);
 
-/* The session rank r reduces `p` in, and the world rank that session initializes it from. */
-hx_grid_set hx_grid_set_of(const hx_run *run, int r, const tm_param_info *p);
-int hx_grid_root(const hx_run *run, int r, hx_grid_set set);
-const char *hx_grid_set_name(hx_grid_set set);
+/* The kind of set a sharded run reduces `p` in. */
+hx_grid_kind hx_grid_kind_of(const hx_run *run, const tm_param_info *p);
 
 /* The logical path of a rank's occurrence: lm_head.weight, the last stage's copy of the tied
  * embedding, is embed.weight. */
 const char *hx_grid_logical_path(const char *path);
 
-/* Rank side (grid_rank.c). */
-seldp_status hx_grid_setup(hx_rank *rk);         /* its groups, its model of shards */
-seldp_status hx_grid_init_sessions(hx_rank *rk); /* initialize every set from its root */
-seldp_status hx_grid_reduce(hx_rank *rk, seldp_grads *grads);
+/* Rank side (grid_rank.c): its compute groups (TP, PP, ETP, stage) and its model of shards. */
+seldp_status hx_grid_setup(hx_rank *rk);
 void hx_grid_cleanup(hx_rank *rk);
-/* The pieces of hx_grid_reduce, for the overlapped reductions (overlap.c): the weight each
- * set reduces with; whether a set sums (else a weighted mean); whether its gradients are
- * divided by the global token count in the model before export (hx_grid_prescale does it
- * for one parameter); whether an expert parameter is owed a zero gradient under the error
- * policy. */
-void hx_grid_weights(const hx_rank *rk, uint64_t weight[HX_SET_COUNT]);
-bool hx_grid_set_sums(const hx_run *run, hx_grid_set set);
-bool hx_grid_prescaled(const hx_run *run, hx_grid_set set);
-seldp_status hx_grid_prescale(hx_rank *rk, const tm_param_info *p);
-bool hx_grid_zero_owed(const hx_rank *rk, const tm_param_info *p);
 
-/* Main side (grid_check.c): the logical weights assembled from the shards into run->global;
- * the replica checks by replica set; the slice of a logical gradient a shard must equal. */
-seldp_status hx_grid_refresh_global(hx_run *run);
-/* The same into `into`, a model of the logical config holding every expert. */
+/* Main side (grid_check.c): the logical weights assembled from every replica set's root (its
+ * shards, or its whole tensors) into `into`, a model of the logical config holding every
+ * expert. */
 seldp_status hx_grid_assemble(const hx_run *run, tm_model *into);
-void hx_grid_check_init(hx_run *run);
-void hx_grid_check_replicas(hx_run *run, int step);
 /* With pipeline parallelism a batch's layers are routed on the ranks of their stages: its
  * (L,T,K) choices gathered from its pipeline group into *out (malloc'd; NULL for an unsharded
  * run), batch rank b's beginning at hx_grid_choices_offset(run, b). */
@@ -139,9 +118,6 @@ void hx_shard_batch_free(hx_shard_batch *b);
 void hx_grid_layout_md(const hx_run *run, hx_buf *b);
 /* Copy a shard into its range of the logical tensor `lt` (to_logical), or the range out. */
 void hx_shard_copy(void *logical, const seldp_tensor *lt, void *shard, hx_shard s, bool to_logical);
-/* --global-batch: a sharded rank takes the logical model's values of the shards it is the
- * root of (grid_check.c). */
-seldp_status hx_grid_logical_values(hx_rank *rk);
 /* out (numel of the shard) = the slice of `full` (the logical tensor of shape `shape`). */
 void hx_shard_slice(const double *full, const seldp_tensor *logical, hx_shard s, double *out);
 

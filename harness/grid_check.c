@@ -137,63 +137,19 @@ const char *hx_grid_logical_path(const char *path)
     return strcmp(path, "lm_head.weight") == 0 ? "embed.weight" : path;
 }
 
-hx_grid_set hx_grid_set_of(const hx_run *run, int r, const tm_param_info *p)
+hx_grid_kind hx_grid_kind_of(const hx_run *run, const tm_param_info *p)
 {
-    (void)r;
     seldp_layout_config c = grid_config(run);
     if ((p->role & TM_ROLE_ADAPTER) && c.etp > 1 &&
         (ends_with(p->path, ".w1.lora_a.weight") || ends_with(p->path, ".w2.lora_b.weight")))
-        return HX_SET_EXPERT_TP;
+        return HX_GRID_EXPERT_TP;
     if (p->role & TM_ROLES_EXPERT_GROUP)
-        return HX_SET_EXPERT;
+        return HX_GRID_EXPERT;
     if (strcmp(p->path, "embed.weight") == 0 || strcmp(p->path, "lm_head.weight") == 0)
-        return c.pp > 1 ? HX_SET_EMB : HX_SET_DENSE;
+        return c.pp > 1 ? HX_GRID_EMB : HX_GRID_DENSE;
     if (strstr(p->path, ".shared_expert."))
-        return HX_SET_DENSE;
-    return c.tp > 1 ? HX_SET_SP : HX_SET_DENSE;
-}
-
-int hx_grid_root(const hx_run *run, int r, hx_grid_set set)
-{
-    const seldp_layout *g = run->layout->grid;
-    seldp_layout_config c = grid_config(run);
-    int stage = seldp_layout_stage(g, r);
-    int tp_rank = seldp_layout_position(g, SELDP_GROUP_TP, r);
-    switch (set) {
-    case HX_SET_DENSE:
-        return seldp_layout_root(g, SELDP_GROUP_DP, seldp_layout_group_of(g, SELDP_GROUP_DP, r));
-    case HX_SET_EXPERT:
-        return seldp_layout_root(g, SELDP_GROUP_EXPERT_DP,
-                                 seldp_layout_group_of(g, SELDP_GROUP_EXPERT_DP, r));
-    case HX_SET_SP:
-        for (int q = 0; q < c.world; q++)
-            if (seldp_layout_stage(g, q) == stage)
-                return q;
-        return -1;
-    case HX_SET_EXPERT_TP:
-        for (int q = 0; q < c.world; q++)
-            if (seldp_layout_stage(g, q) == stage &&
-                seldp_layout_position(g, SELDP_GROUP_EP, q) ==
-                    seldp_layout_position(g, SELDP_GROUP_EP, r))
-                return q;
-        return -1;
-    case HX_SET_EMB:
-        for (int q = 0; q < c.world; q++)
-            if (seldp_layout_stage(g, q) == 0 &&
-                seldp_layout_position(g, SELDP_GROUP_TP, q) == tp_rank)
-                return q;
-        return -1;
-    default:
-        return -1;
-    }
-}
-
-const char *hx_grid_set_name(hx_grid_set set)
-{
-    static const char *const names[HX_SET_COUNT] = {
-        "dense (dp x cp)", "sequence-parallel (dp x cp x tp)", "embedding (first and last stage)",
-        "expert-data", "expert-data x expert-TP"};
-    return (unsigned)set < HX_SET_COUNT ? names[set] : "invalid";
+        return HX_GRID_DENSE;
+    return c.tp > 1 ? HX_GRID_SP : HX_GRID_DENSE;
 }
 
 /* ---- logical tensors from shards ------------------------------------------------------- */
@@ -232,18 +188,14 @@ void hx_shard_slice(const double *full, const seldp_tensor *logical, hx_shard s,
     hx_shard_copy((void *)full, &t, out, s, false);
 }
 
-seldp_status hx_grid_refresh_global(hx_run *run)
-{
-    return hx_grid_assemble(run, run->global);
-}
-
 seldp_status hx_grid_assemble(const hx_run *run, tm_model *into)
 {
     for (int r = 0; r < run->opts.world; r++) {
         const hx_rank *rk = &run->ranks[r];
         for (size_t i = 0; i < rk->n_params; i++) {
             const tm_param_info *p = tm_param_at(rk->model, i);
-            if (p->alias || hx_grid_root(run, r, hx_grid_set_of(run, r, p)) != r)
+            const hx_set *set = hx_set_of(run, r, p);
+            if (p->alias || !set || set->root != r)
                 continue;
             const tm_param_info *q = tm_param_find(into, hx_grid_logical_path(p->path));
             if (!q || q->tensor.dtype != p->tensor.dtype)
@@ -295,140 +247,6 @@ seldp_status hx_grid_merge_choices(const hx_run *run, int **out)
     return SELDP_OK;
 }
 
-/* ---- replica checks -------------------------------------------------------------------- */
-
-/* The occurrence of the root rank that p's replicas must equal, and its index. */
-static const tm_param_info *root_param(const hx_run *run, int r, const tm_param_info *p,
-                                       const hx_rank **root, size_t *index)
-{
-    int q = hx_grid_root(run, r, hx_grid_set_of(run, r, p));
-    if (q < 0)
-        return NULL;
-    *root = &run->ranks[q];
-    const tm_param_info *found = tm_param_find((*root)->model, p->path);
-    if (!found)
-        found = tm_param_find((*root)->model, hx_grid_logical_path(p->path));
-    if (!found)
-        return NULL;
-    for (size_t i = 0; i < (*root)->n_params; i++)
-        if (tm_param_at((*root)->model, i) == found)
-            *index = i;
-    return found;
-}
-
-void hx_grid_check_init(hx_run *run)
-{
-    for (int r = 0; r < run->opts.world; r++) {
-        const hx_rank *rk = &run->ranks[r];
-        bool differed = false, compared = false;
-        for (size_t j = 0; j < rk->n_params; j++) {
-            const tm_param_info *p = tm_param_at(rk->model, j);
-            if (p->alias)
-                continue;
-            const hx_rank *root = NULL;
-            size_t at = 0;
-            const tm_param_info *q = root_param(run, r, p, &root, &at);
-            const char *set = hx_grid_set_name(hx_grid_set_of(run, r, p));
-            if (!q) {
-                hx_check_record(run, HX_CHECK_INIT_REPLICAS, true, 0,
-                                "%s group of rank %d: its root holds no %s", set, r, p->path);
-                continue;
-            }
-            size_t bytes = seldp_tensor_nbytes(&p->tensor);
-            bool equal = bytes == seldp_tensor_nbytes(&q->tensor) &&
-                         memcmp(p->tensor.data, root->pre_init[at], bytes) == 0;
-            hx_check_record(run, HX_CHECK_INIT_REPLICAS, !equal, 0,
-                            "%s group: rank %d's %s differs from root rank %d's value after "
-                            "initialize",
-                            set, r, p->path, root->rank);
-            if (root != rk && equal) {
-                compared = true;
-                differed = differed || memcmp(rk->pre_init[j], root->pre_init[at], bytes) != 0;
-            }
-        }
-        if (compared && run->resume)
-            hx_check_record(run, HX_CHECK_LOADED_REPLICAS, differed, 0,
-                            "rank %d loaded values that differ from its roots'", r);
-        else if (compared)
-            hx_check_record(run, HX_CHECK_DIFFER_BEFORE_INIT, !differed, 0,
-                            "rank %d held its roots' values before initialize, so the broadcast "
-                            "is not tested",
-                            r);
-    }
-    for (int r = 0; r < run->opts.world; r++) {
-        hx_check_result *c = &run->ranks[r].init_untouched;
-        hx_check_result *into = &run->checks[HX_CHECK_INIT_UNTOUCHED];
-        into->tested += c->tested;
-        if (c->failed && into->failed == 0)
-            memcpy(into->first_failure, c->first_failure, sizeof into->first_failure);
-        into->failed += c->failed;
-        *c = (hx_check_result){0};
-    }
-}
-
-void hx_grid_check_replicas(hx_run *run, int step)
-{
-    for (int r = 0; r < run->opts.world; r++) {
-        const hx_rank *rk = &run->ranks[r];
-        for (size_t j = 0; j < rk->n_params; j++) {
-            const tm_param_info *p = tm_param_at(rk->model, j);
-            const hx_rank *root = NULL;
-            size_t at = 0;
-            const tm_param_info *q = p->alias ? NULL : root_param(run, r, p, &root, &at);
-            if (!q || root == rk)
-                continue;
-            const char *set = hx_grid_set_name(hx_grid_set_of(run, r, p));
-            bool same =
-                memcmp(q->tensor.data, p->tensor.data, seldp_tensor_nbytes(&p->tensor)) == 0;
-            hx_check_record(run, HX_CHECK_PARAM_REPLICAS, !same, 0,
-                            "step %d: %s group: rank %d's %s differs from root rank %d's", step + 1,
-                            set, r, p->path, root->rank);
-            if (p->frozen || !(p->role & TM_ROLES_TRAINABLE))
-                continue;
-            const seldp_tensor *a = seldp_grads_get(rk->grads, p->id);
-            const seldp_tensor *b = seldp_grads_get(root->grads, q->id);
-            bool equal = (!a && !b) || (a && b && seldp_tensor_same_layout(a, b) &&
-                                        memcmp(a->data, b->data, seldp_tensor_nbytes(a)) == 0);
-            hx_check_record(run, HX_CHECK_GRAD_REPLICAS, !equal, 0,
-                            "step %d: %s group: rank %d's reduced gradient of %s %s rank %d's",
-                            step + 1, set, r, p->path,
-                            (!a) != (!b) ? "is present where it is absent on" : "differs from",
-                            root->rank);
-        }
-    }
-}
-
-seldp_status hx_grid_logical_values(hx_rank *rk)
-{
-    seldp_status st = SELDP_OK;
-    hx_run *run = rk->run;
-    tm_model *logical = NULL;
-    tm_config cfg = run->opts.model;
-    uint64_t key = cfg.seed ^ tm_hash_path("harness.logical-model");
-    cfg.seed = tm_splitmix64(&key);
-    int *all = hx_calloc((size_t)cfg.experts, sizeof *all);
-    if (!all)
-        return SELDP_ERR_NOMEM;
-    for (int e = 0; e < cfg.experts; e++)
-        all[e] = e;
-    HX_CHECK_LIB(tm_model_create(&cfg, 0, all, cfg.experts, NULL, NULL, &logical),
-                 "rank %d: creating the logical model's values", rk->rank);
-    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (p->alias || hx_grid_root(run, rk->rank, hx_grid_set_of(run, rk->rank, p)) != rk->rank)
-            continue;
-        const tm_param_info *q = tm_param_find(logical, hx_grid_logical_path(p->path));
-        if (!q)
-            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: no logical value of %s", rk->rank, p->path);
-        hx_shard_copy(q->tensor.data, &q->tensor, p->tensor.data,
-                      hx_grid_shard(run, rk->rank, p->path), false);
-    }
-fail:
-    tm_model_destroy(logical);
-    free(all);
-    return st;
-}
-
 void hx_grid_layout_md(const hx_run *run, hx_buf *b)
 {
     const hx_layout *l = run->layout;
@@ -442,14 +260,15 @@ void hx_grid_layout_md(const hx_run *run, hx_buf *b)
                       seldp_layout_position(g, SELDP_GROUP_EXPERT_TP, r));
         static const seldp_group_kind kinds[3] = {SELDP_GROUP_DP, SELDP_GROUP_EP,
                                                   SELDP_GROUP_EXPERT_DP};
-        static const hx_grid_set sets[3] = {HX_SET_DENSE, HX_SET_COUNT, HX_SET_EXPERT};
+        static const hx_set_kind sets[3] = {HX_SET_DENSE, HX_SET_KINDS, HX_SET_EXPERT};
         for (int k = 0; k < 3; k++) {
             const int *ranks = NULL;
             int n = seldp_layout_group(g, kinds[k], seldp_layout_group_of(g, kinds[k], r), &ranks);
             hx_buf_puts(b, "[");
             for (int i = 0; i < n; i++)
                 hx_buf_printf(b, "%s%d", i ? "," : "", ranks[i]);
-            bool root = sets[k] != HX_SET_COUNT && hx_grid_root(run, r, sets[k]) == r;
+            const hx_set *set = sets[k] != HX_SET_KINDS ? hx_set_member(run, r, sets[k]) : NULL;
+            bool root = set && set->root == r;
             hx_buf_printf(b, "]%s | ", root ? " (root)" : "");
         }
         int n = hx_layout_owned(l, r, owned);

@@ -11,14 +11,6 @@
 #include "grid.h"
 #include "grid_ckpt.h"
 
-bool hx_grid_ckpt_writes(const hx_run *run, int r, const tm_param_info *p)
-{
-    if (p->alias || strcmp(p->path, "lm_head.weight") == 0)
-        return false; /* the last stage's copy of the tied embedding: stage 0 writes it */
-    hx_shard s = hx_grid_shard(run, r, p->path);
-    return s.index == 0 && hx_grid_root(run, r, hx_grid_set_of(run, r, p)) == r;
-}
-
 seldp_tensor hx_grid_logical_view(const seldp_tensor *shard, hx_shard s, seldp_dtype dtype)
 {
     seldp_tensor t = *shard;
@@ -70,17 +62,23 @@ seldp_status hx_grid_ckpt_add(hx_rank *rk, hx_st_writer *w, hx_grid_ckpt_keep *k
         const tm_param_info *p = tm_param_at(rk->model, i);
         if (p->alias)
             continue;
-        bool writes = hx_grid_ckpt_writes(rk->run, rk->rank, p);
+        bool writes = hx_set_writes(rk->run, rk->rank, p);
         hx_shard s = hx_grid_shard(rk->run, rk->rank, p->path);
+        if (s.parts == 1 && !writes)
+            continue; /* nothing to gather: another rank writes it whole */
         for (int m = 0; m < (rk->master && rk->master[i] ? 2 : 1); m++) {
             seldp_dtype dtype = m ? SELDP_F32 : p->tensor.dtype;
             seldp_tensor lt = hx_grid_logical_view(&p->tensor, s, dtype);
-            void *logical = hx_calloc(seldp_tensor_nbytes(&lt) + 1, 1);
-            if (!logical)
-                HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-            keep->buffers[keep->n++] = logical;
-            HX_CHECK(gather_logical(rk, p, m ? (const void *)rk->master[i] : p->tensor.data, dtype,
-                                    logical));
+            const void *mine = m ? (const void *)rk->master[i] : p->tensor.data;
+            const void *logical = mine;
+            if (s.parts > 1) { /* every member of the split gathers; the writer keeps it */
+                void *whole = hx_calloc(seldp_tensor_nbytes(&lt) + 1, 1);
+                if (!whole)
+                    HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+                keep->buffers[keep->n++] = whole;
+                HX_CHECK(gather_logical(rk, p, mine, dtype, whole));
+                logical = whole;
+            }
             if (!writes)
                 continue;
             snprintf(name, sizeof name, "%s%s", m ? CKPT_MASTER_PREFIX : "",

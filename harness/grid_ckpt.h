@@ -7,10 +7,6 @@
 #include "grid.h"
 #include "safetensors.h"
 
-/* True when rank r writes the logical tensor of its occurrence p: the root of p's set holding
- * part 0 of it (the last stage's copy of the tied embedding is stage 0's to write). */
-bool hx_grid_ckpt_writes(const hx_run *run, int r, const tm_param_info *p);
-
 /* The logical tensor of which `shard` (split as s) is a part, in `dtype`, data untouched. */
 seldp_tensor hx_grid_logical_view(const seldp_tensor *shard, hx_shard s, seldp_dtype dtype);
 
@@ -22,8 +18,9 @@ typedef struct hx_grid_ckpt_keep {
 } hx_grid_ckpt_keep;
 
 /* Collective over rk's TP and expert-TP groups: gather every split tensor (and its FP32 master
- * weights) into its logical tensor, and add to `w` the ones this rank writes. Free `keep` with
- * hx_grid_ckpt_keep_free after the writer wrote. */
+ * weights) into its logical tensor, and add to `w` the ones this rank writes (hx_set_writes;
+ * a tensor held whole is added as it is). Free `keep` with hx_grid_ckpt_keep_free after the
+ * writer wrote. */
 seldp_status hx_grid_ckpt_add(hx_rank *rk, hx_st_writer *w, hx_grid_ckpt_keep *keep);
 void hx_grid_ckpt_keep_free(hx_grid_ckpt_keep *keep);
 

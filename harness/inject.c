@@ -43,43 +43,50 @@ static int ep_size(const hx_rank *rk)
     return l->ep[l->ep_of[rk->rank]].size;
 }
 
-double hx_inject_expert_factor(const hx_rank *rk)
+static bool expert_set(const hx_set *s)
+{
+    return s->kind == HX_SET_DATA || s->kind == HX_SET_EXPERT || s->kind == HX_SET_EXPERT_TP;
+}
+
+static bool dense_set(const hx_set *s)
+{
+    return s->kind == HX_SET_SHARED || s->kind == HX_SET_DENSE || s->kind == HX_SET_SP;
+}
+
+double hx_inject_scale(const hx_rank *rk, const hx_set *s)
 {
     const hx_run *run = rk->run;
     switch (run->opts.inject) {
     case HX_FAULT_EP_SCALE:
         /* DeepSpeed #6545: the expert-data mean already has the right denominator, and the
          * expert grads are multiplied by the EP size on top of it */
-        return (double)ep_size(rk);
+        return expert_set(s) ? (double)ep_size(rk) : 1.0;
     case HX_FAULT_WORLD_DIV:
         /* a mean over the expert-data group divides by world / ep; dividing by the world
          * size instead makes the expert grads ep times too small */
-        return 1.0 / (double)ep_size(rk);
+        return expert_set(s) ? 1.0 / (double)ep_size(rk) : 1.0;
     case HX_FAULT_RANK_MEAN:
-        /* sum flow: loss_sum / T_rank on each rank, then the mean over the world's ranks, in
-         * place of loss_sum / global tokens (the mean flow's weights carry it already) */
-        if (run->opts.flow != HX_FLOW_SUM || rk->T == 0)
+        /* torchtitan #1842: each rank's loss sum over its own tokens, then the mean over the
+         * ranks with equal weights. The dense sets' weights become 1 (hx_inject_weight); in
+         * the sum flow the experts' loss_sum / global tokens becomes loss_sum / (T_rank *
+         * ranks) */
+        if (rk->T == 0)
             return 1.0;
-        return (double)rk->global_tokens / ((double)rk->T * (double)run->opts.world);
+        if (dense_set(s))
+            return 1.0 / (double)rk->T;
+        if (expert_set(s) && s->sums)
+            return (double)rk->global_tokens / ((double)rk->T * (double)run->opts.world);
+        return 1.0;
     default:
         return 1.0;
     }
 }
 
-/* --inject rank-mean: each rank's loss mean (loss sum / its own tokens), averaged over the
- * ranks with equal weights; right only when every rank holds as many tokens as every other */
-double hx_inject_shared_scale(const hx_rank *rk)
+uint64_t hx_inject_weight(const hx_rank *rk, const hx_set *s, uint64_t weight)
 {
-    if (rk->run->opts.inject == HX_FAULT_RANK_MEAN)
-        return rk->T > 0 ? 1.0 / (double)rk->T : 0.0;
-    return 1.0;
-}
-
-uint64_t hx_inject_shared_weight(const hx_rank *rk)
-{
-    if (rk->run->opts.inject == HX_FAULT_RANK_MEAN)
+    if (rk->run->opts.inject == HX_FAULT_RANK_MEAN && dense_set(s))
         return rk->T > 0 ? 1 : 0;
-    return rk->T;
+    return weight;
 }
 
 static void tensor_to_f32(const seldp_tensor *t, float *out)
@@ -105,12 +112,15 @@ seldp_status hx_inject_after_reduce(hx_rank *rk)
     if (rk->run->opts.inject != HX_FAULT_TIED_TWICE)
         return SELDP_OK;
     const seldp_tensor *g = NULL;
+    const hx_rank_set *rs = NULL;
     for (size_t i = 0; i < rk->n_params && !g; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
-        if (!p->alias && strcmp(p->path, "embed.weight") == 0)
+        if (!p->alias && strcmp(p->path, "embed.weight") == 0) {
             g = seldp_grads_get(rk->grads, p->id);
+            rs = hx_rank_set_of(rk, p);
+        }
     }
-    if (!g)
+    if (!g || !rs)
         return hx_fail(SELDP_ERR_INTERNAL,
                        "rank %d: --inject tied-twice: no gradient of "
                        "embed.weight",
@@ -122,7 +132,7 @@ seldp_status hx_inject_after_reduce(hx_rank *rk)
     tensor_to_f32(g, v);
     /* the embedding group's allreduce of the tied copies, run over the already reduced
      * gradient: every rank adds the same mean once per member */
-    seldp_status st = seldp_comm_allreduce(rk->comms.shared, v, v, n, SELDP_F32, SELDP_HOST_DEVICE);
+    seldp_status st = seldp_comm_allreduce(rs->comm, v, v, n, SELDP_F32, SELDP_HOST_DEVICE);
     if (st == SELDP_OK)
         tensor_from_f32(v, g);
     free(v);

@@ -16,15 +16,11 @@ bool hx_inject_is_framework_bug(hx_fault fault);
 /* One line: what the planted bug does, for the run's header. */
 const char *hx_inject_describe(hx_fault fault);
 
-/* The factor rank rk applies, on top of the flow's own scale, to the expert gradients it
- * exports this step (1 without a planted bug). */
-double hx_inject_expert_factor(const hx_rank *rk);
-
-/* The scale rank rk exports its shared (loss-sum) gradients with (1 without a planted bug),
- * and the weight it reduces them with (rk->T without a planted bug): the reduction returns
- * sum_r g_r / sum_r w_r. */
-double hx_inject_shared_scale(const hx_rank *rk);
-uint64_t hx_inject_shared_weight(const hx_rank *rk);
+/* Where the bugs are planted: the factor rank rk applies, on top of its set's own scale, to
+ * the gradients it exports for set s, and the weight it reduces s with in place of `weight`
+ * (1 and `weight` without a planted bug). */
+double hx_inject_scale(const hx_rank *rk, const hx_set *s);
+uint64_t hx_inject_weight(const hx_rank *rk, const hx_set *s, uint64_t weight);
 
 /* After the reductions (rk->grads on the host): --inject tied-twice reduces the tied
  * embedding's gradient a second time, summed over the shared group as an embedding group

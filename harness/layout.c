@@ -360,35 +360,17 @@ int hx_layout_owned(const hx_layout *l, int r, int *out)
 
 void hx_rank_comms_destroy(hx_rank_comms *c)
 {
-    for (int d = 0; d < c->n_data && c->data; d++)
-        seldp_comm_destroy(c->data[d]);
-    free(c->data);
     seldp_comm_destroy(c->ep);
-    seldp_comm_destroy(c->shared);
     *c = (hx_rank_comms){0};
 }
 
 seldp_status hx_layout_split(const hx_layout *l, seldp_comm *world, hx_rank_comms *out)
 {
-    seldp_status st = SELDP_OK;
-    hx_rank_comms c = {0};
     int r = seldp_comm_world_rank(world);
-    c.data = hx_calloc((size_t)(l->n_data > 0 ? l->n_data : 1), sizeof *c.data);
-    if (!c.data)
-        return SELDP_ERR_NOMEM;
-    c.n_data = l->n_data;
-    HX_CHECK_LIB(seldp_comm_split(world, 0, hx_group_rank(&l->shared, r), &c.shared),
-                 "rank %d: splitting the shared group", r);
-    HX_CHECK_LIB(seldp_comm_split(world, l->ep_of[r], hx_group_rank(&l->ep[l->ep_of[r]], r), &c.ep),
-                 "rank %d: splitting expert-parallel group %d", r, l->ep_of[r]);
-    for (int d = 0; d < l->n_data; d++) {
-        int key = hx_group_rank(&l->data[d], r);
-        HX_CHECK_LIB(seldp_comm_split(world, key >= 0 ? 0 : SELDP_COMM_NO_GROUP, key, &c.data[d]),
-                     "rank %d: splitting expert-data group %d", r, d);
-    }
-    *out = c;
+    *out = (hx_rank_comms){0};
+    seldp_status st =
+        seldp_comm_split(world, l->ep_of[r], hx_group_rank(&l->ep[l->ep_of[r]], r), &out->ep);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: splitting expert-parallel group %d", r, l->ep_of[r]);
     return SELDP_OK;
-fail:
-    hx_rank_comms_destroy(&c);
-    return st;
 }

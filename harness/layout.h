@@ -161,17 +161,14 @@ void hx_layout_print(const hx_layout *layout, const char *const *device_names, F
 /* Format a group's ranks as "[0,4]" or "[0-7]" for a consecutive run. */
 void hx_group_str(const hx_group *group, char *buf, size_t size);
 
-/* The communicators of one rank. */
+/* The communicators of one rank that the layout makes for computing (its replica sets' are
+ * sets.h's). */
 typedef struct hx_rank_comms {
-    seldp_comm *shared;
-    seldp_comm *ep;    /* its expert-parallel group */
-    seldp_comm **data; /* [n_data]; NULL for the groups the rank is not in */
-    int n_data;
+    seldp_comm *ep; /* its expert-parallel group */
 } hx_rank_comms;
 
-/* Collective over `world` (every rank calls it, in the same order): split the shared group,
- * the EP groups and every expert-data group from the world. Group ranks follow the order of
- * hx_group.ranks. On failure every communicator made so far is destroyed. */
+/* Collective over `world` (every rank calls it, in the same order): split the EP groups from
+ * the world, group ranks in the order of hx_group.ranks. */
 seldp_status hx_layout_split(const hx_layout *layout, seldp_comm *world, hx_rank_comms *out);
 
 /* Destroy the communicators of hx_layout_split (not the world). */

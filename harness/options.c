@@ -216,6 +216,7 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             break;
         case OPT_ROOTS:
             expected = "first, last or spread";
+            o->roots_given = true;
             if (strcasecmp(arg, "first") == 0)
                 o->roots = HX_ROOTS_FIRST;
             else if (strcasecmp(arg, "last") == 0)

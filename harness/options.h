@@ -40,7 +40,9 @@ typedef struct hx_options {
     hx_order order;
     const char *layout_file; /* NULL: generated from world, ep, order */
     hx_roots roots;
-    tm_config model; /* dtype, quant, sizes, lora, seed */
+    bool roots_given; /* --roots on the command line: it decides every root the layout does
+                         not name, over the framework's own rule */
+    tm_config model;  /* dtype, quant, sizes, lora, seed */
     hx_flow flow;
     bool fp32_master;
     seldp_missing_policy policy;

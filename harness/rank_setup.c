@@ -14,32 +14,10 @@
 
 /* ---- rank setup: groups, model, sessions ------------------------------------------------- */
 
-/* The ids rank rk replicates over group g (one per id: the tied alias is skipped). */
-static seldp_status group_ids(const hx_rank *rk, int g, seldp_param_id **ids, size_t *n)
-{
-    size_t count = 0;
-    *ids = hx_calloc(tm_param_count(rk->model), sizeof **ids);
-    if (!*ids)
-        return SELDP_ERR_NOMEM;
-    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (!p->alias && hx_param_in_group(rk->run, p, g))
-            (*ids)[count++] = p->id;
-    }
-    *n = count;
-    return SELDP_OK;
-}
-
 /* The storage of parameter p where the rank computes (the device mirror's on a GPU). */
 const seldp_tensor *hx_param_storage(const hx_rank *rk, const tm_param_info *p)
 {
     return rk->gpu ? hx_gpu_param(rk, p->path) : &p->tensor;
-}
-
-/* The view the rank's sessions initialize and reduce. */
-static seldp_model *rank_view(hx_rank *rk)
-{
-    return rk->gpu ? hx_gpu_view(rk) : tm_model_view(rk->model);
 }
 
 /* Checksum of a tensor's bytes on the host or a GPU (read through a host copy). */
@@ -65,95 +43,50 @@ seldp_status hx_tensor_checksum(const hx_rank *rk, const seldp_tensor *t, uint64
     return SELDP_OK;
 }
 
-/* Checksums of the parameters outside group g's selection, by tm_param_at index. */
-static seldp_status outside_checksums(const hx_rank *rk, int g, uint64_t *sums)
-{
-    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        sums[i] = 0;
-        if (!hx_param_in_group(rk->run, p, g)) {
-            seldp_status st = hx_tensor_checksum(rk, hx_param_storage(rk, p), &sums[i]);
-            if (st != SELDP_OK)
-                return st;
-        }
-    }
-    return SELDP_OK;
-}
-
-/* Initialize the session of group g from its root; check that nothing outside it moved. */
-static seldp_status init_session(hx_rank *rk, int g, seldp_comm *comm, seldp_session **out)
-{
-    seldp_status st = SELDP_OK;
-    hx_run *run = rk->run;
-    const hx_group *group = g == 0 ? &run->layout->shared : &run->layout->data[g - 1];
-    char label[64];
-    seldp_param_id *ids = NULL;
-    size_t n_ids = 0;
-    size_t n = tm_param_count(rk->model);
-    uint64_t *before = hx_calloc(n, sizeof *before);
-    uint64_t *after = hx_calloc(n, sizeof *after);
-    if (!before || !after)
-        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    HX_CHECK(group_ids(rk, g, &ids, &n_ids));
-    int root = hx_group_rank(group, group->root);
-    HX_CHECK(outside_checksums(rk, g, before));
-    hx_group_label(g, label, sizeof label);
-    seldp_session_config cfg = hx_session_config(run);
-    /* quantized bases (U8/I32 words) and the codebook need the buffer-aware entry point */
-    if (run->opts.model.quant != TM_QUANT_NONE)
-        HX_CHECK_LIB(
-            seldp_session_initialize_with_buffers(comm, rank_view(rk), root, ids, n_ids, &cfg, out),
-            "rank %d: initialize_with_buffers of %s", rk->rank, label);
-    else
-        HX_CHECK_LIB(seldp_session_initialize(comm, rank_view(rk), root, ids, n_ids, &cfg, out),
-                     "rank %d: initialize of %s", rk->rank, label);
-    HX_CHECK(outside_checksums(rk, g, after));
-    for (size_t i = 0; i < n; i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (hx_param_in_group(run, p, g))
-            continue;
-        hx_record_local(&rk->init_untouched, before[i] != after[i],
-                        "rank %d: initialize of %s changed %s, which it does not select", rk->rank,
-                        label, p->path);
-    }
-fail:
-    free(ids);
-    free(before);
-    free(after);
-    return st;
-}
-
 /* ---- layout-independent runs and resumed runs ------------------------------------------- */
 
 /* --global-batch: the logical model's values depend only on the seed. The root of each replica
- * set takes them before initialize broadcasts them (the other replicas keep their
- * rank-dependent values, so the broadcast is still tested): after initialize every layout
- * holds the same logical model. */
+ * set takes them (its slice of each logical tensor) before initialize broadcasts them (the
+ * other replicas keep their rank-dependent values, so the broadcast is still tested): after
+ * initialize every layout holds the same logical model. */
 static seldp_status logical_values(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
-    const hx_layout *l = rk->run->layout;
+    const hx_run *run = rk->run;
     tm_model *logical = NULL;
-    tm_config cfg = rk->run->opts.model;
+    tm_config cfg = run->opts.model;
     uint64_t key = cfg.seed ^ tm_hash_path("harness.logical-model");
     cfg.seed = tm_splitmix64(&key);
-    int *rooted = hx_calloc((size_t)l->experts, sizeof *rooted);
+    bool *roots = hx_calloc((size_t)cfg.experts, sizeof *roots);
+    int *rooted = hx_calloc((size_t)cfg.experts, sizeof *rooted);
     int n = 0;
-    if (!rooted)
-        return SELDP_ERR_NOMEM;
-    for (int e = 0; e < l->experts; e++)
-        if (l->owners[e].root == rk->rank)
+    if (!roots || !rooted)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        const hx_set *s = hx_set_of(run, rk->rank, p);
+        if (s && s->root == rk->rank && p->expert >= 0)
+            roots[p->expert] = true;
+    }
+    for (int e = 0; e < cfg.experts; e++)
+        if (roots[e])
             rooted[n++] = e;
     HX_CHECK_LIB(tm_model_create(&cfg, 0, rooted, n, NULL, NULL, &logical),
                  "rank %d: creating the logical model's values", rk->rank);
-    if (l->shared.root == rk->rank)
-        HX_CHECK_LIB(tm_model_copy_params(rk->model, logical, TM_ROLES_SHARED_GROUP, -1),
-                     "rank %d: the logical shared parameters", rk->rank);
-    if (n > 0)
-        HX_CHECK_LIB(tm_model_copy_params(rk->model, logical, TM_ROLES_EXPERT_GROUP, -1),
-                     "rank %d: the logical expert parameters", rk->rank);
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        const hx_set *s = hx_set_of(run, rk->rank, p);
+        if (!s || s->root != rk->rank)
+            continue;
+        const tm_param_info *q = tm_param_find(logical, hx_grid_logical_path(p->path));
+        if (!q)
+            HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: no logical value of %s", rk->rank, p->path);
+        hx_shard_copy(q->tensor.data, &q->tensor, p->tensor.data,
+                      hx_grid_shard(run, rk->rank, p->path), false);
+    }
 fail:
     tm_model_destroy(logical);
+    free(roots);
     free(rooted);
     return st;
 }
@@ -172,7 +105,7 @@ static seldp_status rank_initial_values(hx_rank *rk)
         return hx_ckpt_load_rank(rk->run->resume, rk, false);
     if (o->global_batch <= 0)
         return SELDP_OK;
-    return rk->grid ? hx_grid_logical_values(rk) : logical_values(rk);
+    return logical_values(rk);
 }
 
 /* The data shard's communicator (SPEC §4.2): its TP x CP ranks in token order, where capacity
@@ -225,15 +158,14 @@ seldp_status hx_rank_setup(hx_rank *rk)
         HX_CHECK_LIB(
             tm_model_create(&run->opts.model, rk->rank, owned, n_owned, NULL, NULL, &rk->model),
             "rank %d: creating its model", rk->rank);
+    HX_CHECK(hx_rank_sets_split(rk));
     HX_CHECK(rank_initial_values(rk));
 
     rk->n_params = tm_param_count(rk->model);
     rk->pre_init = hx_calloc(rk->n_params, sizeof *rk->pre_init);
-    rk->data_sessions = hx_calloc((size_t)(l->n_data ? l->n_data : 1), sizeof *rk->data_sessions);
-    rk->data_weights = hx_calloc((size_t)(l->n_data ? l->n_data : 1), sizeof *rk->data_weights);
     rk->counts = hx_calloc((size_t)run->opts.world, sizeof *rk->counts);
     rk->routed = hx_calloc((size_t)(run->opts.model.layers * l->experts), sizeof *rk->routed);
-    if (!rk->pre_init || !rk->data_sessions || !rk->data_weights || !rk->counts || !rk->routed)
+    if (!rk->pre_init || !rk->counts || !rk->routed)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (size_t i = 0; i < rk->n_params; i++) {
         const seldp_tensor *t = &tm_param_at(rk->model, i)->tensor;
@@ -248,15 +180,8 @@ seldp_status hx_rank_setup(hx_rank *rk)
     if (rk->device.kind == SELDP_DEVICE_CUDA)
         HX_CHECK(hx_gpu_attach(rk)); /* the rank computes with the mirror from here on */
 
-    /* every rank initializes the groups in the same order: shared, then d0, d1, ... */
-    if (rk->grid) {
-        HX_CHECK(hx_grid_init_sessions(rk));
-    } else {
-        HX_CHECK(init_session(rk, 0, rk->comms.shared, &rk->shared_session));
-        for (int d = 0; d < l->n_data; d++)
-            if (rk->comms.data[d])
-                HX_CHECK(init_session(rk, 1 + d, rk->comms.data[d], &rk->data_sessions[d]));
-    }
+    /* every rank initializes its sets in the run's order */
+    HX_CHECK(hx_rank_sets_init(rk));
     if (rk->gpu)
         HX_CHECK(hx_gpu_download(rk));
 

@@ -1,14 +1,13 @@
-/* The reductions of one step (SPEC §5): every rank exports its gradients and reduces them
- * in the sessions of its groups, checking that each reduction leaves the gradients outside
- * its selection and every parameter alone; planted defects for --inject. A sharded run's
- * sessions are grid_reduce.c's. */
+/* The reductions of one step: every rank exports each gradient with the scale of the replica
+ * set that reduces it (sets.h) and reduces its sets in order, checking that each reduction
+ * leaves the gradients outside its selection and every parameter alone; planted defects for
+ * --inject. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "clip.h"
-#include "grid.h"
 #include "inject.h"
 #include "overlap.h"
 #include "run.h"
@@ -20,15 +19,12 @@
  * lets the library do it). An expert no token reached stays absent on every rank. */
 bool hx_zero_owed(const hx_rank *rk, const tm_param_info *p)
 {
-    hx_run *run = rk->run;
-    int E = run->layout->experts;
-    if (rk->grid)
-        return hx_grid_zero_owed(rk, p);
-    if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen)
+    int E = rk->run->layout->experts;
+    if (!(p->role & (TM_ROLE_EXPERT | TM_ROLE_ADAPTER)) || p->frozen ||
+        rk->routed[p->layer * E + p->expert] == 0)
         return false;
-    return rk->routed[p->layer * E + p->expert] != 0 &&
-           !rk->ops->expert_seen(rk->compute, p->layer, p->expert) &&
-           hx_data_share(rk, run->layout->data_of[p->expert]) != 0;
+    const hx_set *s = hx_set_of(rk->run, rk->rank, p);
+    return s && hx_set_weight_of(rk, s) != 0;
 }
 
 seldp_status hx_zero_grad(hx_rank *rk, const tm_param_info *p, seldp_grads *grads)
@@ -50,16 +46,20 @@ seldp_status hx_zero_grad(hx_rank *rk, const tm_param_info *p, seldp_grads *grad
     return SELDP_OK;
 }
 
-static seldp_status add_zero_grads(hx_rank *rk, seldp_grads *grads)
+seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads)
 {
-    for (size_t i = 0; i < rk->n_params; i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (!hx_zero_owed(rk, p))
-            continue;
-        seldp_status st = hx_zero_grad(rk, p, grads);
-        if (st != SELDP_OK)
-            return st;
-    }
+    const tm_param_info *p = tm_param_at(rk->model, i);
+    if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+        return SELDP_OK;
+    const hx_set *s = hx_set_of(rk->run, rk->rank, p);
+    if (!s)
+        return SELDP_OK;
+    seldp_status st = rk->ops->export_grad(rk->compute, i, hx_set_export_scale(rk, s),
+                                           rk->run->opts.fp32_master, grads);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: exporting the gradient of %s", rk->rank, p->path);
+    if (rk->run->opts.policy == SELDP_MISSING_ERROR && hx_zero_owed(rk, p))
+        return hx_zero_grad(rk, p, grads);
     return SELDP_OK;
 }
 
@@ -199,39 +199,23 @@ fail:
     return st;
 }
 
-/* The unsharded run: the shared group and the expert-data groups of hx_layout. */
-static seldp_status reduce_replicated(hx_rank *rk, seldp_grads *grads)
+/* Every gradient exported by its set's scale, then every set of the rank reduced in order. */
+static seldp_status reduce_sets(hx_rank *rk, seldp_grads *grads)
 {
-    seldp_status st = SELDP_OK;
-    hx_run *run = rk->run;
-    bool fp32 = run->opts.fp32_master;
-    HX_CHECK_LIB(
-        rk->ops->export_grads(rk->compute, TM_ROLE_SHARED, hx_inject_shared_scale(rk), fp32, grads),
-        "rank %d: exporting the shared gradients", rk->rank);
-    /* sum flow: normalize by the global token count here; mean flow: the reduce divides */
-    double scale = run->opts.flow == HX_FLOW_SUM ? 1.0 / (double)rk->global_tokens : 1.0;
-    scale *= hx_inject_expert_factor(rk); /* 1 unless a framework bug is planted */
-    HX_CHECK_LIB(
-        rk->ops->export_grads(rk->compute, TM_ROLE_EXPERT | TM_ROLE_ADAPTER, scale, fp32, grads),
-        "rank %d: exporting the expert gradients", rk->rank);
-    if (run->opts.policy == SELDP_MISSING_ERROR)
-        HX_CHECK(add_zero_grads(rk, grads));
-
-    char label[64];
-    HX_CHECK(hx_reduce_session(rk, rk->shared_session, hx_group_label(0, label, sizeof label),
-                               HX_REDUCE_MEAN, hx_inject_shared_weight(rk), grads,
-                               &rk->shared_weight));
-    for (int d = 0; d < run->layout->n_data; d++) {
-        if (!rk->data_sessions[d])
-            continue;
-        uint64_t share = hx_data_share(rk, d);
-        HX_CHECK(hx_reduce_session(rk, rk->data_sessions[d],
-                                   hx_group_label(1 + d, label, sizeof label),
-                                   run->opts.flow == HX_FLOW_SUM ? HX_REDUCE_SUM : HX_REDUCE_MEAN,
-                                   share, grads, &rk->data_weights[d]));
+    for (size_t i = 0; i < rk->n_params; i++) {
+        seldp_status st = hx_export_grad(rk, i, grads);
+        if (st != SELDP_OK)
+            return st;
     }
-fail:
-    return st;
+    for (int i = 0; i < rk->n_sets; i++) {
+        hx_rank_set *rs = &rk->sets[i];
+        seldp_status st = hx_reduce_session(
+            rk, rs->session, rs->set->label, rs->set->sums ? HX_REDUCE_SUM : HX_REDUCE_MEAN,
+            hx_set_weight_of(rk, rs->set), grads, &rs->global_weight);
+        if (st != SELDP_OK)
+            return st;
+    }
+    return SELDP_OK;
 }
 
 seldp_status hx_reset_grads(hx_rank *rk)
@@ -258,10 +242,7 @@ seldp_status hx_rank_reduce(hx_rank *rk)
     } else {
         HX_CHECK(hx_reset_grads(rk));
         seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
-        if (rk->grid)
-            HX_CHECK(hx_grid_reduce(rk, grads));
-        else
-            HX_CHECK(reduce_replicated(rk, grads));
+        HX_CHECK(reduce_sets(rk, grads));
     }
     seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
     if (run->opts.clip_grad > 0)

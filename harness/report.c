@@ -53,26 +53,45 @@ void hx_report_print_checks(const hx_run *run, FILE *out)
 
 /* ---- report.json ------------------------------------------------------------------------- */
 
-/* The experts of expert-data group d: "[0, 1]" (JSON) or "0, 1" (Markdown). */
-static void group_experts(const hx_run *run, int d, bool json, hx_buf *b)
+/* The experts a set reduces: "[0, 1]" (JSON) or "0, 1" (Markdown; "-" for none). */
+static void set_experts(const hx_run *run, const hx_set *set, bool json, hx_buf *b)
 {
     bool first = true;
     hx_buf_puts(b, json ? "[" : "");
     for (int e = 0; e < run->layout->experts; e++) {
-        if (run->layout->data_of[e] != d)
+        bool held = set->kind == HX_SET_DATA ? run->layout->data_of[e] == set->data
+                    : set->kind == HX_SET_EXPERT || set->kind == HX_SET_EXPERT_TP
+                        ? hx_layout_owns(run->layout, set->ranks[0], e)
+                        : false;
+        if (!held)
             continue;
         hx_buf_printf(b, "%s%d", first ? "" : ", ", e);
         first = false;
     }
-    hx_buf_puts(b, json ? "]" : "");
+    hx_buf_puts(b, json ? "]" : first ? "-" : "");
 }
 
-static void json_ranks(const hx_group *g, hx_buf *b)
+static void json_ranks(const hx_set *set, hx_buf *b)
 {
     hx_buf_puts(b, "[");
-    for (int i = 0; i < g->size; i++)
-        hx_buf_printf(b, "%s%d", i ? ", " : "", g->ranks[i]);
+    for (int i = 0; i < set->size; i++)
+        hx_buf_printf(b, "%s%d", i ? ", " : "", set->ranks[i]);
     hx_buf_puts(b, "]");
+}
+
+/* A set's id in report.json: "shared" and "d{n}" for an unsharded run (its expert-data
+ * groups), "{kind}{n}" by kind for a sharded one. */
+static void set_id(const hx_run *run, const hx_set *set, char *buf, size_t size)
+{
+    int n = 0;
+    for (int i = 0; i < set->index; i++)
+        n += run->sets.sets[i].kind == set->kind;
+    if (set->kind == HX_SET_SHARED)
+        snprintf(buf, size, "shared");
+    else if (set->kind == HX_SET_DATA)
+        snprintf(buf, size, "d%d", set->data);
+    else
+        snprintf(buf, size, "%s%d", hx_set_kind_name(set->kind), n);
 }
 
 static void json_error_stat(const hx_error_stat *s, hx_buf *b)
@@ -164,22 +183,20 @@ static void report_json(const hx_run *run, hx_buf *b)
         first = false;
     }
     hx_buf_puts(b, "\n  ],\n  \"groups\": [");
-    for (int g = 0; g <= run->layout->n_data; g++) {
-        const hx_group *grp = g == 0 ? &run->layout->shared : &run->layout->data[g - 1];
-        if (g == 0)
-            hx_buf_puts(b, "\n    {\"group\": \"shared\", \"kind\": \"shared\", \"ranks\": ");
-        else
-            hx_buf_printf(
-                b, ",\n    {\"group\": \"d%d\", \"kind\": \"expert-data\", \"ranks\": ", g - 1);
-        json_ranks(grp, b);
-        hx_buf_printf(b, ", \"root\": %d, \"experts\": ", grp->root);
-        if (g == 0)
-            hx_buf_puts(b, "[]");
-        else
-            group_experts(run, g - 1, true, b);
-        hx_buf_printf(b, ", \"global_weight\": %llu, ",
-                      (unsigned long long)(g == 0 ? run->shared_weight : run->data_weights[g - 1]));
-        json_error_stat(&run->groups[g], b);
+    for (int i = 0; i < run->sets.n; i++) {
+        const hx_set *set = &run->sets.sets[i];
+        char id[48];
+        set_id(run, set, id, sizeof id);
+        hx_buf_printf(b,
+                      "%s\n    {\"group\": \"%s\", \"kind\": \"%s\", \"name\": \"%s\", "
+                      "\"method\": \"%s\", \"ranks\": ",
+                      i ? "," : "", id, hx_set_kind_name(set->kind), set->name,
+                      set->sums ? "sum" : "reduce");
+        json_ranks(set, b);
+        hx_buf_printf(b, ", \"root\": %d, \"experts\": ", set->root);
+        set_experts(run, set, true, b);
+        hx_buf_printf(b, ", \"global_weight\": %llu, ", (unsigned long long)run->set_weights[i]);
+        json_error_stat(&run->set_errors[i], b);
         hx_buf_puts(b, "}");
     }
     hx_buf_puts(b, "\n  ],\n  \"steps\": [");
@@ -336,24 +353,20 @@ static void report_md(const hx_run *run, hx_buf *b)
         if (run->classes[c].tensors)
             md_error_row(b, hx_class_name((hx_tensor_class)c), &run->classes[c], run->tolerance);
 
-    hx_buf_puts(b, "\n## Gradient error by group\n\n| group | ranks | root | experts | global "
-                   "weight | tensors | worst | where |\n|---|---|---:|---|---:|---:|---:|---|\n");
-    for (int g = 0; g <= l->n_data; g++) {
-        const hx_group *grp = g == 0 ? &l->shared : &l->data[g - 1];
-        const hx_error_stat *s = &run->groups[g];
-        hx_group_str(grp, text, sizeof text);
+    hx_buf_puts(b, "\n## Gradient error by group\n\nThe replica sets the run reduced over, by "
+                   "the framework's names.\n\n| group | kind | ranks | root | experts | method | "
+                   "global weight | tensors | worst | where |\n"
+                   "|---|---|---|---:|---|---|---:|---:|---:|---|\n");
+    for (int i = 0; i < run->sets.n; i++) {
+        const hx_set *set = &run->sets.sets[i];
+        const hx_error_stat *s = &run->set_errors[i];
+        hx_group grp = {set->size, set->ranks, set->root};
         hx_buf experts = {0};
-        char name[16];
-        if (g == 0) {
-            hx_buf_puts(&experts, "-");
-            snprintf(name, sizeof name, "shared");
-        } else {
-            group_experts(run, g - 1, false, &experts);
-            snprintf(name, sizeof name, "d%d", g - 1);
-        }
-        hx_buf_printf(b, "| %s | %s | %d | %s | %llu | %lld | ", name, text, grp->root,
-                      hx_buf_str(&experts),
-                      (unsigned long long)(g == 0 ? run->shared_weight : run->data_weights[g - 1]),
+        hx_group_str(&grp, text, sizeof text);
+        set_experts(run, set, false, &experts);
+        hx_buf_printf(b, "| %s | %s | %s | %d | %s | %s | %llu | %lld | ", set->name,
+                      hx_set_kind_name(set->kind), text, set->root, hx_buf_str(&experts),
+                      set->sums ? "sum" : "reduce", (unsigned long long)run->set_weights[i],
                       (long long)s->tensors);
         hx_buf_free(&experts);
         if (s->tensors)

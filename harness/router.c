@@ -76,7 +76,7 @@ seldp_status hx_router_balance(hx_rank *rk, int l)
     mine[E] = (int64_t)rk->T;
     double t0 = hx_now();
     /* over every data shard of the stage that holds layer l */
-    seldp_comm *comm = rk->grid ? rk->grid->stage_comm : rk->comms.shared;
+    seldp_comm *comm = rk->grid ? rk->grid->stage_comm : rk->world;
     st = seldp_comm_allreduce(comm, mine, total, (size_t)E + 1, SELDP_I64, SELDP_HOST_DEVICE);
     rk->t_dispatch += hx_now() - t0;
     if (st != SELDP_OK)

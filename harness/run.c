@@ -143,12 +143,7 @@ static void rank_fail(hx_rank *rk, seldp_status st)
 
 static void rank_cleanup(hx_rank *rk)
 {
-    seldp_session_destroy(rk->shared_session);
-    rk->shared_session = NULL;
-    for (int d = 0; rk->data_sessions && d < rk->run->layout->n_data; d++) {
-        seldp_session_destroy(rk->data_sessions[d]);
-        rk->data_sessions[d] = NULL;
-    }
+    hx_rank_sets_cleanup(rk);
     hx_grid_cleanup(rk);
     hx_overlap_cleanup(rk);
     seldp_comm_destroy(rk->shard_comm);
@@ -311,16 +306,16 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_grid_check_options(run));
     HX_CHECK(hx_overlap_check_devices(run));
     HX_CHECK(batch_ranks(run));
+    HX_CHECK(hx_sets_build(run));
     run->grad_dtype = o->fp32_master ? SELDP_F32 : o->model.dtype;
     run->tolerance = tolerance_for(run->grad_dtype);
     int L = o->model.layers, E = run->layout->experts;
     run->ranks = hx_calloc((size_t)o->world, sizeof *run->ranks);
-    run->groups = hx_calloc((size_t)(1 + run->layout->n_data), sizeof *run->groups);
+    run->set_errors = hx_calloc((size_t)run->sets.n, sizeof *run->set_errors);
     run->steps = hx_calloc((size_t)(o->steps ? o->steps : 1), sizeof *run->steps);
     run->expert_tokens = hx_calloc((size_t)(L * E), sizeof *run->expert_tokens);
-    run->data_weights = hx_calloc((size_t)(run->layout->n_data ? run->layout->n_data : 1),
-                                  sizeof *run->data_weights);
-    if (!run->ranks || !run->groups || !run->steps || !run->expert_tokens || !run->data_weights)
+    run->set_weights = hx_calloc((size_t)run->sets.n, sizeof *run->set_weights);
+    if (!run->ranks || !run->set_errors || !run->steps || !run->expert_tokens || !run->set_weights)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
     for (int c = 0; c < HX_CHECK_COUNT; c++)
         run->checks[c].limit = NAN;
@@ -339,24 +334,6 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     return SELDP_OK;
 fail:
     hx_run_destroy(run);
-    return st;
-}
-
-/* Copy the replicas into the model with every expert that the reference reads. */
-static seldp_status refresh_global(hx_run *run)
-{
-    seldp_status st = SELDP_OK;
-    const hx_layout *l = run->layout;
-    if (hx_grid_sharded(run))
-        return hx_grid_refresh_global(run);
-    HX_CHECK_LIB(tm_model_copy_params(run->global, run->ranks[l->shared.root].model,
-                                      TM_ROLES_SHARED_GROUP, -1),
-                 "copying the shared parameters of rank %d", l->shared.root);
-    for (int e = 0; e < l->experts; e++)
-        HX_CHECK_LIB(tm_model_copy_params(run->global, run->ranks[l->owners[e].root].model,
-                                          TM_ROLES_EXPERT_GROUP, e),
-                     "copying expert %d from rank %d", e, l->owners[e].root);
-fail:
     return st;
 }
 
@@ -402,7 +379,8 @@ static seldp_status main_step(hx_run *run, int step)
     }
     rec->loss /= (double)rec->tokens;
     hx_split_charge(&rec->split, HX_PHASE_OTHER);
-    HX_CHECK(refresh_global(run));
+    /* every replica set's root's values into the model the reference reads */
+    HX_CHECK(hx_grid_assemble(run, run->global));
     HX_CHECK_LIB(tm_reference_compute_routed(&run->opts.model, tm_model_view(run->global), tokens,
                                              targets, counts, B, NULL, choices, &ref),
                  "the FP64 reference of step %d", step + 1);
@@ -648,8 +626,7 @@ void hx_run_destroy(hx_run *run)
             free(rk->master[i]);
         free(rk->pre_init);
         free(rk->master);
-        free(rk->data_sessions);
-        free(rk->data_weights);
+        free(rk->sets);
         free(rk->counts);
         free(rk->routed);
         free(rk->tokens);
@@ -663,10 +640,11 @@ void hx_run_destroy(hx_run *run)
     tm_model_destroy(run->global);
     hx_ckpt_close(run->resume);
     free(run->ranks);
-    free(run->groups);
+    free(run->set_errors);
     free(run->steps);
     free(run->expert_tokens);
-    free(run->data_weights);
+    free(run->set_weights);
+    hx_sets_free(&run->sets);
     hx_backend_close(run->backend);
     hx_layout_destroy(run->layout);
     pthread_mutex_destroy(&run->gate_lock);

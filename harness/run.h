@@ -36,6 +36,7 @@
 #include "backend.h"
 #include "layout.h"
 #include "options.h"
+#include "sets.h"
 #include "timing.h"
 
 /* What the run checks (SPEC §5). */
@@ -127,14 +128,15 @@ typedef struct hx_run {
     hx_rank *ranks;   /* [world] */
     tm_model *global; /* every expert: the weights the reference reads */
 
+    hx_sets sets; /* the replica sets (sets.h) */
+
     hx_check_result checks[HX_CHECK_COUNT];
     hx_error_stat classes[HX_CLASS_COUNT];
-    hx_error_stat *groups; /* [1 + n_data]: the shared group, then the expert-data groups */
-    hx_step_record *steps; /* [opts.steps] */
+    hx_error_stat *set_errors; /* [sets.n]: the gradient error of each replica set */
+    hx_step_record *steps;     /* [opts.steps] */
     int steps_done;
     int64_t *expert_tokens; /* [L * E] tokens routed to each expert over the whole run */
-    uint64_t shared_weight; /* last step's global weights, for the manifest */
-    uint64_t *data_weights; /* [n_data] */
+    uint64_t *set_weights;  /* [sets.n] last step's global weight of each set (the manifest) */
     double t_begin;
     double t_setup;
     double t_init;
@@ -205,10 +207,10 @@ struct hx_rank {
     struct tmc_model *gpu;     /* on a GPU: the device mirror of `model` (gpu.c) */
     seldp_grads *device_grads; /* on a GPU: the gradients the sessions reduce */
     seldp_comm *world;
-    hx_rank_comms comms;
+    hx_rank_comms comms; /* its EP group */
     tm_model *model;
-    seldp_session *shared_session;
-    seldp_session **data_sessions; /* [n_data], NULL where the rank is not a member */
+    hx_rank_set *sets; /* its replica sets in reduction order (sets.h) */
+    int n_sets;
 
     /* parameter bytes before initialize, by tm_param_at index */
     void **pre_init;
@@ -226,8 +228,6 @@ struct hx_rank {
     double loss_sum;
     int64_t *routed;    /* [L * E] tokens routed to each expert over the world (allreduced) */
     seldp_grads *grads; /* reduced gradients on the host (on a GPU: copies of device_grads) */
-    uint64_t shared_weight;
-    uint64_t *data_weights; /* [n_data] global weights returned by the data reductions */
     double t_compute;
     double t_dispatch;
     double t_reduce;
@@ -276,8 +276,6 @@ seldp_status hx_gpu_upload(hx_rank *rk);
 /* Helpers shared by the rank phases (run.c, reduce.c, grid_*.c). */
 void hx_tensor_to_f32(const seldp_tensor *t, float *out);
 void hx_tensor_from_f32(const float *in, seldp_tensor *t);
-/* "the shared group" (g = 0) or "expert-data group d{g-1}" into buf; returns buf. */
-const char *hx_group_label(int g, char *buf, size_t size);
 HX_PRINTF(3, 4)
 void hx_record_local(hx_check_result *c, bool failed, const char *fmt, ...);
 /* Checksum of a tensor's bytes on the host or a GPU (read through a host copy). */
@@ -299,10 +297,13 @@ seldp_status hx_finish_session(hx_rank *rk, seldp_session *s, const char *label,
                                uint64_t *global_weight);
 /* One checksum over every parameter's bytes where rank rk computes. */
 seldp_status hx_params_checksum(const hx_rank *rk, uint64_t *sum);
-/* Under the error policy: whether rank rk owes its session a zero gradient of p (an expert
+/* Under the error policy: whether rank rk owes its set a zero gradient of p (an expert
  * parameter that rows reached elsewhere but not here), and putting it into grads when absent. */
 bool hx_zero_owed(const hx_rank *rk, const tm_param_info *p);
 seldp_status hx_zero_grad(hx_rank *rk, const tm_param_info *p, seldp_grads *grads);
+/* Export the gradient of occurrence i (tm_param_at) into grads with the scale of its set, and
+ * under the error policy the zeros it owes; nothing for a parameter no set reduces. */
+seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads);
 /* Empty gradient containers of the step (rk->grads, and rk->device_grads on a GPU). */
 seldp_status hx_reset_grads(hx_rank *rk);
 /* Rank rk's setup before the first gate (rank_setup.c): its groups, model and sessions. */
@@ -330,10 +331,6 @@ void hx_check_vnote(hx_check_result *c, bool failed, double value, const char *f
  * failure. `value` updates `worst` for metric checks. */
 HX_PRINTF(5, 6)
 void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...);
-
-/* The parameters rank r replicates over group g (0: shared, 1 + d: expert-data group d):
- * true when `info` belongs to that group's selection. */
-bool hx_param_in_group(const hx_run *run, const tm_param_info *info, int g);
 
 /* One rank per process (gather.c), each collective over the world: rank 0 receives the
  * other ranks' parameters (before and after initialize), then after each step their

@@ -489,16 +489,7 @@ static seldp_status weights_of(const hx_run *run, hx_sweep_weights *w)
         all[e] = e;
     HX_CHECK_LIB(tm_model_create(&run->opts.model, 0, all, l->experts, NULL, NULL, &m),
                  "the logical model of a sweep run");
-    if (hx_grid_sharded(run)) /* the logical tensors from the shards (grid.h) */
-        HX_CHECK(hx_grid_assemble(run, m));
-    else
-        HX_CHECK_LIB(
-            tm_model_copy_params(m, run->ranks[l->shared.root].model, TM_ROLES_SHARED_GROUP, -1),
-            "copying the shared parameters of rank %d", l->shared.root);
-    for (int e = 0; e < l->experts && !hx_grid_sharded(run); e++)
-        HX_CHECK_LIB(
-            tm_model_copy_params(m, run->ranks[l->owners[e].root].model, TM_ROLES_EXPERT_GROUP, e),
-            "copying expert %d from rank %d", e, l->owners[e].root);
+    HX_CHECK(hx_grid_assemble(run, m)); /* every set root's tensors (grid.h) */
     size_t count = tm_param_count(m);
     w->paths = hx_calloc(count, sizeof *w->paths);
     w->values = hx_calloc(count, sizeof *w->values);

@@ -41,9 +41,10 @@ typedef struct tm_compute_ops {
     seldp_status (*head)(void *model, const float *h, const int32_t *targets, double *loss_sum,
                          float *dh);
     seldp_status (*embed_backward)(void *model, const float *dh);
-    /* this step's gradients into `out`, tensors where the model computes (tm_export_grads) */
-    seldp_status (*export_grads)(const void *model, unsigned roles, double scale, bool fp32,
-                                 seldp_grads *out);
+    /* this step's gradient of occurrence `index` (tm_param_at) into `out`, a tensor where the
+     * model computes (tm_export_grad) */
+    seldp_status (*export_grad)(const void *model, size_t index, double scale, bool fp32,
+                                seldp_grads *out);
     bool (*expert_seen)(const void *model, int l, int e);
 } tm_compute_ops;
 

@@ -87,10 +87,10 @@ static seldp_status cpu_embed_backward(void *model, const float *dh)
     return tm_embed_backward(model, dh);
 }
 
-static seldp_status cpu_export_grads(const void *model, unsigned roles, double scale, bool fp32,
-                                     seldp_grads *out)
+static seldp_status cpu_export_grad(const void *model, size_t index, double scale, bool fp32,
+                                    seldp_grads *out)
 {
-    return tm_export_grads(model, roles, scale, fp32, out);
+    return tm_export_grad(model, index, scale, fp32, out);
 }
 
 static bool cpu_expert_seen(const void *model, int l, int e)
@@ -112,6 +112,6 @@ const tm_compute_ops tm_cpu_compute = {
     .route_backward = cpu_route_backward,
     .head = cpu_head,
     .embed_backward = cpu_embed_backward,
-    .export_grads = cpu_export_grads,
+    .export_grad = cpu_export_grad,
     .expert_seen = cpu_expert_seen,
 };

@@ -94,10 +94,10 @@ static seldp_status cuda_embed_backward(void *model, const float *dh)
     return tmc_embed_backward(model, dh);
 }
 
-static seldp_status cuda_export_grads(const void *model, unsigned roles, double scale, bool fp32,
-                                      seldp_grads *out)
+static seldp_status cuda_export_grad(const void *model, size_t index, double scale, bool fp32,
+                                     seldp_grads *out)
 {
-    return tmc_export_grads(model, roles, scale, fp32, out);
+    return tmc_export_grad(model, index, scale, fp32, out);
 }
 
 static bool cuda_expert_seen(const void *model, int l, int e)
@@ -119,6 +119,6 @@ const tm_compute_ops tmc_compute = {
     .route_backward = cuda_route_backward,
     .head = cuda_head,
     .embed_backward = cuda_embed_backward,
-    .export_grads = cuda_export_grads,
+    .export_grad = cuda_export_grad,
     .expert_seen = cuda_expert_seen,
 };

@@ -466,6 +466,56 @@ const float *tmc_param_grad(const tmc_model *m, const char *path)
     return i >= 0 ? m->grad[i] : NULL;
 }
 
+/* Occurrence i's gradient into out (*put: whether it had one to put). */
+static seldp_status export_one(const tmc_model *m, size_t i, double scale, bool fp32,
+                               seldp_grads *out, bool *put)
+{
+    seldp_status st = SELDP_OK;
+    const tm_param_info *p = m->info[i];
+    *put = false;
+    if (!m->grad[i] || m->alias[i])
+        return SELDP_OK;
+    if (p->expert >= 0 && !tmc_expert_seen(m, p->layer, p->expert))
+        return SELDP_OK;
+    seldp_tensor t = m->dev[i];
+    t.dtype = fp32 ? SELDP_F32 : m->dev[i].dtype;
+    t.data = NULL;
+    TM_CHECK(seldp_tensor_alloc(&t));
+    cudaError_t err =
+        tmc_k_export(m->stream, m->grad[i], seldp_tensor_numel(&t), scale, t.dtype, t.data);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(m->stream);
+    if (err == cudaSuccess)
+        st = seldp_grads_put(out, p->id, &t, SELDP_OWNED);
+    if (err != cudaSuccess || st != SELDP_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s",
+                 err != cudaSuccess ? cudaGetErrorString(err) : seldp_last_error());
+        seldp_tensor_free(&t);
+        TM_FAIL(err != cudaSuccess ? SELDP_ERR_TRANSPORT : st,
+                "rank %d: exporting the gradient of %s (id %llu): %s", m->rank, p->path,
+                (unsigned long long)p->id, why);
+    }
+    *put = true;
+fail:
+    return st;
+}
+
+seldp_status tmc_export_grad(const tmc_model *m, size_t index, double scale, bool fp32,
+                             seldp_grads *out)
+{
+    bool put = false;
+    if (!m || !out)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "tmc_export_grad: NULL argument");
+    if (index >= m->n)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "tmc_export_grad: occurrence %zu of %zu is out of range", index, m->n);
+    seldp_status st = tmc__use_device(m);
+    if (st != SELDP_OK)
+        return st;
+    return export_one(m, index, scale, fp32, out, &put);
+}
+
 seldp_status tmc_export_grads(const tmc_model *m, unsigned roles, double scale, bool fp32,
                               seldp_grads *out)
 {
@@ -479,31 +529,12 @@ seldp_status tmc_export_grads(const tmc_model *m, unsigned roles, double scale, 
     if (!put)
         TM_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory exporting gradients", m->rank);
     for (size_t i = 0; i < m->n; i++) {
-        const tm_param_info *p = m->info[i];
-        if (!m->grad[i] || m->alias[i] || !(p->role & roles))
+        bool added = false;
+        if (!(m->info[i]->role & roles))
             continue;
-        if (p->expert >= 0 && !tmc_expert_seen(m, p->layer, p->expert))
-            continue;
-        seldp_tensor t = m->dev[i];
-        t.dtype = fp32 ? SELDP_F32 : m->dev[i].dtype;
-        t.data = NULL;
-        TM_CHECK(seldp_tensor_alloc(&t));
-        cudaError_t err =
-            tmc_k_export(m->stream, m->grad[i], seldp_tensor_numel(&t), scale, t.dtype, t.data);
-        if (err == cudaSuccess)
-            err = cudaStreamSynchronize(m->stream);
-        if (err == cudaSuccess)
-            st = seldp_grads_put(out, p->id, &t, SELDP_OWNED);
-        if (err != cudaSuccess || st != SELDP_OK) {
-            char why[512];
-            snprintf(why, sizeof why, "%s",
-                     err != cudaSuccess ? cudaGetErrorString(err) : seldp_last_error());
-            seldp_tensor_free(&t);
-            TM_FAIL(err != cudaSuccess ? SELDP_ERR_TRANSPORT : st,
-                    "rank %d: exporting the gradient of %s (id %llu): %s", m->rank, p->path,
-                    (unsigned long long)p->id, why);
-        }
-        put[n_put++] = p->id;
+        TM_CHECK(export_one(m, i, scale, fp32, out, &added));
+        if (added)
+            put[n_put++] = m->info[i]->id;
     }
     free(put);
     return SELDP_OK;

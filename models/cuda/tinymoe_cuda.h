@@ -99,6 +99,11 @@ bool tmc_expert_seen(const tmc_model *m, int l, int e);
 /** The device FP32 gradient accumulator of `path` (NULL for frozen or unknown paths). */
 const float *tmc_param_grad(const tmc_model *m, const char *path);
 
+/** tm_export_grad with an owned tensor on the model's GPU: occurrence `index` of the host
+ * model the mirror was made from (tm_param_at). */
+seldp_status tmc_export_grad(const tmc_model *m, size_t index, double scale, bool fp32,
+                             seldp_grads *out);
+
 /** tm_export_grads with owned tensors on the model's GPU. */
 seldp_status tmc_export_grads(const tmc_model *m, unsigned roles, double scale, bool fp32,
                               seldp_grads *out);
