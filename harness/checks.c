@@ -8,6 +8,7 @@
 
 #include "grid.h"
 #include "run.h"
+#include "verdict.h"
 
 static const char *const check_names[HX_CHECK_COUNT] = {
     [HX_CHECK_DIFFER_BEFORE_INIT] = "replicas differ before initialize",
@@ -15,6 +16,8 @@ static const char *const check_names[HX_CHECK_COUNT] = {
     [HX_CHECK_INIT_UNTOUCHED] = "initialize writes only its selected parameters",
     [HX_CHECK_LOSS] = "loss equals the FP64 reference",
     [HX_CHECK_ROUTING] = "tokens per expert equal the reference's",
+    [HX_CHECK_REDUCTION] = "reductions equal the FP64 mean or sum of their inputs",
+    [HX_CHECK_RANK_GRADS] = "ranks' FP32 gradients vs the FP64 reference",
     [HX_CHECK_GRAD_ERROR] = "reduced gradients vs the FP64 reference",
     [HX_CHECK_GRAD_REPLICAS] = "reduced gradients bit-identical in each group",
     [HX_CHECK_PARAM_REPLICAS] = "parameters bit-identical in each group",
@@ -153,87 +156,6 @@ void hx_check_init(hx_run *run)
         merge_local(&run->checks[HX_CHECK_INIT_UNTOUCHED], &run->ranks[r].init_untouched);
 }
 
-static void note_error(hx_error_stat *s, double err, const char *path, int rank, int step)
-{
-    s->tensors++;
-    if (s->tensors == 1 || err > s->worst || isnan(err)) {
-        s->worst = err;
-        snprintf(s->worst_path, sizeof s->worst_path, "%s", path);
-        s->worst_rank = rank;
-        s->worst_step = step;
-    }
-}
-
-/* Every rank's reduced gradient of every trainable parameter against the reference. */
-static void check_gradients(hx_run *run, int step, const tm_reference *ref)
-{
-    hx_step_record *rec = &run->steps[step];
-    hx_error_stat step_worst = {0};
-    double *slice = NULL;
-    for (int r = 0; r < run->opts.world; r++) {
-        const hx_rank *rk = &run->ranks[r];
-        for (size_t i = 0; i < rk->n_params; i++) {
-            const tm_param_info *p = tm_param_at(rk->model, i);
-            if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
-                continue;
-            size_t n = 0;
-            const double *want = tm_reference_grad(ref, p->path, &n);
-            const seldp_tensor *got = seldp_grads_get(rk->grads, p->id);
-            hx_shard shard = hx_grid_shard(run, r, p->path);
-            if (want && shard.parts > 1) {
-                /* a shard: the same range of the logical gradient */
-                const tm_param_info *logical =
-                    tm_param_find(run->global, hx_grid_logical_path(p->path));
-                n = seldp_tensor_numel(&p->tensor);
-                free(slice);
-                slice = hx_calloc(n ? n : 1, sizeof *slice);
-                if (!slice || !logical) {
-                    hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
-                                    "step %d: rank %d: no logical tensor for the shard %s",
-                                    step + 1, r, p->path);
-                    continue;
-                }
-                hx_shard_slice(want, &logical->tensor, shard, slice);
-                want = slice;
-            }
-            if (!want) {
-                hx_check_record(run, HX_CHECK_ABSENT, got != NULL, 0,
-                                "step %d: rank %d has a gradient of %s, but no token reached "
-                                "expert %d of layer %d",
-                                step + 1, r, p->path, p->expert, p->layer);
-                continue;
-            }
-            if (!got) {
-                hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
-                                "step %d: rank %d: no reduced gradient of %s", step + 1, r,
-                                p->path);
-                continue;
-            }
-            if (got->dtype != run->grad_dtype) {
-                hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
-                                "step %d: rank %d: the gradient of %s is %s, expected %s", step + 1,
-                                r, p->path, seldp_dtype_name(got->dtype),
-                                seldp_dtype_name(run->grad_dtype));
-                continue;
-            }
-            double err = tm_rel_error(got, 1.0, want, n);
-            bool bad = !(err >= 0 && err <= run->tolerance);
-            hx_check_record(run, HX_CHECK_GRAD_ERROR, bad, err < 0 ? INFINITY : err,
-                            "step %d: rank %d: %s: relative error %.3e exceeds %.0e", step + 1, r,
-                            p->path, err, run->tolerance);
-            note_error(&run->classes[hx_class_of(p->path)], err, p->path, r, step);
-            const hx_set *set = hx_set_of(run, r, p);
-            if (set)
-                note_error(&run->set_errors[set->index], err, p->path, r, step);
-            note_error(&step_worst, err, p->path, r, step);
-        }
-    }
-    free(slice);
-    rec->worst = step_worst.worst;
-    rec->worst_rank = step_worst.worst_rank;
-    snprintf(rec->worst_path, sizeof rec->worst_path, "%s", step_worst.worst_path);
-}
-
 /* Bit-identical parameters (everything selected) and gradients (trainable) over each set:
  * every member's equal to its root's. */
 static void check_replicas(hx_run *run, int step)
@@ -280,10 +202,7 @@ seldp_status hx_check_step(hx_run *run, int step, const tm_reference *ref)
     int L = run->opts.model.layers, E = run->layout->experts;
     const hx_rank *r0 = &run->ranks[0];
 
-    double loss_err = fabs(rec->loss - rec->ref_loss) / fmax(fabs(rec->ref_loss), 1e-300);
-    hx_check_record(run, HX_CHECK_LOSS, !(loss_err <= run->checks[HX_CHECK_LOSS].limit), loss_err,
-                    "step %d: the ranks' mean loss %.9g differs from the reference's %.9g",
-                    step + 1, rec->loss, rec->ref_loss);
+    hx_verdict_loss(run, step, ref);
     for (int l = 0; l < L; l++) {
         for (int e = 0; e < E; e++) {
             int64_t got = r0->routed[l * E + e];
@@ -296,7 +215,7 @@ seldp_status hx_check_step(hx_run *run, int step, const tm_reference *ref)
             rec->absent += want == 0;
         }
     }
-    check_gradients(run, step, ref);
+    hx_verdict_gradients(run, step, ref);
     check_replicas(run, step);
     for (int r = 0; r < run->opts.world; r++)
         merge_local(&run->checks[HX_CHECK_REDUCE_UNTOUCHED], &run->ranks[r].reduce_untouched);

@@ -74,9 +74,12 @@ void hx_print_header(const hx_run *run, FILE *out)
         fprintf(out, "%s expert bases + LoRA r=%d alpha=%g\n", tm_quant_name(m->quant),
                 m->lora_rank, m->lora_alpha);
     fprintf(out,
-            "  reduce  shared: reduce by tokens; experts: %s; policy %s; %s results, limit %.0e\n",
+            "  reduce  shared: reduce by tokens; experts: %s; policy %s; %s results\n"
+            "  checks  bounds from the reference's error magnitudes: u_c %.2g, u_r %.2g, %.0f "
+            "standard deviations (docs/tolerances.md)\n",
             o->flow == HX_FLOW_SUM ? "sum of grads / global tokens" : "reduce by EP-group tokens",
-            hx_policy_name(o->policy), seldp_dtype_name(run->grad_dtype), run->tolerance);
+            hx_policy_name(o->policy), seldp_dtype_name(run->grad_dtype), run->tol.u_c,
+            run->tol.u_r, run->tol.c);
     if (o->overlap)
         fprintf(out,
                 "  overlap reductions started before the backward, each layer's gradients marked "
@@ -142,13 +145,11 @@ void hx_print_progress(const hx_run *run, int step, double t_step)
                  rec->ties_followed == 1 ? "" : "s");
     char split[160];
     hx_split_describe(&rec->split, split, sizeof split);
-    fprintf(
-        run->out,
-        "step %d/%d  loss %.6f (ref %.6f)  %zu tokens  worst %.2e %s %.0e (%s @ rank %d)%s  %s  "
-        "%.1f ms (%s)\n",
-        step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->worst,
-        rec->worst <= run->tolerance ? "<=" : ">", run->tolerance,
-        rec->worst_path[0] ? rec->worst_path : "-", rec->worst_rank, ties,
-        rec->failures ? "FAIL" : "ok", 1e3 * t_step, split);
+    fprintf(run->out,
+            "step %d/%d  loss %.6f (ref %.6f)  %zu tokens  error/bound %.2f (%s: %s @ rank %d)  "
+            "worst rel %.2e%s  %s  %.1f ms (%s)\n",
+            step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->ratio,
+            rec->ratio_check ? rec->ratio_check : "-", rec->ratio_path[0] ? rec->ratio_path : "-",
+            rec->ratio_rank, rec->worst, ties, rec->failures ? "FAIL" : "ok", 1e3 * t_step, split);
     fflush(run->out);
 }

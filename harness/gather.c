@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture.h"
 #include "run.h"
 
 /* ---- packing ----------------------------------------------------------------------------- */
@@ -282,6 +283,62 @@ static void pack_step(hx_rank *rk, hx_buf *b)
     }
 }
 
+/* This process's captured inputs of the step (capture.h): its own rank's contributions. */
+static void put_capture(hx_buf *b, const hx_run *run)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < run->sets.n; i++)
+        for (int k = 0; k < run->capture[i].n; k++)
+            n += run->capture[i].entries[k].inputs > 0;
+    put_u64(b, n);
+    for (int i = 0; i < run->sets.n; i++) {
+        for (int k = 0; k < run->capture[i].n; k++) {
+            const hx_capture_entry *e = &run->capture[i].entries[k];
+            if (e->inputs == 0)
+                continue;
+            put_u64(b, (uint64_t)i);
+            put(b, e->path, sizeof e->path);
+            put_u64(b, e->n);
+            put_u64(b, (uint64_t)e->inputs);
+            put(b, e->in_sum, e->n * sizeof *e->in_sum);
+            put(b, e->in_abs, e->n * sizeof *e->in_abs);
+            put(b, e->local_sum, e->n * sizeof *e->local_sum);
+        }
+    }
+}
+
+static seldp_status get_capture(reader *r, hx_run *run)
+{
+    seldp_status st = SELDP_OK;
+    hx_capture_entry e = {0};
+    uint64_t n = get_u64(r);
+    for (uint64_t k = 0; k < n && !r->short_read && st == SELDP_OK; k++) {
+        uint64_t set = get_u64(r);
+        get(r, e.path, sizeof e.path);
+        e.path[sizeof e.path - 1] = '\0';
+        e.n = get_u64(r);
+        e.inputs = (int)get_u64(r);
+        if (set >= (uint64_t)run->sets.n || e.n > r->left)
+            return hx_fail(SELDP_ERR_INTERNAL, "rank 0: a captured input of a set it has not");
+        e.in_sum = hx_calloc(e.n + 1, sizeof *e.in_sum);
+        e.in_abs = hx_calloc(e.n + 1, sizeof *e.in_abs);
+        e.local_sum = hx_calloc(e.n + 1, sizeof *e.local_sum);
+        if (!e.in_sum || !e.in_abs || !e.local_sum)
+            st = hx_fail(SELDP_ERR_NOMEM, "rank 0: out of memory");
+        if (st == SELDP_OK) {
+            get(r, e.in_sum, e.n * sizeof *e.in_sum);
+            get(r, e.in_abs, e.n * sizeof *e.in_abs);
+            get(r, e.local_sum, e.n * sizeof *e.local_sum);
+            if (!r->short_read)
+                st = hx_capture_merge(run, &run->sets.sets[set], &e);
+        }
+        free(e.in_sum);
+        free(e.in_abs);
+        free(e.local_sum);
+    }
+    return st;
+}
+
 static seldp_status get_grads(reader *r, hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
@@ -356,6 +413,25 @@ static seldp_status unpack_step(hx_run *run, hx_rank *rk, reader *r)
 seldp_status hx_gather_step(hx_run *run)
 {
     return gather(run, pack_step, unpack_step, "the step's records");
+}
+
+static void pack_capture(hx_rank *rk, hx_buf *b)
+{
+    put_capture(b, rk->run);
+}
+
+static seldp_status unpack_capture(hx_run *run, hx_rank *rk, reader *r)
+{
+    (void)rk;
+    return get_capture(r, run);
+}
+
+seldp_status hx_gather_capture(hx_run *run)
+{
+    seldp_status st = gather(run, pack_capture, unpack_capture, "the reductions' inputs");
+    if (hx_backend_process_rank(run->backend) > 0)
+        hx_capture_reset(run); /* rank 0 holds them now */
+    return st;
 }
 
 /* ---- agreement --------------------------------------------------------------------------- */

@@ -130,6 +130,25 @@ seldp_status hx_gpu_upload(hx_rank *rk)
     return SELDP_OK;
 }
 
+seldp_status hx_gpu_local_grad(const hx_rank *rk, const tm_param_info *p, float *out)
+{
+    const float *g = tmc_param_grad(rk->gpu, p->path);
+    if (!g)
+        return hx_fail(SELDP_ERR_NOT_FOUND, "rank %d: no gradient of %s on cuda:%d", rk->rank,
+                       p->path, rk->device.ordinal);
+    seldp_tensor from = p->tensor, to = p->tensor;
+    from.dtype = to.dtype = SELDP_F32;
+    from.device = rk->device;
+    from.data = (void *)g;
+    to.device = SELDP_HOST_DEVICE;
+    to.data = out;
+    seldp_status st = seldp_tensor_copy(&to, &from);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: copying the gradient of %s from cuda:%d", rk->rank,
+                           p->path, rk->device.ordinal);
+    return SELDP_OK;
+}
+
 #else /* no CUDA: no rank is ever placed on a GPU */
 
 static seldp_status no_cuda(const hx_rank *rk)
@@ -167,6 +186,13 @@ seldp_status hx_gpu_download(hx_rank *rk)
 
 seldp_status hx_gpu_upload(hx_rank *rk)
 {
+    return no_cuda(rk);
+}
+
+seldp_status hx_gpu_local_grad(const hx_rank *rk, const tm_param_info *p, float *out)
+{
+    (void)p;
+    (void)out;
     return no_cuda(rk);
 }
 

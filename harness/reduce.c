@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture.h"
 #include "clip.h"
+#include "grid.h"
 #include "inject.h"
 #include "overlap.h"
 #include "run.h"
@@ -46,6 +48,40 @@ seldp_status hx_zero_grad(hx_rank *rk, const tm_param_info *p, seldp_grads *grad
     return SELDP_OK;
 }
 
+/* Capture what rank rk passes to set s for p (capture.h): the exported input and the FP32
+ * gradient it came from; nothing when the rank takes no part in the reduction. */
+static seldp_status capture_input(hx_rank *rk, const hx_set *s, const tm_param_info *p,
+                                  const seldp_tensor *input, bool owed)
+{
+    seldp_status st = SELDP_OK;
+    if (hx_set_weight_of(rk, s) == 0)
+        return SELDP_OK;
+    seldp_tensor host = *input;
+    float *local = NULL;
+    host.data = NULL;
+    if (input->device.kind != SELDP_DEVICE_HOST) {
+        host.device = SELDP_HOST_DEVICE;
+        HX_CHECK_LIB(seldp_tensor_alloc(&host), "rank %d: a host copy of a gradient", rk->rank);
+        HX_CHECK_LIB(seldp_tensor_copy(&host, input), "rank %d: copying the gradient of %s",
+                     rk->rank, p->path);
+    }
+    if (!owed && rk->gpu) {
+        local = hx_calloc(seldp_tensor_numel(input) + 1, sizeof *local);
+        if (!local)
+            HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+        HX_CHECK(hx_gpu_local_grad(rk, p, local));
+    }
+    HX_CHECK(hx_capture_add(rk->run, s, hx_grid_logical_path(p->path), host.data ? &host : input,
+                            owed    ? NULL
+                            : local ? local
+                                    : tm_param_grad(rk->model, p->path)));
+fail:
+    if (host.data)
+        seldp_tensor_free(&host);
+    free(local);
+    return st;
+}
+
 seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads)
 {
     const tm_param_info *p = tm_param_at(rk->model, i);
@@ -58,9 +94,17 @@ seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads)
                                            rk->run->opts.fp32_master, grads);
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: exporting the gradient of %s", rk->rank, p->path);
-    if (rk->run->opts.policy == SELDP_MISSING_ERROR && hx_zero_owed(rk, p))
-        return hx_zero_grad(rk, p, grads);
-    return SELDP_OK;
+    const seldp_tensor *input = seldp_grads_get(grads, p->id);
+    bool owed = false;
+    if (!input && rk->run->opts.policy == SELDP_MISSING_ERROR && hx_zero_owed(rk, p)) {
+        HX_CHECK(hx_zero_grad(rk, p, grads));
+        input = seldp_grads_get(grads, p->id);
+        owed = true;
+    }
+    if (input)
+        HX_CHECK(capture_input(rk, s, p, input, owed));
+fail:
+    return st;
 }
 
 typedef struct kept_entry {

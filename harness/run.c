@@ -15,6 +15,7 @@
 #include "overlap.h"
 #include "router.h"
 #include "inject.h"
+#include "capture.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -309,6 +310,8 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_sets_build(run));
     run->grad_dtype = o->fp32_master ? SELDP_F32 : o->model.dtype;
     run->tolerance = tolerance_for(run->grad_dtype);
+    run->tol = hx_tolerance_of(&o->model, run->grad_dtype);
+    HX_CHECK(hx_capture_create(run));
     int L = o->model.layers, E = run->layout->experts;
     run->ranks = hx_calloc((size_t)o->world, sizeof *run->ranks);
     run->set_errors = hx_calloc((size_t)run->sets.n, sizeof *run->set_errors);
@@ -319,12 +322,12 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
     for (int c = 0; c < HX_CHECK_COUNT; c++)
         run->checks[c].limit = NAN;
-    run->checks[HX_CHECK_GRAD_ERROR].metric = true;
-    run->checks[HX_CHECK_GRAD_ERROR].limit = run->tolerance;
-    run->checks[HX_CHECK_LOSS].metric = true;
-    run->checks[HX_CHECK_LOSS].limit = 1e-4;
-    run->checks[HX_CHECK_GRAD_NORM].metric = true;
-    run->checks[HX_CHECK_GRAD_NORM].limit = run->tolerance;
+    static const hx_check_id metrics[] = {HX_CHECK_LOSS, HX_CHECK_REDUCTION, HX_CHECK_RANK_GRADS,
+                                          HX_CHECK_GRAD_ERROR, HX_CHECK_GRAD_NORM};
+    for (size_t k = 0; k < sizeof metrics / sizeof *metrics; k++) {
+        run->checks[metrics[k]].metric = true;
+        run->checks[metrics[k]].limit = 1.0;
+    }
     for (int r = 0; r < o->world; r++) {
         run->ranks[r].rank = r;
         run->ranks[r].run = run;
@@ -391,6 +394,7 @@ static seldp_status main_step(hx_run *run, int step)
     if (run->opts.clip_grad > 0)
         hx_clip_check(run, step, ref);
     hx_inject_diagnose(run, step, ref);
+    hx_capture_reset(run); /* the next step's inputs */
     rec->t_check = hx_split_charge(&rec->split, HX_PHASE_CHECK);
 fail:
     tm_reference_destroy(ref);
@@ -529,6 +533,8 @@ static seldp_status execute_processes(hx_run *run)
         if (st != SELDP_OK)
             goto aborted;
         st = hx_gather_step(run);
+        if (st == SELDP_OK)
+            st = hx_gather_capture(run);
         if (st != SELDP_OK)
             goto aborted;
         hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
@@ -644,6 +650,7 @@ void hx_run_destroy(hx_run *run)
     free(run->steps);
     free(run->expert_tokens);
     free(run->set_weights);
+    hx_capture_destroy(run);
     hx_sets_free(&run->sets);
     hx_backend_close(run->backend);
     hx_layout_destroy(run->layout);

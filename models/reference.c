@@ -124,8 +124,7 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->FIRST = tm__ref_calloc(r, L * (E + 1), sizeof(size_t));
     w->ORDER = tm__ref_calloc(r, L * NK, sizeof(size_t));
     w->DLR = losses ? tm__ref_calloc(r, L * N * E, sizeof(double)) : NULL;
-    w->MDLR = losses ? tm__ref_calloc(r, L * N * E, sizeof(double)) : NULL;
-    w->RW = losses ? tm__ref_calloc(r, 2 * N * E + 3 * E, sizeof(double)) : NULL;
+    w->RW = losses ? tm__ref_calloc(r, N * E + 2 * E, sizeof(double)) : NULL;
     w->SA = tm__ref_calloc(r, L * NF, sizeof(double));
     w->LG = tm__ref_calloc(r, N * E, sizeof(double));
     w->next = tm__ref_calloc(r, E, sizeof(size_t));
@@ -150,13 +149,11 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->dZ = tm__ref_calloc(r, N * D, sizeof(double));
     w->dH = tm__ref_calloc(r, N * D, sizeof(double));
     w->dU = tm__ref_calloc(r, N * D, sizeof(double));
-    w->mdH = tm__ref_calloc(r, N * D, sizeof(double));
-    w->mdU = tm__ref_calloc(r, N * D, sizeof(double));
     if (!w->H || !w->U || !w->R || !w->SEL || !w->GATE || !w->KEPT || !w->FIRST || !w->ORDER ||
-        (losses && (!w->DLR || !w->MDLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->taken ||
-        !w->X || !w->A || !w->S || !w->YE || !w->dYE || !w->dA || !w->dX || !w->dW || !w->dgate ||
-        !w->SS || !w->dSA || !w->dSS || !w->dHr || !w->P || !w->Z || !w->RF || !w->LOG || !w->dZ ||
-        !w->dH || !w->dU || !w->mdH || !w->mdU)
+        (losses && (!w->DLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->taken || !w->X ||
+        !w->A || !w->S || !w->YE || !w->dYE || !w->dA || !w->dX || !w->dW || !w->dgate || !w->SS ||
+        !w->dSA || !w->dSS || !w->dHr || !w->P || !w->Z || !w->RF || !w->LOG || !w->dZ || !w->dH ||
+        !w->dU)
         return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     return SELDP_OK;
 }
@@ -226,8 +223,7 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     tm__ref_capacity(c, sel, w->shard_begin, w->n_shards, w->taken, kept);
     if (w->DLR)
         router_loss = tm__ref_router_losses(c, lg, sel, w->shard_begin, w->n_shards, w->RW,
-                                            w->DLR + (size_t)l * N * E, NULL,
-                                            w->MDLR + (size_t)l * N * E, &ref->loss_magnitude);
+                                            w->DLR + (size_t)l * N * E);
     size_t *first = w->FIRST + (size_t)l * ((size_t)E + 1);
     group_by_expert(sel, kept, NK, E, first, w->ORDER + (size_t)l * NK, w->next);
     /* the residual, then each expert adds its gated output to the rows it serves */
@@ -272,7 +268,7 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
         w->RF[t] = rms_row(Hf + t * D, p->fnorm->w, D, c->eps, w->Z + t * D);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, V, D, 1.0, w->Z, D, p->emb->w, D,
                 0.0, w->LOG, V);
-    double loss = 0.0, head_mag = 0.0;
+    double loss = 0.0;
     for (size_t t = 0; t < N; t++) {
         double *row = w->LOG + t * V;
         double mx = row[0];
@@ -283,7 +279,6 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
             se += exp(row[v] - mx);
         const double lse = mx + log(se);
         loss += lse - row[w->tgt[t]];
-        head_mag += fabs(lse) + fabs(row[w->tgt[t]]);
         for (int v = 0; v < V; v++)
             row[v] = exp(row[v] - lse) / (double)N;
         row[w->tgt[t]] -= 1.0 / (double)N;
@@ -292,7 +287,6 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
                 p->emb->g, D);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, p->emb->w,
                 D, 0.0, w->dZ, D);
-    ref->loss_magnitude += head_mag / (double)N; /* a token's loss is lse - z_y */
     return loss / (double)N;
 }
 

@@ -25,8 +25,7 @@ typedef struct ref_work {
     size_t *FIRST;        /* (L,E+1) */
     size_t *ORDER;        /* (L,N*K) kept slots grouped by expert (group_by_expert) */
     double *DLR;          /* (L,N,E) router-loss logit gradients, or NULL */
-    double *MDLR;         /* (L,N,E) their magnitudes (reference_magnitude.c), or NULL */
-    double *RW;           /* (2 N*E + 3E) router-loss work, or NULL */
+    double *RW;           /* (N*E + 2E) router-loss work, or NULL */
     double *SA;           /* (L,N,Fs) shared expert pre-activations */
     double *LG;           /* (N,E) one layer's router logits */
     size_t *next;         /* (E) */
@@ -35,7 +34,6 @@ typedef struct ref_work {
     double *dHr, *P;                        /* one expert: (n,D) rows of dH, (n,F) dH W2 */
     double *dW, *dgate, *SS, *dSS, *dSA;    /* (D*F) (N,K) (N,Fs) x3 */
     double *Z, *RF, *LOG, *dZ, *dH, *dU;    /* head: (N,D) (N) (N,V); (N,D) x3 */
-    double *mdH, *mdU;                      /* magnitudes of dH and dU: (N,D) x2 */
 } ref_work;
 
 /* silu(a), and its derivative into *slope, from one exponential */

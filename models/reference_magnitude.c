@@ -1,284 +1,804 @@
-/* The magnitudes of the FP64 reference's gradients: the backward run again with every term
- * replaced by its absolute value — weights by |W|, activations by |x|, the upstream gradient
- * by its own magnitude, every subtraction turned into an addition (docs/tolerances.md).
+/* The error scale of the FP32 model's loss and gradients, computed by the FP64 reference
+ * alongside its values (docs/tolerances.md): the forward and the backward run once more,
+ * every quantity q carrying a variance V(q) in units of the FP32 unit roundoff squared.
  *
- * A gradient element is a sum, over tokens, experts and paths, of products of weights,
- * activations and upstream gradients. Where those terms cancel — as training converges the
- * head's p - onehot(y) shrinks while p and 1 do not, and the tokens' contributions to a
- * weight gradient cancel one another — the value shrinks but the FP32 model's rounding error
- * does not: it stays proportional to what was summed. The checks bound an error by the unit
- * roundoff times this magnitude times a constant: as sharp as a relative bound where nothing
- * cancels (the magnitude is then the value's absolute value) and never crying wolf where
- * everything does.
+ * A rounded FP32 operation errs by a fraction of u of what it acted on, and errors from
+ * thousands of roundings add like independent random terms. So, for q = sum_k a_k b_k:
+ *   V(q) = (sum_k |a_k b_k|)^2                 its own rounding: a sum of terms of both signs
+ *                                              errs by about u times the sum of their
+ *                                              magnitudes, however much they cancel
+ *          + sum_k b_k^2 V(a_k) + a_k^2 V(b_k) the errors its inputs carry, in quadrature
+ * and for an elementwise f, V(f(x)) = f'(x)^2 V(x) + f(x)^2. A sum of terms of one sign (a
+ * norm's sum of squares, a softmax's sum of exponentials) errs by about sqrt(n)/3 u of its
+ * value: its own term is taken that much larger. The magnitude of a gradient element is
+ * sqrt(V): where the terms that made it cancel (p - onehot(y) as training converges; tokens'
+ * contributions to a weight gradient; a pre-activation's dot product) it stays large while the
+ * value shrinks, and it grows with the depth of the computation only as the square root of the
+ * roundings it adds up.
  *
- * The pass follows reference.c's backward line by line and reuses its work buffers; it runs
- * after it, when they are free again. */
+ * The pass follows reference.c's forward and backward and recomputes the values it needs from
+ * the activations the forward kept (the backward's own buffers were reused); it runs after
+ * the backward, when those buffers are free again. Weights are exact (read as stored);
+ * quantized experts' effective weights carry the rounding of base + c B A. */
 #include <math.h>
 #include <string.h>
-#include <stdio.h>
-#include <stdlib.h>
 
 #include <cblas.h>
 
 #include "reference_impl.h"
-#include "reference_router.h"
 #include "tm_error.h"
 
-/* ---- absolute weights -------------------------------------------------------------------- */
+#define MAG_NOMEM() tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for the error scales")
 
-/* |src| into a new array owned by ref. */
-static double *abs_copy(tm_reference *ref, const double *src, size_t n)
+/* The own-rounding factor of a sum of n terms of one sign, squared: (sqrt(n) / 3)^2, 1 at
+ * least. */
+static double same_sign(size_t n)
 {
-    double *a = tm__ref_calloc(ref, n, sizeof *a);
-    if (a)
-        for (size_t i = 0; i < n; i++)
-            a[i] = fabs(src[i]);
-    return a;
+    double k = (double)n / 9.0;
+    return k > 1.0 ? k : 1.0;
 }
 
-/* The weights' magnitudes. An expert's effective weight is the sum base + c B A for the
- * quantized variants: its magnitude is |base| + c |B| |A|. */
-typedef struct mag_weights {
-    double *emb, *fnorm;
-    double **norm, **router, **sw1, **sw2; /* (L) */
-    double **lin;                          /* (L,E,2) */
-    double **lora_a, **lora_b;             /* (L,E,2), quantized variants */
-} mag_weights;
+/* ---- a scratch arena for the products' absolute and squared copies --------------------- */
 
-#define MAG_NOMEM() tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for the magnitudes")
+typedef struct arena {
+    tm_reference *ref;
+    double *buf[5];
+    size_t cap[5];
+} arena;
 
-static seldp_status abs_weights(tm_reference *ref, const ref_params *p, mag_weights *m)
+static double *room(arena *a, int i, size_t n)
 {
-    const tm_config *c = &ref->cfg;
-    const size_t L = (size_t)c->layers, E = (size_t)c->experts, LE2 = L * E * 2;
-    m->norm = tm__ref_calloc(ref, L, sizeof *m->norm);
-    m->router = tm__ref_calloc(ref, L, sizeof *m->router);
-    m->sw1 = tm__ref_calloc(ref, L, sizeof *m->sw1);
-    m->sw2 = tm__ref_calloc(ref, L, sizeof *m->sw2);
-    m->lin = tm__ref_calloc(ref, LE2, sizeof *m->lin);
-    m->lora_a = tm__ref_calloc(ref, LE2, sizeof *m->lora_a);
-    m->lora_b = tm__ref_calloc(ref, LE2, sizeof *m->lora_b);
-    m->emb = abs_copy(ref, p->emb->w, p->emb->n);
-    m->fnorm = abs_copy(ref, p->fnorm->w, p->fnorm->n);
-    if (!m->norm || !m->router || !m->sw1 || !m->sw2 || !m->lin || !m->lora_a || !m->lora_b ||
-        !m->emb || !m->fnorm)
-        return MAG_NOMEM();
-    for (size_t l = 0; l < L; l++) {
-        m->norm[l] = abs_copy(ref, p->norm[l]->w, p->norm[l]->n);
-        m->router[l] = abs_copy(ref, p->router[l]->w, p->router[l]->n);
-        if (!m->norm[l] || !m->router[l])
-            return MAG_NOMEM();
-        if (c->d_ff_shared > 0) {
-            m->sw1[l] = abs_copy(ref, p->sw1[l]->w, p->sw1[l]->n);
-            m->sw2[l] = abs_copy(ref, p->sw2[l]->w, p->sw2[l]->n);
-            if (!m->sw1[l] || !m->sw2[l])
-                return MAG_NOMEM();
-        }
+    if (a->cap[i] < n) {
+        a->buf[i] = tm__ref_calloc(a->ref, n, sizeof(double));
+        a->cap[i] = a->buf[i] ? n : 0;
     }
-    for (size_t i = 0; i < LE2; i++) {
-        const ref_linear *li = &p->lin[i];
+    return a->buf[i];
+}
+
+static void fill_abs(double *dst, const double *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = fabs(src[i]);
+}
+
+static void fill_sq(double *dst, const double *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i] * src[i];
+}
+
+/* The variance of C = op(A) op(B) (m,n; k the inner size; row-major as cblas_dgemm):
+ * VC = beta VC + (|A| |B|)^2 + (k / 9) C^2 + VA B^2 + A^2 VB: the own rounding of a sum of k
+ * terms of both signs and, where they share one sign, of a sum whose partial sums grow with
+ * it. VA or VB NULL: that factor is exact. ar/ac are A's stored rows and columns (lda = ac),
+ * br/bc B's. Returns false when out of memory. */
+static bool var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+                     const double *A, const double *VA, size_t ar, size_t ac, const double *B,
+                     const double *VB, size_t br, size_t bc, double beta, double *VC)
+{
+    const size_t na = ar * ac, nb = br * bc, nc = (size_t)m * (size_t)n;
+    double *tA = room(a, 0, na), *tB = room(a, 1, nb), *tC = room(a, 2, nc);
+    if (!tA || !tB || !tC)
+        return false;
+    const double drift = (double)k / 9.0;
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, A, (int)ac, B, (int)bc, 0.0, tC, n);
+    for (size_t i = 0; i < nc; i++)
+        VC[i] = beta * VC[i] + drift * tC[i] * tC[i];
+    fill_abs(tA, A, na);
+    fill_abs(tB, B, nb);
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, tA, (int)ac, tB, (int)bc, 0.0, tC, n);
+    for (size_t i = 0; i < nc; i++)
+        VC[i] += tC[i] * tC[i];
+    if (VA) {
+        fill_sq(tB, B, nb);
+        cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, VA, (int)ac, tB, (int)bc, 1.0, VC, n);
+    }
+    if (VB) {
+        fill_sq(tA, A, na);
+        cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, tA, (int)ac, VB, (int)bc, 1.0, VC, n);
+    }
+    return true;
+}
+
+/* ---- the pass's state ---------------------------------------------------------------------- */
+
+typedef struct pass {
+    tm_reference *ref;
+    const ref_params *p;
+    ref_work *w;
+    arena ar;
+    int D, F, E, K, L, V, Fs;
+    size_t N;
+    double **VW; /* (L,E,2) the variance of each expert's effective weight; NULL entries exact */
+    /* forward */
+    double *VH, *VU, *VR; /* (L+1,N,D) (L,N,D) (L+1,N): the last of VR is the final norm's */
+    double *VG;           /* (L,N,K) gates */
+    double *VSA;          /* (L,N,Fs) */
+    double *VZ, *VLOG;    /* (N,D) (N,V) */
+    double *VDLR;         /* (L,N,E) router-loss logit gradients, or NULL */
+    double *AH;           /* (N,D) |terms| of one layer's residual sum */
+    /* one expert's rows and the router's scratch */
+    double *VX, *VA, *VS, *VY, *VSL; /* (n,D) (n,F) (n,F) (n,D) (n,F) silu' */
+    double *LG, *VLG, *PR, *VPR;     /* (N,E) logits, probabilities and their variances */
+    /* backward */
+    double *dH, *VdH, *dU, *VdU;                                 /* (N,D) */
+    double *VdHr, *VP, *VdA, *VdYE, *VdX, *VdW, *dgate, *Vdgate; /* one expert */
+    double *VdSS, *VdSA, *SL, *VSLs;                             /* (N,Fs) shared expert */
+    double loss_var;
+} pass;
+
+static seldp_status pass_alloc(pass *s)
+{
+    tm_reference *ref = s->ref;
+    const size_t N = s->N, D = (size_t)s->D, F = (size_t)s->F, E = (size_t)s->E;
+    const size_t K = (size_t)s->K, L = (size_t)s->L, V = (size_t)s->V, Fs = (size_t)s->Fs;
+    const size_t NK = N * K, LE2 = L * E * 2;
+    const bool losses = s->w->DLR != NULL;
+#define A(field, count) (s->field = tm__ref_calloc(ref, (count), sizeof(double)))
+    if (!A(VH, (L + 1) * N * D) || !A(VU, L * N * D) || !A(VR, (L + 1) * N) || !A(VG, L * NK) ||
+        !A(VSA, L * N * Fs) || !A(VZ, N * D) || !A(VLOG, N * V) || !A(AH, N * D) ||
+        !A(VX, NK * D) || !A(VA, NK * F) || !A(VS, NK * F) || !A(VY, NK * D) || !A(VSL, NK * F) ||
+        !A(LG, N * E) || !A(VLG, N * E) || !A(PR, N * E) || !A(VPR, N * E) || !A(dH, N * D) ||
+        !A(VdH, N * D) || !A(dU, N * D) || !A(VdU, N * D) || !A(VdHr, NK * D) || !A(VP, NK * F) ||
+        !A(VdA, NK * F) || !A(VdYE, NK * D) || !A(VdX, NK * D) || !A(VdW, D * F) || !A(dgate, NK) ||
+        !A(Vdgate, NK) || !A(VdSS, N * Fs) || !A(VdSA, N * Fs) || !A(SL, N * Fs) ||
+        !A(VSLs, N * Fs) || (losses && !A(VDLR, L * N * E)))
+        return MAG_NOMEM();
+#undef A
+    s->VW = tm__ref_calloc(ref, LE2, sizeof *s->VW);
+    if (!s->VW)
+        return MAG_NOMEM();
+    /* a quantized expert's W = base + c B A, formed in FP32: the rounding of its terms */
+    const tm_config *c = &ref->cfg;
+    for (size_t i = 0; c->quant != TM_QUANT_NONE && i < LE2; i++) {
+        const ref_linear *li = &s->p->lin[i];
         const size_t n = (size_t)li->out * (size_t)li->in;
-        if (c->quant == TM_QUANT_NONE) {
-            if (!(m->lin[i] = abs_copy(ref, li->w, n)))
-                return MAG_NOMEM();
-            continue;
-        }
         const int r = c->lora_rank;
-        m->lin[i] = abs_copy(ref, li->base, n);
-        m->lora_a[i] = abs_copy(ref, li->lora_a->w, li->lora_a->n);
-        m->lora_b[i] = abs_copy(ref, li->lora_b->w, li->lora_b->n);
-        if (!m->lin[i] || !m->lora_a[i] || !m->lora_b[i])
+        double *aB = tm__ref_calloc(ref, li->lora_b->n, sizeof *aB);
+        double *aA = tm__ref_calloc(ref, li->lora_a->n, sizeof *aA);
+        s->VW[i] = tm__ref_calloc(ref, n, sizeof(double));
+        if (!aB || !aA || !s->VW[i])
             return MAG_NOMEM();
+        fill_abs(aB, li->lora_b->w, li->lora_b->n);
+        fill_abs(aA, li->lora_a->w, li->lora_a->n);
+        fill_abs(s->VW[i], li->base, n);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, li->out, li->in, r,
-                    c->lora_alpha / r, m->lora_b[i], r, m->lora_a[i], li->in, 1.0, m->lin[i],
-                    li->in);
+                    c->lora_alpha / r, aB, r, aA, li->in, 1.0, s->VW[i], li->in);
+        for (size_t k = 0; k < n; k++)
+            s->VW[i][k] *= s->VW[i][k];
     }
     return SELDP_OK;
 }
 
-/* The magnitude of rms_row_back: dx_j = dy_j g_j r - (sum_i dy_i g_i x_i) r^3 x_j / D and
- * dg_j = dy_j x_j r with every term taken absolutely; mdy the magnitudes of dy. */
-static void rms_row_back_mag(const double *x, const double *ag, double r, int D, const double *mdy,
-                             double *mdx, double *mdg)
+/* ---- elementwise rules --------------------------------------------------------------------- */
+
+/* silu''(a) */
+static double silu_curve(double a)
 {
-    double s = 0.0;
-    for (int i = 0; i < D; i++)
-        s += mdy[i] * ag[i] * fabs(x[i]);
-    for (int j = 0; j < D; j++) {
-        mdx[j] += mdy[j] * ag[j] * r + s * r * r * r * fabs(x[j]) / D;
-        mdg[j] += mdy[j] * fabs(x[j]) * r;
+    double s = 1.0 / (1.0 + exp(-a));
+    return s * (1.0 - s) * (2.0 + a * (1.0 - 2.0 * s));
+}
+
+/* silu of n pre-activations a (variances va): values into y, their variances into vy, silu'
+ * into sl and its variance into vsl. */
+static void silu_var(const double *a, const double *va, size_t n, double *y, double *vy, double *sl,
+                     double *vsl)
+{
+    for (size_t i = 0; i < n; i++) {
+        double slope, v = tm__ref_silu_slope(a[i], &slope), curve = silu_curve(a[i]);
+        y[i] = v;
+        vy[i] = slope * slope * va[i] + 3.0 * v * v; /* a / (1 + exp(-a)): three roundings */
+        sl[i] = slope;
+        vsl[i] = curve * curve * va[i] + 3.0 * slope * slope;
     }
+}
+
+/* One row of rms_row: x (D) with variances vx, r = 1/rms(x) as the forward found it, ag the
+ * norm's weights; the output's variances into vu; returns r's variance. */
+static double rms_row_var(const double *x, const double *vx, const double *g, double r, int D,
+                          double *vu)
+{
+    double ss = 0.0, vss = 0.0;
+    for (int i = 0; i < D; i++) {
+        ss += x[i] * x[i];
+        vss += 4.0 * x[i] * x[i] * vx[i];
+    }
+    vss += same_sign((size_t)D) * ss * ss;
+    /* r = (ss / D + eps)^(-1/2): dr / dss = -r^3 / (2 D); a division and a square root */
+    double vr = r * r * r * r * r * r / (4.0 * D * D) * vss + 2.0 * r * r;
+    for (int i = 0; i < D; i++) {
+        double u = x[i] * r * g[i];
+        vu[i] = r * r * g[i] * g[i] * vx[i] + x[i] * x[i] * g[i] * g[i] * vr + 2.0 * u * u;
+    }
+    return vr;
+}
+
+/* A sum over tokens accumulated term by term (a norm's or the router's weight gradient): the
+ * magnitudes of its terms and its value, for its own rounding at the end (close_sum). */
+typedef struct token_sum {
+    double *abs, *value; /* (n) */
+} token_sum;
+
+/* rms_row_back with variances: dx_j += dy_j g_j r - c x_j, c = r^3 (sum_i dy_i g_i x_i) / D,
+ * dg_j += dy_j x_j r (a token sum: its terms into ts). */
+static void rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
+                         int D, const double *dy, const double *vdy, double *dx, double *vdx,
+                         double *vdg, token_sum ts)
+{
+    double dot = 0.0, vdot = 0.0, adot = 0.0;
+    for (int i = 0; i < D; i++) {
+        double t = dy[i] * g[i] * x[i];
+        dot += t;
+        adot += fabs(t);
+        vdot += g[i] * g[i] * (x[i] * x[i] * vdy[i] + dy[i] * dy[i] * vx[i]);
+    }
+    vdot += adot * adot;
+    const double c = r * r * r * dot / D;
+    const double vc = r * r * r * r * r * r / ((double)D * D) * vdot +
+                      9.0 * r * r * r * r * dot * dot / ((double)D * D) * vr + 3.0 * c * c;
+    for (int j = 0; j < D; j++) {
+        double a = r * dy[j] * g[j], b = c * x[j];
+        dx[j] += a - b;
+        vdx[j] += dy[j] * dy[j] * g[j] * g[j] * vr + r * r * g[j] * g[j] * vdy[j] +
+                  x[j] * x[j] * vc + c * c * vx[j] + (fabs(a) + fabs(b)) * (fabs(a) + fabs(b));
+        vdg[j] += x[j] * x[j] * r * r * vdy[j] + dy[j] * dy[j] * r * r * vx[j] +
+                  dy[j] * dy[j] * x[j] * x[j] * vr;
+        ts.abs[j] += fabs(dy[j] * x[j] * r);
+        ts.value[j] += dy[j] * x[j] * r;
+    }
+}
+
+/* Add the own rounding of a sum of `terms` terms (var_gemm's rule) into a weight's variance. */
+static void close_sum(double *v, token_sum ts, size_t n, size_t terms)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] += ts.abs[i] * ts.abs[i] + (double)terms / 9.0 * ts.value[i] * ts.value[i];
+}
+
+/* Two arena slots as a zeroed token_sum of n elements. */
+static bool token_sum_of(arena *a, int slot, size_t n, token_sum *ts)
+{
+    ts->abs = room(a, slot, 2 * n);
+    if (!ts->abs)
+        return false;
+    ts->value = ts->abs + n;
+    memset(ts->abs, 0, 2 * n * sizeof *ts->abs);
+    return true;
+}
+
+/* The softmax rule: p_j = exp(z_j - lse) over n logits of variances vz, its sum of n
+ * exponentials of one sign: V(p_j) = p_j^2 (vz_j + sum_i p_i^2 vz_i + sum's rounding) + 2 p_j^2
+ * (the exponential and the division). */
+static void softmax_var(const double *p, const double *vz, int n, double *vp)
+{
+    double pz = 0.0;
+    for (int i = 0; i < n; i++)
+        pz += p[i] * p[i] * vz[i];
+    for (int j = 0; j < n; j++)
+        vp[j] = p[j] * p[j] * (vz[j] + pz + same_sign((size_t)n) + 2.0);
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+
+/* The router's probabilities of layer l's tokens over all experts and their variances (PR,
+ * VPR), from logits recomputed with their variances (LG, VLG). */
+static bool router_var(pass *s, int l)
+{
+    const int D = s->D, E = s->E;
+    const size_t N = s->N, ND = N * (size_t)D;
+    const double *u = s->w->U + (size_t)l * ND, *vu = s->VU + (size_t)l * ND;
+    const double *rw = s->p->router[l]->w;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, E, D, 1.0, u, D, rw, D, 0.0, s->LG,
+                E);
+    if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, E, D, u, vu, N, (size_t)D, rw, NULL,
+                  (size_t)E, (size_t)D, 0.0, s->VLG))
+        return false;
+    for (size_t t = 0; t < N; t++) {
+        const double *z = s->LG + t * E;
+        double mx = z[0], se = 0.0;
+        for (int e = 1; e < E; e++)
+            mx = fmax(mx, z[e]);
+        for (int e = 0; e < E; e++)
+            se += exp(z[e] - mx);
+        for (int e = 0; e < E; e++)
+            s->PR[t * E + e] = exp(z[e] - mx) / se;
+        softmax_var(s->PR + t * E, s->VLG + t * E, E, s->VPR + t * E);
+    }
+    return true;
+}
+
+/* The router losses' logit gradients' variances of layer l (the gradients reference_router.c
+ * computes: aux (alpha E / N) p_j (f_j - sum_e f_e p_e), z (2 beta / N) lse p_j), and their
+ * loss's variance into s->loss_var. PR, VPR and LG, VLG hold the layer's. */
+static void router_loss_var(pass *s, int l)
+{
+    const tm_config *c = &s->ref->cfg;
+    const int E = s->E, K = s->K;
+    const size_t N = s->N;
+    const int *sel = s->w->SEL + (size_t)l * N * (size_t)K;
+    double *vd = s->VDLR + (size_t)l * N * (size_t)E;
+    double *f =
+        s->ar.buf[3] && s->ar.cap[3] >= (size_t)E ? s->ar.buf[3] : room(&s->ar, 3, (size_t)E);
+    if (!f)
+        return;
+    memset(vd, 0, N * (size_t)E * sizeof *vd);
+    for (size_t t = 0; t < N && c->z_loss_coeff > 0.0; t++) {
+        const double *p = s->PR + t * E, *vp = s->VPR + t * E, *vz = s->VLG + t * E;
+        const double *z = s->LG + t * E;
+        double mx = z[0], se = 0.0, vlse = 0.0;
+        for (int e = 1; e < E; e++)
+            mx = fmax(mx, z[e]);
+        for (int e = 0; e < E; e++) {
+            se += exp(z[e] - mx);
+            vlse += p[e] * p[e] * vz[e];
+        }
+        const double lse = mx + log(se), b = 2.0 * c->z_loss_coeff / (double)N;
+        vlse += same_sign((size_t)E) * lse * lse;
+        for (int e = 0; e < E; e++)
+            vd[t * E + e] +=
+                b * b * (p[e] * p[e] * vlse + lse * lse * vp[e] + lse * lse * p[e] * p[e]);
+        s->loss_var += c->z_loss_coeff * c->z_loss_coeff * 4.0 * lse * lse * vlse / ((double)N * N);
+    }
+    if (c->aux_loss_coeff <= 0.0)
+        return;
+    const bool global = c->aux_loss_scope == TM_AUX_GLOBAL;
+    const int shards = global ? 1 : s->w->n_shards;
+    const double a = c->aux_loss_coeff * E / (double)N;
+    for (int r = 0; r < shards; r++) {
+        size_t first = global ? 0 : s->w->shard_begin[r];
+        size_t end = global ? N : s->w->shard_begin[r + 1];
+        if (end == first)
+            continue;
+        memset(f, 0, (size_t)E * sizeof *f);
+        for (size_t t = first; t < end; t++)
+            for (int k = 0; k < K; k++)
+                f[sel[t * K + k]] += 1.0 / ((double)(end - first) * K);
+        for (size_t t = first; t < end; t++) {
+            const double *p = s->PR + t * E, *vp = s->VPR + t * E;
+            double fp = 0.0, vfp = 0.0;
+            for (int e = 0; e < E; e++) {
+                fp += f[e] * p[e];
+                vfp += f[e] * f[e] * vp[e];
+            }
+            for (int j = 0; j < E; j++) {
+                double d = f[j] - fp;
+                vd[t * E + j] +=
+                    a * a *
+                    (d * d * vp[j] + p[j] * p[j] * vfp + p[j] * p[j] * (f[j] + fp) * (f[j] + fp));
+            }
+            s->loss_var += a * a * vfp;
+        }
+    }
+}
+
+/* Layer l's activations' variances: VU, VR, VG, VSA, VH of its output, the router losses'. */
+static bool layer_forward_var(pass *s, int l)
+{
+    const ref_work *w = s->w;
+    const int D = s->D, F = s->F, E = s->E, K = s->K, Fs = s->Fs;
+    const size_t N = s->N, ND = N * (size_t)D, NK = N * (size_t)K;
+    const double *H = w->H + (size_t)l * ND, *VH = s->VH + (size_t)l * ND;
+    const double *u = w->U + (size_t)l * ND;
+    double *VU = s->VU + (size_t)l * ND, *VHo = s->VH + (size_t)(l + 1) * ND;
+    const int *sel = w->SEL + (size_t)l * NK;
+    const double *gate = w->GATE + (size_t)l * NK;
+    double *VG = s->VG + (size_t)l * NK;
+    for (size_t t = 0; t < N; t++)
+        s->VR[(size_t)l * N + t] = rms_row_var(H + t * D, VH + t * D, s->p->norm[l]->w,
+                                               w->R[(size_t)l * N + t], D, VU + t * D);
+    if (!router_var(s, l))
+        return false;
+    /* the gates: a softmax over the K selected logits */
+    for (size_t t = 0; t < N; t++) {
+        double pz = 0.0;
+        for (int k = 0; k < K; k++)
+            pz += gate[t * K + k] * gate[t * K + k] * s->VLG[t * E + sel[t * K + k]];
+        for (int k = 0; k < K; k++) {
+            double g = gate[t * K + k];
+            VG[t * K + k] = g * g * (s->VLG[t * E + sel[t * K + k]] + pz + same_sign(K) + 2.0);
+        }
+    }
+    if (s->VDLR)
+        router_loss_var(s, l);
+    /* the residual and each expert's gated output; AH the magnitudes the sum rounds */
+    memcpy(VHo, VH, ND * sizeof(double));
+    fill_abs(s->AH, H, ND);
+    for (int e = 0; e < E; e++) {
+        const size_t i1 = ((size_t)l * E + e) * 2;
+        const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
+        const size_t *rows;
+        const size_t n = tm__ref_gather_rows(s->ref, w, l, e, &rows);
+        if (n == 0)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D,
+                    0.0, w->A, F);
+        if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n, (size_t)D,
+                      w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
+            return false;
+        silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL);
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, w->S, F, w2->w, F,
+                    0.0, w->YE, D);
+        if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, D, F, w->S, s->VS, n, (size_t)F,
+                      w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VY))
+            return false;
+        for (size_t i = 0; i < n; i++) {
+            const double g = gate[rows[i]], vg = VG[rows[i]];
+            double *vh = VHo + (rows[i] / K) * D, *ah = s->AH + (rows[i] / K) * D;
+            for (int j = 0; j < D; j++) {
+                double y = w->YE[i * D + j];
+                vh[j] += g * g * s->VY[i * D + j] + y * y * vg + g * g * y * y;
+                ah[j] += fabs(g * y);
+            }
+        }
+    }
+    if (Fs > 0) {
+        const size_t NF = N * (size_t)Fs;
+        const double *sa = w->SA + (size_t)l * NF;
+        double *vsa = s->VSA + (size_t)l * NF;
+        if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, Fs, D, u, VU, N, (size_t)D,
+                      s->p->sw1[l]->w, NULL, (size_t)Fs, (size_t)D, 0.0, vsa))
+            return false;
+        silu_var(sa, vsa, NF, w->SS, s->VdSS, s->SL, s->VSLs);
+        if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, D, Fs, w->SS, s->VdSS, N,
+                      (size_t)Fs, s->p->sw2[l]->w, NULL, (size_t)D, (size_t)Fs, 1.0, VHo))
+            return false;
+        /* its output's magnitudes for the residual sum's rounding */
+        double *aSS = room(&s->ar, 3, NF), *aW = room(&s->ar, 4, (size_t)D * (size_t)Fs);
+        if (!aSS || !aW)
+            return false;
+        fill_abs(aSS, w->SS, NF);
+        fill_abs(aW, s->p->sw2[l]->w, (size_t)D * (size_t)Fs);
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, aSS, Fs, aW, Fs,
+                    1.0, s->AH, D);
+    }
+    for (size_t i = 0; i < ND; i++)
+        VHo[i] += s->AH[i] * s->AH[i];
+    return true;
+}
+
+/* The final norm and the head: VZ, the logits' VLOG, the loss's variance. */
+static bool head_forward_var(pass *s)
+{
+    const ref_work *w = s->w;
+    const int D = s->D, V = s->V, L = s->L;
+    const size_t N = s->N, ND = N * (size_t)D;
+    const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
+    for (size_t t = 0; t < N; t++)
+        s->VR[(size_t)L * N + t] =
+            rms_row_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t], D, s->VZ + t * D);
+    if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, V, D, w->Z, s->VZ, N, (size_t)D,
+                  s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VLOG))
+        return false;
+    /* a token's loss lse - z_y, lse = z_y - log p_y: V = V(lse) + V(z_y) + the difference's */
+    double vloss = 0.0;
+    for (size_t t = 0; t < N; t++) {
+        const double *row = w->LOG + t * V, *vz = s->VLOG + t * V;
+        const int y = w->tgt[t];
+        double vlse = 0.0, z_y = 0.0;
+        for (int v = 0; v < V; v++) {
+            double p = (double)N * row[v] + (v == y);
+            vlse += p * p * vz[v];
+        }
+        for (int j = 0; j < D; j++)
+            z_y += w->Z[t * D + j] * s->p->emb->w[(size_t)y * D + j];
+        const double lse = z_y - log((double)N * row[y] + 1.0);
+        vlse += same_sign((size_t)V) * lse * lse;
+        vloss += vlse + vz[y] + (fabs(lse) + fabs(z_y)) * (fabs(lse) + fabs(z_y));
+    }
+    s->loss_var += vloss / ((double)N * N);
+    return true;
 }
 
 /* ---- backward ---------------------------------------------------------------------------- */
 
-/* The magnitude of dW's contribution to an expert linear's trainable tensors. */
-static void add_linear_mag(const tm_config *c, const ref_linear *li, const mag_weights *m, size_t i,
-                           const double *mdW)
+/* Distribute an expert linear's dW (values w->dW) and its variance VdW into its trainable
+ * tensors' variances: the dense weight, or LoRA's B and A (dB = c dW A^T, dA = c B^T dW). */
+static bool add_linear_var(pass *s, const ref_linear *li)
 {
+    const tm_config *c = &s->ref->cfg;
+    const size_t nw = (size_t)li->out * (size_t)li->in;
     if (c->quant == TM_QUANT_NONE) {
-        const size_t nw = (size_t)li->out * (size_t)li->in;
         for (size_t k = 0; k < nw; k++)
-            li->dense->m[k] += mdW[k];
-        return;
+            li->dense->m[k] += s->VdW[k];
+        return true;
     }
     const int r = c->lora_rank;
-    const double lscale = c->lora_alpha / c->lora_rank;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, li->out, r, li->in, lscale, mdW, li->in,
-                m->lora_a[i], li->in, 1.0, li->lora_b->m, r);
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, li->in, li->out, lscale, m->lora_b[i],
-                r, mdW, li->in, 1.0, li->lora_a->m, li->in);
+    const double c2 = (c->lora_alpha / r) * (c->lora_alpha / r);
+    double *vb = room(&s->ar, 3, li->lora_b->n), *va = room(&s->ar, 4, li->lora_a->n);
+    if (!vb || !va)
+        return false;
+    if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, li->out, r, li->in, s->w->dW, s->VdW,
+                  (size_t)li->out, (size_t)li->in, li->lora_a->w, NULL, (size_t)r, (size_t)li->in,
+                  0.0, vb))
+        return false;
+    for (size_t k = 0; k < li->lora_b->n; k++)
+        li->lora_b->m[k] += c2 * vb[k];
+    va = room(&s->ar, 4, li->lora_a->n);
+    if (!va || !var_gemm(&s->ar, CblasTrans, CblasNoTrans, r, li->in, li->out, li->lora_b->w, NULL,
+                         (size_t)li->out, (size_t)r, s->w->dW, s->VdW, (size_t)li->out,
+                         (size_t)li->in, 0.0, va))
+        return false;
+    for (size_t k = 0; k < li->lora_a->n; k++)
+        li->lora_a->m[k] += c2 * va[k];
+    return true;
 }
 
-/* expert_backward with magnitudes: the gates' (into w->dgate), the weights' and the rows'
- * part of mdU. A, S and silu'(A) are recomputed from X as the backward does. */
-static void expert_backward_mag(tm_reference *ref, const ref_params *p, const mag_weights *m,
-                                ref_work *w, int l, int e)
+/* expert_backward with variances: the gates' values and variances (dgate, Vdgate), the
+ * weights' variances, the rows' part of dU and VdU. */
+static bool expert_backward_var(pass *s, int l, int e)
 {
-    const tm_config *c = &ref->cfg;
-    const int D = c->d_model, F = c->d_ff, E = c->experts, K = c->top_k;
-    const double *gate = w->GATE + (size_t)l * w->N * (size_t)K;
-    const size_t i1 = ((size_t)l * E + e) * 2, i2 = i1 + 1;
+    ref_work *w = s->w;
+    const int D = s->D, F = s->F, E = s->E, K = s->K;
+    const size_t N = s->N, ND = N * (size_t)D;
+    const double *gate = w->GATE + (size_t)l * N * (size_t)K, *VG = s->VG + (size_t)l * N * K;
+    const size_t i1 = ((size_t)l * E + e) * 2;
+    const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
     const size_t *rows;
-    const size_t n = tm__ref_gather_rows(ref, w, l, e, &rows);
+    const size_t n = tm__ref_gather_rows(s->ref, w, l, e, &rows);
     if (n == 0)
-        return;
-    for (size_t i = 0; i < n; i++)
-        memcpy(w->dHr + i * D, w->mdH + (rows[i] / K) * D, (size_t)D * sizeof(double));
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, p->lin[i1].w,
-                D, 0.0, w->A, F);
-    for (size_t i = 0; i < n * (size_t)F; i++) {
-        w->S[i] = fabs(tm__ref_silu_slope(w->A[i], &w->dA[i]));
-        w->dA[i] = fabs(w->dA[i]);
-    }
-    for (size_t i = 0; i < n * (size_t)D; i++)
-        w->X[i] = fabs(w->X[i]);
-    /* P = dH W2 (n,F); dgate = P . S; dA = gate P silu'(A); dY = gate dH */
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, m->lin[i2],
-                F, 0.0, w->P, F);
+        return true;
+    const double *VU = s->VU + (size_t)l * ND;
     for (size_t i = 0; i < n; i++) {
-        const double g = gate[rows[i]];
-        double d = 0.0;
-        for (int f = 0; f < F; f++) {
-            d += w->P[i * F + f] * w->S[i * F + f];
-            w->dA[i * F + f] *= g * w->P[i * F + f];
-        }
-        w->dgate[rows[i]] = d;
-        for (int j = 0; j < D; j++)
-            w->dYE[i * D + j] = g * w->dHr[i * D + j];
+        memcpy(w->dHr + i * D, s->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(s->VdHr + i * D, s->VdH + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
     }
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0,
+                w->A, F);
+    if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n, (size_t)D, w1->w,
+                  s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
+        return false;
+    silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL); /* dA: silu'(A) */
+    /* P = dH W2 (n,F) */
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F,
+                0.0, w->P, F);
+    if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, F, D, w->dHr, s->VdHr, n, (size_t)D,
+                  w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VP))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const size_t slot = rows[i];
+        const double g = gate[slot], vg = VG[slot];
+        double d = 0.0, vd = 0.0, ad = 0.0;
+        for (int f = 0; f < F; f++) {
+            const size_t k = i * F + f;
+            const double P = w->P[k], S = w->S[k], sl = w->dA[k];
+            d += P * S;
+            ad += fabs(P * S);
+            vd += S * S * s->VP[k] + P * P * s->VS[k];
+            const double da = g * P * sl;
+            s->VdA[k] = P * P * sl * sl * vg + g * g * sl * sl * s->VP[k] +
+                        g * g * P * P * s->VSL[k] + 2.0 * da * da;
+            w->dA[k] = da;
+        }
+        s->dgate[slot] = d;
+        s->Vdgate[slot] = vd + ad * ad;
+        for (int j = 0; j < D; j++) {
+            const double dh = w->dHr[i * D + j], dy = g * dh;
+            w->dYE[i * D + j] = dy;
+            s->VdYE[i * D + j] = dh * dh * vg + g * g * s->VdHr[i * D + j] + dy * dy;
+        }
+    }
+    /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X; dX = dA W1 */
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0,
                 w->dW, F);
-    add_linear_mag(c, &p->lin[i2], m, i2, w->dW);
+    if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, F, (int)n, w->dYE, s->VdYE, n, (size_t)D,
+                  w->S, s->VS, n, (size_t)F, 0.0, s->VdW) ||
+        !add_linear_var(s, w2))
+        return false;
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0,
                 w->dW, D);
-    add_linear_mag(c, &p->lin[i1], m, i1, w->dW);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, m->lin[i1],
-                D, 0.0, w->dX, D);
+    if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, F, D, (int)n, w->dA, s->VdA, n, (size_t)F, w->X,
+                  s->VX, n, (size_t)D, 0.0, s->VdW) ||
+        !add_linear_var(s, w1))
+        return false;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D,
+                0.0, w->dX, D);
+    if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, D, F, w->dA, s->VdA, n, (size_t)F,
+                  w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VdX))
+        return false;
     for (size_t i = 0; i < n; i++)
-        for (int j = 0; j < D; j++)
-            w->mdU[(rows[i] / K) * D + j] += w->dX[i * D + j];
+        for (int j = 0; j < D; j++) {
+            s->dU[(rows[i] / K) * D + j] += w->dX[i * D + j];
+            s->VdU[(rows[i] / K) * D + j] += s->VdX[i * D + j];
+        }
+    return true;
 }
 
-/* backward_layer with magnitudes: w->mdH holds the magnitude of the layer output's gradient
- * on entry and of its input's on exit. */
-static void layer_backward_mag(tm_reference *ref, const ref_params *p, const mag_weights *m,
-                               ref_work *w, int l)
+/* backward_layer with variances: s->dH, s->VdH hold the layer output's gradient on entry and
+ * its input's on exit. */
+static bool layer_backward_var(pass *s, int l)
 {
-    const tm_config *c = &ref->cfg;
-    const int D = c->d_model, E = c->experts, K = c->top_k, Fs = c->d_ff_shared;
-    const size_t N = w->N, ND = N * (size_t)D, NK = N * (size_t)K;
-    const double *Hin = w->H + (size_t)l * ND, *u = w->U + (size_t)l * ND;
+    ref_work *w = s->w;
+    const int D = s->D, E = s->E, K = s->K, Fs = s->Fs;
+    const size_t N = s->N, ND = N * (size_t)D, NK = N * (size_t)K;
+    const double *Hin = w->H + (size_t)l * ND, *VHin = s->VH + (size_t)l * ND;
+    const double *u = w->U + (size_t)l * ND, *VU = s->VU + (size_t)l * ND;
     const int *sel = w->SEL + (size_t)l * NK;
-    const double *gate = w->GATE + (size_t)l * NK;
-    double *mdU = w->mdU, *mdH = w->mdH;
-    double *au = w->dZ; /* |u| (N,D): dZ is free since the head's backward */
-    for (size_t i = 0; i < ND; i++)
-        au[i] = fabs(u[i]);
-    memset(mdU, 0, ND * sizeof(double));
+    const double *gate = w->GATE + (size_t)l * NK, *VG = s->VG + (size_t)l * NK;
+    memset(s->dU, 0, ND * sizeof(double));
+    memset(s->VdU, 0, ND * sizeof(double));
     if (Fs > 0) {
         const size_t NF = N * (size_t)Fs;
-        const double *sa = w->SA + (size_t)l * NF;
+        const double *sa = w->SA + (size_t)l * NF, *vsa = s->VSA + (size_t)l * NF;
+        const ref_entry *w1 = s->p->sw1[l], *w2 = s->p->sw2[l];
+        silu_var(sa, vsa, NF, w->SS, s->VdSS, s->SL, s->VSLs);
+        /* W2s: dW (D,Fs) += dH^T S; dS = dH W2s; dA = dS silu'; W1s: dW += dA^T u; dU = dA W1s */
+        if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, Fs, (int)N, s->dH, s->VdH, N, (size_t)D,
+                      w->SS, s->VdSS, N, (size_t)Fs, 1.0, w2->m))
+            return false;
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, s->dH, D, w2->w,
+                    Fs, 0.0, w->dSA, Fs);
+        if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, s->dH, s->VdH, N,
+                      (size_t)D, w2->w, NULL, (size_t)D, (size_t)Fs, 0.0, s->VdSA))
+            return false;
         for (size_t i = 0; i < NF; i++) {
-            w->SS[i] = fabs(tm__ref_silu_slope(sa[i], &w->dSS[i]));
-            w->dSS[i] = fabs(w->dSS[i]);
+            const double ds = w->dSA[i], da = ds * s->SL[i];
+            s->VdSA[i] = s->SL[i] * s->SL[i] * s->VdSA[i] + ds * ds * s->VSLs[i] + da * da;
+            w->dSA[i] = da;
         }
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fs, (int)N, 1.0, mdH, D, w->SS, Fs,
-                    1.0, p->sw2[l]->m, Fs);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, mdH, D,
-                    m->sw2[l], Fs, 0.0, w->dSA, Fs);
-        for (size_t i = 0; i < NF; i++)
-            w->dSA[i] *= w->dSS[i];
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fs, D, (int)N, 1.0, w->dSA, Fs, au, D,
-                    1.0, p->sw1[l]->m, D);
+        if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, Fs, D, (int)N, w->dSA, s->VdSA, N,
+                      (size_t)Fs, u, VU, N, (size_t)D, 1.0, w1->m))
+            return false;
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, w->dSA, Fs,
-                    m->sw1[l], D, 0.0, mdU, D);
+                    w1->w, D, 0.0, s->dU, D);
+        if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, w->dSA, s->VdSA, N,
+                      (size_t)Fs, w1->w, NULL, (size_t)Fs, (size_t)D, 0.0, s->VdU))
+            return false;
     }
-    memset(w->dgate, 0, NK * sizeof(double));
+    memset(s->dgate, 0, NK * sizeof(double));
+    memset(s->Vdgate, 0, NK * sizeof(double));
     for (int e = 0; e < E; e++)
-        expert_backward_mag(ref, p, m, w, l, e);
-    /* the gates' softmax: dz_k = gate_k (dgate_k - sum_j gate_j dgate_j), terms absolutely */
-    double *rm = p->router[l]->m;
-    const double *arw = m->router[l];
+        if (!expert_backward_var(s, l, e))
+            return false;
+    /* the gates' softmax: dz_k = gate_k (dgate_k - sum_j gate_j dgate_j) */
+    const double *rw = s->p->router[l]->w;
+    double *rv = s->p->router[l]->m;
+    token_sum rts;
+    if (!token_sum_of(&s->ar, 3, (size_t)E * (size_t)D, &rts))
+        return false;
     for (size_t t = 0; t < N; t++) {
-        double mean = 0.0;
-        for (int k = 0; k < K; k++)
-            mean += gate[t * K + k] * w->dgate[t * K + k];
+        double mean = 0.0, vmean = 0.0, amean = 0.0;
         for (int k = 0; k < K; k++) {
-            const double dz = gate[t * K + k] * (w->dgate[t * K + k] + mean);
-            const size_t e = (size_t)sel[t * K + k];
+            const size_t q = t * K + k;
+            mean += gate[q] * s->dgate[q];
+            amean += fabs(gate[q] * s->dgate[q]);
+            vmean += s->dgate[q] * s->dgate[q] * VG[q] + gate[q] * gate[q] * s->Vdgate[q];
+        }
+        vmean += amean * amean;
+        for (int k = 0; k < K; k++) {
+            const size_t q = t * K + k, e = (size_t)sel[q];
+            const double d = s->dgate[q] - mean, dz = gate[q] * d;
+            const double ad = gate[q] * (fabs(s->dgate[q]) + fabs(mean));
+            const double vdz = d * d * VG[q] + gate[q] * gate[q] * (s->Vdgate[q] + vmean) + ad * ad;
             for (int j = 0; j < D; j++) {
-                rm[e * D + j] += dz * au[t * D + j];
-                mdU[t * D + j] += dz * arw[e * D + j];
+                const double x = u[t * D + j];
+                rv[e * D + j] += dz * dz * VU[t * D + j] + x * x * vdz;
+                rts.abs[e * D + j] += fabs(dz * x);
+                rts.value[e * D + j] += dz * x;
+                s->dU[t * D + j] += dz * rw[e * D + j];
+                s->VdU[t * D + j] += rw[e * D + j] * rw[e * D + j] * vdz;
             }
         }
     }
-    if (w->MDLR) {
-        const double *mdlr = w->MDLR + (size_t)l * N * E;
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, D, (int)N, 1.0, mdlr, E, au, D, 1.0,
-                    rm, D);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, mdlr, E, arw, D,
-                    1.0, mdU, D);
+    close_sum(rv, rts, (size_t)E * (size_t)D, N);
+    /* the router losses reach every logit */
+    if (w->DLR) {
+        const double *dlr = w->DLR + (size_t)l * N * E, *vdlr = s->VDLR + (size_t)l * N * E;
+        if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, E, D, (int)N, dlr, vdlr, N, (size_t)E, u,
+                      VU, N, (size_t)D, 1.0, rv))
+            return false;
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D,
+                    1.0, s->dU, D);
+        double *v = room(&s->ar, 3, ND);
+        if (!v || !var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, E, dlr, vdlr, N,
+                            (size_t)E, rw, NULL, (size_t)E, (size_t)D, 0.0, v))
+            return false;
+        for (size_t i = 0; i < ND; i++)
+            s->VdU[i] += v[i];
     }
-    /* the residual passes mdH through; the norm adds its part */
+    /* the residual passes dH through; the norm adds its part */
+    token_sum nts;
+    if (!token_sum_of(&s->ar, 4, (size_t)D, &nts))
+        return false;
     for (size_t t = 0; t < N; t++)
-        rms_row_back_mag(Hin + t * D, m->norm[l], w->R[(size_t)l * N + t], D, mdU + t * D,
-                         mdH + t * D, p->norm[l]->m);
+        rms_back_var(Hin + t * D, VHin + t * D, s->p->norm[l]->w, w->R[(size_t)l * N + t],
+                     s->VR[(size_t)l * N + t], D, s->dU + t * D, s->VdU + t * D, s->dH + t * D,
+                     s->VdH + t * D, s->p->norm[l]->m, nts);
+    close_sum(s->p->norm[l]->m, nts, (size_t)D, N);
+    return true;
+}
+
+/* The head's backward with variances: the embedding's (tied head) part and dZ into dU, then
+ * the final norm's into dH. LOG holds (p - onehot(y)) / N. */
+static bool head_backward_var(pass *s)
+{
+    ref_work *w = s->w;
+    const int D = s->D, V = s->V, L = s->L;
+    const size_t N = s->N, ND = N * (size_t)D, NV = N * (size_t)V;
+    double *VLOGd = room(&s->ar, 3, NV); /* the variance of (p - onehot(y)) / N */
+    if (!VLOGd)
+        return false;
+    for (size_t t = 0; t < N; t++) {
+        const double *row = w->LOG + t * V;
+        double *p = room(&s->ar, 4, (size_t)V);
+        if (!p)
+            return false;
+        for (int v = 0; v < V; v++)
+            p[v] = (double)N * row[v] + (v == w->tgt[t]);
+        softmax_var(p, s->VLOG + t * V, V, VLOGd + t * V);
+        for (int v = 0; v < V; v++) {
+            const double onehot = v == w->tgt[t], a = p[v] + onehot;
+            VLOGd[t * V + v] = (VLOGd[t * V + v] + a * a) / ((double)N * N);
+        }
+    }
+    /* VLOGd is arena slot 3; var_gemm uses slots 0 to 2 */
+    if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, V, D, (int)N, w->LOG, VLOGd, N, (size_t)V, w->Z,
+                  s->VZ, N, (size_t)D, 1.0, s->p->emb->m))
+        return false;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V,
+                s->p->emb->w, D, 0.0, s->dU, D);
+    if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, V, w->LOG, VLOGd, N, (size_t)V,
+                  s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VdU))
+        return false;
+    const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
+    token_sum nts;
+    if (!token_sum_of(&s->ar, 4, (size_t)D, &nts))
+        return false;
+    memset(s->dH, 0, ND * sizeof(double));
+    memset(s->VdH, 0, ND * sizeof(double));
+    for (size_t t = 0; t < N; t++)
+        rms_back_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t], s->VR[(size_t)L * N + t], D,
+                     s->dU + t * D, s->VdU + t * D, s->dH + t * D, s->VdH + t * D, s->p->fnorm->m,
+                     nts);
+    close_sum(s->p->fnorm->m, nts, (size_t)D, N);
+    return true;
+}
+
+/* ---- the pass ---------------------------------------------------------------------------- */
+
+static void to_magnitudes(tm_reference *ref)
+{
+    for (size_t i = 0; i < ref->n_entries; i++) {
+        ref_entry *en = &ref->entries[i];
+        for (size_t k = 0; en->m && k < en->n; k++)
+            en->m[k] = sqrt(en->m[k]);
+    }
 }
 
 seldp_status tm__ref_magnitudes(tm_reference *ref, const ref_params *p, ref_work *w)
 {
     const tm_config *c = &ref->cfg;
-    const int D = c->d_model, V = c->vocab, L = c->layers;
-    const size_t N = w->N, ND = N * (size_t)D;
-    mag_weights m;
-    seldp_status st = abs_weights(ref, p, &m);
+    pass s = {.ref = ref,
+              .p = p,
+              .w = w,
+              .ar = {.ref = ref},
+              .D = c->d_model,
+              .F = c->d_ff,
+              .E = c->experts,
+              .K = c->top_k,
+              .L = c->layers,
+              .V = c->vocab,
+              .Fs = c->d_ff_shared,
+              .N = w->N};
+    seldp_status st = pass_alloc(&s);
     if (st != SELDP_OK)
         return st;
-    /* the head: LOG holds (p - onehot(y)) / N; its terms are p / N and onehot(y) / N */
-    for (size_t t = 0; t < N; t++) {
-        double *row = w->LOG + t * V;
-        for (int v = 0; v < V; v++)
-            row[v] = fabs(row[v]);
-        row[w->tgt[t]] += 2.0 / (double)N; /* |p_y - 1| / N becomes (p_y + 1) / N */
-    }
-    double *aZ = w->dH; /* |Z| (N,D); dH is free until it takes the magnitudes' role */
-    for (size_t i = 0; i < ND; i++)
-        aZ[i] = fabs(w->Z[i]);
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)N, 1.0, w->LOG, V, aZ, D, 1.0,
-                p->emb->m, D);
-    double *mdZ = w->dU;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, m.emb, D,
-                0.0, mdZ, D);
-    const double *Hf = w->H + (size_t)L * ND;
-    memset(w->mdH, 0, ND * sizeof(double));
-    for (size_t t = 0; t < N; t++)
-        rms_row_back_mag(Hf + t * D, m.fnorm, w->RF[t], D, mdZ + t * D, w->mdH + t * D,
-                         p->fnorm->m);
-    for (int l = L - 1; l >= 0; l--)
-        layer_backward_mag(ref, p, &m, w, l);
-    for (size_t t = 0; t < N; t++)
-        for (int i = 0; i < D; i++)
-            p->emb->m[(size_t)w->tok[t] * D + i] += w->mdH[t * D + i];
+    for (int l = 0; l < s.L; l++)
+        if (!layer_forward_var(&s, l))
+            return MAG_NOMEM();
+    if (!head_forward_var(&s) || !head_backward_var(&s))
+        return MAG_NOMEM();
+    for (int l = s.L - 1; l >= 0; l--)
+        if (!layer_backward_var(&s, l))
+            return MAG_NOMEM();
+    /* the embedding rows gather the first layer's input gradient */
+    const size_t D = (size_t)s.D;
+    for (size_t t = 0; t < s.N; t++)
+        for (size_t i = 0; i < D; i++)
+            p->emb->m[(size_t)w->tok[t] * D + i] += s.VdH[t * D + i];
+    to_magnitudes(ref);
+    ref->loss_magnitude = sqrt(s.loss_var);
     return SELDP_OK;
 }

@@ -30,20 +30,10 @@ void tm__ref_capacity(const tm_config *cfg, const int *sel, const size_t *shard_
     }
 }
 
-/* The probabilities of a softmax and their magnitudes: an error e_j of each logit moves p_v
- * by p_v (e_v - sum_j p_j e_j), so logits known to u * zmag make p_v known to
- * u * p_v (1 + zmag_v + sum_j p_j zmag_j) (the 1 for its own rounding). */
-typedef struct router_probs {
-    const double *p;  /* (N,E) */
-    const double *pm; /* (N,E) magnitudes, or NULL */
-} router_probs;
-
 /* alpha * E * sum_e f_e P_e over tokens [a, b) of N, and its logit gradient (scaled by
- * weight = the set's share of the objective, (b - a) / N for a local shard, 1 for global);
- * with magnitudes, those of the gradient and the returned loss's into *loss_mag. */
-static double balance_loss(const tm_config *cfg, router_probs pr, const int *sel, size_t a,
-                           size_t b, size_t N, double *f, double *P, double *PM, double *dlogits,
-                           double *mdlogits, double *loss_mag)
+ * weight = the set's share of the objective, (b - a) / N for a local shard, 1 for global). */
+static double balance_loss(const tm_config *cfg, const double *probs, const int *sel, size_t a,
+                           size_t b, size_t N, double *f, double *P, double *dlogits)
 {
     const int E = cfg->experts, K = cfg->top_k;
     const double T = (double)(b - a), alpha = cfg->aux_loss_coeff;
@@ -51,56 +41,35 @@ static double balance_loss(const tm_config *cfg, router_probs pr, const int *sel
         return 0.0;
     memset(f, 0, (size_t)E * sizeof *f);
     memset(P, 0, (size_t)E * sizeof *P);
-    if (pr.pm)
-        memset(PM, 0, (size_t)E * sizeof *PM);
     for (size_t t = a; t < b; t++) {
         for (int k = 0; k < K; k++)
             f[sel[t * K + k]] += 1.0 / (T * K);
-        for (int e = 0; e < E; e++) {
-            P[e] += pr.p[t * E + e] / T;
-            if (pr.pm)
-                PM[e] += pr.pm[t * E + e] / T;
-        }
+        for (int e = 0; e < E; e++)
+            P[e] += probs[t * E + e] / T;
     }
-    double loss = 0.0, mag = 0.0;
-    for (int e = 0; e < E; e++) {
+    double loss = 0.0;
+    for (int e = 0; e < E; e++)
         loss += alpha * E * f[e] * P[e];
-        if (pr.pm)
-            mag += alpha * E * f[e] * PM[e];
-    }
     /* d/dz_tj of (T/N) * alpha E sum_e f_e P_e = (alpha E / N) p_tj (f_j - sum_e f_e p_te) */
     for (size_t t = a; t < b; t++) {
-        const double *p = pr.p + t * E;
-        double fp = 0.0, fpm = 0.0;
-        for (int e = 0; e < E; e++) {
+        const double *p = probs + t * E;
+        double fp = 0.0;
+        for (int e = 0; e < E; e++)
             fp += f[e] * p[e];
-            if (pr.pm)
-                fpm += f[e] * pr.pm[t * E + e];
-        }
-        for (int j = 0; j < E; j++) {
+        for (int j = 0; j < E; j++)
             dlogits[t * E + j] += alpha * E / (double)N * p[j] * (f[j] - fp);
-            if (pr.pm)
-                mdlogits[t * E + j] += alpha * E / (double)N * pr.pm[t * E + j] * (f[j] + fpm);
-        }
     }
-    if (pr.pm)
-        *loss_mag += T / (double)N * mag;
     return T / (double)N * loss;
 }
 
 double tm__ref_router_losses(const tm_config *cfg, const double *logits, const int *sel,
-                             const size_t *shard_begin, int n_shards, double *work, double *dlogits,
-                             const double *zmag, double *mdlogits, double *loss_mag)
+                             const size_t *shard_begin, int n_shards, double *work, double *dlogits)
 {
     const int E = cfg->experts;
     const size_t N = shard_begin[n_shards];
     double *probs = work, *f = work + N * E, *P = f + E;
-    const bool mags = mdlogits != NULL;
-    double *pm = mags ? P + E : NULL, *PM = mags ? pm + N * E : NULL;
     double loss = 0.0;
     memset(dlogits, 0, N * (size_t)E * sizeof *dlogits);
-    if (mags)
-        memset(mdlogits, 0, N * (size_t)E * sizeof *mdlogits);
     for (size_t t = 0; t < N; t++) {
         const double *z = logits + t * E;
         double mx = z[0];
@@ -110,36 +79,21 @@ double tm__ref_router_losses(const tm_config *cfg, const double *logits, const i
         for (int e = 0; e < E; e++)
             se += exp(z[e] - mx);
         const double lse = mx + log(se);
-        double pz = 0.0; /* sum_j p_j zmag_j: the magnitude of lse's error, as of every p's */
-        for (int e = 0; e < E; e++) {
+        for (int e = 0; e < E; e++)
             probs[t * E + e] = exp(z[e] - lse);
-            if (zmag)
-                pz += probs[t * E + e] * zmag[t * E + e];
-        }
-        if (mags)
-            for (int e = 0; e < E; e++)
-                pm[t * E + e] = probs[t * E + e] * (zmag ? 1.0 + zmag[t * E + e] + pz : 1.0);
         if (cfg->z_loss_coeff > 0.0) {
-            const double beta = cfg->z_loss_coeff;
-            loss += beta * lse * lse / (double)N;
-            for (int e = 0; e < E; e++) {
-                dlogits[t * E + e] += 2.0 * beta * lse * probs[t * E + e] / (double)N;
-                if (mags)
-                    mdlogits[t * E + e] +=
-                        2.0 * beta * (fabs(lse) + pz) * pm[t * E + e] / (double)N;
-            }
-            if (mags)
-                *loss_mag += beta * (fabs(lse) + pz) * (fabs(lse) + pz) / (double)N;
+            loss += cfg->z_loss_coeff * lse * lse / (double)N;
+            for (int e = 0; e < E; e++)
+                dlogits[t * E + e] += 2.0 * cfg->z_loss_coeff * lse * probs[t * E + e] / (double)N;
         }
     }
-    router_probs pr = {probs, pm};
     if (cfg->aux_loss_coeff > 0.0) {
         if (cfg->aux_loss_scope == TM_AUX_GLOBAL) {
-            loss += balance_loss(cfg, pr, sel, 0, N, N, f, P, PM, dlogits, mdlogits, loss_mag);
+            loss += balance_loss(cfg, probs, sel, 0, N, N, f, P, dlogits);
         } else {
             for (int r = 0; r < n_shards; r++)
-                loss += balance_loss(cfg, pr, sel, shard_begin[r], shard_begin[r + 1], N, f, P, PM,
-                                     dlogits, mdlogits, loss_mag);
+                loss += balance_loss(cfg, probs, sel, shard_begin[r], shard_begin[r + 1], N, f, P,
+                                     dlogits);
         }
     }
     return loss;

@@ -17,14 +17,10 @@ void tm__ref_capacity(const tm_config *cfg, const int *sel, const size_t *shard_
 
 /* The router losses of one layer over N = shard_begin[n_shards] tokens: returns their value in
  * the global objective and writes their gradient with respect to the logits (N,E) into
- * dlogits (N,E). sel (N,K) as routed (before dropping). work holds N*E + 2*E doubles, or
- * 2*N*E + 3*E with zmag.
- * Magnitudes (reference_impl.h): with mdlogits, the magnitude of each logit gradient (its
- * terms' absolute values summed) goes into mdlogits (N,E) and that of the losses is added to
- * *loss_mag; zmag (N,E), the logits' own magnitudes, may be NULL (logits taken as exact). */
+ * dlogits (N,E). sel (N,K) as routed (before dropping). work holds N*E + 2*E doubles. */
 double tm__ref_router_losses(const tm_config *cfg, const double *logits, const int *sel,
-                             const size_t *shard_begin, int n_shards, double *work, double *dlogits,
-                             const double *zmag, double *mdlogits, double *loss_mag);
+                             const size_t *shard_begin, int n_shards, double *work,
+                             double *dlogits);
 
 /* Relative logit gap under which the reference's FP64 top-K and the FP32 model's may
  * disagree for rounding alone: a gap below REF_TIE_TOL * (1 + max_e |z_e|). */

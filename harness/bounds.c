@@ -1,0 +1,112 @@
+/* The tolerance model (bounds.h, docs/tolerances.md). */
+#include "bounds.h"
+
+#include <math.h>
+#include <stdbool.h>
+
+double hx_unit_roundoff(seldp_dtype dtype)
+{
+    switch (dtype) {
+    case SELDP_BF16:
+        return ldexp(1.0, -8);
+    case SELDP_F16:
+        return ldexp(1.0, -11);
+    case SELDP_F64:
+        return ldexp(1.0, -53);
+    default:
+        return ldexp(1.0, -24);
+    }
+}
+
+/* Half the smallest subnormal of a dtype: a rounding's absolute error near zero. */
+static double half_subnormal(seldp_dtype dtype)
+{
+    switch (dtype) {
+    case SELDP_BF16:
+        return ldexp(1.0, -134);
+    case SELDP_F16:
+        return ldexp(1.0, -25);
+    case SELDP_F64:
+        return ldexp(1.0, -1075);
+    default:
+        return ldexp(1.0, -150);
+    }
+}
+
+hx_tolerance hx_tolerance_of(const tm_config *m, seldp_dtype result)
+{
+    (void)m; /* the magnitudes carry the model's sizes; the constant does not */
+    hx_tolerance t = {result, ldexp(1.0, -24), hx_unit_roundoff(result), half_subnormal(result),
+                      HX_TOLERANCE_SIGMAS};
+    return t;
+}
+
+double hx_round_to(seldp_dtype dtype, double v)
+{
+    float f = (float)v;
+    switch (dtype) {
+    case SELDP_BF16:
+        return seldp_bf16_to_f32(seldp_f32_to_bf16(f));
+    case SELDP_F16:
+        return seldp_f16_to_f32(seldp_f32_to_f16(f));
+    case SELDP_F64:
+        return v;
+    default:
+        return f;
+    }
+}
+
+double hx_ulp(seldp_dtype dtype, double v)
+{
+    int mant = dtype == SELDP_BF16 ? 7 : dtype == SELDP_F16 ? 10 : dtype == SELDP_F64 ? 52 : 23;
+    int emin = dtype == SELDP_F16 ? -14 : dtype == SELDP_F64 ? -1022 : -126;
+    double r = fabs(hx_round_to(dtype, v));
+    int e = emin;
+    if (r > 0 && isfinite(r)) {
+        frexp(r, &e); /* r = f 2^e, f in [0.5, 1): its binade's exponent is e - 1 */
+        e -= 1;
+        if (e < emin)
+            e = emin;
+    }
+    return ldexp(1.0, e - mant);
+}
+
+void hx_fit_add(hx_fit *f, double got, double want, double mag, double abs)
+{
+    double d = got - want, ra = abs + fabs(got);
+    f->n++;
+    f->err2 += d * d;
+    f->want2 += want * want;
+    f->got2 += got * got;
+    f->cross += got * want;
+    f->mag2 += mag * mag;
+    f->abs2 += abs * abs;
+    f->mag_dot += fabs(want) * mag;
+    f->round2 += want * want * ra * ra;
+}
+
+double hx_fit_bound(const hx_tolerance *t, const hx_fit *f, int contributors, bool rounded)
+{
+    double model = t->c * t->u_c * sqrt(f->mag2);
+    if (!rounded)
+        return model;
+    double w = contributors > 0 ? (double)contributors : 1.0;
+    /* each contribution rounded once at export, summed in FP32, the result rounded once */
+    double rounding = (t->u_r + (w + 1.0) * t->u_c) * sqrt(f->abs2) + t->u_r * sqrt(f->got2);
+    double subnormal = (w + 1.0) * t->eta_r * sqrt((double)f->n);
+    return model + rounding + subnormal;
+}
+
+double hx_fit_scale(const hx_fit *f)
+{
+    return f->want2 > 0 ? f->cross / f->want2 : 1.0;
+}
+
+double hx_fit_scale_bound(const hx_tolerance *t, const hx_fit *f, bool rounded)
+{
+    if (!(f->want2 > 0))
+        return INFINITY;
+    double model = t->c * t->u_c * f->mag_dot;
+    double rounding = rounded ? 6.0 * t->u_r * sqrt(f->round2) : 0.0;
+    return (model + rounding) / f->want2;
+}

@@ -1,0 +1,154 @@
+/* The reductions' inputs in FP64 (capture.h). */
+#include "capture.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run.h"
+
+seldp_status hx_capture_create(hx_run *run)
+{
+    run->capture = hx_calloc((size_t)(run->sets.n ? run->sets.n : 1), sizeof *run->capture);
+    if (!run->capture)
+        return hx_fail(SELDP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < run->sets.n; i++)
+        pthread_mutex_init(&run->capture[i].lock, NULL);
+    return SELDP_OK;
+}
+
+static void entry_free(hx_capture_entry *e)
+{
+    free(e->in_sum);
+    free(e->in_abs);
+    free(e->local_sum);
+}
+
+void hx_capture_destroy(hx_run *run)
+{
+    if (!run->capture)
+        return;
+    for (int i = 0; i < run->sets.n; i++) {
+        hx_capture *c = &run->capture[i];
+        for (int k = 0; k < c->n; k++)
+            entry_free(&c->entries[k]);
+        free(c->entries);
+        pthread_mutex_destroy(&c->lock);
+    }
+    free(run->capture);
+    run->capture = NULL;
+}
+
+void hx_capture_reset(hx_run *run)
+{
+    for (int i = 0; run->capture && i < run->sets.n; i++) {
+        hx_capture *c = &run->capture[i];
+        for (int k = 0; k < c->n; k++) {
+            hx_capture_entry *e = &c->entries[k];
+            memset(e->in_sum, 0, e->n * sizeof *e->in_sum);
+            memset(e->in_abs, 0, e->n * sizeof *e->in_abs);
+            memset(e->local_sum, 0, e->n * sizeof *e->local_sum);
+            e->inputs = 0;
+        }
+    }
+}
+
+/* The entry of `path` in c, made (zeroed) if new; NULL when out of memory. Under c->lock. */
+static hx_capture_entry *entry_of(hx_capture *c, const char *path, size_t n)
+{
+    for (int k = 0; k < c->n; k++)
+        if (strcmp(c->entries[k].path, path) == 0)
+            return &c->entries[k];
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        hx_capture_entry *grown = realloc(c->entries, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        c->entries = grown;
+        c->cap = cap;
+    }
+    hx_capture_entry *e = &c->entries[c->n];
+    memset(e, 0, sizeof *e);
+    snprintf(e->path, sizeof e->path, "%s", path);
+    e->n = n;
+    e->in_sum = hx_calloc(n ? n : 1, sizeof *e->in_sum);
+    e->in_abs = hx_calloc(n ? n : 1, sizeof *e->in_abs);
+    e->local_sum = hx_calloc(n ? n : 1, sizeof *e->local_sum);
+    if (!e->in_sum || !e->in_abs || !e->local_sum) {
+        entry_free(e);
+        return NULL;
+    }
+    c->n++;
+    return e;
+}
+
+/* Element i of a host float tensor as a double. */
+static double element(const seldp_tensor *t, size_t i)
+{
+    switch (t->dtype) {
+    case SELDP_F32:
+        return ((const float *)t->data)[i];
+    case SELDP_F16:
+        return seldp_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case SELDP_BF16:
+        return seldp_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    default:
+        return NAN;
+    }
+}
+
+seldp_status hx_capture_add(hx_run *run, const hx_set *s, const char *path,
+                            const seldp_tensor *input, const float *local)
+{
+    hx_capture *c = &run->capture[s->index];
+    size_t n = seldp_tensor_numel(input);
+    seldp_status st = SELDP_OK;
+    pthread_mutex_lock(&c->lock);
+    hx_capture_entry *e = entry_of(c, path, n);
+    if (!e) {
+        st = hx_fail(SELDP_ERR_NOMEM, "out of memory capturing the inputs of %s", s->label);
+    } else if (e->n != n) {
+        st = hx_fail(SELDP_ERR_INTERNAL, "%s: members passed %s with %zu and %zu elements",
+                     s->label, path, e->n, n);
+    } else {
+        e->inputs++;
+        for (size_t i = 0; i < n; i++) {
+            double v = element(input, i);
+            e->in_sum[i] += v;
+            e->in_abs[i] += fabs(v);
+            if (local)
+                e->local_sum[i] += local[i];
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+seldp_status hx_capture_merge(hx_run *run, const hx_set *s, const hx_capture_entry *from)
+{
+    hx_capture *c = &run->capture[s->index];
+    seldp_status st = SELDP_OK;
+    pthread_mutex_lock(&c->lock);
+    hx_capture_entry *e = entry_of(c, from->path, from->n);
+    if (!e || e->n != from->n) {
+        st = hx_fail(SELDP_ERR_INTERNAL, "%s: merging the inputs of %s", s->label, from->path);
+    } else {
+        e->inputs += from->inputs;
+        for (size_t i = 0; i < e->n; i++) {
+            e->in_sum[i] += from->in_sum[i];
+            e->in_abs[i] += from->in_abs[i];
+            e->local_sum[i] += from->local_sum[i];
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+const hx_capture_entry *hx_capture_find(const hx_run *run, const hx_set *s, const char *path)
+{
+    const hx_capture *c = &run->capture[s->index];
+    for (int k = 0; k < c->n; k++)
+        if (strcmp(c->entries[k].path, path) == 0 && c->entries[k].inputs > 0)
+            return &c->entries[k];
+    return NULL;
+}

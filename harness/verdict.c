@@ -1,0 +1,295 @@
+/* The gradient and loss checks under the tolerance model (bounds.h, docs/tolerances.md), set
+ * by set:
+ *
+ *   reduction     every member's result against the FP64 mean or sum of the inputs the
+ *                 members really passed (capture.h), rounded once to the result dtype: within
+ *                 one ulp of a half result (plus the FP32 sum's own rounding), within a few
+ *                 FP32 roundings of an FP32 one. The library's whole job, exact at any size.
+ *   ranks' grads  the members' FP32 gradients, summed before any export rounding and divided by
+ *                 the global token count, against the FP64 reference: within c u_c ||m|| (m the
+ *                 reference's magnitude). The model's computation, as sharp in bf16 as in f32.
+ *   reduced grads every member's result against the FP64 reference: the model's bound plus
+ *                 the roundings of the export, the sum and the result, and the best-fit scale
+ *                 within its bound (a systematic error below the rounding noise).
+ * Each records its error-to-bound ratio and its resolution (the smallest relative scale error
+ * it would catch); a check fails above a ratio of 1. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture.h"
+#include "grid.h"
+#include "run.h"
+#include "verdict.h"
+
+void hx_check_metric(hx_run *run, hx_check_id id, bool failed, double ratio, double bound,
+                     double resolution, const char *fmt, ...)
+{
+    hx_check_result *c = &run->checks[id];
+    bool worse = c->tested == 0 || ratio > c->worst || isnan(ratio);
+    if (isfinite(resolution) && resolution > c->resolution)
+        c->resolution = resolution;
+    va_list ap;
+    va_start(ap, fmt);
+    hx_check_vnote(c, failed, ratio, fmt, ap);
+    va_end(ap);
+    if (worse)
+        c->bound = bound;
+}
+
+/* The reference's gradient and magnitude of rank r's occurrence p: the logical tensors, or
+ * the slice its shard is. false when the reference has none (an expert no token reached). */
+typedef struct ref_view {
+    const double *want, *mag;
+    size_t n;
+    double *own; /* the slices, when p is a shard */
+} ref_view;
+
+static bool ref_of(const hx_run *run, const tm_reference *ref, int r, const tm_param_info *p,
+                   ref_view *v)
+{
+    *v = (ref_view){0};
+    v->want = tm_reference_grad(ref, p->path, &v->n);
+    v->mag = tm_reference_magnitude(ref, p->path, &v->n);
+    if (!v->want || !v->mag)
+        return false;
+    hx_shard shard = hx_grid_shard(run, r, p->path);
+    if (shard.parts == 1)
+        return true;
+    const tm_param_info *logical = tm_param_find(run->global, hx_grid_logical_path(p->path));
+    size_t n = seldp_tensor_numel(&p->tensor);
+    v->own = hx_calloc(2 * n + 1, sizeof *v->own);
+    if (!v->own || !logical) {
+        free(v->own);
+        *v = (ref_view){0};
+        return false;
+    }
+    hx_shard_slice(v->want, &logical->tensor, shard, v->own);
+    hx_shard_slice(v->mag, &logical->tensor, shard, v->own + n);
+    v->want = v->own;
+    v->mag = v->own + n;
+    v->n = n;
+    return true;
+}
+
+static double stored(const seldp_tensor *t, size_t i)
+{
+    switch (t->dtype) {
+    case SELDP_F32:
+        return ((const float *)t->data)[i];
+    case SELDP_F16:
+        return seldp_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case SELDP_BF16:
+        return seldp_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    default:
+        return NAN;
+    }
+}
+
+static void note(hx_error_stat *s, const char *path, int rank, int step, double rel, double ratio,
+                 double resolution)
+{
+    s->tensors++;
+    if (s->tensors == 1 || rel > s->worst || isnan(rel)) {
+        s->worst = rel;
+        snprintf(s->worst_path, sizeof s->worst_path, "%s", path);
+        s->worst_rank = rank;
+        s->worst_step = step;
+    }
+    if (ratio > s->ratio || isnan(ratio))
+        s->ratio = ratio;
+    if (isfinite(resolution) && resolution > s->resolution)
+        s->resolution = resolution;
+}
+
+static void note_model(hx_error_stat *s, double ratio, double resolution)
+{
+    if (ratio > s->model_ratio || isnan(ratio))
+        s->model_ratio = ratio;
+    if (isfinite(resolution) && resolution > s->model_resolution)
+        s->model_resolution = resolution;
+}
+
+static void step_ratio(hx_step_record *rec, double ratio, const char *path, int rank,
+                       const char *check)
+{
+    if (ratio > rec->ratio || isnan(ratio) || !rec->ratio_check) {
+        rec->ratio = ratio;
+        snprintf(rec->ratio_path, sizeof rec->ratio_path, "%s", path);
+        rec->ratio_rank = rank;
+        rec->ratio_check = check;
+    }
+}
+
+/* One set's reduction as its members passed it this step. */
+typedef struct set_step {
+    const hx_set *set;
+    double sigma;  /* 1 / the total weight of a mean, 1 for a sum; 0: nothing reduced */
+    int active;    /* members that took part */
+    double tokens; /* the global token count */
+} set_step;
+
+static set_step set_step_of(const hx_run *run, const hx_set *s)
+{
+    set_step ss = {s, 0, 0, 0};
+    double total = 0;
+    for (int k = 0; k < s->size; k++) {
+        uint64_t w = hx_set_weight_of(&run->ranks[s->ranks[k]], s);
+        total += (double)w;
+        ss.active += w > 0;
+    }
+    ss.sigma = s->sums ? 1.0 : total > 0 ? 1.0 / total : 0.0;
+    ss.tokens = (double)run->ranks[s->ranks[0]].global_tokens;
+    return ss;
+}
+
+/* The reduction check of one member's result `got` against the entry's inputs. */
+static void check_reduction(hx_run *run, int step, const set_step *ss, int r,
+                            const tm_param_info *p, const seldp_tensor *got,
+                            const hx_capture_entry *e)
+{
+    const hx_tolerance *t = &run->tol;
+    double worst = 0, resolution = INFINITY, at_S = 0, at_R = 0;
+    size_t worst_i = 0;
+    double slack = (double)(ss->active + 1) * t->u_c;
+    for (size_t i = 0; i < e->n; i++) {
+        double S = ss->sigma * e->in_sum[i], A = ss->sigma * e->in_abs[i], R = stored(got, i);
+        double target = t->result == SELDP_F32 ? S : hx_round_to(t->result, S);
+        double allowed = (t->result == SELDP_F32 ? 0.5 : 1.0) * hx_ulp(t->result, S) + slack * A +
+                         (double)(ss->active + 1) * t->eta_r;
+        double ratio = fabs(R - target) / allowed;
+        if (!(ratio <= worst)) {
+            worst = ratio;
+            worst_i = i;
+            at_S = S;
+            at_R = R;
+        }
+        if (fabs(S) > 0 && allowed / fabs(S) < resolution)
+            resolution = allowed / fabs(S);
+    }
+    hx_check_metric(run, HX_CHECK_REDUCTION, !(worst <= 1.0), worst, resolution, resolution,
+                    "step %d: rank %d: %s over %s: element %zu is %.9g, the FP64 %s of the %d "
+                    "members' inputs rounded to %s is %.9g (%.2f of the allowed difference)",
+                    step + 1, r, p->path, ss->set->label, worst_i, at_R,
+                    ss->set->sums ? "sum" : "mean", ss->active, seldp_dtype_name(t->result),
+                    t->result == SELDP_F32 ? at_S : hx_round_to(t->result, at_S), worst);
+    step_ratio(&run->steps[step], worst, p->path, r, "reduction");
+}
+
+/* The members' FP32 gradients against the reference (once per set and tensor). */
+static void check_rank_grads(hx_run *run, int step, const set_step *ss, int r,
+                             const tm_param_info *p, const hx_capture_entry *e, const ref_view *v)
+{
+    hx_fit f = {0};
+    for (size_t i = 0; i < e->n; i++)
+        hx_fit_add(&f, e->local_sum[i] / ss->tokens, v->want[i], v->mag[i], 0);
+    double bound = hx_fit_bound(&run->tol, &f, ss->active, false);
+    double err = sqrt(f.err2), norm = sqrt(f.want2);
+    double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, false);
+    double ratio = fmax(err / bound, fabs(scale - 1) / sbound);
+    double resolution = fmin(norm > 0 ? bound / norm : INFINITY, sbound);
+    hx_check_metric(run, HX_CHECK_RANK_GRADS, !(ratio <= 1.0), ratio, bound / norm, resolution,
+                    "step %d: %s: the members' FP32 gradients of %s (summed before export, over "
+                    "the global tokens) differ from the FP64 reference by %.3e, bound %.3e "
+                    "(relative %.2e; best-fit scale %.6g, bound %.2e)",
+                    step + 1, ss->set->label, p->path, err, bound, norm > 0 ? err / norm : err,
+                    scale, sbound);
+    note_model(&run->classes[hx_class_of(p->path)], ratio, resolution);
+    note_model(&run->set_errors[ss->set->index], ratio, resolution);
+    step_ratio(&run->steps[step], ratio, p->path, r, "ranks' gradients");
+}
+
+/* One member's result against the reference. Returns its bound (for the norm's). */
+static double check_result(hx_run *run, int step, const set_step *ss, int r, const tm_param_info *p,
+                           const seldp_tensor *got, const hx_capture_entry *e, const ref_view *v)
+{
+    hx_fit f = {0};
+    for (size_t i = 0; i < v->n; i++)
+        hx_fit_add(&f, stored(got, i), v->want[i], v->mag[i], ss->sigma * e->in_abs[i]);
+    double bound = hx_fit_bound(&run->tol, &f, ss->active, true);
+    double err = sqrt(f.err2), norm = sqrt(f.want2);
+    double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, true);
+    double ratio = fmax(err / bound, fabs(scale - 1) / sbound);
+    double resolution = fmin(norm > 0 ? bound / norm : INFINITY, sbound);
+    double rel = norm > 0 ? err / norm : err;
+    hx_check_metric(run, HX_CHECK_GRAD_ERROR, !(ratio <= 1.0), ratio, bound / norm, resolution,
+                    "step %d: rank %d: %s: ||g - ref|| = %.3e, bound %.3e (relative %.2e of "
+                    "%.2e); best-fit scale %.6g, bound %.2e",
+                    step + 1, r, p->path, err, bound, rel, norm > 0 ? bound / norm : bound, scale,
+                    sbound);
+    note(&run->classes[hx_class_of(p->path)], p->path, r, step, rel, ratio, resolution);
+    note(&run->set_errors[ss->set->index], p->path, r, step, rel, ratio, resolution);
+    hx_step_record *rec = &run->steps[step];
+    if (rel > rec->worst || isnan(rel) || !rec->worst_path[0]) {
+        rec->worst = rel;
+        rec->worst_rank = r;
+        snprintf(rec->worst_path, sizeof rec->worst_path, "%s", p->path);
+    }
+    step_ratio(rec, ratio, p->path, r, "reduced gradients");
+    return bound;
+}
+
+void hx_verdict_gradients(hx_run *run, int step, const tm_reference *ref)
+{
+    hx_step_record *rec = &run->steps[step];
+    rec->norm_bound2 = 0;
+    for (int i = 0; i < run->sets.n; i++) {
+        const hx_set *s = &run->sets.sets[i];
+        set_step ss = set_step_of(run, s);
+        for (int k = 0; k < s->size; k++) {
+            const hx_rank *rk = &run->ranks[s->ranks[k]];
+            int r = rk->rank;
+            for (size_t j = 0; j < rk->n_params; j++) {
+                const tm_param_info *p = tm_param_at(rk->model, j);
+                if (p->frozen || !(p->role & TM_ROLES_TRAINABLE) || !hx_set_covers(run, s, r, p))
+                    continue;
+                const seldp_tensor *got = seldp_grads_get(rk->grads, p->id);
+                ref_view v;
+                if (!ref_of(run, ref, r, p, &v)) {
+                    hx_check_record(run, HX_CHECK_ABSENT, got != NULL, 0,
+                                    "step %d: rank %d has a gradient of %s, but no token reached "
+                                    "expert %d of layer %d",
+                                    step + 1, r, p->path, p->expert, p->layer);
+                    continue;
+                }
+                const hx_capture_entry *e = hx_capture_find(run, s, hx_grid_logical_path(p->path));
+                const char *missing =
+                    !e || ss.sigma == 0              ? "no member passed one to the reduction"
+                    : !got                           ? "no reduced gradient came back"
+                    : got->dtype != run->grad_dtype  ? "it came back in another dtype"
+                    : seldp_tensor_numel(got) != v.n ? "it came back with another shape"
+                                                     : NULL;
+                if (missing) {
+                    hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
+                                    "step %d: rank %d: %s over %s: %s", step + 1, r, p->path,
+                                    s->label, missing);
+                } else {
+                    check_reduction(run, step, &ss, r, p, got, e);
+                    double bound = check_result(run, step, &ss, r, p, got, e, &v);
+                    if (r == s->root) {
+                        check_rank_grads(run, step, &ss, r, p, e, &v);
+                        rec->norm_bound2 += bound * bound;
+                    }
+                }
+                free(v.own);
+            }
+        }
+    }
+}
+
+void hx_verdict_loss(hx_run *run, int step, const tm_reference *ref)
+{
+    hx_step_record *rec = &run->steps[step];
+    const hx_tolerance *t = &run->tol;
+    double mag = tm_reference_loss_magnitude(ref);
+    double bound = t->c * t->u_c * mag + t->u_c * fabs(rec->ref_loss);
+    double err = fabs(rec->loss - rec->ref_loss), norm = fabs(rec->ref_loss);
+    double ratio = err / bound;
+    hx_check_metric(run, HX_CHECK_LOSS, !(ratio <= 1.0), ratio, norm > 0 ? bound / norm : bound,
+                    norm > 0 ? bound / norm : bound,
+                    "step %d: the ranks' mean loss %.9g differs from the reference's %.9g by "
+                    "%.3e, bound %.3e (magnitude %.4g)",
+                    step + 1, rec->loss, rec->ref_loss, err, bound, mag);
+}
