@@ -102,12 +102,12 @@ __global__ void f32_to_half_kernel(uint16_t *dst, const float *src, size_t n, bo
     }
 }
 
-/* In double, then rounded once to F32, exactly like the host loop. */
-__global__ void scale_f32_kernel(float *x, size_t n, double factor)
+/* In double, then rounded once to F32, a NaN kept on its bits: the host loop's own helper. */
+__global__ void scale_f32_kernel(uint32_t *x, size_t n, double factor)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        x[i] = (float)((double)x[i] * factor);
+        x[i] = seldp__scale_f32_bits(x[i], factor);
 }
 
 /* The smallest index whose exponent field is all ones, by atomicMin on *first (which starts
@@ -397,7 +397,7 @@ extern "C" seldp_status seldp__cuda_scale_f32(int ordinal, float *x, size_t n, d
     DeviceScope scope(ordinal);
     if (scope.error() != cudaSuccess)
         return cuda_fail(scope.error(), "cudaSetDevice", ordinal);
-    scale_f32_kernel<<<blocks_for(n), kThreads, 0, cudaStreamPerThread>>>(x, n, factor);
+    scale_f32_kernel<<<blocks_for(n), kThreads, 0, cudaStreamPerThread>>>((uint32_t *)x, n, factor);
     return finish("scale_f32", ordinal);
 }
 
