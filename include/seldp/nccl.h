@@ -72,8 +72,8 @@ SELDP_API seldp_status seldp_nccl_world_create(int nranks, const seldp_comm_conf
 /** Join the world as `rank` on the calling thread's current CUDA device (select it with
  * cudaSetDevice first; every rank needs its own GPU). Collective over the world: every
  * rank must join, from its own thread, within the join timeout (see Timeouts). The
- * returned communicator is the caller's to destroy. Errors: SELDP_ERR_INVALID_ARGUMENT (rank out of range),
- * SELDP_ERR_TIMEOUT (a rank did not join in time), SELDP_ERR_ABORTED (the world was
+ * returned communicator is the caller's to destroy. Errors: SELDP_ERR_INVALID_ARGUMENT (rank out of
+ * range), SELDP_ERR_TIMEOUT (a rank did not join in time), SELDP_ERR_ABORTED (the world was
  * aborted), SELDP_ERR_TRANSPORT (CUDA or NCCL failed, e.g. two ranks on one GPU). */
 SELDP_API seldp_status seldp_nccl_comm_init(seldp_nccl_world *world, int rank, seldp_comm **out);
 
