@@ -410,8 +410,9 @@ for t in gpu_half_bits gpu_cast gpu_host_staged gpu_nccl_world gpu_nccl_reduce g
         record "$t" "NOT RUN" 0 "$no_gpu_reason"
     else
         run "$t" 240 ctest --test-dir "$build" -R "^$t\$" -V --timeout 230
-        skips=$(sed -n 's/.*\[  SKIPPED \] *\([A-Za-z0-9_]*\).*/\1/p' "$logs/$t.log" | sort -u | tr '\n' ' ')
-        if [ "$rc" -eq 0 ] && grep -q "\*\*\*Skipped\|(Skipped)" "$logs/$t.log"; then
+        skips=$(sed -n 's/.*\[  SKIPPED \] *\([A-Za-z0-9_]*\).*/\1/p' "$logs/$t.log" 2>/dev/null |
+            sort -u | tr '\n' ' ')
+        if [ "$rc" -eq 0 ] && grep -q "\*\*\*Skipped\|(Skipped)" "$logs/$t.log" 2>/dev/null; then
             if [ "$gpus" -gt 0 ] && [ "$t" != gpu_half_bits ]; then
                 record "$t" FAIL "$secs" "skipped whole on a machine with $gpus GPU(s)"
                 tail_of "$t"

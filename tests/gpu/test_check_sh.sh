@@ -217,13 +217,14 @@ expect "GPU: exit 1" test "$rc" -eq 1
 
 # ---- the budget ----------------------------------------------------------------------------
 
-STUB_GPUS=1 STUB_CTEST_gpu_half_bits=hang check budget --build "$tmp/b5" --budget 24
+# 30 s less the 15 kept for the end: the hanging test gets what the first steps left of 15
+STUB_GPUS=1 STUB_CTEST_gpu_half_bits=hang check budget --build "$tmp/b5" --budget 30
 t=$tmp/budget.txt
-expect "budget: the hanging step cut at what was left" row "$t" gpu_half_bits FAIL "timed out after [0-9] s"
+expect "budget: the hanging step cut at what was left" row "$t" gpu_half_bits FAIL "timed out after [0-9]+ s"
 for s in gpu_cast gpu_tinymoe harness-nccl bench-gpu; do
     expect "budget: $s after it NOT RUN" row "$t" "$s" "NOT RUN" "budget spent"
 done
-expect "budget: within the budget ($took s of 24)" test "$took" -le 26
+expect "budget: within the budget ($took s of 30)" test "$took" -le 32
 expect "budget: the table still returned" grep -q '^total ' "$tmp/budget.out/table.txt"
 
 echo "check.sh: $passes passed, $failures failed"
