@@ -233,9 +233,11 @@ seldp_status seldp__device_zero(seldp_device device, void *ptr, size_t bytes)
 #endif
 }
 
+#ifdef SELDP_HAVE_CUDA
 /* Whether this process has ever been given page-locked memory: until then every staging
  * buffer is plain malloc and freeing one asks the CUDA runtime nothing. */
 static atomic_bool pinned_ever;
+#endif
 
 seldp_status seldp__pinned_alloc(seldp_device device, size_t bytes, void **out)
 {
