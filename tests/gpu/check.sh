@@ -162,14 +162,23 @@ verdict() { # STEP OK_NOTE
         tail_of "$1"
     fi
 }
+# The table again, the console's last lines through tee, then what goes back; exit STATUS.
+finish() {
+    echo
+    table
+    exec >&- 2>&-
+    wait "$tee_pid" 2>/dev/null
+    publish
+    exit "$1"
+}
 on_signal() {
     record interrupted FAIL $(($(date +%s) - start)) "check.sh stopped by a signal"
-    echo && table && publish
-    exit 1
+    finish 1
 }
 trap on_signal TERM INT
 
 exec > >(tee -a "$logs/console.log") 2>&1
+tee_pid=$!
 
 # ---- the kit and NCCL (before the probe line, silently) -------------------------------------
 
@@ -369,10 +378,7 @@ if [ "$rc" -eq 0 ]; then
 else
     record build "NOT RUN" 0 "configure failed"
 fi
-if [ $only_build -eq 1 ]; then
-    echo && table && sleep 0.3 && publish
-    exit $failed
-fi
+[ $only_build -eq 1 ] && finish $failed
 
 # ---- the driver ----------------------------------------------------------------------------
 
@@ -509,8 +515,4 @@ fi
 # ---- the table, again ----------------------------------------------------------------------
 
 rows+=("total|$([ $failed -eq 0 ] && echo ok || echo FAIL)|$(($(date +%s) - start))|GPUs $gpus, budget $budget s")
-echo
-table
-sleep 0.3 # the console's last lines through tee
-publish
-exit $failed
+finish $failed

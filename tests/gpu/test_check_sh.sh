@@ -177,6 +177,7 @@ expect "NCCL_DEBUG=WARN reaches the tests" grep -q "NCCL_DEBUG=WARN" "$STUB_LOG"
 o=$tmp/nogpu.out
 expect "\$OUT: the table" bash -c "grep -q '^gpu_tinymoe  *NOT RUN' '$o/table.txt' && grep -q '^total ' '$o/table.txt'"
 expect "\$OUT: the console, probe line first" bash -c "head -n 1 '$o/console.log' | grep -q '^probe: '"
+expect "\$OUT: the console to its last line" bash -c "tail -n 1 '$o/console.log' | grep -q '^total  *ok '"
 expect "\$OUT: every log" bash -c "tar -tzf '$o/logs.tar.gz' | grep -q configure.log && tar -tzf '$o/logs.tar.gz' | grep -q build.log && tar -tzf '$o/logs.tar.gz' | grep -q gpu_half_bits.log"
 expect "\$OUT: at most 8 files, none in a folder" bash -c "[ \$(find '$o' -mindepth 1 | wc -l) -le 8 ] && [ -z \"\$(find '$o' -mindepth 1 ! -type f)\" ]"
 
