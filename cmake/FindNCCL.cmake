@@ -2,7 +2,10 @@
 #
 # Hints: NCCL_ROOT (CMake or environment variable), then the CUDA toolkit's
 # directories (CUDAToolkit_LIBRARY_ROOT / CUDA_HOME / /usr/local/cuda), whose
-# libraries may sit in lib or lib64.
+# libraries may sit in lib or lib64. Each directory is searched for the development
+# link libnccl.so and then for the runtime's libnccl.so.2 alone, as the Python wheel
+# (nvidia-nccl-cu*, site-packages/nvidia/nccl/{include,lib}) ships it: NCCL_ROOT set to
+# that nccl folder finds it. NCCL_INCLUDE_DIR and NCCL_LIBRARY may also be given outright.
 #
 # Defines NCCL_FOUND, NCCL_INCLUDE_DIR, NCCL_LIBRARY, NCCL_VERSION and the imported
 # target NCCL::NCCL.
@@ -19,7 +22,8 @@ if(CUDAToolkit_INCLUDE_DIRS)
 endif()
 
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY NAMES nccl HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x64)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_nccl_hints}
+             PATH_SUFFIXES lib lib64 lib/x64)
 
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
     file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_major REGEX "^#define NCCL_MAJOR[ \t]+[0-9]+")

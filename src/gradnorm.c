@@ -134,6 +134,7 @@ static seldp_status check_gradient(const norm_call *c, size_t i, const session_g
                    call_name(c->clip), i, g->path,
                    seldp__session_device_name(t->device, have, sizeof have),
                    seldp__session_device_name(s->device, want, sizeof want));
+    SELDP_CHECK(seldp__device_check_aligned(t, g->path));
 fail:
     return st;
 }

@@ -8,6 +8,7 @@
 #include "comm/host_copy.h"
 #include "internal.h"
 #include "kernels.h"
+#include "seldp_half_bits.cuh"
 
 #ifdef SELDP_HAVE_CUDA
 #include "cuda/cuda_kernels.h"
@@ -144,8 +145,12 @@ seldp_status seldp__scale_f32(seldp_device device, float *x, size_t n, double fa
     if (n == 0)
         return SELDP_OK;
     DISPATCH_CUDA(device, seldp__cuda_scale_f32(device.ordinal, x, n, factor));
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)((double)x[i] * factor);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        bits = seldp__scale_f32_bits(bits, factor);
+        memcpy(&x[i], &bits, sizeof bits);
+    }
     return SELDP_OK;
 }
 

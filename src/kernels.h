@@ -49,7 +49,9 @@ typedef struct seldp__convert_queue {
 seldp_status seldp__convert_queue_add(seldp__convert_queue *q, seldp__convert_seg seg);
 seldp_status seldp__convert_queue_flush(seldp__convert_queue *q);
 
-/* x[i] = (float)((double)x[i] * factor) for n F32 elements on `device`. */
+/* x[i] = (float)((double)x[i] * factor) for n F32 elements on `device`, a NaN decided on its
+ * bits first (sign and payload kept, quiet bit set: seldp__scale_f32_bits), so that the host
+ * and a GPU give the same bits. `factor` is finite and not zero. */
 seldp_status seldp__scale_f32(seldp_device device, float *x, size_t n, double factor);
 
 /* Index of the first NaN or Inf among n elements of a float dtype on `device`, or n when

@@ -235,6 +235,7 @@ static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorte
                        "'%s' is on %s but the session's communicator computes on %s", p->path,
                        seldp__session_device_name(p->tensor.device, have, sizeof have),
                        seldp__session_device_name(s->device, want, sizeof want));
+        SELDP_CHECK(seldp__device_check_aligned(&p->tensor, p->path));
         g = &s->groups[s->n_groups++];
         g->id = p->id;
         g->path = p->path;

@@ -265,6 +265,15 @@ static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t w
         return st;
     if (!grads)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: grads must not be NULL", call);
+    if (s->comm->ops->thread_bound)
+        return seldp__fail(SELDP_ERR_UNSUPPORTED,
+                           "%s: not on the %s transport: its collectives must be issued by the "
+                           "rank's own thread in one order on every rank (NCCL drives a GPU's "
+                           "communicators from one thread), and a progress thread would issue "
+                           "them beside the caller's; call %s instead (its buckets are already "
+                           "grouped and asynchronous on the GPU)",
+                           call, seldp_comm_transport(s->comm),
+                           seldp__reduce_method(normalize, fp32, REDUCE_BLOCKING));
     if (policy != SELDP_MISSING_ERROR && policy != SELDP_MISSING_ZERO)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: missing-gradient policy %d is invalid",
                            call, (int)policy);

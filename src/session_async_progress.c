@@ -119,6 +119,7 @@ static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *firs
         .bucket_elems = 0,
         .scale = c->normalize ? 1.0 / (double)c->global_weight : 1.0,
         .written = NULL,
+        .device = &s->device,
     };
     st = seldp__comm_reduce_fused(s->comm, &args);
 fail:

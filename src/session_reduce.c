@@ -82,6 +82,7 @@ seldp_status seldp__reduce_check_gradient(reduce_call *c, const session_group *g
         SELDP_FAIL(SELDP_ERR_DEVICE, "'%s': gradient on %s, but the session computes on %s",
                    g->path, seldp__session_device_name(t->device, have, sizeof have),
                    seldp__session_device_name(c->s->device, want, sizeof want));
+    SELDP_CHECK(seldp__device_check_aligned(t, g->path));
     c->slots[g->slot].has_grad = true;
     c->slots[g->slot].grad = *t;
 fail:
@@ -266,6 +267,7 @@ static seldp_status reduce_fused(reduce_call *c)
         .bucket_elems = seldp__bucket_capacity(s->cfg.bucket_bytes, sizeof(float)) / sizeof(float),
         .scale = c->normalize ? 1.0 / (double)c->global_weight : 1.0,
         .written = &written,
+        .device = &s->device, /* every gradient, result and the staging checked on it */
     };
     seldp_status st = c->elems ? seldp__comm_reduce_fused(s->comm, &args) : SELDP_OK;
     if (st != SELDP_OK && written && !c->staged) {

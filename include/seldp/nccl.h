@@ -29,6 +29,16 @@
  * - when such a call returns SELDP_OK, everything it wrote (reduced gradients, broadcast
  *   parameters, collective results) is complete: any stream may read it without waiting.
  *
+ * Timeouts. Joining (seldp_nccl_comm_init, _init_with_id) and seldp_comm_split wait at least
+ * 60 s whatever cfg->timeout_s says, as NCCL's bootstrap over several GPUs takes seconds;
+ * the configured timeout bounds every collective.
+ *
+ * Memory. The transport's own buffers (staging of host payloads, the fused reduction's) only
+ * grow, and what growing gives up is kept until the world communicator is destroyed:
+ * cudaFree synchronizes the device and its peers, which would deadlock against a peer
+ * inside an NCCL kernel waiting for this rank. Overlapped reductions
+ * (seldp_session_reduce_start) are refused on this transport (seldp/session.h).
+ *
  * Teardown. Communicators made by seldp_comm_split are finalized when destroyed and freed
  * with the rank's world communicator: destroy the world communicator last, on every rank
  * (see the note on ncclCommDestroy in nccl.c).
@@ -61,9 +71,9 @@ SELDP_API seldp_status seldp_nccl_world_create(int nranks, const seldp_comm_conf
 
 /** Join the world as `rank` on the calling thread's current CUDA device (select it with
  * cudaSetDevice first; every rank needs its own GPU). Collective over the world: every
- * rank must join, from its own thread, within the timeout. The returned communicator is
- * the caller's to destroy. Errors: SELDP_ERR_INVALID_ARGUMENT (rank out of range),
- * SELDP_ERR_TIMEOUT (a rank did not join in time), SELDP_ERR_ABORTED (the world was
+ * rank must join, from its own thread, within the join timeout (see Timeouts). The
+ * returned communicator is the caller's to destroy. Errors: SELDP_ERR_INVALID_ARGUMENT (rank out of
+ * range), SELDP_ERR_TIMEOUT (a rank did not join in time), SELDP_ERR_ABORTED (the world was
  * aborted), SELDP_ERR_TRANSPORT (CUDA or NCCL failed, e.g. two ranks on one GPU). */
 SELDP_API seldp_status seldp_nccl_comm_init(seldp_nccl_world *world, int rank, seldp_comm **out);
 

@@ -286,10 +286,10 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  *   flight on one world can wait for each other across ranks until the timeout: on MPI keep
  *   one reduction in flight per world and make no other collective of that world before its
  *   finish. The progress thread calls MPI, so MPI must be initialized with
- *   MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE. NCCL: the progress thread makes the
- *   communicator's device current; NCCL documents that collectives of two communicators
- *   launched in different orders on different ranks may hang, so keep one reduction in
- *   flight per GPU there too. */
+ *   MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE. NCCL: refused (SELDP_ERR_UNSUPPORTED at
+ *   start, on every rank): a GPU's NCCL communicators must be driven from one thread in
+ *   one order on every rank, which a progress thread beside the caller's cannot keep; the
+ *   blocking calls already issue their buckets as grouped, asynchronous NCCL work. */
 
 /** Collective: start the overlapped seldp_session_reduce of `grads` (same arguments and
  * meaning) and return without waiting for the other ranks. The agreement and every bucket
@@ -297,8 +297,9 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  * `grads` is borrowed until finish returns. Errors, local and immediate (nothing starts,
  * no collective is made, the other ranks' finish then returns SELDP_ERR_TIMEOUT):
  * SELDP_ERR_INVALID_ARGUMENT (NULL session or grads, invalid policy, a reduction already in
- * flight on the session or its communicator), SELDP_ERR_NOMEM, SELDP_ERR_TRANSPORT (the
- * progress thread could not be created). */
+ * flight on the session or its communicator), SELDP_ERR_UNSUPPORTED (an NCCL communicator,
+ * see above), SELDP_ERR_NOMEM, SELDP_ERR_TRANSPORT (the progress thread could not be
+ * created). */
 SELDP_API seldp_status seldp_session_reduce_start(seldp_session *session, seldp_grads *grads,
                                                   uint64_t local_weight,
                                                   seldp_missing_policy policy);

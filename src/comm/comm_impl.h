@@ -36,6 +36,9 @@ typedef struct seldp__reduce_fused_args {
     /* May be NULL; else the transport sets *written once outputs of this rank may have been
      * written (every rank arrived), so that a failure after it is told from one before. */
     bool *written;
+    /* May be NULL; else every segment's in and out is on *device (the caller, a session, has
+     * checked each tensor), so the transport need not ask where each pointer is. */
+    const seldp_device *device;
 } seldp__reduce_fused_args;
 
 /* The collectives, named alike in every transport's messages. */
@@ -57,6 +60,9 @@ const char *seldp__comm_op_name(int op);
 
 typedef struct seldp_comm_ops {
     const char *name; /* "host", "nccl", "mpi" */
+    /* Collectives only from the rank's own thread, in one order on every rank (NCCL: a GPU's
+     * communicators are driven by one thread), so no progress thread may run them. */
+    bool thread_bound;
     seldp_status (*barrier)(seldp_comm *comm);
     seldp_status (*broadcast)(seldp_comm *comm, void *buf, size_t bytes, int root,
                               seldp_device mem);

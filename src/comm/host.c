@@ -102,7 +102,7 @@ seldp_status seldp__host_stage(seldp_comm *comm, seldp_device mem, host_stage_vi
     }
     if (mem.kind == SELDP_DEVICE_HOST)
         return SELDP_OK;
-    st = seldp__pinned_reserve(&hc->stage, need);
+    st = seldp__pinned_reserve(&hc->stage, mem, need);
     size_t at = 0;
     for (int i = 0; i < n && st == SELDP_OK; i++) {
         views[i].host = (char *)hc->stage.ptr + at;

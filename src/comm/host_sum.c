@@ -23,6 +23,7 @@
 
 #include "comm/host_sum.h"
 #include "half_simd.h"
+#include "seldp_half_bits.cuh"
 
 static seldp__simd_width simd_of_cpu(void)
 {
@@ -52,9 +53,11 @@ seldp__simd_width seldp__host_simd_of_cpu(void)
     return (seldp__simd_width)w;
 }
 
+/* As seldp__scale_f32: a NaN decided on its bits (seldp__scale_f32_bits). */
 static float sum_scale(float x, const seldp__sum_mode *m)
 {
-    return m->scaled ? (float)((double)x * m->scale) : x;
+    return m->scaled ? seldp__f32_of_bits(seldp__scale_f32_bits(seldp__bits_of_f32(x), m->scale))
+                     : x;
 }
 
 /* Element i of one rank's input (NULL counts as +0), exactly in F32. */

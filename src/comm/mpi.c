@@ -79,6 +79,7 @@ seldp_status seldp__mpi_group_new(mpi_world *w, MPI_Comm mc, int64_t id, int wor
         g->world = w;
         g->comm = mc;
         g->id = id;
+        g->device = device;
         g->clean = true;
         g->world_ranks = malloc((size_t)size * sizeof *g->world_ranks);
     }

@@ -106,6 +106,8 @@ typedef struct mpi_group {
     int *world_ranks; /* group rank -> world rank */
     int64_t seq;      /* collectives entered on this group */
     int64_t splits;   /* splits made from this group (ids of the children) */
+    /* the communicator's device: staging is page-locked only for a GPU */
+    seldp_device device;
     void *buf[BUF_COUNT];
     size_t cap[BUF_COUNT];
     const seldp__call_header *headers; /* the current collective's, once exchanged */

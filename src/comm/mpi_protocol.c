@@ -166,7 +166,7 @@ void *seldp__mpi_buf(mpi_group *g, int which, size_t bytes)
     g->buf[which] = NULL;
     g->cap[which] = 0;
     size_t want = bytes < 64 ? 64 : bytes;
-    if (seldp__pinned_alloc(want, &g->buf[which]) != SELDP_OK) {
+    if (seldp__pinned_alloc(g->device, want, &g->buf[which]) != SELDP_OK) {
         g->buf[which] = NULL;
         return NULL;
     }

@@ -10,8 +10,11 @@
  * wait loops and abort theirs. Ranks abort only their own NCCL communicators, from their own
  * threads.
  *
- * Buffers on the host are staged through a device buffer of the rank that grows on demand
- * and lives as long as the communicator.
+ * Buffers on the host are staged through a device buffer of the rank that grows on demand.
+ * No buffer is freed while the world is live: cudaFree synchronizes the device (and, with
+ * peer access, its peers), which deadlocks against a peer inside an NCCL kernel waiting for
+ * this rank; what growing gives up, and a split's buffers at its destroy, are retired and
+ * freed when the rank destroys its world communicator.
  *
  * This file: the world (its unique id and abort mark), joining it, splits and teardown, and
  * the transport's table. nccl_wait.c: waiting, failing and staging; nccl_collectives.c: the
@@ -139,9 +142,11 @@ static seldp_status handle_new(seldp_nccl_world *world, int rank, int size, int 
     c->ordinal = ordinal;
     c->rank = rank;
     c->size = size;
+    c->reduce.sum.retire = c->reduce.desc.retire = &c->retired_buffers;
+    c->reduce.descs.retire = c->reduce.host.retire = &c->retired_buffers;
     cudaError_t err = seldp__cuda()->stream_create(&c->stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) {
-        seldp__cuda()->get_last_error();
+        seldp__cuda_ignore(err);
         c->stream = NULL;
         world_release(c->world);
         free(c);
@@ -153,16 +158,30 @@ static seldp_status handle_new(seldp_nccl_world *world, int rank, int size, int 
     return SELDP_OK;
 }
 
+/* The stream, and the buffers handed to `into` (NULL: freed, with what c retired). */
+static void handle_buffers_free(nccl_comm *c, seldp__retired *into)
+{
+    if (c->stream)
+        seldp__cuda_ignore(seldp__cuda()->stream_destroy(c->stream));
+    c->stream = NULL;
+    seldp__device_buffer staging = {
+        .device = {SELDP_DEVICE_CUDA, c->ordinal}, .ptr = c->staging, .bytes = c->staging_bytes};
+    seldp__device_retire(&staging, into);
+    c->staging = NULL;
+    c->staging_bytes = 0;
+    seldp__nccl_reduce_release(&c->reduce, into);
+    if (into)
+        seldp__retired_move(into, &c->retired_buffers);
+    else
+        seldp__retired_free(&c->retired_buffers);
+}
+
 static void handle_free(nccl_comm *c)
 {
     if (!c)
         return;
     seldp__nccl_abort_local(c);
-    if (c->stream)
-        seldp__cuda()->stream_destroy(c->stream);
-    if (c->staging)
-        cudaFree(c->staging);
-    seldp__nccl_reduce_release(&c->reduce);
+    handle_buffers_free(c, NULL);
     world_release(c->world);
     free(c);
 }
@@ -177,7 +196,7 @@ static seldp_status comm_create(seldp_nccl_world *world, int rank, seldp_comm **
     if (err == cudaSuccess && seldp_nccl_device_count() == 0)
         err = cudaErrorNoDevice;
     if (err != cudaSuccess) {
-        seldp__cuda()->get_last_error();
+        seldp__cuda_ignore(err);
         atomic_store(&world->aborted, true);
         SELDP_FAIL(SELDP_ERR_TRANSPORT, "nccl rank %d: no usable CUDA device: %s", rank,
                    cudaGetErrorString(err));
@@ -202,13 +221,16 @@ static seldp_status comm_create(seldp_nccl_world *world, int rank, seldp_comm **
         st = seldp__nccl_fail_nccl(c, "ncclCommInitRankConfig", r);
         goto fail;
     }
-    SELDP_CHECK(seldp__nccl_wait_done(c, "ncclCommInitRankConfig", false));
+    /* the join's own bound: a slow bootstrap is not a missing rank */
+    SELDP_CHECK(
+        seldp__nccl_wait_within(c, "ncclCommInitRankConfig", false, seldp__nccl_join_timeout(c)));
 
     c->is_world = true;
     comm = seldp__comm_new(&nccl_ops, rank, world->nranks, rank,
                            (seldp_device){SELDP_DEVICE_CUDA, ordinal}, c);
-    if (!comm)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "nccl rank %d: out of memory", rank);
+    if (!comm) /* the others have joined and go on to a collective: abort the world */
+        NCCL_FAIL_ABORT(SELDP_ERR_NOMEM, "nccl rank %d: out of memory after joining the world",
+                        rank);
     *out = comm;
     return SELDP_OK;
 fail:
@@ -259,7 +281,7 @@ fail:
  * leave the in-progress state, then (for a rank with a color) for the child it produced. */
 static seldp_status wait_split(nccl_comm *c, bool want_child)
 {
-    double deadline = seldp__nccl_now() + c->world->timeout_s;
+    double limit = seldp__nccl_join_timeout(c), deadline = seldp__nccl_now() + limit;
     unsigned polls = 0;
     seldp_status st = SELDP_OK;
     for (;;) {
@@ -289,7 +311,7 @@ static seldp_status wait_split(nccl_comm *c, bool want_child)
             }
         }
         if (seldp__nccl_now() > deadline) {
-            st = seldp__nccl_fail_timeout(c, "split");
+            st = seldp__nccl_fail_timeout_after(c, "split", limit);
             break;
         }
         seldp__nccl_backoff(&polls);
@@ -371,8 +393,10 @@ static void finalize(nccl_comm *c)
     if (!c->nccl || c->retired)
         return;
     int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != c->ordinal)
-        cudaSetDevice(c->ordinal);
+    cudaError_t err = seldp__cuda()->get_device(&cur);
+    if (err == cudaSuccess && cur != c->ordinal)
+        err = seldp__cuda()->set_device(c->ordinal);
+    seldp__cuda_ignore(err); /* finalize on the current device all the same */
     if (atomic_load(&c->world->aborted)) {
         seldp__nccl_abort_local(c);
         return;
@@ -385,9 +409,8 @@ static void finalize(nccl_comm *c)
                                     false); /* aborts the handle on failure */
 }
 
-/* Finalize, then ncclCommDestroy (or the abort finalize chose), then the stream and the
- * staging buffer. */
-static void destroy_now(nccl_comm *c)
+/* Finalize, then ncclCommDestroy (or the abort finalize chose). */
+static void destroy_nccl(nccl_comm *c)
 {
     finalize(c);
     if (c->nccl && atomic_load(&c->world->aborted))
@@ -396,7 +419,6 @@ static void destroy_now(nccl_comm *c)
         ncclCommDestroy(c->nccl);
         c->nccl = NULL;
     }
-    handle_free(c);
 }
 
 static void unlink_split(nccl_comm *c)
@@ -422,20 +444,14 @@ static void nccl_destroy(seldp_comm *comm)
 {
     nccl_comm *c = comm->impl;
     if (!c->is_world && c->root) {
+        /* its buffers go to the world handle, which frees them at the world's destroy */
         finalize(c);
+        handle_buffers_free(c, &c->root->retired_buffers);
         if (!c->nccl) {
             unlink_split(c);
             handle_free(c);
         } else {
             c->retired = true;
-            if (c->stream)
-                seldp__cuda()->stream_destroy(c->stream);
-            c->stream = NULL;
-            if (c->staging)
-                cudaFree(c->staging);
-            c->staging = NULL;
-            c->staging_bytes = 0;
-            seldp__nccl_reduce_release(&c->reduce);
         }
         seldp__comm_free(comm);
         return;
@@ -446,17 +462,22 @@ static void nccl_destroy(seldp_comm *comm)
             next = s->next_split;
             s->root = NULL;
             s->next_split = NULL;
-            if (s->retired)
-                destroy_now(s); /* finalized already: destroy, or abort on an aborted world */
+            if (s->retired) { /* finalized already: destroy, or abort on an aborted world */
+                destroy_nccl(s);
+                handle_buffers_free(s, &c->retired_buffers);
+                handle_free(s);
+            }
         }
         c->splits = NULL;
     }
-    destroy_now(c);
+    destroy_nccl(c); /* the world's finalize meets the other local ranks: then free */
+    handle_free(c);
     seldp__comm_free(comm);
 }
 
 static const seldp_comm_ops nccl_ops = {
     .name = "nccl",
+    .thread_bound = true,
     .barrier = seldp__nccl_barrier,
     .broadcast = seldp__nccl_broadcast,
     .allreduce = seldp__nccl_allreduce,

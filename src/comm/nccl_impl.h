@@ -25,8 +25,19 @@ struct seldp_nccl_world {
     atomic_bool *joined; /* in-process worlds: which ranks have joined (NULL otherwise) */
 };
 
+/* At most this many NCCL operations in one ncclGroupStart/End: a reduction cut into many
+ * small buckets issues several groups, each waited for (NCCL's state, not the stream)
+ * before the next, so that NCCL never plans an unbounded group. */
+#define SELDP_NCCL_GROUP_MAX 64
+
+/* Joining a world and splitting wait at least this long, whatever the configured timeout:
+ * NCCL's bootstrap over 8 GPUs takes seconds, and a short timeout meant for a rank missing
+ * from a collective must not fail a join that is merely slow. */
+#define SELDP_NCCL_JOIN_TIMEOUT_MIN_S 60.0
+
 /* The buffers of the fused reduction (nccl_reduce.c), kept by the communicator and grown
- * when a reduction needs more, so that a reduction allocates nothing once they fit. */
+ * when a reduction needs more, so that a reduction allocates nothing once they fit. What
+ * growing gives up is retired (nccl_comm.retired), never freed while the world is live. */
 typedef struct seldp__nccl_reduce_buffers {
     seldp__device_buffer sum;   /* the F32 elements reduced, on the rank's device */
     seldp__device_buffer desc;  /* the kernels' segment descriptions, on the device */
@@ -55,6 +66,10 @@ typedef struct nccl_comm {
     void *staging;  /* device buffer for host payloads */
     size_t staging_bytes;
     seldp__nccl_reduce_buffers reduce;
+    /* Buffers this rank gave up while its peers may be inside an NCCL kernel waiting for it
+     * (growing staging or reduction buffers, a split's at its destroy): freeing synchronizes
+     * the device and its peers (device.h), so they are freed at the world's destroy. */
+    seldp__retired retired_buffers;
     ncclComm_t split_slot; /* where ncclCommSplit's background job stores the child */
     /* Splits are destroyed only at teardown (see nccl_destroy): the rank's world handle
      * keeps every split made from it, or from its splits, in `splits`; a split whose
@@ -105,10 +120,16 @@ seldp_status seldp__nccl_fail_nccl(nccl_comm *c, const char *what, ncclResult_t 
 seldp_status seldp__nccl_fail_cuda(nccl_comm *c, const char *what, cudaError_t err);
 seldp_status seldp__nccl_fail_aborted(nccl_comm *c, const char *what);
 seldp_status seldp__nccl_fail_timeout(nccl_comm *c, const char *what);
+seldp_status seldp__nccl_fail_timeout_after(nccl_comm *c, const char *what, double timeout_s);
 
 /* Wait until NCCL is done with what was issued on c and, with `stream`, until c's stream
  * has drained; aborts on a world abort, an NCCL or CUDA error or the timeout. */
 seldp_status seldp__nccl_wait_done(nccl_comm *c, const char *what, bool stream);
+/* The same against `timeout_s` instead of the world's (joins: seldp__nccl_join_timeout). */
+seldp_status seldp__nccl_wait_within(nccl_comm *c, const char *what, bool stream, double timeout_s);
+/* How long a join or a split waits: the world's timeout, at least
+ * SELDP_NCCL_JOIN_TIMEOUT_MIN_S. */
+double seldp__nccl_join_timeout(const nccl_comm *c);
 
 /* Make the rank's device current and refuse to start on an aborted world. */
 seldp_status seldp__nccl_enter(nccl_comm *c, const char *what);
@@ -116,7 +137,8 @@ seldp_status seldp__nccl_enter(nccl_comm *c, const char *what);
 /* A device buffer must be on this rank's GPU. */
 seldp_status seldp__nccl_check_device_mem(nccl_comm *c, const char *what, seldp_device mem);
 
-/* At least `bytes` of device staging (between collectives only). */
+/* At least `bytes` of device staging (between collectives only); a smaller buffer is
+ * retired, not freed. */
 seldp_status seldp__nccl_ensure_staging(nccl_comm *c, size_t bytes);
 
 /* Copy between host and device on the rank's stream and wait (no NCCL work pending). */
@@ -158,7 +180,7 @@ const seldp_comm_ops *seldp__nccl_ops(void);
 seldp_status seldp__nccl_reduce_prepare(nccl_comm *c, const seldp__reduce_fused_args *args,
                                         seldp__nccl_reduce_plan *plan);
 
-/* The reduction's buffers, released (at teardown). */
-void seldp__nccl_reduce_release(seldp__nccl_reduce_buffers *b);
+/* The reduction's buffers handed to `into` (NULL: freed, at teardown). */
+void seldp__nccl_reduce_release(seldp__nccl_reduce_buffers *b, seldp__retired *into);
 
 #endif

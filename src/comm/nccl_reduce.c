@@ -5,8 +5,9 @@
  *   pack      device segments: one launch converting each contribution to F32 (zeros for
  *             a NULL one) at its offset; host segments: converted on the host into pinned
  *             staging and copied up in one transfer
- *   reduce    one ncclAllReduce (F32 SUM, in place) per bucket of bucket_elems, grouped,
- *             then waited for (NCCL's state and the stream) against the timeout
+ *   reduce    one ncclAllReduce (F32 SUM, in place) per bucket of bucket_elems, in groups
+ *             of at most SELDP_NCCL_GROUP_MAX (NCCL's state waited for between groups), then
+ *             waited for (NCCL's state and the stream) against the timeout
  *   unpack    device segments: one launch of the fused scale and cast
  *             (seldp__scale_convert_bits: (float)((double)x * scale), then round to nearest
  *             even), the bits seldp__scale_f32 followed by seldp__convert would give;
@@ -14,7 +15,10 @@
  *
  * Nothing is allocated per bucket or, once the buffers fit, per call: the F32 buffer, the
  * kernels' segment descriptions (device and pinned host) and the pinned staging of host
- * segments are kept by the communicator and only grow (seldp__nccl_reduce_buffers). Outputs
+ * segments are kept by the communicator and only grow (seldp__nccl_reduce_buffers; what
+ * growing gives up is retired until the world's destroy, never freed mid-run). When the
+ * caller says where every segment is (args->device: a session has checked its tensors), no
+ * pointer is classified; otherwise each is asked of the runtime once a call. Outputs
  * are written only after every bucket's allreduce has completed, so a failure or timeout
  * before that leaves them untouched (args->written tells the two apart). */
 #define _POSIX_C_SOURCE 200809L
@@ -36,8 +40,9 @@ static seldp_status segment_side(nccl_comm *c, const void *ptr, size_t seg, bool
     *device = false;
     if (!ptr)
         return SELDP_OK;
-    if (seldp__cuda()->pointer_attributes(&attr, ptr) != cudaSuccess) {
-        seldp__cuda()->get_last_error(); /* memory CUDA does not know: the host's */
+    cudaError_t err = seldp__cuda()->pointer_attributes(&attr, ptr);
+    if (err != cudaSuccess) {
+        seldp__cuda_ignore(err); /* memory CUDA does not know: the host's */
         return SELDP_OK;
     }
     if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
@@ -74,11 +79,21 @@ seldp_status seldp__nccl_reduce_prepare(nccl_comm *c, const seldp__reduce_fused_
         b->side = side;
         b->side_cap = args->n_segs;
     }
+    const seldp_device *known = args->device;
+    if (known && known->kind == SELDP_DEVICE_CUDA && known->ordinal != c->ordinal)
+        SELDP_FAIL(SELDP_ERR_DEVICE,
+                   "nccl rank %d/%d: reduction: tensors on cuda:%d, expected the rank's device "
+                   "cuda:%d or the host",
+                   c->rank, c->size, known->ordinal, c->ordinal);
     for (size_t i = 0; i < args->n_segs; i++) {
         const seldp__reduce_seg *g = &args->segs[i];
         bool in_dev = false, out_dev = false;
-        SELDP_CHECK(segment_side(c, g->in, i, &in_dev));
-        SELDP_CHECK(segment_side(c, g->out, i, &out_dev));
+        if (known) {
+            in_dev = out_dev = known->kind == SELDP_DEVICE_CUDA;
+        } else {
+            SELDP_CHECK(segment_side(c, g->in, i, &in_dev));
+            SELDP_CHECK(segment_side(c, g->out, i, &out_dev));
+        }
         if (g->in && in_dev != out_dev)
             SELDP_FAIL(SELDP_ERR_DEVICE,
                        "nccl rank %d/%d: reduction: tensor %zu has its contribution on the %s "
@@ -97,7 +112,7 @@ seldp_status seldp__nccl_reduce_prepare(nccl_comm *c, const seldp__reduce_fused_
     if (plan->device_segs) {
         /* the pack's descriptions, then the unpack's: both in flight on the stream at once */
         SELDP_CHECK(seldp__device_reserve(&b->desc, dev, 2 * descs));
-        SELDP_CHECK(seldp__pinned_reserve(&b->descs, 2 * descs));
+        SELDP_CHECK(seldp__pinned_reserve(&b->descs, dev, 2 * descs));
         if (b->segs_cap < plan->device_segs) {
             seldp__convert_seg *segs = realloc(b->segs, plan->device_segs * sizeof *segs);
             if (!segs)
@@ -109,21 +124,23 @@ seldp_status seldp__nccl_reduce_prepare(nccl_comm *c, const seldp__reduce_fused_
         }
     }
     if (plan->host_segs)
-        SELDP_CHECK(seldp__pinned_reserve(&b->host, plan->elems * sizeof(float)));
+        SELDP_CHECK(seldp__pinned_reserve(&b->host, dev, plan->elems * sizeof(float)));
     plan->desc_bytes = descs;
 fail:
     return st;
 }
 
-void seldp__nccl_reduce_release(seldp__nccl_reduce_buffers *b)
+void seldp__nccl_reduce_release(seldp__nccl_reduce_buffers *b, seldp__retired *into)
 {
-    seldp__device_release(&b->sum);
-    seldp__device_release(&b->desc);
-    seldp__pinned_release(&b->descs);
-    seldp__pinned_release(&b->host);
+    seldp__device_retire(&b->sum, into);
+    seldp__device_retire(&b->desc, into);
+    seldp__pinned_retire(&b->descs, into);
+    seldp__pinned_retire(&b->host, into);
     free(b->segs);
     free(b->side);
-    memset(b, 0, sizeof *b);
+    b->segs = NULL;
+    b->side = NULL;
+    b->segs_cap = b->side_cap = 0; /* the retire lists stay: the buffers may grow again */
 }
 
 /* The host segments' contributions in F32 (zeros for a NULL one) at their offsets of the
@@ -216,25 +233,34 @@ static seldp_status unpack_host(nccl_comm *c, const seldp__reduce_fused_args *ar
     return SELDP_OK;
 }
 
-/* One ncclAllReduce per bucket, in one group, in place on the sum buffer; then the wait. */
+/* One ncclAllReduce per bucket, in place on the sum buffer, SELDP_NCCL_GROUP_MAX to a group;
+ * a non-blocking communicator takes the next group once NCCL's state of the last one is no
+ * longer in progress (the kernels need not have run). Then the wait for the stream. */
 static seldp_status allreduce_buckets(nccl_comm *c, size_t elems, size_t bucket_elems)
 {
     float *sum = c->reduce.sum.ptr;
     size_t step = bucket_elems ? bucket_elems : elems;
-    ncclResult_t first = ncclSuccess, r = ncclGroupStart();
-    if (r != ncclSuccess)
-        return seldp__nccl_fail_nccl(c, "ncclGroupStart (reduction)", r);
-    for (size_t at = 0; at < elems && first == ncclSuccess; at += step) {
-        size_t n = elems - at < step ? elems - at : step;
-        r = ncclAllReduce(sum + at, sum + at, n, ncclFloat32, ncclSum, c->nccl, c->stream);
+    for (size_t at = 0; at < elems;) {
+        seldp_status st;
+        if (at > 0 &&
+            (st = seldp__nccl_wait_done(c, "reduction (a group of buckets)", false)) != SELDP_OK)
+            return st;
+        ncclResult_t first = ncclSuccess, r = ncclGroupStart();
+        if (r != ncclSuccess)
+            return seldp__nccl_fail_nccl(c, "ncclGroupStart (reduction)", r);
+        for (int k = 0; k < SELDP_NCCL_GROUP_MAX && at < elems && first == ncclSuccess; k++) {
+            size_t n = elems - at < step ? elems - at : step;
+            r = ncclAllReduce(sum + at, sum + at, n, ncclFloat32, ncclSum, c->nccl, c->stream);
+            if (!nccl_started(r))
+                first = r;
+            at += n;
+        }
+        r = ncclGroupEnd(); /* always closes the group, also after a failed enqueue */
+        if (first != ncclSuccess)
+            return seldp__nccl_fail_nccl(c, "ncclAllReduce (reduction)", first);
         if (!nccl_started(r))
-            first = r;
+            return seldp__nccl_fail_nccl(c, "ncclGroupEnd (reduction)", r);
     }
-    r = ncclGroupEnd(); /* always closes the group, also after a failed enqueue */
-    if (first != ncclSuccess)
-        return seldp__nccl_fail_nccl(c, "ncclAllReduce (reduction)", first);
-    if (!nccl_started(r))
-        return seldp__nccl_fail_nccl(c, "ncclGroupEnd (reduction)", r);
     return seldp__nccl_wait_done(c, "reduction", true);
 }
 

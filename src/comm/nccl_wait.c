@@ -75,6 +75,7 @@ seldp_status seldp__nccl_fail_nccl(nccl_comm *c, const char *what, ncclResult_t 
 
 seldp_status seldp__nccl_fail_cuda(nccl_comm *c, const char *what, cudaError_t err)
 {
+    seldp__cuda_ignore(err); /* reported here: the next call must not see it again */
     return seldp__nccl_fail_abort(c, SELDP_ERR_TRANSPORT,
                                   "nccl rank %d/%d (cuda:%d): %s failed: %s; the world is aborted",
                                   c->rank, c->size, c->ordinal, what, cudaGetErrorString(err));
@@ -91,11 +92,16 @@ seldp_status seldp__nccl_fail_aborted(nccl_comm *c, const char *what)
 
 seldp_status seldp__nccl_fail_timeout(nccl_comm *c, const char *what)
 {
+    return seldp__nccl_fail_timeout_after(c, what, c->world->timeout_s);
+}
+
+seldp_status seldp__nccl_fail_timeout_after(nccl_comm *c, const char *what, double timeout_s)
+{
     return seldp__nccl_fail_abort(
         c, SELDP_ERR_TIMEOUT,
         "nccl rank %d/%d (cuda:%d): %s did not complete within %.1f s (a rank did "
         "not arrive); the world is aborted",
-        c->rank, c->size, c->ordinal, what, c->world->timeout_s);
+        c->rank, c->size, c->ordinal, what, timeout_s);
 }
 
 /* Wait until NCCL is done with what was issued on c (ncclCommGetAsyncError no longer in
@@ -103,7 +109,18 @@ seldp_status seldp__nccl_fail_timeout(nccl_comm *c, const char *what)
  * asynchronous NCCL error, a CUDA error or the timeout. */
 seldp_status seldp__nccl_wait_done(nccl_comm *c, const char *what, bool stream)
 {
-    double deadline = seldp__nccl_now() + c->world->timeout_s;
+    return seldp__nccl_wait_within(c, what, stream, c->world->timeout_s);
+}
+
+double seldp__nccl_join_timeout(const nccl_comm *c)
+{
+    double t = c->world->timeout_s;
+    return t > SELDP_NCCL_JOIN_TIMEOUT_MIN_S ? t : SELDP_NCCL_JOIN_TIMEOUT_MIN_S;
+}
+
+seldp_status seldp__nccl_wait_within(nccl_comm *c, const char *what, bool stream, double timeout_s)
+{
+    double deadline = seldp__nccl_now() + timeout_s;
     unsigned polls = 0;
     for (;;) {
         if (atomic_load(&c->world->aborted))
@@ -117,14 +134,14 @@ seldp_status seldp__nccl_wait_done(nccl_comm *c, const char *what, bool stream)
         if (state == ncclSuccess) {
             if (!stream)
                 return SELDP_OK;
-            cudaError_t q = cudaStreamQuery(c->stream);
+            cudaError_t q = seldp__cuda()->stream_query(c->stream);
             if (q == cudaSuccess)
                 return SELDP_OK;
             if (q != cudaErrorNotReady)
                 return seldp__nccl_fail_cuda(c, what, q);
         }
         if (seldp__nccl_now() > deadline)
-            return seldp__nccl_fail_timeout(c, what);
+            return seldp__nccl_fail_timeout_after(c, what, timeout_s);
         seldp__nccl_backoff(&polls);
     }
 }
@@ -135,9 +152,9 @@ seldp_status seldp__nccl_enter(nccl_comm *c, const char *what)
     if (atomic_load(&c->world->aborted) || !c->nccl)
         return seldp__nccl_fail_aborted(c, what);
     int cur = -1;
-    cudaError_t err = cudaGetDevice(&cur);
+    cudaError_t err = seldp__cuda()->get_device(&cur);
     if (err == cudaSuccess && cur != c->ordinal)
-        err = cudaSetDevice(c->ordinal);
+        err = seldp__cuda()->set_device(c->ordinal);
     if (err != cudaSuccess)
         return seldp__nccl_fail_cuda(c, "cudaSetDevice", err);
     return SELDP_OK;
@@ -156,29 +173,28 @@ seldp_status seldp__nccl_check_device_mem(nccl_comm *c, const char *what, seldp_
 }
 
 /* At least `bytes` of device staging. Only called between collectives (nothing of this
- * rank in flight), so the implicit synchronization of cudaFree costs nothing. */
+ * rank in flight); the smaller buffer is retired, not freed: freeing would synchronize the
+ * device, and its peers, while a peer may be inside an NCCL kernel waiting for this rank. */
 seldp_status seldp__nccl_ensure_staging(nccl_comm *c, size_t bytes)
 {
     if (bytes <= c->staging_bytes)
         return SELDP_OK;
-    size_t want = c->staging_bytes * 2 > bytes ? c->staging_bytes * 2 : bytes;
-    if (want < 4096)
-        want = 4096;
-    if (c->staging) {
-        cudaFree(c->staging);
-        c->staging = NULL;
-        c->staging_bytes = 0;
+    seldp__device_buffer b = {.device = {SELDP_DEVICE_CUDA, c->ordinal},
+                              .ptr = c->staging,
+                              .bytes = c->staging_bytes,
+                              .retire = &c->retired_buffers};
+    size_t want = bytes < 4096 ? 4096 : bytes;
+    c->staging = NULL;
+    c->staging_bytes = 0;
+    if (seldp__device_reserve(&b, b.device, want) != SELDP_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", seldp_last_error());
+        return seldp__nccl_fail_abort(c, SELDP_ERR_NOMEM,
+                                      "nccl rank %d/%d: %zu staging bytes on cuda:%d: %s", c->rank,
+                                      c->size, want, c->ordinal, why);
     }
-    cudaError_t err = cudaMalloc(&c->staging, want);
-    if (err != cudaSuccess) {
-        c->staging = NULL;
-        cudaGetLastError();
-        return seldp__nccl_fail_abort(
-            c, SELDP_ERR_NOMEM,
-            "nccl rank %d/%d: cudaMalloc of %zu staging bytes on cuda:%d failed: %s", c->rank,
-            c->size, want, c->ordinal, cudaGetErrorString(err));
-    }
-    c->staging_bytes = want;
+    c->staging = b.ptr;
+    c->staging_bytes = b.bytes;
     return SELDP_OK;
 }
 
@@ -189,9 +205,9 @@ seldp_status seldp__nccl_copy_sync(nccl_comm *c, void *dst, const void *src, siz
 {
     if (bytes == 0)
         return SELDP_OK;
-    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, c->stream);
+    cudaError_t err = seldp__cuda()->memcpy_async(dst, src, bytes, kind, c->stream);
     if (err == cudaSuccess)
-        err = cudaStreamSynchronize(c->stream);
+        err = seldp__cuda()->stream_synchronize(c->stream);
     if (err != cudaSuccess)
         return seldp__nccl_fail_cuda(c, "staging copy", err);
     return SELDP_OK;

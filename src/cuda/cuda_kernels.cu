@@ -37,8 +37,10 @@ unsigned blocks_for(size_t n)
     return (unsigned)(blocks < max_blocks ? (blocks ? blocks : 1) : max_blocks);
 }
 
+/* The error, cleared from the thread's last error so that the next call does not see it. */
 seldp_status cuda_fail(cudaError_t err, const char *what, int ordinal)
 {
+    seldp__cuda_ignore(err);
     return seldp__fail(SELDP_ERR_TRANSPORT, "%s on cuda:%d failed: %s", what, ordinal,
                        cudaGetErrorString(err));
 }
@@ -60,7 +62,7 @@ class DeviceScope
     ~DeviceScope()
     {
         if (prev_ >= 0)
-            seldp__cuda()->set_device(prev_);
+            seldp__cuda_ignore(seldp__cuda()->set_device(prev_));
     }
     cudaError_t error() const
     {
@@ -102,12 +104,12 @@ __global__ void f32_to_half_kernel(uint16_t *dst, const float *src, size_t n, bo
     }
 }
 
-/* In double, then rounded once to F32, exactly like the host loop. */
-__global__ void scale_f32_kernel(float *x, size_t n, double factor)
+/* In double, then rounded once to F32, a NaN kept on its bits: the host loop's own helper. */
+__global__ void scale_f32_kernel(uint32_t *x, size_t n, double factor)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        x[i] = (float)((double)x[i] * factor);
+        x[i] = seldp__scale_f32_bits(x[i], factor);
 }
 
 /* The smallest index whose exponent field is all ones, by atomicMin on *first (which starts
@@ -349,10 +351,10 @@ extern "C" seldp_status seldp__cuda_convert_batch(int ordinal, const seldp__conv
      * scratch goes back to the pool only once the stream has passed it. */
     cudaError_t err = seldp__cuda()->stream_synchronize(stream);
     seldp__cuda_scratch_give(scratch);
-    if (st == SELDP_OK && err != cudaSuccess) {
-        seldp__cuda()->get_last_error();
+    if (st == SELDP_OK && err != cudaSuccess)
         st = cuda_fail(err, "convert_batch", ordinal);
-    }
+    else
+        seldp__cuda_ignore(err); /* the launch's failure is the one reported */
     return st;
 }
 
@@ -383,8 +385,7 @@ extern "C" seldp_status seldp__cuda_convert_async(cudaStream_t stream,
     }
     if (err != cudaSuccess) {
         int ordinal = -1;
-        rt->get_last_error();
-        rt->get_device(&ordinal);
+        seldp__cuda_ignore(rt->get_device(&ordinal));
         return cuda_fail(err, "scale and convert", ordinal);
     }
     return SELDP_OK;
@@ -397,7 +398,7 @@ extern "C" seldp_status seldp__cuda_scale_f32(int ordinal, float *x, size_t n, d
     DeviceScope scope(ordinal);
     if (scope.error() != cudaSuccess)
         return cuda_fail(scope.error(), "cudaSetDevice", ordinal);
-    scale_f32_kernel<<<blocks_for(n), kThreads, 0, cudaStreamPerThread>>>(x, n, factor);
+    scale_f32_kernel<<<blocks_for(n), kThreads, 0, cudaStreamPerThread>>>((uint32_t *)x, n, factor);
     return finish("scale_f32", ordinal);
 }
 
@@ -453,10 +454,8 @@ extern "C" seldp_status seldp__cuda_find_nonfinite(int ordinal, const void *x, s
         err = sync_err;
     size_t found = (size_t)*h_first;
     seldp__cuda_scratch_give(scratch);
-    if (err != cudaSuccess) {
-        rt->get_last_error();
+    if (err != cudaSuccess)
         return cuda_fail(err, "find_nonfinite", ordinal);
-    }
     *first = found;
     return SELDP_OK;
 }

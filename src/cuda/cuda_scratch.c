@@ -15,6 +15,9 @@ struct seldp__cuda_scratch {
     int ordinal;
     seldp__device_buffer dev;  /* on cuda:ordinal */
     seldp__pinned_buffer host; /* the same bytes, written on the host */
+    /* what growing gave up: freed with the pool, since freeing synchronizes the device while
+     * an NCCL rank's peer may be inside a kernel waiting for it (device.h) */
+    seldp__retired retired;
     struct seldp__cuda_scratch *next;
 };
 
@@ -84,11 +87,13 @@ seldp_status seldp__cuda_scratch_take(int ordinal, size_t bytes, seldp__cuda_scr
             return seldp__fail(SELDP_ERR_NOMEM,
                                "cuda:%d: out of memory for a conversion's descriptions", ordinal);
         s->ordinal = ordinal;
+        s->dev.retire = &s->retired;
+        s->host.retire = &s->retired;
     }
     if (!fits(s, bytes)) {
         st = seldp__device_reserve(&s->dev, (seldp_device){SELDP_DEVICE_CUDA, ordinal}, bytes);
         if (st == SELDP_OK)
-            st = seldp__pinned_reserve(&s->host, bytes);
+            st = seldp__pinned_reserve(&s->host, (seldp_device){SELDP_DEVICE_CUDA, ordinal}, bytes);
         if (st != SELDP_OK) {
             seldp__cuda_scratch_give(s); /* what it holds stays for the next call */
             return st;
@@ -122,6 +127,7 @@ size_t seldp__cuda_scratch_release(void)
         seldp__cuda_scratch *next = s->next;
         seldp__device_release(&s->dev);
         seldp__pinned_release(&s->host);
+        seldp__retired_free(&s->retired);
         free(s);
         s = next;
         n++;

@@ -518,6 +518,13 @@ static int check_private(tr_rank_ctx *ctx, session_state *s, seldp_grads *grads,
     return 0;
 }
 
+/* Rank r's token count: r + 3, so that a world of one GPU still divides by a weight that is
+ * not 1 (and not a power of two), and the scale of the mean is exercised. */
+static uint64_t mean_weight(int r)
+{
+    return (uint64_t)r + 3;
+}
+
 /* Mean of gradients in the parameter dtype, policy error. */
 static int session_reduce_mean(tr_rank_ctx *ctx, session_state *s)
 {
@@ -540,9 +547,11 @@ static int session_reduce_mean(tr_rank_ctx *ctx, session_state *s)
     RANK_CHECK_OK(ctx,
                   seldp_grads_put(grads, 0x9000 + (seldp_param_id)r, &priv_grad, SELDP_BORROWED));
 
-    uint64_t global = 0, want_global = (uint64_t)n * (uint64_t)(n + 1) / 2;
-    RANK_CHECK_OK(ctx, seldp_session_reduce(s->session, grads, (uint64_t)r + 1, SELDP_MISSING_ERROR,
-                                            &global));
+    uint64_t global = 0, want_global = 0;
+    for (int q = 0; q < n; q++)
+        want_global += mean_weight(q);
+    RANK_CHECK_OK(
+        ctx, seldp_session_reduce(s->session, grads, mean_weight(r), SELDP_MISSING_ERROR, &global));
     RANK_CHECK(ctx, global == want_global, "global weight %" PRIu64 ", expected %" PRIu64, global,
                want_global);
 

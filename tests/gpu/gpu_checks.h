@@ -15,9 +15,10 @@
 int gpu_check_collectives(tr_rank_ctx *ctx);
 
 /* A session over device parameters (F32, F16, BF16, plus unselected ones that differ by
- * rank): initialize from the last rank, then reduce (mean, policy error) and sum_fp32 (policy
- * zero, one rank without a gradient) of device gradients, checked against the host
- * arithmetic, identical on every rank, unselected gradients untouched. */
+ * rank): initialize from the last rank, then reduce (mean, weights r + 3 so that 1/W is not 1 on
+ * one GPU either, policy error) and sum_fp32 (policy zero, one rank without a gradient) of device
+ * gradients, checked against the host arithmetic, identical on every rank, unselected gradients
+ * untouched. */
 int gpu_check_session(tr_rank_ctx *ctx);
 
 #endif

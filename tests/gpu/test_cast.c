@@ -187,31 +187,41 @@ static void test_unsupported_pair(void **state)
     gpu_buf_free(dev0, d);
 }
 
+/* The kernel against the host's seldp__scale_f32, bit for bit: numbers, Inf, the smallest
+ * subnormal and NaNs with payloads, quiet and signalling, of both signs (both sides keep a
+ * NaN's sign and payload and set its quiet bit; a GPU's arithmetic alone would return the
+ * canonical 0x7fffffff). */
 static void test_scale_matches_host(void **state)
 {
     (void)state;
     const size_t n = 300001;
-    float *x = malloc(n * sizeof *x), *got = malloc(n * sizeof *got);
+    float *x = malloc(n * sizeof *x), *got = malloc(n * sizeof *got),
+          *want = malloc(n * sizeof *want);
     assert_non_null(x);
     assert_non_null(got);
+    assert_non_null(want);
     tr_fill_f32(x, n, 7);
-    x[0] = INFINITY;
-    x[1] = float_of(0x00000001u); /* the smallest subnormal */
+    const uint32_t specials[] = {0x7f800000u, 0x00000001u, 0x7fc12345u, 0x7f800001u,
+                                 0xffa00005u, 0xffffffffu, 0x7fbfffffu};
+    for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++)
+        x[i] = float_of(specials[i]);
     const double factors[] = {1.0 / 3.0, 1.0 / 7.0, 1e-30, 3.0e30};
     for (size_t k = 0; k < sizeof factors / sizeof factors[0]; k++) {
         float *d = upload(x, n * sizeof *x);
         assert_int_equal(seldp__cuda_scale_f32(0, d, n, factors[k]), SELDP_OK);
         download(got, d, n * sizeof *got);
+        memcpy(want, x, n * sizeof *want);
+        assert_int_equal(seldp__scale_f32(SELDP_HOST_DEVICE, want, n, factors[k]), SELDP_OK);
         for (size_t i = 0; i < n; i++) {
-            float want = (float)((double)x[i] * factors[k]);
-            if (bits_of(got[i]) != bits_of(want))
-                fail_msg("scale by %g: element %zu is 0x%08x, host gives 0x%08x", factors[k], i,
-                         bits_of(got[i]), bits_of(want));
+            if (bits_of(got[i]) != bits_of(want[i]))
+                fail_msg("scale by %g: element %zu (0x%08x) is 0x%08x, host gives 0x%08x",
+                         factors[k], i, bits_of(x[i]), bits_of(got[i]), bits_of(want[i]));
         }
         gpu_buf_free(dev0, d);
     }
     free(x);
     free(got);
+    free(want);
 }
 
 /* A non-finite value planted at `at` (and a later one) in n elements of `dtype`. */

@@ -1,7 +1,8 @@
 /* The NCCL transport's fused reduction (src/comm/nccl_reduce.c) on GPUs: one rank per GPU
  * (at most two), each passing device segments (F32, BF16 and F16 results, in place and not,
- * a rank without a contribution) and host segments in one call, reduced in buckets smaller
- * than, across and larger than the tensors, scaled by 1/W for W not a power of two. Every
+ * rank 0 without a contribution, so that a world of one GPU takes that path too) and host
+ * segments in one call, reduced in buckets smaller than, across and larger than the tensors,
+ * scaled by 1/W for W not a power of two. Every
  * result must have exactly the bits of the two-pass reference (sum in F32, then
  * seldp__scale_f32 and seldp__convert), which the inputs (multiples of 1/8) make independent
  * of NCCL's summation order; the call says it wrote its outputs; and a second call of the
@@ -31,12 +32,19 @@ static const seldp_dtype out_dtypes[SEGS] = {SELDP_F32, SELDP_BF16, SELDP_F16, S
                                              SELDP_F16};
 static const double scale = 1.0 / 2037.0;
 
-/* Rank r's contribution to segment s, as F32 (exact in every input dtype); zeros for the
- * segment without one on odd ranks. */
+/* Whether rank r passes no contribution (NULL) for segment s: even ranks for segment 3, so
+ * that rank 0 of a world of one takes the zeros path. */
+static bool no_contribution(int r, int s)
+{
+    return s == 3 && r % 2 == 0;
+}
+
+/* Rank r's contribution to segment s, as F32 (exact in every input dtype); zeros for a
+ * segment without one. */
 static void contribution(int r, int s, float *x)
 {
     tr_fill_f32_exact(x, counts[s], (uint64_t)(100 * s + r + 1));
-    if (s == 3 && r % 2)
+    if (no_contribution(r, s))
         memset(x, 0, counts[s] * sizeof *x);
 }
 
@@ -81,13 +89,13 @@ static int reduce_rank(tr_rank_ctx *ctx)
                          : gpu_buf_alloc(dev, n * seldp_dtype_size(out_dtypes[s]));
         }
         free(x);
-        segs[s] = (seldp__reduce_seg){s == 3 && ctx->rank % 2 ? NULL : in[s], in_dtypes[s], out[s],
-                                      out_dtypes[s], n};
+        segs[s] = (seldp__reduce_seg){no_contribution(ctx->rank, s) ? NULL : in[s], in_dtypes[s],
+                                      out[s], out_dtypes[s], n};
     }
     static const size_t buckets[] = {0, 333, 1 << 20};
     for (size_t b = 0; b < sizeof buckets / sizeof buckets[0]; b++) {
         bool written = false;
-        seldp__reduce_fused_args args = {segs, SEGS, buckets[b], scale, &written};
+        seldp__reduce_fused_args args = {segs, SEGS, buckets[b], scale, &written, NULL};
         if (b > 0) /* the inputs again: the first call reduced them in place */
             for (int s = 0; s < SEGS; s++) {
                 size_t n = counts[s], esize = seldp_dtype_size(in_dtypes[s]);

@@ -295,7 +295,7 @@ static void *coll_rank(void *p)
         displs[r] = (size_t)r * per;
     }
     seldp__reduce_seg seg = {send, SELDP_F32, recv, SELDP_F32, n};
-    seldp__reduce_fused_args fused = {&seg, 1, 0, 1.0, NULL};
+    seldp__reduce_fused_args fused = {&seg, 1, 0, 1.0, NULL, NULL};
     t0 = now_s();
     switch (a->run->op) {
     case C_BROADCAST:

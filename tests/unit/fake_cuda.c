@@ -56,6 +56,40 @@ static cudaError_t synchronize(cudaStream_t s)
     return cudaSuccess;
 }
 
+static cudaError_t stream_done(cudaStream_t s)
+{
+    (void)s;
+    return cudaSuccess;
+}
+
+static char stream_handles[64];
+static unsigned streams_made;
+
+static cudaError_t stream_create(cudaStream_t *s, unsigned flags)
+{
+    (void)flags;
+    *s = (cudaStream_t)(void *)&stream_handles[streams_made++ % sizeof stream_handles];
+    return cudaSuccess;
+}
+
+static cudaError_t stream_destroy(cudaStream_t s)
+{
+    (void)s;
+    return cudaSuccess;
+}
+
+static cudaError_t launch_nothing(const void *func, dim3 grid, dim3 block, void **args,
+                                  size_t shared_bytes, cudaStream_t s)
+{
+    (void)func;
+    (void)grid;
+    (void)block;
+    (void)args;
+    (void)shared_bytes;
+    (void)s;
+    return cudaSuccess;
+}
+
 static cudaError_t attributes(struct cudaPointerAttributes *attr, const void *p)
 {
     (void)p;
@@ -80,6 +114,10 @@ seldp__cuda_api fake_cuda_api(void)
         .memset_async = memset_now,
         .memcpy_async = memcpy_now,
         .stream_synchronize = synchronize,
+        .stream_query = stream_done,
+        .stream_create = stream_create,
+        .stream_destroy = stream_destroy,
+        .launch_kernel = launch_nothing,
         .malloc_host = host_malloc,
         .free_host = host_free,
         .pointer_attributes = attributes,

@@ -8,9 +8,10 @@
 #include "device.h"
 
 /* The table: get_device 0 (set_device accepts any), one device, malloc/malloc_host with libc,
- * free/free_host, memset_async, memcpy_async (memmove), stream_synchronize, pointer_attributes
- * (host memory, so that a pinned free goes to free_host), get_last_error; launch_kernel and the
- * stream calls are left NULL. */
+ * free/free_host, memset_async, memcpy_async (memmove), stream_synchronize, stream_query
+ * (done), stream_create (a distinct non-NULL handle) and stream_destroy, pointer_attributes
+ * (host memory, so that a pinned free goes to free_host), get_last_error, and launch_kernel
+ * (nothing run, success). */
 seldp__cuda_api fake_cuda_api(void);
 
 #endif

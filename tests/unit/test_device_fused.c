@@ -6,7 +6,10 @@
  * random patterns over the whole F32 range, NaNs with payloads, infinities, signed zeros,
  * subnormals, and the F32 values whose scaled result lies on or next to a BF16 or F16
  * rounding midpoint; scales: 1/W for W not a power of two, exact powers of two, and scales
- * that overflow or go subnormal. Needs no GPU. */
+ * that overflow or go subnormal. NaNs are decided on their bits before any arithmetic: with
+ * the product replaced by a model of a GPU's (which returns the canonical NaN 0x7fffffff for a
+ * NaN operand), every NaN still comes back with its sign and payload, quiet, as the host's
+ * seldp__scale_f32 and the host transport's sums give it. Needs no GPU. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,10 +20,30 @@
 
 #include <cmocka.h>
 
+/* The product as a GPU computes it where NaNs are concerned: whatever the operand's payload,
+ * the canonical NaN. Every test below runs the helper with it, so the comparisons with the
+ * host's two passes (x86 arithmetic) are GPU against host; seldp__scale_f32_bits never
+ * reaches it with a NaN, which the count proves. */
+static unsigned long gpu_nan_products;
+static float gpu_model_mul(float f, double scale)
+{
+    double p = (double)f * scale;
+    if (p != p) {
+        gpu_nan_products++;
+        uint32_t canonical = 0x7fffffffu;
+        float out;
+        memcpy(&out, &canonical, sizeof out);
+        return out;
+    }
+    return (float)p;
+}
+#define SELDP_HALF_BITS_MUL(f, scale) gpu_model_mul((f), (scale))
+
+#include "comm/host_sum.h"
 #include "kernels.h"
+#include "ranks.h"
 #include "seldp/seldp.h"
 #include "seldp_half_bits.cuh"
-#include "ranks.h"
 
 static uint32_t bits_of(float f)
 {
@@ -144,9 +167,75 @@ static void test_rounding_midpoints(void **state)
     free(x);
 }
 
+/* NaNs of every kind (quiet and signalling, both signs, payloads at the top, the bottom and
+ * spread over the mantissa): the helper, with the GPU's product, returns x | quiet bit into
+ * F32 and the top of that into BF16 and F16, at every scale; so do the host's seldp__scale_f32
+ * and the host transport's sums (one NaN contributor among zeros), whose product is x86's. */
+static void test_nan_bits_decided_before_arithmetic(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    uint32_t x[N];
+    for (size_t i = 0; i < N; i++) {
+        uint32_t payload = (uint32_t)tr_hash(23, i) & 0x3fffffu;
+        if (i % 4 == 0)
+            payload = 1u << (i / 4 % 22); /* a single payload bit */
+        uint32_t nan = 0x7f800000u | payload | (i % 3 ? 0x400000u : 0u);
+        if ((nan & 0x7fffffu) == 0)
+            nan |= 1u; /* all-zero mantissa is Inf, not a NaN */
+        x[i] = nan | (i % 2 ? 0x80000000u : 0u);
+    }
+    gpu_nan_products = 0;
+    for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++) {
+        double s = scales[k];
+        float host[N];
+        memcpy(host, x, sizeof host);
+        if (s != 1.0)
+            assert_int_equal(seldp__scale_f32(SELDP_HOST_DEVICE, host, N, s), SELDP_OK);
+        for (size_t i = 0; i < N; i++) {
+            assert_true(seldp__f32_bits_is_nan(x[i]));
+            uint32_t want = s != 1.0 ? x[i] | 0x400000u : x[i];
+            uint16_t want_bf = (uint16_t)((want >> 16) | 0x40u);
+            uint16_t want_h =
+                (uint16_t)(((want >> 16) & 0x8000u) | 0x7e00u | ((want >> 13) & 0x3ffu));
+            uint32_t got = seldp__scale_convert_bits(x[i], s, SELDP_SCALE_TO_F32);
+            if (got != want)
+                fail_msg("NaN 0x%08x * %a -> F32 0x%08x, expected 0x%08x (sign and payload kept, "
+                         "quiet)",
+                         x[i], s, got, want);
+            assert_int_equal(seldp__scale_convert_bits(x[i], s, SELDP_SCALE_TO_BF16), want_bf);
+            assert_int_equal(seldp__scale_convert_bits(x[i], s, SELDP_SCALE_TO_F16), want_h);
+            if (bits_of(host[i]) != want)
+                fail_msg("seldp__scale_f32 on the host: NaN 0x%08x * %a -> 0x%08x, the helper "
+                         "gives 0x%08x",
+                         x[i], s, bits_of(host[i]), want);
+        }
+    }
+    assert_int_equal(gpu_nan_products, 0);
+
+    /* the host transport's fused sums: a NaN among zeros keeps its bits through the scale */
+    static const seldp__simd_width widths[] = {SIMD_128, SIMD_256, SIMD_512};
+    float zeros[N] = {0}, out[N];
+    const void *in[3] = {zeros, x, NULL};
+    const seldp_dtype in_dtype[3] = {SELDP_F32, SELDP_F32, SELDP_F32};
+    void *outs[1] = {out};
+    for (size_t w = 0; w < 3 && widths[w] <= seldp__host_simd_of_cpu(); w++) {
+        seldp__sum_mode m = {true, 1.0 / 2037.0, false, widths[w]};
+        seldp__host_sum(3, in, in_dtype, 1, outs, SELDP_F32, N, &m);
+        for (size_t i = 0; i < N; i++)
+            if (bits_of(out[i]) != (x[i] | 0x400000u))
+                fail_msg("host sum (simd %d) of NaN 0x%08x scaled: 0x%08x, expected 0x%08x",
+                         128 << widths[w], x[i], bits_of(out[i]), x[i] | 0x400000u);
+        seldp__host_sum_scalar(3, in, in_dtype, 1, outs, SELDP_F32, N, &m);
+        for (size_t i = 0; i < N; i++)
+            assert_int_equal(bits_of(out[i]), x[i] | 0x400000u);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nan_bits_decided_before_arithmetic),
         cmocka_unit_test(test_special_values),
         cmocka_unit_test(test_rounding_midpoints),
         cmocka_unit_test(test_random_patterns),

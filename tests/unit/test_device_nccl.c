@@ -229,7 +229,7 @@ static void test_reduce_buffers_reused_across_calls_and_buckets(void **state)
         {rt.gpu0 + 1024, SELDP_BF16, rt.gpu0 + 1024, SELDP_BF16, 300},
         {NULL, SELDP_F32, rt.gpu0 + 2048, SELDP_F16, 50},
     };
-    seldp__reduce_fused_args args = {segs, 3, 0, 1.0 / 2037.0, NULL};
+    seldp__reduce_fused_args args = {segs, 3, 0, 1.0 / 2037.0, NULL, NULL};
     seldp__nccl_reduce_plan plan;
     assert_int_equal(seldp__nccl_reduce_prepare(&c, &args, &plan), SELDP_OK);
     assert_int_equal(plan.elems, 450);
@@ -261,7 +261,7 @@ static void test_reduce_buffers_reused_across_calls_and_buckets(void **state)
     assert_int_equal(rt.mallocs, mallocs + 1);
 
     /* teardown frees what was kept */
-    seldp__nccl_reduce_release(&c.reduce);
+    seldp__nccl_reduce_release(&c.reduce, NULL);
     assert_int_equal(rt.frees, rt.mallocs);
     assert_int_equal(rt.host_frees, rt.host_mallocs);
     assert_null(c.reduce.sum.ptr);
@@ -279,7 +279,7 @@ static void test_reduce_segments_sorted_and_checked(void **state)
         {host_in, SELDP_F32, host_out, SELDP_F32, 8},
         {rt.gpu0, SELDP_F32, rt.gpu0, SELDP_BF16, 16},
     };
-    seldp__reduce_fused_args args = {segs, 2, 4, 1.0, NULL};
+    seldp__reduce_fused_args args = {segs, 2, 4, 1.0, NULL, NULL};
     seldp__nccl_reduce_plan plan;
     assert_int_equal(seldp__nccl_reduce_prepare(&c, &args, &plan), SELDP_OK);
     assert_int_equal(plan.host_segs, 1);
@@ -300,7 +300,7 @@ static void test_reduce_segments_sorted_and_checked(void **state)
     segs[1].out = host_out;
     assert_int_equal(seldp__nccl_reduce_prepare(&c, &args, &plan), SELDP_ERR_DEVICE);
     assert_non_null(strstr(seldp_last_error(), "tensor 1 has its contribution on the GPU"));
-    seldp__nccl_reduce_release(&c.reduce);
+    seldp__nccl_reduce_release(&c.reduce, NULL);
 }
 
 int main(void)

@@ -2,7 +2,12 @@
  * and memset is issued on the per-thread stream and waited for before the call returns
  * (the stream contract of device.h), the caller's current device is restored, a failed
  * zeroing of a new allocation frees it, and the grow-only buffers (seldp__device_reserve,
- * seldp__pinned_reserve) allocate only when a request does not fit. Runs without a GPU. */
+ * seldp__pinned_reserve) allocate only when a request does not fit. A buffer with a retire
+ * list frees nothing when it grows (what it gives up is freed with the list), a device
+ * allocation is freed on its own device, staging host memory is page-locked only for a CUDA
+ * device (a host communicator makes no CUDA call), a misaligned device tensor is refused by
+ * name, and an error deliberately ignored is also cleared from the last error. Runs without
+ * a GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,19 +30,21 @@ typedef struct call {
 } call;
 
 static struct {
-    call log[32];
+    call log[128];
     int n;
     int current;         /* the device the fake runtime has current */
     cudaError_t fail_on; /* error returned by the op in `failing` */
     enum op failing;
     bool fail;
     char heap[256];
-    char pinned[256]; /* what malloc_host hands out */
+    char pinned[256];            /* what malloc_host hands out */
+    int last_error_reads, calls; /* every runtime call, for "none at all" */
 } fake;
 
 static void record(enum op op, cudaStream_t stream, void *ptr)
 {
-    if (fake.n < 32)
+    fake.calls++;
+    if (fake.n < 128)
         fake.log[fake.n++] = (call){op, stream, fake.current, ptr, 0};
 }
 
@@ -48,6 +55,7 @@ static cudaError_t result(enum op op)
 
 static cudaError_t f_get_device(int *ordinal)
 {
+    fake.calls++;
     *ordinal = fake.current;
     return cudaSuccess;
 }
@@ -62,6 +70,7 @@ static cudaError_t f_set_device(int ordinal)
 
 static cudaError_t f_count(int *n)
 {
+    fake.calls++;
     *n = 2;
     return cudaSuccess;
 }
@@ -122,6 +131,7 @@ static cudaError_t f_free_host(void *p)
 
 static cudaError_t f_attributes(struct cudaPointerAttributes *attr, const void *p)
 {
+    fake.calls++;
     memset(attr, 0, sizeof *attr);
     attr->type = p == (const void *)fake.pinned ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered;
     return cudaSuccess;
@@ -129,6 +139,7 @@ static cudaError_t f_attributes(struct cudaPointerAttributes *attr, const void *
 
 static cudaError_t f_last_error(void)
 {
+    fake.last_error_reads++;
     return cudaSuccess;
 }
 
@@ -337,18 +348,141 @@ static void test_pinned_buffer_grows_only(void **state)
 {
     (void)state;
     seldp__pinned_buffer b = {0};
-    assert_int_equal(seldp__pinned_reserve(&b, 100), SELDP_OK);
+    assert_int_equal(seldp__pinned_reserve(&b, dev0, 100), SELDP_OK);
     assert_ptr_equal(b.ptr, fake.pinned);
     for (int call_no = 0; call_no < 8; call_no++)
-        assert_int_equal(seldp__pinned_reserve(&b, (size_t)50 + 50 * (call_no % 2)), SELDP_OK);
+        assert_int_equal(seldp__pinned_reserve(&b, dev0, (size_t)50 + 50 * (call_no % 2)),
+                         SELDP_OK);
     assert_int_equal(count(OP_MALLOC_HOST), 1);
     assert_int_equal(count(OP_FREE_HOST), 0);
-    assert_int_equal(seldp__pinned_reserve(&b, b.bytes + 1), SELDP_OK);
+    assert_int_equal(seldp__pinned_reserve(&b, dev0, b.bytes + 1), SELDP_OK);
     assert_int_equal(count(OP_MALLOC_HOST), 2);
     assert_int_equal(count(OP_FREE_HOST), 1);
     seldp__pinned_release(&b);
     assert_int_equal(count(OP_FREE_HOST), 2);
     assert_null(b.ptr);
+}
+
+/* A buffer with a retire list: growing allocates the new block without freeing the old one
+ * (the old ones wait in the list, at most what the buffer holds), and freeing the list frees
+ * each on its device; the same for pinned staging. */
+static void test_retiring_buffer_frees_nothing_until_the_list(void **state)
+{
+    (void)state;
+    seldp__retired kept = {0};
+    seldp__device_buffer b = {.retire = &kept};
+    seldp__pinned_buffer p = {.retire = &kept};
+    size_t want = 1000;
+    for (int k = 0; k < 5; k++, want *= 5) {
+        assert_int_equal(seldp__device_reserve(&b, dev0, want), SELDP_OK);
+        assert_int_equal(seldp__pinned_reserve(&p, dev0, want), SELDP_OK);
+    }
+    assert_int_equal(count(OP_MALLOC), 5);
+    assert_int_equal(count(OP_MALLOC_HOST), 5);
+    assert_int_equal(count(OP_FREE) + count(OP_FREE_HOST), 0);
+    assert_int_equal(kept.blocks, 8);
+    assert_true(kept.bytes <= b.bytes + p.bytes); /* each growth at least doubles */
+
+    /* a buffer handed over keeps nothing and frees nothing */
+    seldp__retired other = {0};
+    seldp__device_retire(&b, &other);
+    assert_null(b.ptr);
+    seldp__retired_move(&kept, &other);
+    assert_int_equal(other.blocks, 0);
+    assert_int_equal(kept.blocks, 9);
+    assert_int_equal(count(OP_FREE), 0);
+
+    fake.n = 0;
+    seldp__retired_free(&kept);
+    assert_int_equal(count(OP_FREE), 5);
+    assert_int_equal(count(OP_FREE_HOST), 4);
+    for (int i = 0; i < fake.n; i++)
+        if (fake.log[i].op == OP_FREE)
+            assert_int_equal(fake.log[i].ordinal, 0);
+    assert_int_equal(fake.current, 1);
+    assert_null(kept.head);
+    seldp__pinned_release(&p);
+    assert_int_equal(count(OP_FREE_HOST), 5);
+}
+
+/* cudaFree runs with the allocation's device current, and the caller's is restored. */
+static void test_free_on_its_own_device(void **state)
+{
+    (void)state;
+    seldp__device_free(dev0, fake.heap);
+    assert_int_equal(count(OP_FREE), 1);
+    assert_int_equal(last(OP_FREE)->ordinal, 0);
+    assert_int_equal(fake.current, 1);
+    seldp__device_free(dev0, NULL); /* nothing, not even a device switch */
+    assert_int_equal(fake.n, 3);    /* set cuda:0, free, set cuda:1 */
+}
+
+/* Staging for a host communicator is malloc, with no CUDA call at all (none to create a
+ * context on GPU 0 of every process), and is freed without asking the runtime. */
+static void test_pinned_only_for_a_cuda_device(void **state)
+{
+    (void)state;
+    void *p = NULL;
+    fake.calls = 0;
+    assert_int_equal(seldp__pinned_alloc(SELDP_HOST_DEVICE, 64, &p), SELDP_OK);
+    assert_non_null(p);
+    assert_true(p != (void *)fake.pinned);
+    seldp__pinned_buffer b = {0};
+    assert_int_equal(seldp__pinned_reserve(&b, SELDP_HOST_DEVICE, 100), SELDP_OK);
+    assert_true(b.ptr != (void *)fake.pinned);
+    assert_int_equal(fake.calls, 0);
+    seldp__pinned_free(p);
+    seldp__pinned_release(&b);
+    assert_int_equal(count(OP_FREE_HOST), 0);
+
+    assert_int_equal(seldp__pinned_alloc(dev0, 64, &p), SELDP_OK);
+    assert_ptr_equal(p, fake.pinned);
+    seldp__pinned_free(p);
+    assert_int_equal(count(OP_FREE_HOST), 1);
+}
+
+/* An error dropped on purpose is cleared from the thread's last error; success asks
+ * nothing. */
+static void test_ignored_error_is_cleared(void **state)
+{
+    (void)state;
+    seldp__cuda_ignore(cudaSuccess);
+    assert_int_equal(fake.last_error_reads, 0);
+    seldp__cuda_ignore(cudaErrorInvalidDevice);
+    assert_int_equal(fake.last_error_reads, 1);
+    /* restoring the caller's device after a copy goes through it */
+    fake.fail = true;
+    fake.failing = OP_SYNC;
+    fake.fail_on = cudaErrorLaunchFailure;
+    char host[8];
+    assert_int_equal(seldp__device_copy(host, SELDP_HOST_DEVICE, fake.heap, dev0, sizeof host),
+                     SELDP_ERR_TRANSPORT);
+    assert_true(fake.last_error_reads >= 2);
+}
+
+/* Device tensors must sit on a multiple of their element size; the error names the path. */
+static void test_misaligned_device_tensor_refused(void **state)
+{
+    (void)state;
+    int64_t shape[1] = {4};
+    char *base = (char *)(((uintptr_t)fake.heap + 15) & ~(uintptr_t)15);
+    seldp_tensor t = seldp_tensor_view(SELDP_F32, dev0, base + 2, 1, shape);
+    assert_int_equal(seldp__device_check_aligned(&t, "layers.0.w"), SELDP_ERR_INVALID_ARGUMENT);
+    if (!strstr(seldp_last_error(), "'layers.0.w'") ||
+        !strstr(seldp_last_error(), "not aligned to its element size (4 bytes)"))
+        fail_msg("message '%s' does not name the path and the alignment", seldp_last_error());
+    t.data = base + 4;
+    assert_int_equal(seldp__device_check_aligned(&t, "layers.0.w"), SELDP_OK);
+    t.dtype = SELDP_BF16;
+    t.data = base + 2;
+    assert_int_equal(seldp__device_check_aligned(&t, "x"), SELDP_OK);
+    t.data = base + 1;
+    assert_int_equal(seldp__device_check_aligned(&t, "x"), SELDP_ERR_INVALID_ARGUMENT);
+    t.dtype = SELDP_U8;
+    assert_int_equal(seldp__device_check_aligned(&t, "x"), SELDP_OK);
+    /* host tensors are the host's business */
+    t = seldp_tensor_view(SELDP_F32, SELDP_HOST_DEVICE, base + 2, 1, shape);
+    assert_int_equal(seldp__device_check_aligned(&t, "x"), SELDP_OK);
 }
 
 int main(void)
@@ -363,6 +497,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_device_buffer_grows_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_device_buffer_failure_holds_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_buffer_grows_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retiring_buffer_frees_nothing_until_the_list, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_free_on_its_own_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_only_for_a_cuda_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ignored_error_is_cleared, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_misaligned_device_tensor_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

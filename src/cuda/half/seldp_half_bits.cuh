@@ -1,13 +1,16 @@
-/* F16/BF16 <-> F32 conversion on bit patterns, callable from host and device code.
+/* F16/BF16 <-> F32 conversion and F32 scaling on bit patterns, callable from host and device
+ * code.
  *
  * The same rules as seldp_f16_to_f32 and friends in src/dtype.c (round to nearest even,
  * NaN payloads kept with the quiet bit forced, overflow to Inf), written once for both
  * sides so that the CUDA kernels agree with the host bit for bit and a host-only test can
  * check the very code the kernels run. CUDA's __float2half_rn is not used: it returns a
- * canonical NaN instead of keeping the payload. */
+ * canonical NaN instead of keeping the payload; for the same reason a NaN is never
+ * multiplied (seldp__scale_f32_bits). */
 #ifndef SELDP_HALF_BITS_CUH
 #define SELDP_HALF_BITS_CUH
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -115,20 +118,48 @@ SELDP_HD uint16_t seldp__f32_bits_to_bf16(uint32_t x)
     return (uint16_t)((x + rounding) >> 16);
 }
 
+/* Whether F32 bits are a NaN: exponent all ones, mantissa not zero. */
+SELDP_HD bool seldp__f32_bits_is_nan(uint32_t x)
+{
+    return (x & 0x7fffffffu) > 0x7f800000u;
+}
+
+/* The product of seldp__scale_f32_bits for a number (never a NaN): the kernels' arithmetic on
+ * the GPU, the host's elsewhere. A test may define SELDP_HALF_BITS_MUL before including this
+ * header to model another machine's arithmetic (a GPU's NaN rules) on the host. */
+#ifndef SELDP_HALF_BITS_MUL
+#define SELDP_HALF_BITS_MUL(f, scale) ((float)((double)(f) * (scale)))
+#endif
+
+/* F32 bits times `scale`, rounded once to F32: (float)((double)x * scale), except that a NaN
+ * is decided on its bits before any arithmetic and comes back with its sign and payload and
+ * the quiet bit set. Arithmetic would not agree: a GPU returns the one canonical NaN
+ * 0x7fffffff for a NaN operand whatever its payload, while x86 keeps the payload, so the
+ * host and the kernels give the same bits only because neither multiplies a NaN. `scale` is
+ * finite and not zero (1/W, or a clipping coefficient), so no NaN is made by the product.
+ * Shared by seldp__scale_f32 on the host, its CUDA kernel and the fused scale and cast. */
+SELDP_HD uint32_t seldp__scale_f32_bits(uint32_t x, double scale)
+{
+    if (seldp__f32_bits_is_nan(x))
+        return x | 0x00400000u;
+    return seldp__bits_of_f32(SELDP_HALF_BITS_MUL(seldp__f32_of_bits(x), scale));
+}
+
 /* The dtypes seldp__scale_convert_bits writes. */
 #define SELDP_SCALE_TO_F32  0
 #define SELDP_SCALE_TO_BF16 1
 #define SELDP_SCALE_TO_F16  2
 
 /* An F32 result of a reduction (its bits) scaled and cast in one step, with exactly the
- * rounding of seldp__scale_f32 followed by seldp__convert: (float)((double)x * scale), unless
- * scale is 1 (the reduction's contract: no multiplication then), then rounded to nearest
- * even into F32 (the bits themselves), BF16 or F16 (`to`, SELDP_SCALE_TO_*). The fused
- * kernel of src/cuda/ and the NCCL transport's host path both run this. */
+ * rounding of seldp__scale_f32 followed by seldp__convert: seldp__scale_f32_bits unless scale
+ * is 1 (the reduction's contract: no multiplication then), then rounded to nearest even into
+ * F32 (the bits themselves), BF16 or F16 (`to`, SELDP_SCALE_TO_*); a NaN keeps its sign and
+ * the top of its payload, quiet. The fused kernel of src/cuda/ and the NCCL transport's host
+ * path both run this. */
 SELDP_HD uint32_t seldp__scale_convert_bits(uint32_t x, double scale, int to)
 {
     if (scale != 1.0)
-        x = seldp__bits_of_f32((float)((double)seldp__f32_of_bits(x) * scale));
+        x = seldp__scale_f32_bits(x, scale);
     if (to == SELDP_SCALE_TO_BF16)
         return seldp__f32_bits_to_bf16(x);
     if (to == SELDP_SCALE_TO_F16)
