@@ -27,9 +27,4 @@ uint64_t hx_inject_weight(const hx_rank *rk, const hx_set *s, uint64_t weight);
  * does. Collective over the shared group; a no-op for the other faults. */
 seldp_status hx_inject_after_reduce(hx_rank *rk);
 
-/* Main thread, after the checks of `step`: when the gradient check failed in this step and
- * no diagnosis is recorded yet, fit every gradient class (expert, tied embedding, other
- * shared) to the reference and write the likely cause into run->diagnosis. */
-void hx_inject_diagnose(hx_run *run, int step, const tm_reference *ref);
-
 #endif

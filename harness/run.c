@@ -16,6 +16,7 @@
 #include "router.h"
 #include "inject.h"
 #include "capture.h"
+#include "diagnose.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -393,7 +394,7 @@ static seldp_status main_step(hx_run *run, int step)
     HX_CHECK(hx_check_step(run, step, ref));
     if (run->opts.clip_grad > 0)
         hx_clip_check(run, step, ref);
-    hx_inject_diagnose(run, step, ref);
+    hx_diagnose(run, step);
     hx_capture_reset(run); /* the next step's inputs */
     rec->t_check = hx_split_charge(&rec->split, HX_PHASE_CHECK);
 fail:

@@ -131,6 +131,27 @@ typedef struct hx_step_record {
     hx_step_split split; /* the step's wall time by phase (timing.h) */
 } hx_step_record;
 
+/* What a step's checks saw of one class of tensors, for the diagnosis (diagnose.c): the sums
+ * of <g,ref>, <ref,ref>, <g,g>, <g-ref,g-ref> over every rank's reduced gradients, and which
+ * checks failed on a tensor of the class. */
+typedef enum hx_diag_class {
+    HX_DIAG_EXPERT,
+    HX_DIAG_EMBED,
+    HX_DIAG_ROUTER,
+    HX_DIAG_SHARED,
+    HX_DIAG_CLASSES
+} hx_diag_class;
+
+typedef struct hx_diag_fit {
+    double gr, rr, gg, dd;
+    int64_t tensors;
+    bool reduction_failed; /* a result is not the mean or sum of its inputs */
+    bool model_failed;     /* the ranks' own FP32 gradients are off the reference */
+    bool result_failed;    /* a reduced gradient is off the reference */
+    double ratio;          /* the largest result-to-input ratio where the reduction failed */
+    double mdd, mrr;       /* the ranks' FP32 gradients: ||g - ref||^2 and ||ref||^2 */
+} hx_diag_fit;
+
 typedef struct hx_rank hx_rank;
 
 typedef struct hx_run {
@@ -165,8 +186,9 @@ typedef struct hx_run {
     seldp_status status;
     char error[1024];
 
-    /* the likely cause of the first failed gradient check (inject.c); "" when none */
+    /* the likely cause of the first failed gradient check (diagnose.c); "" when none */
     char diagnosis[400];
+    hx_diag_fit diag[HX_DIAG_CLASSES]; /* this step's, for it */
 
     /* one rank per process: the failed checks rank 0 counted (every rank learns them) */
     int64_t root_failures;

@@ -88,6 +88,17 @@ static double stored(const seldp_tensor *t, size_t i)
     }
 }
 
+hx_diag_class hx_diag_class_of(const tm_param_info *p)
+{
+    if (p->expert >= 0)
+        return HX_DIAG_EXPERT;
+    if (strcmp(hx_grid_logical_path(p->path), "embed.weight") == 0)
+        return HX_DIAG_EMBED;
+    if (strstr(p->path, ".router."))
+        return HX_DIAG_ROUTER;
+    return HX_DIAG_SHARED;
+}
+
 static void note(hx_error_stat *s, const char *path, int rank, int step, double rel, double ratio,
                  double resolution)
 {
@@ -153,13 +164,15 @@ static void check_reduction(hx_run *run, int step, const set_step *ss, int r,
     const hx_tolerance *t = &run->tol;
     double worst = 0, resolution = INFINITY, at_S = 0, at_R = 0;
     size_t worst_i = 0;
-    double slack = (double)(ss->active + 1) * t->u_c;
+    double slack = (double)(ss->active + 1) * t->u_c, rs = 0, ss2 = 0;
     for (size_t i = 0; i < e->n; i++) {
         double S = ss->sigma * e->in_sum[i], A = ss->sigma * e->in_abs[i], R = stored(got, i);
         double target = t->result == SELDP_F32 ? S : hx_round_to(t->result, S);
         double allowed = (t->result == SELDP_F32 ? 0.5 : 1.0) * hx_ulp(t->result, S) + slack * A +
                          (double)(ss->active + 1) * t->eta_r;
         double ratio = fabs(R - target) / allowed;
+        rs += R * S;
+        ss2 += S * S;
         if (!(ratio <= worst)) {
             worst = ratio;
             worst_i = i;
@@ -176,6 +189,13 @@ static void check_reduction(hx_run *run, int step, const set_step *ss, int r,
                     ss->set->sums ? "sum" : "mean", ss->active, seldp_dtype_name(t->result),
                     t->result == SELDP_F32 ? at_S : hx_round_to(t->result, at_S), worst);
     step_ratio(&run->steps[step], worst, p->path, r, "reduction");
+    if (!(worst <= 1.0)) {
+        hx_diag_fit *d = &run->diag[hx_diag_class_of(p)];
+        d->reduction_failed = true;
+        double k = ss2 > 0 ? rs / ss2 : 0;
+        if (fabs(k) > fabs(d->ratio))
+            d->ratio = k;
+    }
 }
 
 /* The members' FP32 gradients against the reference (once per set and tensor). */
@@ -197,6 +217,10 @@ static void check_rank_grads(hx_run *run, int step, const set_step *ss, int r,
                     step + 1, ss->set->label, p->path, err, bound, norm > 0 ? err / norm : err,
                     scale, sbound);
     note_model(&run->classes[hx_class_of(p->path)], ratio, resolution);
+    hx_diag_fit *d = &run->diag[hx_diag_class_of(p)];
+    d->model_failed = d->model_failed || !(ratio <= 1.0);
+    d->mdd += f.err2;
+    d->mrr += f.want2;
     note_model(&run->set_errors[ss->set->index], ratio, resolution);
     step_ratio(&run->steps[step], ratio, p->path, r, "ranks' gradients");
 }
@@ -220,6 +244,13 @@ static double check_result(hx_run *run, int step, const set_step *ss, int r, con
                     step + 1, r, p->path, err, bound, rel, norm > 0 ? bound / norm : bound, scale,
                     sbound);
     note(&run->classes[hx_class_of(p->path)], p->path, r, step, rel, ratio, resolution);
+    hx_diag_fit *d = &run->diag[hx_diag_class_of(p)];
+    d->gr += f.cross;
+    d->rr += f.want2;
+    d->gg += f.got2;
+    d->dd += f.err2;
+    d->tensors++;
+    d->result_failed = d->result_failed || !(ratio <= 1.0);
     note(&run->set_errors[ss->set->index], p->path, r, step, rel, ratio, resolution);
     hx_step_record *rec = &run->steps[step];
     if (rel > rec->worst || isnan(rel) || !rec->worst_path[0]) {
@@ -235,6 +266,7 @@ void hx_verdict_gradients(hx_run *run, int step, const tm_reference *ref)
 {
     hx_step_record *rec = &run->steps[step];
     rec->norm_bound2 = 0;
+    memset(run->diag, 0, sizeof run->diag);
     for (int i = 0; i < run->sets.n; i++) {
         const hx_set *s = &run->sets.sets[i];
         set_step ss = set_step_of(run, s);

@@ -15,6 +15,9 @@ void hx_check_metric(hx_run *run, hx_check_id id, bool failed, double ratio, dou
  * step's inputs from run->capture. */
 void hx_verdict_gradients(hx_run *run, int step, const tm_reference *ref);
 
+/* The diagnosis class of a parameter (run.h's hx_diag_class). */
+hx_diag_class hx_diag_class_of(const tm_param_info *p);
+
 /* The ranks' mean loss against the reference's, within the model's bound of its magnitude. */
 void hx_verdict_loss(hx_run *run, int step, const tm_reference *ref);
 

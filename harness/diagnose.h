@@ -1,0 +1,14 @@
+/* The diagnosis of a failed step (diagnose.c): from what the checks saw of each class of
+ * tensors — which checks failed, by what factor the reduced gradients are off — the likely
+ * cause, a known framework bug named with its citation, or none. */
+#ifndef HX_DIAGNOSE_H
+#define HX_DIAGNOSE_H
+
+#include "run.h"
+
+/* Main thread, after the checks of `step`: when a check failed in this step and no diagnosis
+ * is recorded yet, write the likely cause into run->diagnosis (run->diag holds the step's
+ * classes, filled by verdict.c). */
+void hx_diagnose(hx_run *run, int step);
+
+#endif
