@@ -49,6 +49,7 @@ void hx_capture_reset(hx_run *run)
             memset(e->in_abs, 0, e->n * sizeof *e->in_abs);
             memset(e->local_sum, 0, e->n * sizeof *e->local_sum);
             e->inputs = 0;
+            e->bound = 0;
         }
     }
 }
@@ -144,7 +145,7 @@ seldp_status hx_capture_merge(hx_run *run, const hx_set *s, const hx_capture_ent
     return st;
 }
 
-const hx_capture_entry *hx_capture_find(const hx_run *run, const hx_set *s, const char *path)
+hx_capture_entry *hx_capture_find(const hx_run *run, const hx_set *s, const char *path)
 {
     const hx_capture *c = &run->capture[s->index];
     for (int k = 0; k < c->n; k++)

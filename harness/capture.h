@@ -27,6 +27,7 @@ typedef struct hx_capture_entry {
     double *in_sum;    /* sum of the inputs, as passed */
     double *in_abs;    /* sum of their absolute values */
     double *local_sum; /* sum of the FP32 gradients they were exported from */
+    double bound;      /* the checks' bound of the reduced result (verdict.c) */
 } hx_capture_entry;
 
 typedef struct hx_capture {
@@ -50,7 +51,7 @@ seldp_status hx_capture_merge(struct hx_run *run, const struct hx_set *s,
                               const hx_capture_entry *e);
 
 /* The entry of `path` (logical) in set s, or NULL when no member passed one. */
-const hx_capture_entry *hx_capture_find(const struct hx_run *run, const struct hx_set *s,
-                                        const char *path);
+hx_capture_entry *hx_capture_find(const struct hx_run *run, const struct hx_set *s,
+                                  const char *path);
 
 #endif

@@ -17,6 +17,7 @@
 #include "inject.h"
 #include "capture.h"
 #include "diagnose.h"
+#include "lockstep.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -71,6 +72,7 @@ static seldp_status rank_step(hx_rank *rk, int step)
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
     rk->t_dispatch = 0;
+    HX_CHECK(hx_lockstep_load(rk, step)); /* a sweep's lockstep: the first run's weights */
     HX_CHECK(hx_draw_tokens(rk, step));
     uint64_t mine = rk->T;
     HX_CHECK_LIB(seldp_comm_allgather(rk->world, &mine, rk->counts, sizeof mine, SELDP_HOST_DEVICE),
@@ -395,6 +397,8 @@ static seldp_status main_step(hx_run *run, int step)
     if (run->opts.clip_grad > 0)
         hx_clip_check(run, step, ref);
     hx_diagnose(run, step);
+    if (run->lockstep)
+        HX_CHECK(hx_lockstep_step(run, step));
     hx_capture_reset(run); /* the next step's inputs */
     rec->t_check = hx_split_charge(&rec->split, HX_PHASE_CHECK);
 fail:
@@ -485,6 +489,14 @@ joined:
     for (int r = 0; r < W; r++)
         if (run->ranks[r].started)
             pthread_join(run->ranks[r].thread, NULL);
+    if (run->lockstep && run->status == SELDP_OK && run->steps_done == run->opts.steps &&
+        run->steps_done > run->first_step) {
+        st = hx_lockstep_finish(run);
+        if (st != SELDP_OK) {
+            run->status = st;
+            snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+        }
+    }
     /* the first real error: ranks that only saw the abort of another come last */
     for (int pass = 0; pass < 2 && run->status == SELDP_OK; pass++) {
         for (int r = 0; r < W; r++) {

@@ -119,6 +119,7 @@ typedef struct hx_step_record {
     int ratio_rank;
     const char *ratio_check; /* which check it was measured by */
     double norm_bound2;      /* the square of the bound of the global gradient norm's error */
+    double loss_bound;       /* the loss check's bound */
     int64_t failures;        /* failed checks in this step */
     int absent;              /* (layer, expert) pairs no token reached */
     size_t ties_followed;    /* tokens x layers whose near tie the reference took as routed */
@@ -163,7 +164,8 @@ typedef struct hx_run {
                                    BF16) for what no tolerance model covers: free-running curves */
     hx_tolerance tol;           /* the checks' tolerance model (bounds.h) */
     struct hx_capture *capture; /* [sets.n] the reductions' inputs this step (capture.h) */
-    FILE *out;                  /* progress and tables (NULL when quiet) */
+    struct hx_lockstep *lockstep; /* a sweep's lockstep (lockstep.h), borrowed; NULL: free run */
+    FILE *out;                    /* progress and tables (NULL when quiet) */
 
     hx_rank *ranks;   /* [world] */
     tm_model *global; /* every expert: the weights the reference reads */
@@ -278,6 +280,7 @@ struct hx_rank {
 
     struct hx_grid_rank *grid;  /* a sharded run's part of the grid (grid.h); NULL otherwise */
     struct hx_overlap *overlap; /* --overlap: this step's overlapped reductions (overlap.h) */
+    double lock_update;         /* lockstep: its last update's ratio to the bound (lockstep.c) */
     seldp_comm *shard_comm;     /* its data shard's ranks when the shard spans several (TP x CP)
                                    and capacity or the local load-balancing loss needs them */
     int batch_rank;             /* whose tokens this rank draws: itself, or its pipeline's

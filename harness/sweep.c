@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "json.h"
+#include "lockstep.h"
 #include "grid.h"
 #include "run.h"
 #include "sweep_report.h"
@@ -85,7 +86,11 @@ static void entries_free(hx_sweep *s)
     for (int i = 0; s->results && i < s->n; i++) {
         free(s->results[i].loss);
         free(s->results[i].loss_dev);
+        free(s->results[i].lock_ratio);
     }
+    for (int i = 0; s->locks && i < s->n; i++)
+        hx_lockstep_destroy(s->locks[i]);
+    free(s->locks);
     free(s->results);
     for (int i = 0; s->baselines && i < s->n; i++)
         weights_free(&s->baselines[i]);
@@ -520,7 +525,55 @@ fail:
     return st;
 }
 
-/* Run entry i and compare it with the first run. */
+/* One run of entry i: free (lockstep NULL) or in lockstep. Its report goes to `dir` (NULL:
+ * none); its final logical weights into *w. */
+static bool run_once(hx_sweep *s, int i, hx_lockstep *lockstep, const char *dir,
+                     hx_sweep_weights *w, hx_run **out)
+{
+    hx_sweep_entry *e = &s->entries[i];
+    hx_sweep_result *r = &s->results[i];
+    hx_run *run = NULL;
+    *out = NULL;
+    if (hx_run_create(&e->opts, &run) != SELDP_OK) {
+        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
+        return false;
+    }
+    *out = run;
+    run->lockstep = lockstep;
+    if (hx_run_execute(run, NULL) != SELDP_OK) {
+        snprintf(r->error, sizeof r->error, "%s", run->error);
+        return false;
+    }
+    if (dir && hx_report_write(run, dir) != SELDP_OK)
+        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
+    if (weights_of(run, w) != SELDP_OK) {
+        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
+        return false;
+    }
+    return true;
+}
+
+/* The lockstep results of run i into r. */
+static void take_lockstep(hx_sweep_result *r, const hx_lockstep *l)
+{
+    r->lock_loss = r->lock_grads = r->lock_update = 0;
+    for (int k = 0; k < r->steps; k++) {
+        const hx_lock_result *q = &l->result[k];
+        double worst = fmax(q->loss, fmax(isnan(q->grads) ? 0 : q->grads, q->update));
+        r->ties += isnan(q->grads);
+        r->lock_ratio[k] = worst;
+        r->lock_loss = fmax(r->lock_loss, q->loss);
+        r->lock_grads = fmax(r->lock_grads, isnan(q->grads) ? 0 : q->grads);
+        r->lock_update = fmax(r->lock_update, q->update);
+        if (k == 0 || !(worst <= r->lock_ratio[r->lock_worst_step])) {
+            r->lock_worst_step = k;
+            snprintf(r->lock_worst, sizeof r->lock_worst, "%s", q->worst);
+        }
+    }
+}
+
+/* Run entry i: the first run of its objective free, recording the lockstep; any other in
+ * lockstep with it (the verdict) and then free (the curves, information). */
 static void sweep_run(hx_sweep *s, int i, FILE *out)
 {
     hx_sweep_entry *e = &s->entries[i];
@@ -529,40 +582,62 @@ static void sweep_run(hx_sweep *s, int i, FILE *out)
     r->steps = steps;
     r->loss = hx_calloc((size_t)(steps ? steps : 1), sizeof *r->loss);
     r->loss_dev = hx_calloc((size_t)(steps ? steps : 1), sizeof *r->loss_dev);
+    r->lock_ratio = hx_calloc((size_t)(steps ? steps : 1), sizeof *r->lock_ratio);
     const int b = e->baseline;
-    r->tolerance =
-        fmax(dtype_tolerance(e->opts.model.dtype), dtype_tolerance(s->entries[b].opts.model.dtype));
+    const hx_options *base = &s->entries[b].opts;
+    r->tolerance = fmax(dtype_tolerance(e->opts.model.dtype), dtype_tolerance(base->model.dtype));
+    r->lockstep = b != i && s->results[b].completed && s->locks[b] &&
+                  e->opts.model.dtype == base->model.dtype &&
+                  e->opts.fp32_master == base->fp32_master;
     double t0 = hx_now();
-    hx_run *run = NULL;
-    hx_sweep_weights w = {0};
-    if (!r->loss || !r->loss_dev || hx_run_create(&e->opts, &run) != SELDP_OK) {
-        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
-        goto done;
-    }
-    if (hx_run_execute(run, NULL) != SELDP_OK) {
-        snprintf(r->error, sizeof r->error, "%s", run->error);
-        goto done;
-    }
-    r->completed = true;
-    r->checks_passed = hx_run_passed(run);
-    r->failures = hx_run_failures(run);
-    snprintf(r->diagnosis, sizeof r->diagnosis, "%s", run->diagnosis);
-    for (int k = 0; k < steps; k++)
-        r->loss[k] = run->steps[k].loss;
+    hx_run *run = NULL, *free_run = NULL;
+    hx_sweep_weights w = {0}, wf = {0};
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/runs/%02d-%s", s->out_dir, i + 1, e->label);
-    if (hx_report_write(run, dir) != SELDP_OK)
-        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
-    if (weights_of(run, &w) != SELDP_OK) {
-        snprintf(r->error, sizeof r->error, "%s", hx_last_error());
-        r->completed = false;
+    if (!r->loss || !r->loss_dev || !r->lock_ratio) {
+        snprintf(r->error, sizeof r->error, "out of memory");
         goto done;
     }
     if (b == i) {
-        s->baselines[i] = w;
+        if (hx_lockstep_create(steps, e->opts.lr, &s->locks[i]) != SELDP_OK) {
+            snprintf(r->error, sizeof r->error, "%s", hx_last_error());
+            goto done;
+        }
+    } else if (r->lockstep) {
+        hx_lockstep_follow(s->locks[b]);
+    }
+    hx_lockstep *lock = b == i || r->lockstep ? s->locks[b] : NULL;
+    if (!run_once(s, i, lock, dir, &w, &run))
+        goto done;
+    r->checks_passed = hx_run_passed(run);
+    r->failures = hx_run_failures(run);
+    snprintf(r->diagnosis, sizeof r->diagnosis, "%s", run->diagnosis);
+    if (r->lockstep)
+        take_lockstep(r, s->locks[b]);
+    /* the free-running curve of this layout: the first run's own, or another run */
+    if (b == i || !lock) {
+        free_run = run;
+        run = NULL;
+        wf = w;
         w = (hx_sweep_weights){0};
+    } else {
+        char free_dir[1100];
+        snprintf(free_dir, sizeof free_dir, "%s-free", dir);
+        if (!run_once(s, i, NULL, free_dir, &wf, &free_run))
+            goto done;
+        r->checks_passed = r->checks_passed && hx_run_passed(free_run);
+        r->failures += hx_run_failures(free_run);
+        if (!r->diagnosis[0])
+            snprintf(r->diagnosis, sizeof r->diagnosis, "%s", free_run->diagnosis);
+    }
+    r->completed = true;
+    for (int k = 0; k < steps; k++)
+        r->loss[k] = free_run->steps[k].loss;
+    if (b == i) {
+        s->baselines[i] = wf;
+        wf = (hx_sweep_weights){0};
     } else if (s->results[b].completed) {
-        r->weight_dev = hx_sweep_weights_deviation(&s->baselines[b], &w, r->worst_tensor,
+        r->weight_dev = hx_sweep_weights_deviation(&s->baselines[b], &wf, r->worst_tensor,
                                                    sizeof r->worst_tensor);
     }
     for (int k = 0; k < steps && s->results[b].completed; k++) {
@@ -576,37 +651,56 @@ static void sweep_run(hx_sweep *s, int i, FILE *out)
         double l0 = s->results[0].loss[k];
         r->objective_dev = fmax(r->objective_dev, fabs(r->loss[k] - l0) / fmax(fabs(l0), 1e-300));
     }
-    r->agrees = s->results[b].completed && r->max_loss_dev <= r->tolerance &&
-                r->weight_dev <= r->tolerance && !r->error[0];
+    r->agrees =
+        s->results[b].completed && !r->error[0] &&
+        (!r->lockstep || (r->lock_loss <= 1.0 && r->lock_grads <= 1.0 && r->lock_update <= 1.0));
 done:
     r->seconds = hx_now() - t0;
     weights_free(&w);
+    weights_free(&wf);
     hx_run_destroy(run);
-    if (out) {
-        if (!r->completed)
-            fprintf(out, "sweep [%d/%d] %s: the run stopped: %s\n", i + 1, s->n, e->label,
-                    r->error);
+    hx_run_destroy(free_run);
+    if (!out)
+        return;
+    if (!r->completed) {
+        fprintf(out, "sweep [%d/%d] %s: the run stopped: %s\n", i + 1, s->n, e->label, r->error);
+    } else if (b == i) {
+        fprintf(out,
+                "sweep [%d/%d] %s: checks %s (%lld failed): the run the others follow in "
+                "lockstep (%.2f s)\n",
+                i + 1, s->n, e->label, r->checks_passed ? "PASS" : "FAIL", (long long)r->failures,
+                r->seconds);
+    } else {
+        if (r->lockstep)
+            fprintf(out,
+                    "sweep [%d/%d] %s: checks %s (%lld failed); in lockstep with run %d: loss "
+                    "%.2f, gradients %.2f, update %.2f of their bounds%s: %s (%.2f s)\n",
+                    i + 1, s->n, e->label, r->checks_passed ? "PASS" : "FAIL",
+                    (long long)r->failures, b + 1, r->lock_loss, r->lock_grads, r->lock_update,
+                    r->ties ? " (near ties: some steps against the reference only)" : "",
+                    r->agrees ? "agrees" : "DEVIATES", r->seconds);
         else
             fprintf(out,
-                    "sweep [%d/%d] %s: checks %s (%lld failed), loss deviation %.2e, weight "
-                    "deviation %.2e (limit %.0e): %s (%.2f s)\n",
+                    "sweep [%d/%d] %s: checks %s (%lld failed); not in lockstep with run %d "
+                    "(another dtype or master weights): checked against the reference only: %s "
+                    "(%.2f s)\n",
                     i + 1, s->n, e->label, r->checks_passed ? "PASS" : "FAIL",
-                    (long long)r->failures, r->max_loss_dev, r->weight_dev, r->tolerance,
-                    r->agrees ? "agrees" : "DEVIATES", r->seconds);
-        if (r->completed && b != 0)
-            fprintf(out, "  objective %s: compared with run %d; differs from run 1 (%s) by %.2e\n",
-                    e->objective, b + 1, s->entries[0].objective, r->objective_dev);
-        if (r->completed && !r->agrees && s->results[b].completed) {
-            int worst = 0;
-            for (int k = 1; k < steps; k++)
-                worst = r->loss_dev[k] > r->loss_dev[worst] ? k : worst;
-            fprintf(out, "  deviates: loss by %.2e at step %d, final weights by %.2e in %s\n",
-                    steps ? r->loss_dev[worst] : 0.0, worst + 1, r->weight_dev, r->worst_tensor);
-        }
-        if (r->diagnosis[0])
-            fprintf(out, "  diagnosis: %s\n", r->diagnosis);
-        fflush(out);
+                    (long long)r->failures, b + 1, r->agrees ? "agrees" : "DEVIATES", r->seconds);
+        fprintf(out,
+                "  free-running (information): loss deviation %.2e, final weights %.2e from "
+                "run %d\n",
+                r->max_loss_dev, r->weight_dev, b + 1);
+        if (r->lockstep && !r->agrees)
+            fprintf(out, "  deviates: %.2f of its bound at step %d in %s\n",
+                    r->lock_ratio[r->lock_worst_step], r->lock_worst_step + 1,
+                    r->lock_worst[0] ? r->lock_worst : "the loss");
     }
+    if (r->completed && b != 0)
+        fprintf(out, "  objective %s: compared with run %d; differs from run 1 (%s) by %.2e\n",
+                e->objective, b + 1, s->entries[0].objective, r->objective_dev);
+    if (r->diagnosis[0])
+        fprintf(out, "  diagnosis: %s\n", r->diagnosis);
+    fflush(out);
 }
 
 int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE *err)
@@ -640,7 +734,8 @@ int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE
         goto out;
     s.results = hx_calloc((size_t)s.n, sizeof *s.results);
     s.baselines = hx_calloc((size_t)s.n, sizeof *s.baselines);
-    if (!s.results || !s.baselines || hx_mkdir_p(s.out_dir) != SELDP_OK) {
+    s.locks = hx_calloc((size_t)s.n, sizeof *s.locks);
+    if (!s.results || !s.baselines || !s.locks || hx_mkdir_p(s.out_dir) != SELDP_OK) {
         fprintf(err, "seldp-harness: %s\n", hx_last_error());
         status = HX_EXIT_FAIL;
         goto out;

@@ -17,6 +17,15 @@ bool hx_sweep_run_ok(const hx_sweep_result *r)
     return r->completed && r->checks_passed && r->agrees;
 }
 
+double hx_sweep_step_ratio(const hx_sweep *s, int k)
+{
+    double ratio = 0;
+    for (int i = 1; i < s->n; i++)
+        if (s->results[i].completed && s->results[i].lockstep && k < s->results[i].steps)
+            ratio = fmax(ratio, s->results[i].lock_ratio[k]);
+    return ratio;
+}
+
 double hx_sweep_step_deviation(const hx_sweep *s, int k)
 {
     double dev = 0;
@@ -35,8 +44,13 @@ static seldp_status write_json(const hx_sweep *s, bool pass)
     hx_buf_printf(&b, ",\n  \"steps\": %d,\n  \"seed\": %llu,\n  \"global_batch\": %d,\n", steps,
                   (unsigned long long)s->entries[0].opts.model.seed,
                   s->entries[0].opts.global_batch);
-    hx_buf_printf(&b, "  \"result\": \"%s\",\n  \"max_deviation_per_step\": [",
+    hx_buf_printf(&b, "  \"result\": \"%s\",\n  \"max_lockstep_ratio_per_step\": [",
                   pass ? "PASS" : "FAIL");
+    for (int k = 0; k < steps; k++) {
+        hx_buf_puts(&b, k ? ", " : "");
+        hx_buf_json_number(&b, hx_sweep_step_ratio(s, k));
+    }
+    hx_buf_puts(&b, "],\n  \"max_deviation_per_step\": [");
     for (int k = 0; k < steps; k++) {
         hx_buf_puts(&b, k ? ", " : "");
         hx_buf_json_number(&b, hx_sweep_step_deviation(s, k));
@@ -71,9 +85,21 @@ static seldp_status write_json(const hx_sweep *s, bool pass)
             hx_buf_puts(&b, "null");
         hx_buf_printf(&b,
                       ",\n     \"completed\": %s, \"checks_passed\": %s, \"failed_checks\": "
-                      "%lld, \"agrees\": %s, \"tolerance\": ",
+                      "%lld, \"agrees\": %s, \"lockstep\": %s, \"lockstep_loss\": ",
                       r->completed ? "true" : "false", r->checks_passed ? "true" : "false",
-                      (long long)r->failures, r->agrees ? "true" : "false");
+                      (long long)r->failures, r->agrees ? "true" : "false",
+                      r->lockstep ? "true" : "false");
+        hx_buf_json_number(&b, r->lockstep ? r->lock_loss : NAN);
+        hx_buf_puts(&b, ", \"lockstep_gradients\": ");
+        hx_buf_json_number(&b, r->lockstep ? r->lock_grads : NAN);
+        hx_buf_puts(&b, ", \"lockstep_update\": ");
+        hx_buf_json_number(&b, r->lockstep ? r->lock_update : NAN);
+        hx_buf_printf(&b, ", \"near_tie_steps\": %d, \"lockstep_ratio\": [", r->ties);
+        for (int k = 0; k < r->steps; k++) {
+            hx_buf_puts(&b, k ? ", " : "");
+            hx_buf_json_number(&b, r->completed && r->lockstep ? r->lock_ratio[k] : NAN);
+        }
+        hx_buf_puts(&b, "],\n     \"free_running\": \"information\", \"tolerance\": ");
         hx_buf_json_number(&b, r->tolerance);
         hx_buf_puts(&b, ", \"max_loss_deviation\": ");
         hx_buf_json_number(&b, r->max_loss_dev);
@@ -113,33 +139,46 @@ static seldp_status write_md(const hx_sweep *s, bool pass, const char *plot_note
     const hx_options *o = &s->entries[0].opts;
     hx_buf_printf(&b, "# Sweep %s: %s\n\n", s->name, pass ? "PASS" : "FAIL");
     hx_buf_printf(&b,
-                  "%d runs, %d steps each, seed %llu, global batch %d; each run's per-step loss "
-                  "and final logical weights compared with run 1's, or with the first run of its "
-                  "objective where its router losses or capacity differ from run 1's (column "
-                  "vs; relative; the limit is the dtype's: f32 1e-5, f16 2e-3, bf16 1e-2).\n\n",
+                  "%d runs, %d steps each, seed %llu, global batch %d. The verdict is in lockstep: "
+                  "every run starts each step from the logical weights the run it is compared "
+                  "with (column vs: run 1, or the first run of its objective where its router "
+                  "losses or capacity differ) started that step from, and its loss, gradients and "
+                  "update are compared with that run's within the sum of the two runs' bounds "
+                  "(the tolerance model, docs/tolerances.md): a ratio of 1 or less agrees. The "
+                  "same layouts running free part with no bug at all (a top-K flip moves every "
+                  "later loss): their deviations are shown as information, against the dtype's "
+                  "relative limit (f32 1e-5, f16 2e-3, bf16 1e-2).\n\n",
                   s->n, o->steps, (unsigned long long)o->model.seed, o->global_batch);
     hx_buf_puts(&b, "| # | run | world | ep | order | dtype | objective | inject | vs | checks | "
-                    "loss dev | weight dev | worst tensor | limit | agrees |\n");
-    hx_buf_puts(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                    "lockstep loss | gradients | update | agrees | free loss dev | free weight "
+                    "dev | worst tensor |\n");
+    hx_buf_puts(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < s->n; i++) {
         const hx_sweep_entry *e = &s->entries[i];
         const hx_sweep_result *r = &s->results[i];
         hx_buf_printf(&b, "| %d | %s | %d | %d | %s | %s | %s | %s | %d | ", i + 1, e->label,
                       e->opts.world, e->opts.ep, e->order, tm_dtype_name(e->opts.model.dtype),
                       e->objective, hx_fault_name(e->opts.inject), e->baseline + 1);
-        if (!r->completed)
-            hx_buf_puts(&b, "stopped | - | - | - | - | no |\n");
+        if (!r->completed) {
+            hx_buf_puts(&b, "stopped | - | - | - | no | - | - | - |\n");
+            continue;
+        }
+        hx_buf_printf(&b, "%s (%lld failed) | ", r->checks_passed ? "PASS" : "FAIL",
+                      (long long)r->failures);
+        if (r->lockstep)
+            hx_buf_printf(&b, "%.2f | %.2f%s | %.2f | ", r->lock_loss, r->lock_grads,
+                          r->ties ? " (ties)" : "", r->lock_update);
         else
-            hx_buf_printf(&b, "%s (%lld failed) | %.2e | %.2e | %s | %.0e | %s |\n",
-                          r->checks_passed ? "PASS" : "FAIL", (long long)r->failures,
-                          r->max_loss_dev, r->weight_dev,
-                          r->worst_tensor[0] ? r->worst_tensor : "-", r->tolerance,
-                          r->agrees ? "yes" : "**no**");
+            hx_buf_puts(&b, i == e->baseline ? "recorded | - | - | " : "- | - | - | ");
+        hx_buf_printf(&b, "%s | %.2e | %.2e | %s |\n", r->agrees ? "yes" : "**no**",
+                      r->max_loss_dev, r->weight_dev, r->worst_tensor[0] ? r->worst_tensor : "-");
     }
-    hx_buf_puts(&b, "\n## Largest loss deviation from the run compared with, per step\n\n"
-                    "| step | deviation |\n|---|---|\n");
+    hx_buf_puts(&b, "\n## Per step\n\nThe largest lockstep ratio to its bound (the verdict), and "
+                    "the largest free-running relative loss deviation (information).\n\n"
+                    "| step | lockstep ratio | free-running deviation |\n|---|---|---|\n");
     for (int k = 0; k < o->steps; k++)
-        hx_buf_printf(&b, "| %d | %.3e |\n", k + 1, hx_sweep_step_deviation(s, k));
+        hx_buf_printf(&b, "| %d | %.3f | %.3e |\n", k + 1, hx_sweep_step_ratio(s, k),
+                      hx_sweep_step_deviation(s, k));
     /* the objectives: each is compared with itself; how far apart they are is reported */
     bool objectives = false;
     for (int i = 1; i < s->n; i++) {
@@ -204,20 +243,21 @@ static seldp_status write_plot(const hx_sweep *s, char *note, size_t size)
 {
     hx_buf dat = {0}, gp = {0};
     int steps = s->entries[0].opts.steps;
-    hx_buf_puts(&dat, "# step, largest relative loss deviation from the run compared with, then "
-                      "each run's loss\n");
+    hx_buf_puts(&dat, "# step, largest free-running relative loss deviation from the run compared "
+                      "with, each run's free-running loss, then the largest lockstep ratio to its "
+                      "bound\n");
     for (int k = 0; k < steps; k++) {
         hx_buf_printf(&dat, "%d %.9e", k + 1, fmax(hx_sweep_step_deviation(s, k), 1e-17));
         for (int i = 0; i < s->n; i++)
             hx_buf_printf(&dat, " %.12e", s->results[i].completed ? s->results[i].loss[k] : NAN);
-        hx_buf_puts(&dat, "\n");
+        hx_buf_printf(&dat, " %.9e\n", fmax(hx_sweep_step_ratio(s, k), 1e-17));
     }
     hx_buf_printf(&gp,
                   "# gnuplot sweep.gp (in this folder) draws sweep.png from sweep.dat\n"
                   "set terminal pngcairo size 1100,900 noenhanced\n"
                   "set output 'sweep.png'\n"
-                  "set multiplot layout 2,1 title 'sweep %s: loss per step of every run, and the "
-                  "largest deviation from the run compared with'\n"
+                  "set multiplot layout 2,1 title 'sweep %s: free-running loss per step of every "
+                  "run (information), and the lockstep verdict'\n"
                   "set xlabel 'step'\nset ylabel 'loss'\nset xtics 1\nset key outside right\n"
                   "plot ",
                   s->name);
@@ -225,11 +265,14 @@ static seldp_status write_plot(const hx_sweep *s, char *note, size_t size)
         hx_buf_printf(&gp, "%s'sweep.dat' using 1:%d with linespoints dashtype %d title '%s'",
                       i ? ", \\\n     " : "", i + 3, 1 + i % 5, s->entries[i].label);
     hx_buf_printf(&gp,
-                  "\nset logscale y\nset format y '%%.0e'\nset ylabel 'relative deviation'\n"
-                  "plot 'sweep.dat' using 1:2 with linespoints lw 2 title 'largest loss "
-                  "deviation', %g with lines dashtype 2 title 'limit (%s)'\n"
+                  "\nset logscale y\nset format y '%%.0e'\nset ylabel 'ratio / deviation'\n"
+                  "plot 'sweep.dat' using 1:%d with linespoints lw 2 title 'largest lockstep "
+                  "ratio to its bound (verdict)', 1 with lines lw 2 title 'bound', "
+                  "'sweep.dat' using 1:2 with linespoints dashtype 3 title 'largest free-running "
+                  "loss deviation (information)', %g with lines dashtype 2 title '%s relative "
+                  "limit'\n"
                   "unset multiplot\n",
-                  s->results[0].tolerance, tm_dtype_name(s->entries[0].opts.model.dtype));
+                  s->n + 3, s->results[0].tolerance, tm_dtype_name(s->entries[0].opts.model.dtype));
     seldp_status st = hx_buf_ok(&dat) && hx_buf_ok(&gp) ? SELDP_OK : SELDP_ERR_NOMEM;
     char path[1100];
     snprintf(path, sizeof path, "%s/sweep.dat", s->out_dir);

@@ -36,13 +36,22 @@ typedef struct hx_sweep_result {
     bool checks_passed;
     int64_t failures;
     int steps;
+    /* the verdict: in lockstep with the run compared with (lockstep.h), each step from its
+     * weights; ratios to the bounds of the tolerance model, NAN where not compared */
+    bool lockstep;      /* compared so (same dtype and master weights as that run) */
+    double *lock_ratio; /* [steps] the worst of the loss, gradient and update ratios */
+    double lock_loss, lock_grads, lock_update; /* the worst over the steps */
+    int lock_worst_step;                       /* 0-based */
+    char lock_worst[128];
+    int ties; /* steps whose gradients were compared with the reference only: a near tie */
+    /* information: the same layout running free, its curve against the first run's */
     double *loss;     /* [steps] */
     double *loss_dev; /* [steps] relative to the first run's */
     double max_loss_dev;
     double weight_dev;
     char worst_tensor[128];
-    double tolerance;
-    bool agrees;
+    double tolerance; /* the dtype's relative limit the free-running curves are shown against */
+    bool agrees;      /* the lockstep comparisons all within their bounds */
     double seconds;
     double objective_dev; /* a run of another objective than run 1's: its largest relative loss
                            * difference from run 1 (reported, not a deviation); else 0 */
@@ -57,13 +66,16 @@ typedef struct hx_sweep {
     int n;
     hx_sweep_result *results;
     hx_sweep_weights *baselines; /* [n]: the final weights of each baseline run */
+    struct hx_lockstep **locks;  /* [n]: what each baseline run recorded (lockstep.h) */
 } hx_sweep;
 
 /* True when the run completed, passed its own checks and agrees with the first run. */
 bool hx_sweep_run_ok(const hx_sweep_result *r);
 
-/* The largest relative loss deviation of any run from the first at step k (0-based). */
+/* The largest relative loss deviation of any free-running run from the first at step k
+ * (0-based), and the largest lockstep ratio to its bound there. */
 double hx_sweep_step_deviation(const hx_sweep *s, int k);
+double hx_sweep_step_ratio(const hx_sweep *s, int k);
 
 /* Write sweep.dat, sweep.gp, sweep.png (when gnuplot is installed), sweep.json and sweep.md
  * into s->out_dir. `pass`: the sweep's result. SELDP_ERR_IO naming the file on failure. */

@@ -286,7 +286,7 @@ void hx_verdict_gradients(hx_run *run, int step, const tm_reference *ref)
                                     step + 1, r, p->path, p->expert, p->layer);
                     continue;
                 }
-                const hx_capture_entry *e = hx_capture_find(run, s, hx_grid_logical_path(p->path));
+                hx_capture_entry *e = hx_capture_find(run, s, hx_grid_logical_path(p->path));
                 const char *missing =
                     !e || ss.sigma == 0              ? "no member passed one to the reduction"
                     : !got                           ? "no reduced gradient came back"
@@ -303,6 +303,7 @@ void hx_verdict_gradients(hx_run *run, int step, const tm_reference *ref)
                     if (r == s->root) {
                         check_rank_grads(run, step, &ss, r, p, e, &v);
                         rec->norm_bound2 += bound * bound;
+                        e->bound = bound;
                     }
                 }
                 free(v.own);
@@ -319,6 +320,7 @@ void hx_verdict_loss(hx_run *run, int step, const tm_reference *ref)
     double bound = t->c * t->u_c * mag + t->u_c * fabs(rec->ref_loss);
     double err = fabs(rec->loss - rec->ref_loss), norm = fabs(rec->ref_loss);
     double ratio = err / bound;
+    rec->loss_bound = bound;
     hx_check_metric(run, HX_CHECK_LOSS, !(ratio <= 1.0), ratio, norm > 0 ? bound / norm : bound,
                     norm > 0 ? bound / norm : bound,
                     "step %d: the ranks' mean loss %.9g differs from the reference's %.9g by "

@@ -147,15 +147,17 @@ static void test_sweep_file(void **state)
     hx_json_free(s);
 }
 
-/* A run that trains another model deviates, and the sweep fails: without --global-batch
- * each layout starts from rank-dependent weights. */
+/* A layout whose step computes something else deviates in lockstep, and the sweep fails: with
+ * --inject ep-scale the runs of ep > 1 scale their expert gradients by ep, the first (ep 1) does
+ * not. Lockstep ratios are reported per run and per step. */
 static void test_sweep_detects_deviation(void **state)
 {
     (void)state;
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/out", hx_test_dir("deviation"));
     hx_test_run run;
-    hx_test_harness(&run, "--sweep ep --world 4 --dtype f32 --steps 2 --out %s", dir);
+    hx_test_harness(&run, "--sweep ep --world 4 --dtype f32 --steps 2 --inject ep-scale --out %s",
+                    dir);
     assert_int_equal(run.status, HX_EXIT_FAIL);
     assert_non_null(strstr(run.out, "DEVIATES"));
     hx_json *s = read_sweep(dir);
@@ -163,9 +165,47 @@ static void test_sweep_detects_deviation(void **state)
     const hx_json *runs = hx_json_get(s, "runs");
     assert_true(flag(&runs->items[0], "agrees"));
     bool any = false;
-    for (size_t i = 1; i < runs->count; i++)
-        any = any || !flag(&runs->items[i], "agrees");
+    for (size_t i = 1; i < runs->count; i++) {
+        const hx_json *r = &runs->items[i];
+        if (!flag(r, "agrees")) {
+            any = true;
+            assert_true(flag(r, "lockstep"));
+            assert_true(number(r, "lockstep_gradients") > 1.0);
+            assert_int_equal(hx_json_get(r, "lockstep_ratio")->count, 2);
+        }
+    }
     assert_true(any);
+    assert_int_equal(hx_json_get(s, "max_lockstep_ratio_per_step")->count, 2);
+    hx_json_free(s);
+}
+
+/* Lockstep runs agree where free-running ones part: a bf16 ep sweep over 10 steps at lr 0.1
+ * routes a token differently at a near tie in some layouts, and their free-running losses part
+ * by more than bf16's relative limit, yet every step from the same weights agrees. */
+static void test_lockstep_agrees_where_free_runs_part(void **state)
+{
+    (void)state;
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/out", hx_test_dir("lockstep"));
+    hx_test_run run;
+    hx_test_harness(&run,
+                    "--sweep ep --world 8 --dtype bf16 --global-batch 255 --steps 10 --lr 0.1 "
+                    "--out %s",
+                    dir);
+    if (run.status != HX_EXIT_PASS)
+        fail_msg("lockstep ep sweep exited %d\n%s%s", run.status, run.err, run.out);
+    hx_json *s = read_sweep(dir);
+    const hx_json *runs = hx_json_get(s, "runs");
+    double parted = 0;
+    for (size_t i = 1; i < runs->count; i++) {
+        assert_true(flag(&runs->items[i], "agrees"));
+        assert_true(number(&runs->items[i], "lockstep_gradients") <= 1.0);
+        parted = fmax(parted, number(&runs->items[i], "max_loss_deviation"));
+    }
+    if (!(parted > 1e-2))
+        fail_msg("no free-running curve parted (largest %.3e): the case no longer shows what "
+                 "lockstep is for",
+                 parted);
     hx_json_free(s);
 }
 
@@ -373,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_ep_sweep_bf16),
         cmocka_unit_test(test_sweep_file),
         cmocka_unit_test(test_sweep_detects_deviation),
+        cmocka_unit_test(test_lockstep_agrees_where_free_runs_part),
         cmocka_unit_test(test_malformed_sweep_files),
         cmocka_unit_test(test_unknown_presets),
         cmocka_unit_test(test_mixed_worlds_need_global_batch),
