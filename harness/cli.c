@@ -52,6 +52,17 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
         return HX_EXIT_USAGE;
     }
     seldp_status st = hx_run_execute(run, out);
+    if (st == SELDP_OK && opts.inject == HX_FAULT_ABSENT && !run->absent_planted &&
+        hx_run_is_root(run) && !hx_backend_multiprocess(run->backend)) {
+        /* the self-test never found its defect to plant: it tested nothing */
+        fprintf(err,
+                "seldp-harness: --inject absent: needs an expert no token reaches on rank %d "
+                "(more experts than tokens, e.g. --experts 64 --tokens 8): none did in %d "
+                "steps, so nothing was planted\n",
+                opts.world - 1, run->steps_done);
+        hx_run_destroy(run);
+        return HX_EXIT_USAGE;
+    }
     /* with one rank per MPI process, rank 0's process prints and writes the reports */
     bool root = hx_run_is_root(run);
     if (!opts.quiet && root)

@@ -60,9 +60,7 @@ seldp_status hx_grid_check_options(hx_run *run)
                        m->quant == TM_QUANT_NF4 ? "NF4 blocks" : "AWQ zero words", m->d_ff, c.etp,
                        block);
     const char *refused = NULL;
-    if (o->inject != HX_FAULT_NONE)
-        refused = "--inject";
-    else if (hx_backend_multiprocess(run->backend))
+    if (hx_backend_multiprocess(run->backend))
         refused = "one rank per MPI process";
     for (int r = 0; !refused && r < o->world; r++)
         if (hx_backend_device(run->backend, r).kind != SELDP_DEVICE_HOST)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grid.h"
 #include "util.h"
 
 bool hx_inject_is_framework_bug(hx_fault fault)
@@ -33,6 +34,94 @@ const char *hx_inject_describe(hx_fault fault)
                "(f_e from the shard's counts over its token count; the counts never combined)";
     default:
         return "";
+    }
+}
+
+/* The largest EP group of the layout. */
+static int largest_ep(const hx_run *run)
+{
+    int n = 1;
+    for (int g = 0; g < run->layout->n_ep; g++)
+        n = run->layout->ep[g].size > n ? run->layout->ep[g].size : n;
+    return n;
+}
+
+/* The data shards of the run (each batch rank's shard once). */
+static int data_shards(const hx_run *run)
+{
+    int *ranks = hx_calloc((size_t)run->opts.world, sizeof *ranks);
+    bool *seen = hx_calloc((size_t)run->opts.world, sizeof *seen);
+    int n = 0;
+    for (int b = 0; ranks && seen && b < run->n_batch; b++) {
+        int r = run->batch_ranks[b];
+        if (seen[r])
+            continue;
+        int k = hx_data_shard_of(run, r, ranks);
+        for (int i = 0; i < k; i++)
+            seen[ranks[i]] = true;
+        n++;
+    }
+    free(ranks);
+    free(seen);
+    return n;
+}
+
+seldp_status hx_inject_check(const hx_run *run)
+{
+    const hx_options *o = &run->opts;
+    const char *name = hx_fault_name(o->inject);
+    switch (o->inject) {
+    case HX_FAULT_EP_SCALE:
+    case HX_FAULT_WORLD_DIV:
+        if (largest_ep(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject %s: needs expert parallelism (an EP group of 2 ranks or "
+                           "more, e.g. --ep 2): with EP size 1 the factor it plants is 1",
+                           name);
+        return SELDP_OK;
+    case HX_FAULT_RANK_MEAN:
+        if (data_shards(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject rank-mean: needs 2 data shards or more: with one, the mean "
+                           "of the per-rank means is the global mean");
+        if (o->global_batch > 0 && o->global_batch % run->n_batch == 0)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject rank-mean: needs ranks holding different token counts: "
+                           "--global-batch %d splits evenly over %d ranks (give a batch that "
+                           "does not divide, e.g. %d)",
+                           o->global_batch, run->n_batch, o->global_batch + 1);
+        if (o->global_batch <= 0 && hx_options_spread(o) == 0)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject rank-mean: needs ranks holding different token counts: "
+                           "--token-spread 0 gives every rank --tokens %d",
+                           o->tokens);
+        return SELDP_OK;
+    case HX_FAULT_TIED_TWICE: {
+        const hx_set *s = run->sets.n ? &run->sets.sets[0] : NULL;
+        for (int i = 0; i < run->sets.n && s; i++)
+            if (run->sets.sets[i].kind == HX_SET_EMB)
+                s = &run->sets.sets[i];
+        if (!s || s->size < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject tied-twice: needs the tied embedding replicated on 2 ranks "
+                           "or more (the second reduction sums over them): this layout's "
+                           "embedding group has one");
+        return SELDP_OK;
+    }
+    case HX_FAULT_LOCAL_AUX:
+        if (data_shards(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject local-aux: needs 2 data shards or more: with one, the local "
+                           "statistics are the global ones");
+        return SELDP_OK;
+    case HX_FAULT_REPLICA:
+        if (o->world < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject replica: needs 2 ranks or more (a replica to differ from "
+                           "its root)");
+        return SELDP_OK;
+    default:
+        return SELDP_OK;
     }
 }
 
@@ -115,11 +204,13 @@ seldp_status hx_inject_after_reduce(hx_rank *rk)
     const hx_rank_set *rs = NULL;
     for (size_t i = 0; i < rk->n_params && !g; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
-        if (!p->alias && strcmp(p->path, "embed.weight") == 0) {
+        if (!p->alias && strcmp(hx_grid_logical_path(p->path), "embed.weight") == 0) {
             g = seldp_grads_get(rk->grads, p->id);
             rs = hx_rank_set_of(rk, p);
         }
     }
+    if (!g && !rs)
+        return SELDP_OK; /* a middle pipeline stage holds no copy */
     if (!g || !rs)
         return hx_fail(SELDP_ERR_INTERNAL,
                        "rank %d: --inject tied-twice: no gradient of "

@@ -13,6 +13,11 @@
  * local-aux). */
 bool hx_inject_is_framework_bug(hx_fault fault);
 
+/* Whether --inject can show on the run's layout: a fault whose effect is nil there (ep-scale
+ * at EP size 1, rank-mean with equal token counts, ...) is refused, SELDP_ERR_INVALID_ARGUMENT
+ * with one line naming what it needs, never run to a pass. */
+seldp_status hx_inject_check(const hx_run *run);
+
 /* One line: what the planted bug does, for the run's header. */
 const char *hx_inject_describe(hx_fault fault);
 

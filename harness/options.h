@@ -60,6 +60,8 @@ typedef struct hx_options {
     bool quiet;
     double timeout_s;
     hx_fault inject;
+    bool inject_anywhere; /* a sweep's run: plant --inject even where it cannot show (the sweep
+                             refuses it when no run of it can) */
     bool world_given;   /* --world on the command line (a layout file may set it otherwise) */
     bool experts_given; /* --experts on the command line */
     bool ep_given;      /* --ep on the command line (excludes --layout-file) */

@@ -335,6 +335,7 @@ seldp_status hx_plant_fault(hx_rank *rk)
                 st = seldp_grads_put(rk->grads, p->id, &z, SELDP_OWNED);
             if (st != SELDP_OK)
                 return hx_fail_lib(st, "rank %d: --inject absent", rk->rank);
+            run->absent_planted = true;
             break;
         }
     }

@@ -311,6 +311,8 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_overlap_check_devices(run));
     HX_CHECK(batch_ranks(run));
     HX_CHECK(hx_sets_build(run));
+    if (!o->inject_anywhere)
+        HX_CHECK(hx_inject_check(run));
     run->grad_dtype = o->fp32_master ? SELDP_F32 : o->model.dtype;
     run->tolerance = tolerance_for(run->grad_dtype);
     run->tol = hx_tolerance_of(&o->model, run->grad_dtype);

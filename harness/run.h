@@ -192,6 +192,8 @@ typedef struct hx_run {
     char diagnosis[400];
     hx_diag_fit diag[HX_DIAG_CLASSES]; /* this step's, for it */
 
+    bool absent_planted; /* --inject absent found an expert no token reached to plant it on */
+
     /* one rank per process: the failed checks rank 0 counted (every rank learns them) */
     int64_t root_failures;
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "inject.h"
 #include "json.h"
 #include "lockstep.h"
 #include "grid.h"
@@ -408,7 +409,8 @@ static void label_of(hx_sweep_entry *e)
 static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
 {
     char *args[512];
-    int base = 0;
+    int base = 0, shows = 0;
+    char why[512] = "";
     for (int i = 0; i < argc && base < 400; i++) {
         const char *a = argv[i];
         if (i > 0 && (strcmp(a, "--sweep") == 0 || strcmp(a, "--out") == 0)) {
@@ -439,11 +441,16 @@ static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
         e->opts.sweep = NULL;
         e->opts.out_dir = "";
         e->opts.quiet = true;
+        e->opts.inject_anywhere = true;
         hx_run *run = NULL;
         if (hx_run_create(&e->opts, &run) != SELDP_OK) {
             fprintf(err, "seldp-harness: %s: %s\n", where, hx_last_error());
             return false;
         }
+        if (hx_inject_check(run) == SELDP_OK)
+            shows++;
+        else if (!why[0])
+            snprintf(why, sizeof why, "%s", hx_last_error());
         bool multi = hx_backend_multiprocess(run->backend);
         e->opts.world = run->opts.world;
         hx_run_destroy(run);
@@ -471,6 +478,11 @@ static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
         }
         if (!e->label[0])
             label_of(e);
+    }
+    if (s->n > 0 && s->entries[0].opts.inject != HX_FAULT_NONE && shows == 0) {
+        fprintf(err, "seldp-harness: --sweep %s: no run of it can show the planted bug: %s\n",
+                s->name, why);
+        return false;
     }
     if (mixed && s->entries[0].opts.global_batch == 0) {
         fprintf(err,

@@ -130,13 +130,48 @@ static void test_rank_mean(void **state)
     (void)state;
     check_run(&bugs[2]);
     check_sweep(&bugs[2]);
-    /* equal token counts on every rank hide the bug: the per-rank means average to the
-     * global mean */
+}
+
+/* A planted bug whose effect is nil on the chosen layout is refused before anything runs: exit
+ * 2, one line naming what it needs (never a run that announces a failure and passes). The
+ * absent self-test, whose defect depends on the routing, is refused after a run that found
+ * no expert to plant it on. */
+static void test_refused_where_it_cannot_show(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *args, *why;
+    } cases[] = {
+        {"--inject ep-scale --world 4 --ep 1", "--inject ep-scale: needs expert parallelism"},
+        {"--inject world-div --world 4 --ep 1", "--inject world-div: needs expert parallelism"},
+        {"--inject rank-mean --world 4 --ep 2 --global-batch 256",
+         "--inject rank-mean: needs ranks holding different token counts: --global-batch 256 "
+         "splits evenly over 4 ranks"},
+        {"--inject rank-mean --world 4 --ep 2 --token-spread 0",
+         "--token-spread 0 gives every rank --tokens 64"},
+        {"--inject rank-mean --world 1 --ep 1", "--inject rank-mean: needs 2 data shards"},
+        {"--inject tied-twice --world 1 --ep 1",
+         "--inject tied-twice: needs the tied embedding replicated on 2 ranks"},
+        {"--inject local-aux --aux-loss-coeff 0.01 --world 1 --ep 1",
+         "--inject local-aux: needs 2 data shards"},
+        {"--inject replica --world 1 --ep 1", "--inject replica: needs 2 ranks"},
+        {"--inject absent --world 2 --ep 1 --experts 4",
+         "--inject absent: needs an expert no token reaches on rank 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        hx_test_run run;
+        hx_test_harness(&run, "%s --dtype f32 --steps 2 --out none", cases[i].args);
+        if (run.status != HX_EXIT_USAGE || !strstr(run.err, cases[i].why) ||
+            strchr(run.err, '\n') != run.err + strlen(run.err) - 1)
+            fail_msg("seldp-harness %s: exit %d, stderr \"%s\"; expected exit 2 and one line "
+                     "with \"%s\"",
+                     cases[i].args, run.status, run.err, cases[i].why);
+    }
+    /* where it can show, it does: an absent expert planted is caught */
     hx_test_run run;
-    hx_test_harness(&run, "--world 4 --ep 2 --dtype f32 --inject rank-mean --global-batch 256 "
+    hx_test_harness(&run, "--inject absent --world 2 --ep 1 --experts 64 --tokens 4 --dtype f32 "
                           "--steps 2 --out none");
-    if (run.status != HX_EXIT_PASS)
-        fail_msg("rank-mean with equal counts exited %d\n%s%s", run.status, run.err, run.out);
+    assert_int_equal(run.status, HX_EXIT_FAIL);
 }
 
 static void test_tied_twice(void **state)
@@ -230,7 +265,8 @@ int main(void)
         cmocka_unit_test(test_ep_scale),     cmocka_unit_test(test_world_div),
         cmocka_unit_test(test_rank_mean),    cmocka_unit_test(test_tied_twice),
         cmocka_unit_test(test_no_bug),       cmocka_unit_test(test_not_a_framework_bug),
-        cmocka_unit_test(test_inject_names), cmocka_unit_test(test_local_aux),
+        cmocka_unit_test(test_inject_names),
+        cmocka_unit_test(test_refused_where_it_cannot_show), cmocka_unit_test(test_local_aux),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -380,8 +380,34 @@ static void refusals(void **state)
                  "along its rows: d_ff / etp (64 / 2) must be a multiple of 64");
     expect_usage("--framework megatron --world 8 --tp 2 --ep 2 --quant awq --d-ff 128 --out none",
                  "d_ff / etp (128 / 2) must be a multiple of 256");
-    expect_usage("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --inject grad --out none",
-                 "--inject is not supported with the sharded tiny-moe");
+}
+
+/* Planted bugs on a grid: the sets of a sharded run carry them like an unsharded run's. */
+static void planted_bugs(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *args, *diagnosis;
+    } cases[] = {
+        {"--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --inject ep-scale",
+         "are 2\xc3\x97 too large (EP size 2) while the shared gradients agree: expert grads "
+         "scaled by the EP size? (DeepSpeed #6545)"},
+        {"--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --inject world-div",
+         "divided by the world size instead of the expert-data size?"},
+        {"--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --inject tied-twice",
+         "the tied embedding reduced twice?"},
+        /* the defect lands on rank 7's first gradient, an expert whose expert-data group is
+         * rank 7 alone: no replica to differ, the reduction check names it */
+        {"--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --inject grad",
+         "do not return the mean or sum of the inputs the ranks passed (result 2\xc3\x97 of it)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        hx_test_run run;
+        hx_test_harness(&run, "%s --dtype f32 --steps 1 --out none", cases[i].args);
+        if (run.status != HX_EXIT_FAIL || !strstr(run.out, cases[i].diagnosis))
+            fail_msg("seldp-harness %s: exit %d, no diagnosis '%s' in\n%s%s", cases[i].args,
+                     run.status, cases[i].diagnosis, run.err, run.out);
+    }
 }
 
 int main(void)
@@ -396,6 +422,7 @@ int main(void)
         cmocka_unit_test(checkpoints),
         cmocka_unit_test(dump_of_shards),
         cmocka_unit_test(refusals),
+        cmocka_unit_test(planted_bugs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
