@@ -226,7 +226,7 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  * still sent (as zeros) before finish learns that it is absent. On the host-staged
  * transport's fused path each bucket is one fused reduction into the staging buffer.
  *
- * Contracts, those of the blocking calls (SPEC 3.3) unchanged:
+ * Contracts, those of the blocking calls (above; docs/library.md) unchanged:
  * - The results are bit-identical to the blocking call of the same inputs on the same
  *   communicator and reduce path: sums in F32 in rank order, scaled, converted back with
  *   round to nearest even. (The host-staged and MPI transports sum an element the same way
