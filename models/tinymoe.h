@@ -556,13 +556,16 @@ size_t tm_reference_tokens(const tm_reference *ref);
 const double *tm_reference_grad(const tm_reference *ref, const char *path, size_t *numel);
 
 /** The magnitude of each element of tm_reference_grad's array (the same numel and NULL
- * cases): the gradient recomputed with every term replaced by its absolute value, >= |grad|.
- * The FP32 model's rounding error of an element is a small multiple of the unit roundoff times
- * its magnitude (docs/tolerances.md). */
+ * cases): the standard deviation of the FP32 model's rounding error of that element, in units
+ * of the FP32 unit roundoff, carried through the forward and the backward by variance
+ * propagation (each sum's own rounding and its inputs' errors in quadrature;
+ * reference_magnitude.c). Where the terms of an element cancel it stays large while the value
+ * shrinks. The checks bound the FP32 error by a few of these (docs/tolerances.md). */
 const double *tm_reference_magnitude(const tm_reference *ref, const char *path, size_t *numel);
 
-/** The magnitude of the global mean loss: the mean over tokens of |logsumexp| + |target logit|
- * (the two terms a token's loss is the difference of) plus the router losses. */
+/** The magnitude of the global mean loss: the standard deviation of the FP32 model's rounding
+ * error of the loss (token losses and router losses), in units of the FP32 unit roundoff, by the
+ * same variance propagation as tm_reference_magnitude. */
 double tm_reference_loss_magnitude(const tm_reference *ref);
 
 /** Number of tokens (over all ranks, counting each of the K slots) that layer l routed to
