@@ -1,4 +1,4 @@
-/* tiny-moe configuration: validation, names, the JSON form of SPEC §5, and the portable
+/* tiny-moe configuration: validation, names, the config JSON (docs/formats.md), and the portable
  * hash and random numbers every initialization and ParamId is drawn from. */
 #include <math.h>
 #include <stdio.h>
@@ -51,7 +51,7 @@ bool tm_aux_scope_parse(const char *name, tm_aux_scope *out)
     return false;
 }
 
-/* The routing extensions of SPEC §4.1/§4.2: sizes and coefficients that are off at zero. */
+/* The routing extensions (docs/model.md): sizes and coefficients that are off at zero. */
 static seldp_status check_routing(const tm_config *cfg)
 {
     if (cfg->d_ff_shared < 0)

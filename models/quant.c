@@ -1,7 +1,7 @@
 /* Quantized expert bases: NF4 (bitsandbytes' 4-bit NormalFloat, blocks of 64 with an F32
  * absmax) and AWQ-style asymmetric 4-bit groups of 32 packed eight to an I32 word, laid
- * out bit for bit as SPEC §4 says. The FP64 reference decodes these layouts with its own
- * code, so a packing mistake here shows up as a gradient mismatch there. */
+ * out bit for bit as docs/model.md (Quantized variants) says. The FP64 reference decodes these
+ * layouts with its own code, so a packing mistake here shows up as a gradient mismatch there. */
 #include <math.h>
 #include <string.h>
 

@@ -1,5 +1,6 @@
-/* The FP64 reference of tiny-moe: the global mean loss over every token of every rank and
- * its gradient for every trainable parameter, on one thread with cblas_dgemm.
+/* The FP64 reference of tiny-moe: the global objective (the mean token loss over every token
+ * of every rank, plus the enabled router losses) and its gradient for every trainable
+ * parameter, on one thread with cblas_dgemm.
  *
  * It shares no math with the FP32 path on purpose: weights are read from a seldp model
  * view by path and upcast here, quantized bases are decoded from their bits here
@@ -11,7 +12,8 @@
  * The work is what the routing asks for: each expert's matrices multiply only the rows
  * routed to it (slots grouped by expert once per layer), and the router's gradient from the
  * gates touches only the selected logits; the dense (N,E) logit gradients exist only when
- * a router loss is on. */
+ * a router loss is on. After the backward, reference_magnitude.c computes the error scale of
+ * every gradient element and of the loss from the activations kept here. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>

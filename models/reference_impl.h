@@ -51,9 +51,11 @@ size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, in
 
 /* After the backward: the magnitude of every gradient element (ref_entry.m) and of the loss
  * (ref->loss_magnitude), from the activations the forward kept in w. The magnitude of a
- * quantity is the same computation with every term replaced by its absolute value: where
- * terms cancel the magnitude stays large while the value shrinks, and the FP32 model's
- * rounding error scales with the magnitude, not with the value (docs/tolerances.md). */
+ * quantity is the standard deviation of the FP32 model's rounding error of it, in units of the
+ * FP32 unit roundoff, propagated through the forward and the backward (each sum's own rounding
+ * and its inputs' errors in quadrature; reference_magnitude.c): where terms cancel it stays
+ * large while the value shrinks, and the FP32 error scales with it, not with the value
+ * (docs/tolerances.md). */
 seldp_status tm__ref_magnitudes(tm_reference *ref, const ref_params *p, ref_work *w);
 
 #endif

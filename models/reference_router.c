@@ -1,8 +1,9 @@
-/* The FP64 reference's routing extensions (SPEC §4.2), written straight from the spec's
- * formulas and apart from the FP32 path's router.c: the capacity decides per expert which of
- * a data shard's assignments it keeps; the load-balancing loss is alpha * E * sum_e f_e P_e
- * over the scope's token set(s), the z-loss beta * mean_t logsumexp(z_t)^2, both
- * differentiated here with respect to the router logits. */
+/* The FP64 reference's routing extensions (docs/model.md, Routing extensions), written
+ * straight from its formulas and apart from the FP32 path's router.c: the capacity decides
+ * per expert which of a data shard's assignments it keeps; the load-balancing loss is
+ * alpha * E * sum_e f_e P_e over the scope's token set(s), the z-loss
+ * beta * mean_t logsumexp(z_t)^2, both differentiated here with respect to the router
+ * logits. */
 #include <math.h>
 #include <string.h>
 

@@ -1,5 +1,7 @@
-/* The FP64 reference's weights (reference_weights.c), for the reference's files only: the
- * FP32 model's files never include this, so the two stay independent. */
+/* The FP64 reference's weights and its result (reference_weights.c): every trainable tensor's
+ * entry by path (its upcast weight, its gradient and the magnitude of each gradient element),
+ * the effective expert weights, and struct tm_reference itself. For the reference's files only:
+ * the FP32 model's files never include this, so the two stay independent. */
 #ifndef TM_REFERENCE_WEIGHTS_H
 #define TM_REFERENCE_WEIGHTS_H
 

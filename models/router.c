@@ -1,5 +1,6 @@
-/* tiny-moe's routing extensions on the CPU in FP32 (SPEC §4.2): expert capacity with token
- * dropping, and the load-balancing (Switch/GShard) and z- (ST-MoE) losses of the router.
+/* tiny-moe's routing extensions on the CPU in FP32 (docs/model.md, Routing extensions):
+ * expert capacity with token dropping, and the load-balancing (Switch/GShard) and z- (ST-MoE)
+ * losses of the router.
  *
  * In the loss-sum convention of the model, a rank contributes N times its share of the
  * global objective, so the router losses enter as
@@ -12,8 +13,8 @@
 
 #include "tm_internal.h"
 
-/* C = ceil(cf * T * K / E) for a data shard of T tokens, in double, left to right (SPEC
- * §4.2); no limit without a capacity factor. */
+/* C = ceil(cf * T * K / E) for a data shard of T tokens, in double, left to right
+ * (docs/model.md); no limit without a capacity factor. */
 static double capacity_of(const tm_config *cfg, uint64_t T)
 {
     const double cf = cfg->capacity_factor;

@@ -1,4 +1,4 @@
-/* tiny-moe's shared expert on the CPU in FP32 (SPEC §4.1, DeepSeek/Megatron SharedExpertMLP):
+/* tiny-moe's shared expert on the CPU in FP32 (docs/model.md; DeepSeek/Megatron SharedExpertMLP):
  * every token of layer l adds silu(u W1s^T) W2s^T, ungated, next to its routed experts. Its
  * weights are shared (non-expert) parameters, replicated over the shared group; with tensor
  * parallelism its w1 is column- and its w2 row-parallel (tensor_parallel.c). */

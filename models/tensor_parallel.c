@@ -1,7 +1,7 @@
-/* Tensor parallelism of tiny-moe (SPEC §4.1), as Megatron's tensor-parallel layers with
- * sequence parallelism compute it (tinymoe.h, tm_tp). A TP rank holds rows [r*V/tp, (r+1)*V/tp)
- * of the embedding, rows of the shared expert's w1 and columns of its w2, and its own T of
- * the TP group's S tokens (rank r's begin at S_offset, in TP order):
+/* Tensor parallelism of tiny-moe (docs/model.md, Sharded and pipelined grid), as Megatron's
+ * tensor-parallel layers with sequence parallelism compute it (tinymoe.h, tm_tp). A TP rank holds
+ * rows [r*V/tp, (r+1)*V/tp) of the embedding, rows of the shared expert's w1 and columns of its w2,
+ * and its own T of the TP group's S tokens (rank r's begin at S_offset, in TP order):
  *
  *   embedding   ids (S) gathered; partial (S,D) from its rows, zero elsewhere; summed over
  *               TP and scattered: h (T,D) its tokens' rows

@@ -1,4 +1,4 @@
-/* tiny-moe: the toy mixture-of-experts model of SPEC §4, its quantized variants
+/* tiny-moe: the toy mixture-of-experts model of docs/model.md, its quantized variants
  * (NF4 and AWQ-style frozen bases with LoRA adapters), a CPU forward/backward in FP32
  * with OpenBLAS split so that experts can run on another rank, and an independent FP64
  * reference of the global loss and its gradient.
@@ -30,15 +30,15 @@
  *   tm_embed_backward(m, dh)
  *   tm_export_grads(m, ...)
  *
- * A sharded rank (SPEC §4.1) holds a part of the model (tm_model_create_part: its pipeline
- * stage's layers, the shard sizes V/tp, F/etp, Fs/tp) and, with tensor parallelism, computes
- * the same calls collectively over its TP group (tm_model_set_tp); a later stage's
- * tm_embed_forward only sizes the caches, its input coming from the previous stage.
+ * A sharded rank (docs/model.md, Sharded and pipelined grid) holds a part of the model
+ * (tm_model_create_part: its pipeline stage's layers, the shard sizes V/tp, F/etp, Fs/tp) and, with
+ * tensor parallelism, computes the same calls collectively over its TP group (tm_model_set_tp); a
+ * later stage's tm_embed_forward only sizes the caches, its input coming from the previous stage.
  *
  * Every parameter gradient is the derivative of the rank's LOSS SUM (not the mean): the sum
- * of its token losses plus its share of the router losses (SPEC §4.2) times the global token
- * count N, so that the shares of all data shards add up to N times the global objective.
- * All functions are for one thread at a time per model; distinct models may be used from
+ * of its token losses plus its share of the router losses (docs/model.md, Routing extensions) times
+ * the global token count N, so that the shares of all data shards add up to N times the global
+ * objective. All functions are for one thread at a time per model; distinct models may be used from
  * distinct threads. Errors are reported as seldp_status with a message in tm_last_error()
  * (tiny-moe's own channel; a tm_ failure clears seldp_last_error()). */
 #ifndef TINYMOE_H
@@ -79,7 +79,7 @@ typedef enum tm_quant {
     TM_QUANT_AWQ = 2   /**< frozen AWQ-style 4-bit base + trainable LoRA adapters */
 } tm_quant;
 
-/** The token set of the load-balancing loss (SPEC §4.2). */
+/** The token set of the load-balancing loss (docs/model.md, Routing extensions). */
 typedef enum tm_aux_scope {
     TM_AUX_GLOBAL = 0, /**< f and P over the whole global batch (every data shard) */
     TM_AUX_LOCAL = 1   /**< each data shard's own tokens, weighted by its token share */
@@ -99,7 +99,7 @@ typedef struct tm_config {
     int lora_rank;     /**< r (quantized variants only) */
     double lora_alpha; /**< alpha; the adapter scale is alpha / r */
     uint64_t seed;     /**< initialization seed (mixed with the rank) */
-    /* Routing extensions (SPEC §4.1 shared expert, §4.2), all off when zero. */
+    /* Routing extensions (docs/model.md), all off when zero. */
     int d_ff_shared;             /**< Fs of the ungated shared expert; 0: none */
     double aux_loss_coeff;       /**< alpha of the load-balancing loss; 0: off */
     tm_aux_scope aux_loss_scope; /**< its token set: global (default) or each data shard */
@@ -141,8 +141,8 @@ bool tm_dtype_parse(const char *name, seldp_dtype *out);
 
 /** Write the config as one JSON object with the keys, in this order, `vocab, d_model, d_ff,
  * experts, top_k, layers, eps, dtype, quant, lora_rank, lora_alpha, seed, d_ff_shared,
- * aux_loss_coeff, aux_loss_scope, z_loss_coeff, capacity_factor` (SPEC §5, §5.1) into
- * buf (always NUL-terminated). Floats are written so that they parse back to the same value.
+ * aux_loss_coeff, aux_loss_scope, z_loss_coeff, capacity_factor` (docs/formats.md, Config JSON)
+ * into buf (always NUL-terminated). Floats are written so that they parse back to the same value.
  * Returns the length it needed (excluding the NUL), like snprintf: a result >= size means
  * the text was truncated. */
 size_t tm_config_json(const tm_config *cfg, char *buf, size_t size);
@@ -213,19 +213,19 @@ seldp_param_id tm_default_param_id(const char *path, int rank, void *user);
  * streams keyed by (cfg->seed, rank, path), so the same seed and rank give the same bytes
  * on any machine and a different rank gives different bytes; quantized bases are made by
  * quantizing a dense random weight drawn the same way. Every occurrence is registered in a
- * seldp_model view (tm_model_view) with its SPEC §4 path, the ids from `id_fn` (NULL: the
- * default scheme), frozen = true for quantized bases and the codebook, and tag = the
+ * seldp_model view (tm_model_view) with its path (docs/model.md, Parameters), the ids from `id_fn`
+ * (NULL: the default scheme), frozen = true for quantized bases and the codebook, and tag = the
  * occurrence's tm_param_info. On success *out owns everything; on failure nothing is
  * allocated and seldp_last_error names the problem (INVALID_ARGUMENT for a bad config or
  * expert list, ALIAS/DUPLICATE for ids that collide, NOMEM). */
 seldp_status tm_model_create(const tm_config *cfg, int rank, const int *experts, int n_experts,
                              tm_param_id_fn id_fn, void *id_user, tm_model **out);
 
-/** The part of the logical model one pipeline stage holds (SPEC §4.1): layers
- * [first_layer, end_layer), the embedding (stage 0) and the head with the final norm (the
- * last stage). With both, embed.weight and its tied alias lm_head.weight share one storage
- * as in tm_model_create; with the head alone the copy is a parameter of its own registered
- * as `lm_head.weight` (its own id). */
+/** The part of the logical model one pipeline stage holds (docs/model.md, Sharded and
+ * pipelined grid): layers [first_layer, end_layer), the embedding (stage 0) and the head with
+ * the final norm (the last stage). With both, embed.weight and its tied alias lm_head.weight
+ * share one storage as in tm_model_create; with the head alone the copy is a parameter of its
+ * own registered as `lm_head.weight` (its own id). */
 typedef struct tm_part {
     int first_layer;
     int end_layer;
@@ -255,9 +255,9 @@ seldp_status tm_model_set_grad(tm_model *m, const char *path, const float *grad)
  * not. No-op out of range. */
 void tm_model_set_seen(tm_model *m, int l, int e, bool seen);
 
-/** Tensor parallelism (SPEC §4.1) of a model created with the shard sizes (vocab V/tp,
- * d_ff_shared Fs/tp): the communication of its TP group, which the caller supplies so that
- * tiny-moe stays free of transports. With it the model computes as Megatron's
+/** Tensor parallelism (docs/model.md, Sharded and pipelined grid) of a model created with the shard
+ * sizes (vocab V/tp, d_ff_shared Fs/tp): the communication of its TP group, which the caller
+ * supplies so that tiny-moe stays free of transports. With it the model computes as Megatron's
  * tensor-parallel layers with sequence parallelism do: each TP rank's own tokens go through
  * the norms, routers and experts; they are gathered over TP before the vocabulary-parallel
  * embedding and head and the column-parallel w1 of the shared expert, and the partial
@@ -463,7 +463,7 @@ seldp_status tm_export_grad(const tm_model *m, size_t index, double scale, bool 
                             seldp_grads *out);
 
 /* ---------------------------------------------------------------------------------------
- * Quantization (exactly SPEC §4's bit layouts)
+ * Quantization (exactly the bit layouts of docs/model.md, Quantized variants)
  * ------------------------------------------------------------------------------------- */
 
 /** The standard 16-value NF4 table, ascending, codebook[7] == 0. */
@@ -509,15 +509,15 @@ typedef struct tm_ref_perturb {
 
 /** The global objective on one thread in FP64 (cblas_dgemm), by code independent of the
  * FP32 path: the mean over all tokens of all ranks of the token loss, plus the router losses
- * the config enables (SPEC §4.2), and its gradient for every trainable parameter. Each of the
- * n_ranks token lists is one data shard (capacity and the local-scope load-balancing loss
- * are per shard, in the order of its tokens). `weights` must hold every SPEC §4 path of `cfg` with
- * all experts (e.g. tm_model_view of a model created with all experts and filled with
- * tm_model_copy_params); values are read as stored and upcast exactly, quantized bases
- * dequantized in FP64. tokens[r], targets[r] (counts[r]) are rank r's, for n_ranks ranks.
- * perturb may be NULL. On success *out owns the result. Errors: INVALID_ARGUMENT (config,
+ * the config enables (docs/model.md, Routing extensions), and its gradient for every trainable
+ * parameter. Each of the n_ranks token lists is one data shard (capacity and the local-scope
+ * load-balancing loss are per shard, in the order of its tokens). `weights` must hold every path of
+ * `cfg` (docs/model.md, Parameters) with all experts (e.g. tm_model_view of a model created with
+ * all experts and filled with tm_model_copy_params); values are read as stored and upcast exactly,
+ * quantized bases dequantized in FP64. tokens[r], targets[r] (counts[r]) are rank r's, for n_ranks
+ * ranks. perturb may be NULL. On success *out owns the result. Errors: INVALID_ARGUMENT (config,
  * token or target out of range, no token at all), NOT_FOUND (a path missing), SHAPE/DTYPE
- * (a tensor not as SPEC §4 says), NOMEM. */
+ * (a tensor not as docs/model.md's parameter table says), NOMEM. */
 seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weights,
                                   const int32_t *const *tokens, const int32_t *const *targets,
                                   const size_t *counts, int n_ranks, const tm_ref_perturb *perturb,
@@ -556,13 +556,16 @@ size_t tm_reference_tokens(const tm_reference *ref);
 const double *tm_reference_grad(const tm_reference *ref, const char *path, size_t *numel);
 
 /** The magnitude of each element of tm_reference_grad's array (the same numel and NULL
- * cases): the gradient recomputed with every term replaced by its absolute value, >= |grad|.
- * The FP32 model's rounding error of an element is a small multiple of the unit roundoff times
- * its magnitude (docs/tolerances.md). */
+ * cases): the standard deviation of the FP32 model's rounding error of that element, in units
+ * of the FP32 unit roundoff, carried through the forward and the backward by variance
+ * propagation (each sum's own rounding and its inputs' errors in quadrature;
+ * reference_magnitude.c). Where the terms of an element cancel it stays large while the value
+ * shrinks. The checks bound the FP32 error by a few of these (docs/tolerances.md). */
 const double *tm_reference_magnitude(const tm_reference *ref, const char *path, size_t *numel);
 
-/** The magnitude of the global mean loss: the mean over tokens of |logsumexp| + |target logit|
- * (the two terms a token's loss is the difference of) plus the router losses. */
+/** The magnitude of the global mean loss: the standard deviation of the FP32 model's rounding
+ * error of the loss (token losses and router losses), in units of the FP32 unit roundoff, by the
+ * same variance propagation as tm_reference_magnitude. */
 double tm_reference_loss_magnitude(const tm_reference *ref);
 
 /** Number of tokens (over all ranks, counting each of the K slots) that layer l routed to

@@ -1,4 +1,5 @@
-/* The global gradient norm across sessions, and clipping by it (SPEC §3.5).
+/* The global gradient norm across sessions, and clipping by it
+ * (docs/library.md, Global gradient norm).
  *
  * One all-gather over the parent carries everything: each rank's status, the call it
  * made, and for each session it lists a fingerprint of the session's selection, its group

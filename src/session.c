@@ -13,7 +13,7 @@
  * Transport calls made by each public function (every rank of the group makes the same):
  *   seldp_session_initialize, seldp_session_initialize_with_buffers:
  *     1 allgather of a fixed record (status, world rank, call, root, bucket size, finiteness
- *       check, whether the rank can take the fused reduce path);
+ *       check, staged commit, whether the rank can take the fused reduce path);
  *     on a local failure somewhere: 1 allgatherv of the error messages, then return;
  *     1 allgatherv of the schema manifests;
  *     per dtype d of the selection, ceil(bytes_d / bucket) broadcasts from the root.

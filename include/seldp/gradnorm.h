@@ -1,5 +1,6 @@
 /** @file
- * The global gradient norm across sessions, and clipping by it (SPEC §3.5).
+ * The global gradient norm across sessions, and clipping by it
+ * (docs/library.md, Global gradient norm).
  *
  * A rank's gradients are reduced by several sessions: the shared weights over one group,
  * each expert over its expert-data-parallel group, tensor-parallel shards over theirs. The

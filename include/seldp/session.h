@@ -27,13 +27,14 @@
  * staged_commit) must be equal on every rank at initialize.
  *
  * Memory and timing (the price of "nothing is lost"):
- * - A session stages its selection in FP32: the bucketed reduce path (every transport
- *   but the host-staged one, and device memory) allocates, at its first reduction, one
+ * - A session stages its selection in FP32: the bucketed reduce path (MPI, and the
+ *   host-staged transport on device memory) allocates, at its first reduction, one
  *   F32 buffer of every reducible selected element on the communicator's device (4 bytes
  *   an element, twice a BF16 selection's size) and keeps it until seldp_session_destroy;
  *   gradients are converted into it, reduced, and only converted back into the caller's
- *   tensors once every collective has succeeded. The fused path of the host-staged
- *   transport needs no such buffer. Results that cannot be written in place (FP32
+ *   tensors once every collective has succeeded. The fused path (the host-staged transport
+ *   on host memory, NCCL on the rank's GPU, which keeps its own F32 buffer in the
+ *   transport) needs no such buffer. Results that cannot be written in place (FP32
  *   variants of half inputs, entries added under the zero policy) are allocated before
  *   any collective, so that the commit cannot run out of memory halfway.
  * - A reduction starts when it is called, after backward, unless you use the overlapped
@@ -45,8 +46,9 @@
  * every rank has passed the agreement):
  * - Bucketed path: the results are still in the staging buffer, so the caller's gradients
  *   are unchanged on every rank that returns an error.
- * - Fused path: the results are written into the caller's tensors as they are computed,
- *   in the one rendezvous every rank entered. If the transport fails after that writing
+ * - Fused path: the results are written into the caller's tensors as they are computed
+ *   (the host-staged transport: in the one rendezvous every rank entered; NCCL: once every
+ *   bucket's allreduce has completed). If the transport fails after that writing
  *   began, the call returns SELDP_ERR_GRADS_UNDEFINED: the selected gradients (inputs and
  *   any results) hold undefined values, while entries and ownership in the container and
  *   every unselected gradient are unchanged; a failure before it returns the transport's
@@ -56,10 +58,9 @@
  *   into the FP32 staging buffer instead, and every rank commits only after a final
  *   agreement (one more small all-gather) that every rank's reduction succeeded, so any
  *   failure before the commit leaves every rank's gradients unchanged. It costs the staging
- *   buffer and a conversion pass; measured with seldp-bench --op reduce (64 MiB of mixed
- *   F32/BF16 gradients per rank, 2 and 4 ranks on a 2-core machine, results/bench §5),
- *   2.5-3.5 times the time of the fused path without it, which is why it is not the
- *   default.
+ *   buffer and a conversion pass, several times the fused path's time on the host-staged
+ *   transport (seldp-bench --op reduce --staged-commit; results/bench/README.md, section 5),
+ *   which is why it is not the default.
  * Only the commit itself (writing the staged results into the container) follows the last
  * collective, and it cannot fail: every result buffer and the container's room for new
  * entries are allocated before the agreement. */
@@ -226,7 +227,7 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  * still sent (as zeros) before finish learns that it is absent. On the host-staged
  * transport's fused path each bucket is one fused reduction into the staging buffer.
  *
- * Contracts, those of the blocking calls (SPEC 3.3) unchanged:
+ * Contracts, those of the blocking calls (above; docs/library.md) unchanged:
  * - The results are bit-identical to the blocking call of the same inputs on the same
  *   communicator and reduce path: sums in F32 in rank order, scaled, converted back with
  *   round to nearest even. (The host-staged and MPI transports sum an element the same way
@@ -247,8 +248,9 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  *   a transport failure that leaves the ranks unable to exchange it: each rank's own).
  *   The price is the commit after the final agreement: every result copied from the
  *   staging buffer into the gradients, after the last bucket, on the step's critical path
- *   (on the host-staged transport, where the reduction is itself memory traffic on the
- *   same cores, about a third of the reduction's time).
+ *   (on the host-staged transport the reduction is itself memory traffic on the same cores,
+ *   so the copy is a sizeable part of it: seldp-bench --op overlap, results/bench/README.md,
+ *   section 7).
  * - cfg.overlap_in_place (fused sessions: the host-staged transport on host memory, NCCL
  *   on its GPU) moves that copy off the critical path: before a bucket's reduction, this
  *   rank's gradients in it are copied into the staging buffer, and the bucket's results are

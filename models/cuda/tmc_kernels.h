@@ -29,7 +29,8 @@ cudaError_t tmc_k_export(cudaStream_t stream, const float *acc, size_t n, double
 cudaError_t tmc_k_nf4_dequant(cudaStream_t stream, const uint8_t *qweight, const float *absmax,
                               const float *codebook, size_t n, float *w);
 
-/* w (out,in) = (q - z) * s with AWQ-style packing (SPEC §4), group size 32. */
+/* w (out,in) = (q - z) * s with AWQ-style packing (docs/model.md, Quantized variants),
+ * group size 32. */
 cudaError_t tmc_k_awq_dequant(cudaStream_t stream, const int32_t *qweight, const uint16_t *scales,
                               const int32_t *qzeros, int out, int in, float *w);
 

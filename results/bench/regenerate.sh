@@ -1,6 +1,7 @@
 #!/bin/sh
-# Regenerate results/bench/: the benchmark figures of SPEC §6 (tables, JSON lines, CSV, gnuplot
-# PNG plots and README.md with the targets of the performance issue checked against them).
+# Regenerate results/bench/: the benchmark figures of docs/benchmarks.md (tables, JSON lines,
+# CSV, gnuplot PNG plots and README.md with the targets of the performance issue checked against
+# them).
 #
 #   results/bench/regenerate.sh                      uses build/bin/seldp-bench (a Release build)
 #   SELDP_BENCH_BIN=path/to/bin results/bench/regenerate.sh
@@ -332,7 +333,7 @@ on $started: $cpu, $cores cores, $mem, load average $load_before before and $loa
 move by 10-30%, and under a heavy load single rows drop far more; run it on an idle machine.
 Each figure is the median of its samples, and every result is validated (\`#wrong\` = 0).
 
-Conventions (SPEC §6, nccl-tests): sizes are bytes per rank, algbw = size / time, busbw =
+Conventions (docs/benchmarks.md, nccl-tests): sizes are bytes per rank, algbw = size / time, busbw =
 algbw * 2(n-1)/n for an allreduce and algbw for a broadcast.
 
 **The bound.** B is the machine's best copy bandwidth, measured in the same run: the n rank

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Regenerate results/grid/report.md and results/grid/runs/<name>/ (report.json, report.md):
-# seldp-harness trains the sharded and pipelined tiny-moe on each framework's grid (SPEC §4.1,
-# §5.1).
+# seldp-harness trains the sharded and pipelined tiny-moe on each framework's grid
+# (docs/model.md, Sharded and pipelined grid; docs/harness.md, Framework presets).
 #
 #   results/grid/regenerate.sh             uses build/bin/seldp-harness
 #   SELDP_HARNESS=path/to/seldp-harness results/grid/regenerate.sh
@@ -64,8 +64,9 @@ rm -f "$here/sweep.log"
 # seldp-harness on the frameworks' grids: the sharded and pipelined tiny-moe
 
 Each run trains tiny-moe sharded as the named framework shards it (tensor, expert-tensor,
-context and pipeline parallelism, SPEC §4.1) on its group layout, rank for rank (SPEC §5.1),
-and checks on every rank and step each shard's reduced gradient against the same slice of the
+context and pipeline parallelism, docs/model.md) on its group layout, rank for rank
+(docs/harness.md, Framework presets), and checks on every rank and step each shard's reduced
+gradient against the same slice of the
 FP64 reference's logical gradient (relative error ≤ 1e-5 for FP32 results, ≤ 2e-3 for F16,
 ≤ 1e-2 for BF16), that replicas are bit-identical per replica set after initialize and after
 every reduction, and that unselected parameters and gradients are left alone. "checks" counts

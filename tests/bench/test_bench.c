@@ -1,6 +1,6 @@
 /* seldp-bench on tiny sizes: it runs, every JSON line is a well-formed row with the keys of
- * SPEC §6, every result validates (wrong == 0), the row count matches the sizes and ranks
- * asked for, every bound fraction is against B = the better of the memcpy and stream rows
+ * docs/benchmarks.md (Output), every result validates (wrong == 0), the row count matches the sizes
+ * and ranks asked for, every bound fraction is against B = the better of the memcpy and stream rows
  * of its size, and --out, --compare mpi, --compare gloo (against a stub program printing
  * known rows, and without torch), --staged-commit, --gpu, --help and bad options behave.
  * Nothing here is timed. Usage: bench_smoke PATH/TO/seldp-bench */
@@ -172,7 +172,8 @@ static const kept_row *find_kept(const run_result *r, const kept_row *k, const c
 }
 
 /* Every bounded row's B is the better of the memcpy and stream rows of its op, ranks and
- * size, and its fraction is the bytes it must move over B, over its time (SPEC §6). */
+ * size, and its fraction is the bytes it must move over B, over its time (docs/benchmarks.md, The
+ * bound). */
 static void check_bounds(const run_result *r, const char *impl)
 {
     int checked = 0;

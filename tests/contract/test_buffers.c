@@ -1,5 +1,5 @@
-/* Contract of seldp_session_initialize_with_buffers (SPEC §3.2): native integer and bool
- * buffers (NF4 bytes with absmax and codebook, AWQ words with scales and zeros) broadcast
+/* Contract of seldp_session_initialize_with_buffers (docs/library.md, Initialize): native integer
+ * and bool buffers (NF4 bytes with absmax and codebook, AWQ words with scales and zeros) broadcast
  * bit-exactly in their own width beside the adapters, rejected by plain initialize, kept
  * frozen and never reduced. */
 #include <setjmp.h>

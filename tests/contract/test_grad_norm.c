@@ -1,6 +1,6 @@
-/* Contract of seldp_grad_norm and seldp_clip_grad_norm (SPEC §3.5): the L2 norm of the
- * logical gradient over several sessions, every replica set counted once and every shard
- * once, the same bits on every rank of the parent; clipping by min(1, max_norm / (norm +
+/* Contract of seldp_grad_norm and seldp_clip_grad_norm (docs/library.md, Global gradient norm): the
+ * L2 norm of the logical gradient over several sessions, every replica set counted once and every
+ * shard once, the same bits on every rank of the parent; clipping by min(1, max_norm / (norm +
  * 1e-6)); a non-finite norm reported everywhere with nothing clipped; the lists of sessions
  * agreeing across ranks; errors the same on every rank with nothing changed. */
 #include <math.h>

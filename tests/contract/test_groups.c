@@ -1,6 +1,7 @@
-/* Contract of sessions over split groups (SPEC §1, §3.4): an expert's data group made by
- * seldp_comm_split, used in the same step as a session over the whole world; roots and
- * ranks are group ranks; a failure in one group leaves the other groups alone. */
+/* Contract of sessions over split groups (docs/README.md; docs/library.md, Communicators and
+ * transports): an expert's data group made by seldp_comm_split, used in the same step as a session
+ * over the whole world; roots and ranks are group ranks; a failure in one group leaves the other
+ * groups alone. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

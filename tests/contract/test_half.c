@@ -1,5 +1,5 @@
-/* Contract of half-precision reductions (SPEC §3.3): F16 and BF16 gradients are
- * communicated and summed in FP32 and cast back with round-to-nearest-even, unless an FP32
+/* Contract of half-precision reductions (docs/library.md, Reduce and sum): F16 and BF16 gradients
+ * are communicated and summed in FP32 and cast back with round-to-nearest-even, unless an FP32
  * variant was called; checked against FP64 computations. */
 #include <math.h>
 #include <setjmp.h>

@@ -1,5 +1,5 @@
-/* Contract of seldp_session_initialize (SPEC §3.1-3.2): what a successful initialize
- * broadcasts, what it leaves alone, how it orders and coalesces its broadcasts. */
+/* Contract of seldp_session_initialize (docs/library.md: Model view, Initialize): what a successful
+ * initialize broadcasts, what it leaves alone, how it orders and coalesces its broadcasts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

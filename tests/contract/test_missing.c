@@ -1,7 +1,7 @@
-/* Contract of the missing-gradient policies (SPEC §3.3): under `error` an active rank that
- * lacks a gradient some active rank has is named; under `zero` it contributes zero and
- * receives the result; under both, a parameter no active rank has a gradient for stays
- * absent everywhere. */
+/* Contract of the missing-gradient policies (docs/library.md, Missing gradients): under `error` an
+ * active rank that lacks a gradient some active rank has is named; under `zero` it contributes zero
+ * and receives the result; under both, a parameter no active rank has a gradient for stays absent
+ * everywhere. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

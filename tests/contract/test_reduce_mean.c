@@ -1,6 +1,6 @@
 /* Contract of seldp_session_reduce and seldp_session_reduce_fp32, the weighted mean
- * (SPEC §3.3): result = sum_r g_r / sum_r w_r, written in place, unselected gradients
- * untouched, inactive ranks contributing nothing, zero global weight, overflow, FP32
+ * (docs/library.md, Reduce and sum): result = sum_r g_r / sum_r w_r, written in place, unselected
+ * gradients untouched, inactive ranks contributing nothing, zero global weight, overflow, FP32
  * results, non-finite detection, and the collectives one call makes. */
 #include <math.h>
 #include <setjmp.h>

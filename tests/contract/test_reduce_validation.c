@@ -1,7 +1,7 @@
-/* Contract of the reductions' collective validation and agreement (SPEC §3.3): a gradient
- * for a frozen parameter, of the wrong shape, dtype or device, a different method, FP32
- * flag or policy on any one rank: every rank returns the same status and message, nobody
- * blocks, every container is unchanged, and the group stays in step. */
+/* Contract of the reductions' collective validation and agreement (docs/library.md: Reduce and sum,
+ * Agreement): a gradient for a frozen parameter, of the wrong shape, dtype or device, a different
+ * method, FP32 flag or policy on any one rank: every rank returns the same status and message,
+ * nobody blocks, every container is unchanged, and the group stays in step. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
-/* Contract of seldp_session_sum and seldp_session_sum_fp32 (SPEC §3.3): no division,
- * local_active decides eligibility and not scale, global_weight counts active ranks, an
+/* Contract of seldp_session_sum and seldp_session_sum_fp32 (docs/library.md, Reduce and sum): no
+ * division, local_active decides eligibility and not scale, global_weight counts active ranks, an
  * all-inactive window returns only the untouched gradients. */
 #include <math.h>
 #include <setjmp.h>

@@ -1,6 +1,6 @@
-/* Contract of initialize's collective validation (SPEC §3.2): every listed defect, on any
- * one rank, makes every rank of the group return the same status and the same message,
- * naming the first offending path and the ranks; nobody blocks; no parameter is written;
+/* Contract of initialize's collective validation (docs/library.md, Initialize): every listed
+ * defect, on any one rank, makes every rank of the group return the same status and the same
+ * message, naming the first offending path and the ranks; nobody blocks; no parameter is written;
  * and the communicator stays usable for the next collective. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,5 +1,5 @@
-/* Construction of a rank's model: SPEC §4's paths, shapes, dtypes, roles and frozen flags
- * for every quant variant; the embed/lm_head tie; one contiguous block per dtype;
+/* Construction of a rank's model: the paths (docs/model.md, Parameters), shapes, dtypes, roles and
+ * frozen flags for every quant variant; the embed/lm_head tie; one contiguous block per dtype;
  * deterministic rank-dependent initialization (golden bytes pin it across machines);
  * ParamIds from the default scheme or a caller's function; config checks, names and JSON. */
 #include <math.h>

@@ -1,4 +1,4 @@
-/* Quantized bases: the exact bit layouts of SPEC §4 on hand-made weights (NF4 nibble order
+/* Quantized bases: the exact bit layouts of docs/model.md on hand-made weights (NF4 nibble order
  * and absmax blocks; AWQ word packing, F16 scales and qzeros words), and round trips of
  * random weights within each format's bound. */
 #include <math.h>

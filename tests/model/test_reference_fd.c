@@ -104,7 +104,7 @@ static void check_fd(tm_quant quant, unsigned roles)
     assert_int_equal(check_fd_config(&cfg, roles), 0);
 }
 
-/* The routing extensions of SPEC §4.1/§4.2, every term at once: the shared expert's weights,
+/* The routing extensions (docs/model.md), every term at once: the shared expert's weights,
  * the router through the load-balancing loss (either scope) and the z-loss, and the experts
  * and gates under a capacity that drops assignments (C = 2 and 3 on the two shards). */
 static tm_config routing_config(tm_aux_scope scope)
@@ -132,7 +132,7 @@ static void test_fd_routing_local(void **state)
     assert_true(check_fd_config(&cfg, TM_ROLE_SHARED) > 0);
 }
 
-/* Each router loss on its own moves the loss by the formula of SPEC §4.2 (so the FD checks
+/* Each router loss on its own moves the loss by its formula in docs/model.md (so the FD checks
  * above are not checking a term that is absent). */
 static void test_router_losses_present(void **state)
 {

@@ -1,6 +1,6 @@
-/* tiny-moe's routing extensions (SPEC §4.1 shared expert, §4.2): the FP32 split step against
- * the FP64 reference with each option on its own and all together, on one data shard
- * (tm_step_local) and on three (the global load-balancing statistics summed over the shards
+/* tiny-moe's routing extensions (docs/model.md: the shared expert, Routing extensions): the FP32
+ * split step against the FP64 reference with each option on its own and all together, on one data
+ * shard (tm_step_local) and on three (the global load-balancing statistics summed over the shards
  * and handed back with tm_route_set_balance, as the harness does); capacity dropping pinned
  * by a hand-computed case; the config's validation and JSON keys. */
 #include <math.h>
@@ -464,7 +464,7 @@ static void test_config(void **state)
     assert_int_equal(cfg.d_ff_shared, 0);
     assert_true(cfg.aux_loss_coeff == 0.0 && cfg.z_loss_coeff == 0.0);
     assert_true(cfg.capacity_factor == 0.0);
-    assert_int_equal(cfg.aux_loss_scope, TM_AUX_GLOBAL); /* SPEC §4.2's default */
+    assert_int_equal(cfg.aux_loss_scope, TM_AUX_GLOBAL); /* the default (docs/model.md) */
     tm_config c = cfg;
     c.d_ff_shared = -1;
     assert_int_equal(tm_config_check(&c), SELDP_ERR_INVALID_ARGUMENT);

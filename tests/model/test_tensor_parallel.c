@@ -1,8 +1,8 @@
-/* tiny-moe's tensor parallelism (tm_tp, SPEC §4.1): two TP ranks, each a model of the shard
- * sizes (vocab V/2, d_ff_shared Fs/2) holding its rows of the embedding and of the shared
- * expert's w1 and its columns of w2, run their own tokens through tm_step_local on two threads,
- * communicating through a gather and a sum over the pair. Together they must give the
- * one-model step on the concatenated tokens: the loss sums add up to its loss, each split
+/* tiny-moe's tensor parallelism (tm_tp; docs/model.md, Sharded and pipelined grid): two TP ranks,
+ * each a model of the shard sizes (vocab V/2, d_ff_shared Fs/2) holding its rows of the embedding
+ * and of the shared expert's w1 and its columns of w2, run their own tokens through tm_step_local
+ * on two threads, communicating through a gather and a sum over the pair. Together they must give
+ * the one-model step on the concatenated tokens: the loss sums add up to its loss, each split
  * tensor's gradient equals its slice of the full gradient, and the replicated norms' and
  * routers' gradients add up to the full ones. Also with a TP rank that has no token. */
 #define _POSIX_C_SOURCE 200809L /* pthread_barrier_t */

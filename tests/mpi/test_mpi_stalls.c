@@ -1,7 +1,7 @@
-/* A rank of the MPI transport stalled at each phase of a collective (SPEC §3.4), with a
- * timeout shorter and one longer than the stall, and an abort from a watchdog thread while
- * the stalled rank is inside its call: every rank returns (OK with the right result, or
- * SELDP_ERR_TIMEOUT / SELDP_ERR_ABORTED naming the stalled rank or the abort), and the
+/* A rank of the MPI transport stalled at each phase of a collective (docs/library.md, Communicators
+ * and transports), with a timeout shorter and one longer than the stall, and an abort from a
+ * watchdog thread while the stalled rank is inside its call: every rank returns (OK with the right
+ * result, or SELDP_ERR_TIMEOUT / SELDP_ERR_ABORTED naming the stalled rank or the abort), and the
  * outputs of a rank that returned an error hold the sentinel they were filled with, checked
  * after the stalled rank has resumed and finished its call: nothing writes into a caller's
  * memory after its call returned.

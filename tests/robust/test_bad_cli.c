@@ -1,4 +1,4 @@
-/* The bad-input matrix of the command line (SPEC §5): seldp-harness run in-process with one
+/* The bad-input matrix of the command line (docs/harness.md): seldp-harness run in-process with one
  * malformed option per row. Each row must exit with status 2 before anything runs: exactly
  * one line on stderr, naming the option, the value and what was expected; nothing on stdout;
  * and no output folder created. */
@@ -72,7 +72,8 @@ static const crow MATRIX[] = {
     {"--layout-file @/broken-root.json", {"experts[1].root: root 0 is not in its group"}},
     {"--dump d --steps 0", {"--dump d: needs at least one step"}},
     {"--dump ''", {"--dump '': expected a directory"}},
-    /* the sharded tiny-moe (SPEC §4.1): sizes it cannot split, features not supported yet */
+    /* the sharded tiny-moe (docs/harness.md, Framework presets): sizes it cannot split, features
+       not supported yet */
     {"--framework megatron --pp 2 --layers 3", {"--pp 2: must divide the layers (--layers 3)"}},
     {"--tp 2 --vocab 65", {"--tp 2: must divide the vocabulary (--vocab 65)"}},
     {"--tp 2 --etp 1 --shared-expert-ff 33",

@@ -1,6 +1,6 @@
-/* The bad-input matrix of layouts (SPEC §5): malformed and inconsistent layout files, and
- * generated layouts with impossible sizes, one row per case. Each row must fail with the
- * documented status and a one-line message naming the file, the line:column and what was
+/* The bad-input matrix of layouts (docs/formats.md, Layout files): malformed and inconsistent
+ * layout files, and generated layouts with impossible sizes, one row per case. Each row must fail
+ * with the documented status and a one-line message naming the file, the line:column and what was
  * expected; produce no layout (the output stays NULL); and leak nothing (the asan preset
  * runs this too). The layout's own JSON round-trips for the rows that are valid. */
 #define _POSIX_C_SOURCE 200809L

@@ -1,6 +1,6 @@
-/* The bad-input matrix of the model view, the gradient container and tensors (SPEC §3.1):
- * one row per malformed call. Each row starts from the same fixture (a model with a tied
- * alias and a frozen parameter, a container with a borrowed and an owned entry), makes one
+/* The bad-input matrix of the model view, the gradient container and tensors (docs/library.md,
+ * Model view): one row per malformed call. Each row starts from the same fixture (a model with a
+ * tied alias and a frozen parameter, a container with a borrowed and an owned entry), makes one
  * call, and checks the documented status, that the message names the rank, the path and
  * what was expected, and that the view, the container and every tensor's bytes are exactly
  * as before (snapshots). Rows that succeed check what changed instead. */

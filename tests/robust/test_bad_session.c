@@ -1,4 +1,4 @@
-/* The bad-input matrix of sessions (SPEC §3.2-3.4): initialize and the four reductions fed
+/* The bad-input matrix of sessions (docs/library.md): initialize and the four reductions fed
  * null, zero-length, out-of-range, inconsistent and non-finite input, one row per case.
  *
  * Every row runs on its own host world. Each rank starts from the contract tests' standard

@@ -1,7 +1,7 @@
-/* Faults injected at every collective point of a session's life (SPEC §3.4): one rank of
- * three aborts, returns early or stalls at the k-th collective it enters, for every k of
- * the join, initialize and the four reductions; and one rank of four, in a session over a
- * group split from the world in reverse order, at every point of the join, the split,
+/* Faults injected at every collective point of a session's life (docs/library.md, Communicators and
+ * transports): one rank of three aborts, returns early or stalls at the k-th collective it enters,
+ * for every k of the join, initialize and the four reductions; and one rank of four, in a session
+ * over a group split from the world in reverse order, at every point of the join, the split,
  * initialize and a reduction. The others must return SELDP_ERR_ABORTED
  * or SELDP_ERR_TIMEOUT within the timeout, naming the faulty rank; every rank must fail in
  * the same call; the callers' gradients and (before the broadcasts) models must be

@@ -1,4 +1,4 @@
-/* Sessions called out of step (SPEC §3.3, agreement): two or more sessions of one
+/* Sessions called out of step (docs/library.md, Agreement): two or more sessions of one
  * communicator reduced in a different order on different ranks, a call one rank missed, a
  * different session at the same point. Each is SELDP_ERR_DISAGREE on every rank with one
  * message that names the public call, both sessions (by their first paths) and the call

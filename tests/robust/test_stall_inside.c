@@ -1,8 +1,8 @@
-/* A rank stalled inside a collective of the host-staged transport (SPEC §3.4): it has
- * arrived and holds access to the other ranks' buffers when its thread stops (the fault
- * hook's SELDP__FAULT_STALL_INSIDE, a sleep after its first chunk of work). The others must
- * wait for it rather than return while it may still read or write their memory; at their
- * timeout they abort the world, it stops at its next chunk, and every rank returns
+/* A rank stalled inside a collective of the host-staged transport (docs/library.md, Communicators
+ * and transports): it has arrived and holds access to the other ranks' buffers when its thread
+ * stops (the fault hook's SELDP__FAULT_STALL_INSIDE, a sleep after its first chunk of work). The
+ * others must wait for it rather than return while it may still read or write their memory; at
+ * their timeout they abort the world, it stops at its next chunk, and every rank returns
  * SELDP_ERR_TIMEOUT naming the stalled rank.
  *
  * Each rank frees the buffers others read and fills the ones others write with a sentinel
