@@ -5,7 +5,7 @@
  * (mpirun: the MPI transport, or NCCL bootstrapped over MPI), in which case this process
  * holds one rank and rank 0's process does the checks and writes the reports.
  *
- * Transports and devices (SPEC §3.4, §5):
+ * Transports and devices (docs/library.md, Communicators and transports; docs/harness.md):
  *   host  host-staged, every rank in this process; rank r on cuda:(r % GPUs) when this
  *         process sees GPUs, else on the host.
  *   nccl  one GPU per rank: rank r on cuda:r in this process; under mpirun, one process

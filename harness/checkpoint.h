@@ -1,5 +1,5 @@
-/* Checkpoints of a harness run (SPEC §7): --save DIR writes the training state at the end of
- * a step, --resume DIR continues from it under the same or another layout and world.
+/* Checkpoints of a harness run (docs/harness.md, Checkpoints): --save DIR writes the training state
+ * at the end of a step, --resume DIR continues from it under the same or another layout and world.
  *
  * A checkpoint directory holds safetensors shards of the logical tensors and one index.json:
  *

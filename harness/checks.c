@@ -1,5 +1,5 @@
-/* The checks of SPEC §5, run by the main thread between the ranks' phases: replicas after
- * initialize, every reduced gradient against the FP64 reference, bit-identical replicas,
+/* The checks (docs/harness.md, Checks), run by the main thread between the ranks' phases: replicas
+ * after initialize, every reduced gradient against the FP64 reference, bit-identical replicas,
  * experts no token reached. Every outcome is counted in run->checks; none stops the run. */
 #include <math.h>
 #include <stdarg.h>

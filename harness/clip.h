@@ -1,4 +1,4 @@
-/* --clip-grad: the global gradient norm of SPEC §3.5 in a training step.
+/* --clip-grad: the global gradient norm (docs/library.md, Global gradient norm) in a training step.
  *
  * After the reductions every rank asks the library for the norm of the logical gradient over
  * its sessions (the shared group and its expert-data groups, each replica set counted once);

@@ -1,4 +1,4 @@
-/* --dump DIR (SPEC §5, §5.1): for one step, rank{r}.safetensors with the parameters (the
+/* --dump DIR (docs/formats.md, Dumps): for one step, rank{r}.safetensors with the parameters (the
  * rank's shards under their logical paths) as that step's forward used them (`param/{path}`),
  * the reduced gradients (`grad/{path}`, a tied parameter under its smallest path), `tokens`
  * and `targets` (I32), and __metadata__ `config`, `layout` and `shards` as JSON strings and
@@ -12,8 +12,8 @@
 #include "run.h"
 #include "safetensors.h"
 
-/* SPEC §5.1's `shards` of rank r: path -> {"shape": logical shape, "dim": d, "offset": o} for
- * every tensor the rank holds a part of, under the path it registers. */
+/* The `shards` of rank r (docs/formats.md, Dumps): path -> {"shape": logical shape, "dim": d,
+ * "offset": o} for every tensor the rank holds a part of, under the path it registers. */
 static void shards_json(const hx_run *run, const hx_rank *rk, hx_buf *b)
 {
     bool first = true;
@@ -92,8 +92,8 @@ fail:
     return st;
 }
 
-/* The batch ranks of each data shard (SPEC §4.2): the ranks of one data-parallel index at
- * stage 0, context chunks in order and each chunk's TP ranks in order. */
+/* The batch ranks of each data shard (docs/model.md, Routing extensions): the ranks of one
+ * data-parallel index at stage 0, context chunks in order and each chunk's TP ranks in order. */
 static void data_shards(const hx_run *run, hx_buf *b)
 {
     bool *done = hx_calloc((size_t)run->opts.world, sizeof *done);
@@ -200,7 +200,8 @@ static void manifest(const hx_run *run, int step, const char *config, const char
     hx_buf_puts(b, "\n    ]\n  }\n}\n");
 }
 
-/* The config JSON of SPEC §5 with the sizes of §5.1 (tp, pp, cp, ep, etp) appended. */
+/* The config JSON (docs/formats.md, Config JSON) with the grid's sizes (tp, pp, cp, ep, etp)
+ * appended. */
 static void grid_config_json(const hx_run *run, hx_buf *b)
 {
     hx_buf model = {0};

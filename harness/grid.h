@@ -1,6 +1,6 @@
-/* The sharded and pipelined tiny-moe of SPEC §4.1 in the harness: tensor (tp), expert-tensor
- * (etp) and pipeline (pp) parallelism; context parallelism (cp) needs none of this (its ranks
- * are extra data shards of the unsharded path).
+/* The sharded and pipelined tiny-moe (docs/model.md, Sharded and pipelined grid) in the harness:
+ * tensor (tp), expert-tensor (etp) and pipeline (pp) parallelism; context parallelism (cp) needs
+ * none of this (its ranks are extra data shards of the unsharded path).
  *
  * A rank of a sharded run holds its shards (rk->model, tm_model_create_part with the shard
  * sizes V/tp, F/etp, Fs/tp and its stage's layers) under the logical paths, and computes with
@@ -94,10 +94,10 @@ seldp_status hx_grid_assemble(const hx_run *run, tm_model *into);
  * run), batch rank b's beginning at hx_grid_choices_offset(run, b). */
 seldp_status hx_grid_merge_choices(const hx_run *run, int **out);
 size_t hx_grid_choices_offset(const hx_run *run, int b);
-/* The ranks of rank r's data shard (SPEC §4.2: the TP x CP ranks of its data-parallel index at
- * its stage), context chunks in CP order and each chunk's TP ranks in TP order: the order in
- * which their tokens form the shard. ranks holds the world; returns the count (1 without a
- * grid). */
+/* The ranks of rank r's data shard (docs/model.md, Routing extensions: the TP x CP ranks of its
+ * data-parallel index at its stage), context chunks in CP order and each chunk's TP ranks in TP
+ * order: the order in which their tokens form the shard. ranks holds the world; returns the count
+ * (1 without a grid). */
 int hx_data_shard_of(const hx_run *run, int r, int *ranks);
 
 /* The reference's token lists when a data shard spans several ranks (tp x cp > 1): one per

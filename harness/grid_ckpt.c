@@ -1,8 +1,8 @@
-/* Checkpoints of a sharded run (SPEC §7) in checkpoint.h's format: whole logical tensors, one
- * writer per logical tensor. The shards of a tensor split over TP (ETP) are gathered over the
- * writer's TP (expert-TP) group, whose members hold the other parts; a rank resuming reads
- * its part of each logical tensor, so a checkpoint of any layout resumes under any other
- * (TP shards re-split, stages re-cut, experts re-owned). */
+/* Checkpoints of a sharded run (docs/harness.md, Checkpoints) in checkpoint.h's format: whole
+ * logical tensors, one writer per logical tensor. The shards of a tensor split over TP (ETP) are
+ * gathered over the writer's TP (expert-TP) group, whose members hold the other parts; a rank
+ * resuming reads its part of each logical tensor, so a checkpoint of any layout resumes under any
+ * other (TP shards re-split, stages re-cut, experts re-owned). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdlib.h>

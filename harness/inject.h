@@ -1,7 +1,7 @@
-/* Planted framework bugs (--inject, SPEC §5.2): the reduction mistakes real frameworks
- * shipped, planted where a framework makes them (the scale of the exported gradients, the
- * weights of the reductions, a second reduction), and the diagnosis that names them from
- * the gradients and the FP64 reference. */
+/* Planted framework bugs (--inject, docs/harness.md, Planted bugs and Sweeps): the reduction
+ * mistakes real frameworks shipped, planted where a framework makes them (the scale of the exported
+ * gradients, the weights of the reductions, a second reduction), and the diagnosis that names them
+ * from the gradients and the FP64 reference. */
 #ifndef HX_INJECT_H
 #define HX_INJECT_H
 

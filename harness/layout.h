@@ -88,7 +88,8 @@ typedef struct hx_layout {
     seldp_layout *grid;
 } hx_layout;
 
-/* A framework preset (SPEC section 5.1): --framework, --order, --tp, --pp, --cp, --etp. */
+/* A framework preset (docs/harness.md, Framework presets): --framework, --order, --tp, --pp, --cp,
+ * --etp. */
 typedef struct hx_grid {
     seldp_framework framework;
     bool framework_given; /* --framework on the command line */
@@ -150,7 +151,7 @@ bool hx_layout_owns(const hx_layout *layout, int r, int e);
 int hx_layout_owned(const hx_layout *layout, int r, int *out);
 
 /* The layout as a layout file (JSON), so that `--layout-file` reproduces it, with the sizes
- * and every group kind (SPEC section 5.1: groups.tp, pp, cp, dp, ep, expert_dp, expert_tp,
+ * and every group kind (docs/formats.md, Reports: groups.tp, pp, cp, dp, ep, expert_dp, expert_tp,
  * embedding, each a list of sorted rank lists). */
 void hx_layout_json(const hx_layout *layout, hx_buf *buf);
 

@@ -58,9 +58,9 @@ static void singletons_json(int world, hx_buf *b)
     hx_buf_puts(b, "]");
 }
 
-/* The sizes and the groups of every kind (SPEC section 5.1). A layout file of tp = pp = cp =
- * etp = 1 has no grid: its groups are those of TP = PP = CP = 1, its EP and expert-data groups
- * its own. */
+/* The sizes and the groups of every kind (docs/harness.md, Framework presets). A layout file of tp
+ * = pp = cp = etp = 1 has no grid: its groups are those of TP = PP = CP = 1, its EP and expert-data
+ * groups its own. */
 static void layout_grid_json(const hx_layout *l, hx_buf *b)
 {
     if (l->grid) {

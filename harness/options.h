@@ -12,7 +12,7 @@
 #include "backend.h"
 #include "layout.h"
 
-/* How expert gradients are reduced over their expert-data group (SPEC §5). */
+/* How expert gradients are reduced over their expert-data group (docs/harness.md). */
 typedef enum hx_flow {
     HX_FLOW_SUM = 0, /* normalized by the global token count, then `sum` */
     HX_FLOW_MEAN = 1 /* loss-sum gradients, `reduce` weighted by the EP group's tokens */
@@ -25,7 +25,8 @@ typedef enum hx_fault {
     HX_FAULT_REPLICA = 2, /* flip a bit of embed.weight after initialize */
     HX_FAULT_ABSENT = 3,  /* give an expert no token reached a zero gradient */
     HX_FAULT_FAIL = 4,    /* fail in the first step: every other rank must stop, none hang */
-    /* framework bugs (SPEC §5.2, inject.c): planted in the reductions of every rank */
+    /* framework bugs (docs/harness.md, Planted bugs and Sweeps, inject.c): planted in the
+       reductions of every rank */
     HX_FAULT_EP_SCALE = 5,   /* expert grads scaled by the EP size (DeepSpeed #6545) */
     HX_FAULT_RANK_MEAN = 6,  /* per-rank token mean instead of the global (torchtitan #1842) */
     HX_FAULT_WORLD_DIV = 7,  /* expert grads divided by the world, not the expert-data size */
@@ -62,16 +63,18 @@ typedef struct hx_options {
     hx_fault inject;
     bool inject_anywhere; /* a sweep's run: plant --inject even where it cannot show (the sweep
                              refuses it when no run of it can) */
-    bool world_given;   /* --world on the command line (a layout file may set it otherwise) */
-    bool experts_given; /* --experts on the command line */
-    bool ep_given;      /* --ep on the command line (excludes --layout-file) */
-    bool order_given;   /* --order on the command line (excludes --layout-file) */
-    hx_grid grid;       /* --framework, --tp, --pp, --cp, --etp and --order (SPEC section 5.1) */
-    bool grid_given;    /* one of --framework, --tp, --pp, --cp, --etp (excludes --layout-file) */
-    bool print_layout;  /* --print-layout: print the groups and exit without training */
-    bool tokens_given;  /* --tokens or --token-spread on the command line */
+    bool world_given;     /* --world on the command line (a layout file may set it otherwise) */
+    bool experts_given;   /* --experts on the command line */
+    bool ep_given;        /* --ep on the command line (excludes --layout-file) */
+    bool order_given;     /* --order on the command line (excludes --layout-file) */
+    hx_grid grid;    /* --framework, --tp, --pp, --cp, --etp and --order (docs/harness.md, Framework
+                        presets) */
+    bool grid_given; /* one of --framework, --tp, --pp, --cp, --etp (excludes --layout-file) */
+    bool print_layout; /* --print-layout: print the groups and exit without training */
+    bool tokens_given; /* --tokens or --token-spread on the command line */
 
-    /* layout-independent runs and checkpoints (SPEC §5.2, §7) */
+    /* layout-independent runs and checkpoints (docs/harness.md, Layout-independent runs and
+     * Checkpoints) */
     int global_batch;       /* > 0: the global batch of each step, split over the data shards */
     const char *save_dir;   /* NULL: no checkpoints */
     int save_every;         /* save after every N-th step (0: after the last step only) */

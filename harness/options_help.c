@@ -189,7 +189,7 @@ void hx_options_usage(FILE *out)
             "process each, e.g. mpirun -np 4 seldp-harness): the shared parameters replicated\n"
             "over the world, each expert over its expert-data group, tokens dispatched to expert\n"
             "owners by alltoallv. Checks every reduced gradient on every rank against an FP64\n"
-            "reference of the global loss, and the replicas (SPEC section 5).\n"
+            "reference of the global loss, and the replicas (docs/harness.md).\n"
             "Exit status: 0 every check passed, 1 a check or the run failed, 2 bad options or "
             "layout.\n\n");
     for (size_t i = 0; i < hx_option_docs_n; i++) {

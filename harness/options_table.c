@@ -21,7 +21,7 @@ const hx_option_doc hx_option_docs[] = {
     {{"framework", required_argument, NULL, OPT_FRAMEWORK},
      "NAME",
      "megatron, megatron-0.9, deepspeed or torchtitan: build the groups as that framework does "
-     "(SPEC section 5.1)"},
+     "(docs/harness.md, Framework presets)"},
     {{"tp", required_argument, NULL, OPT_TP}, "N", "tensor-parallel size"},
     {{"pp", required_argument, NULL, OPT_PP}, "N", "pipeline stages"},
     {{"cp", required_argument, NULL, OPT_CP}, "N", "context-parallel size"},
@@ -89,7 +89,8 @@ const hx_option_doc hx_option_docs[] = {
      "FAULT",
      "self-test: grad, replica or absent plant a defect on the last rank that the checks must "
      "catch; fail stops every rank in step 1 (exit 1); ep-scale, rank-mean, world-div, "
-     "tied-twice or local-aux (global aux loss) a framework bug on every rank (SPEC 5.2) that "
+     "tied-twice or local-aux (global aux loss) a framework bug on every rank (docs/harness.md, "
+     "Planted bugs and Sweeps) that "
      "the checks and a sweep must catch and name"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},

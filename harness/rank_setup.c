@@ -92,7 +92,7 @@ fail:
 }
 
 /* The values a rank starts from: a checkpoint's (each rank reads the slices it holds), the
- * logical model's (--global-batch), or its own rank-dependent ones (SPEC §5). */
+ * logical model's (--global-batch), or its own rank-dependent ones (docs/harness.md). */
 static seldp_status rank_initial_values(hx_rank *rk)
 {
     const hx_options *o = &rk->run->opts;
@@ -108,8 +108,8 @@ static seldp_status rank_initial_values(hx_rank *rk)
     return logical_values(rk);
 }
 
-/* The data shard's communicator (SPEC §4.2): its TP x CP ranks in token order, where capacity
- * or the local-scope load-balancing loss is counted over the shard. */
+/* The data shard's communicator (docs/model.md, Routing extensions): its TP x CP ranks in token
+ * order, where capacity or the local-scope load-balancing loss is counted over the shard. */
 static seldp_status split_data_shard(hx_rank *rk)
 {
     hx_run *run = rk->run;

@@ -55,12 +55,12 @@ seldp_status hx_router_balance(hx_rank *rk, int l)
     const tm_config *cfg = &rk->run->opts.model;
     if (!(cfg->aux_loss_coeff > 0.0) || cfg->aux_loss_scope != TM_AUX_GLOBAL)
         return SELDP_OK;
-    /* --inject local-aux, the reading of SPEC §5.2's bug that frameworks shipped: the loss is
-     * configured global, but the all-reduce of the counts is missing, so each data shard takes
-     * f_e from its own assignment counts over its own token count (and P_e over its own
-     * tokens): Switch's loss per micro-batch, as frameworks computed it before a global-batch
-     * balance existed. The run then trains the local scope's objective while it claims the
-     * global one. (The other reading, global counts over the local token count, would be a
+    /* --inject local-aux, the reading of the bug frameworks shipped (docs/harness.md, Planted
+     * bugs): the loss is configured global, but the all-reduce of the counts is missing, so each
+     * data shard takes f_e from its own assignment counts over its own token count (and P_e over
+     * its own tokens): Switch's loss per micro-batch, as frameworks computed it before a
+     * global-batch balance existed. The run then trains the local scope's objective while it claims
+     * the global one. (The other reading, global counts over the local token count, would be a
      * plain scale of f_e by about the number of shards.) Without tm_route_set_balance the model
      * keeps this rank's own statistics; every shard skips the allreduce alike. */
     if (rk->run->opts.inject == HX_FAULT_LOCAL_AUX)

@@ -1,7 +1,7 @@
-/* The harness side of tiny-moe's routing extensions (SPEC §4.1 shared expert, §4.2 router
- * losses and capacity): which runs can honour them, the global load-balancing statistics
- * combined over the data shards in the forward, and each rank's share of the router losses.
- * In this harness every rank is one data shard. */
+/* The harness side of tiny-moe's routing extensions (docs/model.md: the shared expert; Routing
+ * extensions: router losses and capacity): which runs can honour them, the global load-balancing
+ * statistics combined over the data shards in the forward, and each rank's share of the router
+ * losses. In this harness every rank is one data shard. */
 #ifndef HX_ROUTER_H
 #define HX_ROUTER_H
 

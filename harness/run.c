@@ -1,4 +1,4 @@
-/* The harness run: rank threads, the reductions of SPEC §5 (dispatch: dispatch.c), the
+/* The harness run: rank threads, the reductions of docs/harness.md (dispatch: dispatch.c), the
  * SGD update, and the main thread's phases (see run.h). */
 #define _POSIX_C_SOURCE 200809L
 

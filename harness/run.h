@@ -1,4 +1,4 @@
-/* One harness run: the rank threads and the step of SPEC §5, the checks, the records that
+/* One harness run: the rank threads and the step of docs/harness.md, the checks, the records that
  * reports are made of.
  *
  * hx_run_create validates the options and the layout (an error there is a usage error);
@@ -40,7 +40,7 @@
 #include "sets.h"
 #include "timing.h"
 
-/* What the run checks (SPEC §5). */
+/* What the run checks (docs/harness.md). */
 typedef enum hx_check_id {
     HX_CHECK_DIFFER_BEFORE_INIT, /* replicas differ before initialize (or the next is void) */
     HX_CHECK_INIT_REPLICAS,      /* after initialize every replica equals its root's values */
@@ -405,7 +405,7 @@ seldp_status hx_report_append_summary(const hx_run *run, const char *name, const
  * root process. */
 seldp_status hx_dump_write(const hx_run *run, int step, const char *dir);
 
-/* The config JSON of SPEC §5 (tm_config_json) appended to buf. */
+/* The config JSON (docs/formats.md, Config JSON; tm_config_json) appended to buf. */
 void hx_config_json(const tm_config *cfg, hx_buf *buf);
 
 #endif

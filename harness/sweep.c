@@ -341,8 +341,8 @@ static bool entries_from_preset(hx_sweep *s, const hx_options *base, bool *is_pr
     return true;
 }
 
-/* The terms of the objective a run trains (SPEC §4.2): runs that differ in them train
- * different models, and are not expected to agree. */
+/* The terms of the objective a run trains (docs/model.md, Routing extensions): runs that differ in
+ * them train different models, and are not expected to agree. */
 static bool same_objective(const tm_config *a, const tm_config *b)
 {
     bool aux = a->aux_loss_coeff > 0.0;

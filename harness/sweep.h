@@ -1,6 +1,7 @@
-/* Sweeps (--sweep, SPEC §5.2): a list of layouts run one after another with the same seed
- * and global batch, each compared with the first run (per-step loss, final logical weights)
- * within the dtype's tolerance; sweep.md, sweep.json and a gnuplot plot in --out. */
+/* Sweeps (--sweep, docs/harness.md, Planted bugs and Sweeps): a list of layouts run one after
+ * another with the same seed and global batch, each compared with the first run (per-step loss,
+ * final logical weights) within the dtype's tolerance; sweep.md, sweep.json and a gnuplot plot in
+ * --out. */
 #ifndef HX_SWEEP_H
 #define HX_SWEEP_H
 

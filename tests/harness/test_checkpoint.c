@@ -1,7 +1,7 @@
-/* --save / --resume (SPEC §7): resuming at step k and training to n gives the logical weights of
- * an uninterrupted run to n, bit for bit under the same layout (several layouts, dtypes,
- * quantized experts, FP32 master weights) and within the dtype's tolerance under another layout
- * or world; the format of index.json; refusals of checkpoints that do not fit the run. */
+/* --save / --resume (docs/harness.md, Checkpoints): resuming at step k and training to n gives the
+ * logical weights of an uninterrupted run to n, bit for bit under the same layout (several layouts,
+ * dtypes, quantized experts, FP32 master weights) and within the dtype's tolerance under another
+ * layout or world; the format of index.json; refusals of checkpoints that do not fit the run. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -184,7 +184,7 @@ static void test_index_format(void **state)
 }
 
 /* --global-batch: the logical initial weights and the tokens depend only on the seed. Without
- * it (SPEC §5) two worlds start from different weights. */
+ * it (docs/harness.md) two worlds start from different weights. */
 static void test_global_batch_initial_weights(void **state)
 {
     (void)state;

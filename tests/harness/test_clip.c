@@ -1,7 +1,7 @@
-/* --clip-grad (SPEC §3.5): the global gradient norm over the rank's sessions matches the FP64
- * reference's norm of the logical gradient on every layout tested, and the SGD update uses
- * the clipped gradients: a max_norm above the norm changes nothing, a vanishing one stops
- * the training as a zero learning rate would. */
+/* --clip-grad (docs/library.md, Global gradient norm): the global gradient norm over the rank's
+ * sessions matches the FP64 reference's norm of the logical gradient on every layout tested, and
+ * the SGD update uses the clipped gradients: a max_norm above the norm changes nothing, a vanishing
+ * one stops the training as a zero learning rate would. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,6 +1,6 @@
-/* --dump as SPEC §5 describes it: rank{r}.safetensors with param/{path} as the step's forward
- * used them, grad/{path} as reduced, tokens and targets (I32), __metadata__ config and
- * layout (JSON strings); manifest.json with world, layout, token counts and global weights.
+/* --dump as docs/formats.md (Dumps) describes it: rank{r}.safetensors with param/{path} as the
+ * step's forward used them, grad/{path} as reduced, tokens and targets (I32), __metadata__ config
+ * and layout (JSON strings); manifest.json with world, layout, token counts and global weights.
  * Read back with the harness's own safetensors reader. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -78,7 +78,7 @@ static void test_contents(void **state)
         files[r] = read_rank(dir, r);
     for (int r = 0; r < 8; r++) {
         hx_st_file *f = files[r];
-        /* config: the keys of SPEC §5 */
+        /* config: the keys of docs/formats.md, Config JSON */
         hx_json *config = parse(hx_st_metadata(f, "config"), "config");
         const char *keys[] = {"vocab", "d_model", "d_ff",  "experts",   "top_k",      "layers",
                               "eps",   "dtype",   "quant", "lora_rank", "lora_alpha", "seed"};

@@ -1,6 +1,6 @@
-/* The two expert flows of SPEC §5 agree: `sum` of gradients normalized by the global token
- * count, and `reduce` weighted by the expert-parallel group's tokens. Both runs use the same
- * seed, so their dumps hold the same step; every reduced gradient of every rank must match
+/* The two expert flows (docs/harness.md, The step) agree: `sum` of gradients normalized by the
+ * global token count, and `reduce` weighted by the expert-parallel group's tokens. Both runs use
+ * the same seed, so their dumps hold the same step; every reduced gradient of every rank must match
  * within the tolerance of its dtype (shared gradients, reduced the same way, bit for bit),
  * and the global weights must be what each flow promises. */
 #include <math.h>

@@ -1,6 +1,6 @@
 /* seldp-harness on GPUs (label gpu; skipped without one): NCCL with a GPU per rank, what
  * --backend auto picks, and the host-staged transport with more ranks than GPUs, each rank
- * computing on its GPU; every run passes every check of SPEC §5 against the FP64
+ * computing on its GPU; every run passes every check (docs/harness.md, Checks) against the FP64
  * reference, and the layout table shows each rank's device. */
 #include <setjmp.h>
 #include <stdarg.h>

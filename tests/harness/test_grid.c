@@ -1,7 +1,7 @@
-/* The framework presets of the harness (SPEC section 5.1): --print-layout prints any
- * combination's groups and exits 0 without training; sizes the sharded model cannot split
- * are refused (exit 2, one line), as are the frameworks' rejections; report.json's layout carries
- * the sizes and every group kind, and still loads back as a layout file. */
+/* The framework presets of the harness (docs/harness.md, Framework presets): --print-layout prints
+ * any combination's groups and exits 0 without training; sizes the sharded model cannot split are
+ * refused (exit 2, one line), as are the frameworks' rejections; report.json's layout carries the
+ * sizes and every group kind, and still loads back as a layout file. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,8 +1,8 @@
 /* The regression matrix: worlds 1, 2, 4, 8 with every expert-parallel size that divides them,
  * both orders, and for each layout the full product of dtype (f32, bf16, f16), expert format
  * (none, nf4, awq), expert flow (sum, mean) and missing-gradient policy (error, zero); FP32
- * master weights alternate. Every run must pass every check of SPEC §5, and the checks must
- * have tested something. */
+ * master weights alternate. Every run must pass every check (docs/harness.md, Checks), and the
+ * checks must have tested something. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

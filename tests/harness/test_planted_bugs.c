@@ -1,6 +1,6 @@
-/* Planted framework bugs (--inject, SPEC §5.2): each of the reduction mistakes real frameworks
- * shipped makes the reference check fail with a diagnosis naming the tensors and the likely
- * cause, and makes a sweep deviate from its bug-free first run. */
+/* Planted framework bugs (--inject, docs/harness.md, Planted bugs and Sweeps): each of the
+ * reduction mistakes real frameworks shipped makes the reference check fail with a diagnosis naming
+ * the tensors and the likely cause, and makes a sweep deviate from its bug-free first run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -265,8 +265,8 @@ int main(void)
         cmocka_unit_test(test_ep_scale),     cmocka_unit_test(test_world_div),
         cmocka_unit_test(test_rank_mean),    cmocka_unit_test(test_tied_twice),
         cmocka_unit_test(test_no_bug),       cmocka_unit_test(test_not_a_framework_bug),
-        cmocka_unit_test(test_inject_names),
-        cmocka_unit_test(test_refused_where_it_cannot_show), cmocka_unit_test(test_local_aux),
+        cmocka_unit_test(test_inject_names), cmocka_unit_test(test_refused_where_it_cannot_show),
+        cmocka_unit_test(test_local_aux),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

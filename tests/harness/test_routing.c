@@ -1,7 +1,7 @@
-/* seldp-harness with tiny-moe's routing extensions (SPEC §4.1 shared expert, §4.2 router
- * losses and capacity): runs on several layouts (ep-dp, dp-ep, a layout file; worlds 4 and 8;
- * both expert flows; both load-balancing scopes) pass every check against the FP64 reference,
- * the shared expert's gradients are checked as a class of their own, the capacity drops
+/* seldp-harness with tiny-moe's routing extensions (docs/model.md: the shared expert; Routing
+ * extensions: router losses and capacity): runs on several layouts (ep-dp, dp-ep, a layout file;
+ * worlds 4 and 8; both expert flows; both load-balancing scopes) pass every check against the FP64
+ * reference, the shared expert's gradients are checked as a class of their own, the capacity drops
  * assignments, the report's config carries the new keys, and bad values are refused with a
  * one-line error and exit status 2. */
 #include <setjmp.h>
@@ -135,7 +135,7 @@ static void test_capacity_drops(void **state)
     assert_true(kept < all);
 }
 
-/* The report's config holds every routing key (SPEC §5.1). */
+/* The report's config holds every routing key (docs/harness.md, Framework presets). */
 static void test_report_config(void **state)
 {
     (void)state;

@@ -1,8 +1,8 @@
-/* The sharded and pipelined tiny-moe (SPEC §4.1): training with tensor, expert-tensor, context
- * and pipeline parallelism under every framework preset. Every run must pass every check (each
- * shard's reduced gradient against its slice of the logical reference, replicas per replica
- * set); a layout-independent run trains the same logical model under every layout, and a
- * sweep finds the same final logical weights assembled from the shards; the dumps
+/* The sharded and pipelined tiny-moe (docs/model.md, Sharded and pipelined grid): training with
+ * tensor, expert-tensor, context and pipeline parallelism under every framework preset. Every run
+ * must pass every check (each shard's reduced gradient against its slice of the logical reference,
+ * replicas per replica set); a layout-independent run trains the same logical model under every
+ * layout, and a sweep finds the same final logical weights assembled from the shards; the dumps
  * hold shards under the logical paths with their metadata; the sizes the model cannot split
  * are usage errors. Worlds of 16 and 32 ranks are test_sharded_slow.c's (label slow). */
 #include <math.h>
@@ -193,9 +193,9 @@ static void sweep_of_sharded_layouts(void **state)
         fail_msg("exit %d\n%s%s", run.status, run.err, run.out);
 }
 
-/* Checkpoints (SPEC §7) of a sharded run hold whole logical tensors: resumed under the same
- * layout the run continues bit for bit, under another (one rank; other sizes) within FP32
- * rounding, and a one-rank checkpoint resumes sharded. */
+/* Checkpoints (docs/harness.md, Checkpoints) of a sharded run hold whole logical tensors: resumed
+ * under the same layout the run continues bit for bit, under another (one rank; other sizes) within
+ * FP32 rounding, and a one-rank checkpoint resumes sharded. */
 static void checkpoints(void **state)
 {
     (void)state;

@@ -1,5 +1,5 @@
 /* The sharded tiny-moe in larger worlds (label slow): 16 and 32 ranks with tensor, pipeline
- * and expert parallelism under every framework preset, SPEC §4.1's required run among them,
+ * and expert parallelism under every framework preset, the README's grid run among them,
  * with its groups in report.json. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,7 +1,8 @@
-/* Sweeps (--sweep, SPEC §5.2): with --global-batch every layout trains the same logical model
- * on the same tokens, so a world-8 sweep over ep 1/2/4/8 in both orders agrees with its first
- * run within the dtype's tolerance; a sweep file is parsed strictly (errors at line:column);
- * a sweep mixing worlds without --global-batch is refused; nothing is written on refusal. */
+/* Sweeps (--sweep, docs/harness.md, Planted bugs and Sweeps): with --global-batch every layout
+ * trains the same logical model on the same tokens, so a world-8 sweep over ep 1/2/4/8 in both
+ * orders agrees with its first run within the dtype's tolerance; a sweep file is parsed strictly
+ * (errors at line:column); a sweep mixing worlds without --global-batch is refused; nothing is
+ * written on refusal. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
