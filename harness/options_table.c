@@ -87,11 +87,9 @@ const hx_option_doc hx_option_docs[] = {
      "seconds a collective may wait for a rank"},
     {{"inject", required_argument, NULL, OPT_INJECT},
      "FAULT",
-     "self-test: grad, replica or absent plant a defect on the last rank that the checks must "
-     "catch; fail stops every rank in step 1 (exit 1); ep-scale, rank-mean, world-div, "
-     "tied-twice or local-aux (global aux loss) a framework bug on every rank (docs/harness.md, "
-     "Planted bugs and Sweeps) that "
-     "the checks and a sweep must catch and name"},
+     "self-test: grad, replica or absent plant a defect on the last rank; fail stops every "
+     "rank in step 1; ep-scale, rank-mean, world-div, tied-twice or local-aux a framework bug "
+     "on every rank (docs/harness.md, Planted bugs); refused where it cannot show"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},
