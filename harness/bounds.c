@@ -83,6 +83,7 @@ void hx_fit_add(hx_fit *f, double got, double want, double mag, double abs)
     f->abs2 += abs * abs;
     f->mag_dot += fabs(want) * mag;
     f->round2 += want * want * ra * ra;
+    f->round1 += want * want * ra;
 }
 
 double hx_fit_bound(const hx_tolerance *t, const hx_fit *f, int contributors, bool rounded)
@@ -102,11 +103,17 @@ double hx_fit_scale(const hx_fit *f)
     return f->want2 > 0 ? f->cross / f->want2 : 1.0;
 }
 
-double hx_fit_scale_bound(const hx_tolerance *t, const hx_fit *f, bool rounded)
+double hx_fit_scale_bound(const hx_tolerance *t, const hx_fit *f, int contributors, bool rounded)
 {
     if (!(f->want2 > 0))
         return INFINITY;
     double model = t->c * t->u_c * f->mag_dot;
-    double rounding = rounded ? 6.0 * t->u_r * sqrt(f->round2) : 0.0;
+    double rounding = 0.0;
+    if (rounded) {
+        /* sum want_i^2 b_i^2, b_i = u_r a_i + k eta_r */
+        double k = ((contributors > 0 ? contributors : 1) + 1.0) * t->eta_r, u = t->u_r;
+        double v = u * u * f->round2 + 2.0 * u * k * f->round1 + k * k * f->want2;
+        rounding = 6.0 * sqrt(v);
+    }
     return (model + rounding) / f->want2;
 }

@@ -56,6 +56,7 @@ typedef struct hx_fit {
     double abs2;    /* ||abs||^2 */
     double mag_dot; /* sum |want_i| mag_i */
     double round2;  /* sum want_i^2 (abs_i + |got_i|)^2, the rounding statistic's variance scale */
+    double round1;  /* sum want_i^2 (abs_i + |got_i|) */
 } hx_fit;
 
 void hx_fit_add(hx_fit *f, double got, double want, double mag, double abs);
@@ -68,8 +69,9 @@ double hx_fit_bound(const hx_tolerance *t, const hx_fit *f, int contributors, bo
 
 /* The best-fit scale <got, want> / <want, want> (1 when want is 0) and the bound of its
  * distance from 1 under the tolerance model: the model's error taken whole, the roundings
- * (independent, zero-mean, bounded) by Hoeffding's inequality at six of their scales. */
+ * (independent, zero-mean, each bounded by u_r (abs_i + |got_i|) + (contributors + 1) eta_r: a
+ * subnormal's error is absolute) by Hoeffding's inequality at six of their scales. */
 double hx_fit_scale(const hx_fit *f);
-double hx_fit_scale_bound(const hx_tolerance *t, const hx_fit *f, bool rounded);
+double hx_fit_scale_bound(const hx_tolerance *t, const hx_fit *f, int contributors, bool rounded);
 
 #endif

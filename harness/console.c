@@ -2,6 +2,7 @@
  * and the progress line of each step. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "grid.h"
 #include "inject.h"
@@ -139,10 +140,15 @@ void hx_print_progress(const hx_run *run, int step, double t_step)
     const hx_step_record *rec = &run->steps[step];
     if (!run->out)
         return;
-    char ties[64] = "";
+    char ties[128] = "";
     if (rec->ties_followed)
         snprintf(ties, sizeof ties, "  %zu near tie%s routed as the ranks did", rec->ties_followed,
                  rec->ties_followed == 1 ? "" : "s");
+    if (run->opts.model.capacity_factor > 0) {
+        size_t at = strlen(ties);
+        snprintf(ties + at, sizeof ties - at, "  %zu assignment%s dropped", rec->dropped,
+                 rec->dropped == 1 ? "" : "s");
+    }
     char split[160];
     hx_split_describe(&rec->split, split, sizeof split);
     fprintf(run->out,

@@ -31,19 +31,41 @@ static const char *check_result_word(const hx_check_result *c)
     return c->tested ? "ok" : "n/a";
 }
 
+/* A metric check's worst error-to-bound ratio, the relative bound where it was measured and
+ * its largest resolution, as text ("-" where there is none). */
+static void metric_cells(const hx_check_result *c, char *worst, char *bound, char *res, size_t size)
+{
+    snprintf(worst, size, "-");
+    snprintf(bound, size, "-");
+    snprintf(res, size, "-");
+    if (!c->metric || !c->tested)
+        return;
+    snprintf(worst, size, "%.3g", c->worst);
+    if (isfinite(c->bound))
+        snprintf(bound, size, "%.2e", c->bound);
+    if (c->resolution > 0)
+        snprintf(res, size, "%.2e", c->resolution);
+}
+
 void hx_report_print_checks(const hx_run *run, FILE *out)
 {
-    fprintf(out, "checks\n  %-48s %8s %7s %10s %8s  %s\n", "check", "tested", "failed", "worst",
-            "limit", "result");
+    int w = 0;
+    for (int i = 0; i < HX_CHECK_COUNT; i++) {
+        int n = (int)strlen(hx_check_name((hx_check_id)i));
+        w = n > w ? n : w;
+    }
+    fprintf(out,
+            "checks (worst: the largest error / bound, 1 or less passes; bound: relative, where "
+            "it was measured; resolution: the smallest relative scale error it would catch)\n"
+            "  %-*s %8s %7s %10s %10s %10s  %s\n",
+            w, "check", "tested", "failed", "worst", "bound", "resolution", "result");
     for (int i = 0; i < HX_CHECK_COUNT; i++) {
         const hx_check_result *c = &run->checks[i];
-        char worst[32] = "-", limit[32] = "-";
-        if (c->metric && c->tested)
-            snprintf(worst, sizeof worst, "%.2e", c->worst);
-        if (c->metric)
-            snprintf(limit, sizeof limit, "%.0e", c->limit);
-        fprintf(out, "  %-48s %8lld %7lld %10s %8s  %s\n", hx_check_name((hx_check_id)i),
-                (long long)c->tested, (long long)c->failed, worst, limit, check_result_word(c));
+        char worst[32], bound[32], res[32];
+        metric_cells(c, worst, bound, res, sizeof worst);
+        fprintf(out, "  %-*s %8lld %7lld %10s %10s %10s  %s\n", w, hx_check_name((hx_check_id)i),
+                (long long)c->tested, (long long)c->failed, worst, bound, res,
+                check_result_word(c));
     }
     for (int i = 0; i < HX_CHECK_COUNT; i++)
         if (run->checks[i].failed)
@@ -103,6 +125,14 @@ static void json_error_stat(const hx_error_stat *s, hx_buf *b)
         hx_buf_json_string(b, s->worst_path);
         hx_buf_printf(b, ", \"worst_rank\": %d, \"worst_step\": %d", s->worst_rank,
                       s->worst_step + 1);
+        hx_buf_puts(b, ", \"error_to_bound\": ");
+        hx_buf_json_number(b, s->ratio);
+        hx_buf_puts(b, ", \"resolution\": ");
+        hx_buf_json_number(b, s->resolution);
+        hx_buf_puts(b, ", \"ranks_gradients_error_to_bound\": ");
+        hx_buf_json_number(b, s->model_ratio);
+        hx_buf_puts(b, ", \"ranks_gradients_resolution\": ");
+        hx_buf_json_number(b, s->model_resolution);
     } else {
         hx_buf_puts(b, "null");
     }
@@ -157,6 +187,10 @@ static void report_json(const hx_run *run, hx_buf *b)
             hx_buf_json_number(b, c->tested ? c->worst : NAN);
             hx_buf_puts(b, ", \"limit\": ");
             hx_buf_json_number(b, c->limit);
+            hx_buf_puts(b, ", \"bound\": ");
+            hx_buf_json_number(b, c->tested ? c->bound : NAN);
+            hx_buf_puts(b, ", \"resolution\": ");
+            hx_buf_json_number(b, c->tested ? c->resolution : NAN);
         }
         if (c->failed) {
             hx_buf_puts(b, ", \"first_failure\": ");
@@ -213,8 +247,18 @@ static void report_json(const hx_run *run, hx_buf *b)
         hx_buf_json_string(b, r->worst_path);
         hx_buf_printf(b,
                       ", \"worst_rank\": %d, \"failures\": %lld, \"absent_experts\": %d, "
-                      "\"near_ties_followed\": %zu, \"time_s\": {\"step\": ",
-                      r->worst_rank, (long long)r->failures, r->absent, r->ties_followed);
+                      "\"near_ties_followed\": %zu, \"dropped_assignments\": %zu, "
+                      "\"error_to_bound\": ",
+                      r->worst_rank, (long long)r->failures, r->absent, r->ties_followed,
+                      r->dropped);
+        hx_buf_json_number(b, r->ratio);
+        hx_buf_puts(b, ", \"error_to_bound_check\": ");
+        hx_buf_json_string(b, r->ratio_check ? r->ratio_check : "");
+        hx_buf_puts(b, ", \"error_to_bound_path\": ");
+        hx_buf_json_string(b, r->ratio_path);
+        hx_buf_puts(b, ", \"loss_bound\": ");
+        hx_buf_json_number(b, r->loss_bound);
+        hx_buf_puts(b, ", \"time_s\": {\"step\": ");
         hx_buf_json_number(b, r->t_step);
         hx_buf_puts(b, ", \"compute\": ");
         hx_buf_json_number(b, r->t_compute);
@@ -248,15 +292,17 @@ static void report_json(const hx_run *run, hx_buf *b)
 
 /* ---- report.md --------------------------------------------------------------------------- */
 
-static void md_error_row(hx_buf *b, const char *name, const hx_error_stat *s, double limit)
+static void md_error_row(hx_buf *b, const char *name, const hx_error_stat *s)
 {
     if (!s->tensors) {
-        hx_buf_printf(b, "| %s | 0 | - | - |\n", name);
+        hx_buf_printf(b, "| %s | 0 | - | - | - | - | - | - |\n", name);
         return;
     }
-    hx_buf_printf(b, "| %s | %lld | %.2e%s | `%s` (rank %d, step %d) |\n", name,
-                  (long long)s->tensors, s->worst, s->worst <= limit ? "" : " **FAIL**",
-                  s->worst_path, s->worst_rank, s->worst_step + 1);
+    hx_buf_printf(b,
+                  "| %s | %lld | %.2e | %.3g%s | %.2e | %.3g | %.2e | `%s` (rank %d, step %d) |\n",
+                  name, (long long)s->tensors, s->worst, s->ratio,
+                  s->ratio <= 1.0 ? "" : " **FAIL**", s->resolution, s->model_ratio,
+                  s->model_resolution, s->worst_path, s->worst_rank, s->worst_step + 1);
 }
 
 static void report_md(const hx_run *run, hx_buf *b)
@@ -280,17 +326,50 @@ static void report_md(const hx_run *run, hx_buf *b)
                   tm_dtype_name(m->dtype), tm_quant_name(m->quant));
     if (m->quant != TM_QUANT_NONE)
         hx_buf_printf(b, ", LoRA r=%d alpha=%g", m->lora_rank, m->lora_alpha);
+    hx_buf_printf(b, ", RMSNorm eps %g", m->eps);
+    hx_buf_printf(b, " |\n| shared expert | %s", m->d_ff_shared > 0 ? "" : "none");
+    if (m->d_ff_shared > 0)
+        hx_buf_printf(b, "d_ff %d in every layer, ungated", m->d_ff_shared);
+    hx_buf_printf(b, " |\n| router | top-%d; load-balancing loss ", m->top_k);
+    if (m->aux_loss_coeff > 0.0)
+        hx_buf_printf(b, "alpha %g, %s scope", m->aux_loss_coeff,
+                      tm_aux_scope_name(m->aux_loss_scope));
+    else
+        hx_buf_puts(b, "off");
+    if (m->z_loss_coeff > 0.0)
+        hx_buf_printf(b, "; z-loss beta %g", m->z_loss_coeff);
+    else
+        hx_buf_puts(b, "; z-loss off");
+    if (m->capacity_factor > 0.0)
+        hx_buf_printf(b, "; capacity factor %g (assignments past it dropped)", m->capacity_factor);
+    else
+        hx_buf_puts(b, "; no capacity limit");
     hx_buf_printf(b, " |\n| reductions | shared: reduce; experts: %s%s; policy %s%s |\n",
                   o->flow == HX_FLOW_SUM ? "sum (normalized by the global token count)"
                                          : "reduce (weighted by the EP group's tokens)",
                   o->fp32_master ? "; FP32 gradients and master weights" : "",
                   hx_policy_name(o->policy),
                   o->overlap ? "; overlapped with the backward (--overlap)" : "");
-    hx_buf_printf(b, "| steps | %d (ran %d), %d +- %d tokens per rank, SGD lr %g, seed %llu |\n",
-                  o->steps, run->steps_done, o->tokens, hx_options_spread(o), o->lr,
-                  (unsigned long long)m->seed);
-    hx_buf_printf(b, "| gradient limit | %.0e (%s results) |\n\n", run->tolerance,
-                  seldp_dtype_name(run->grad_dtype));
+    if (o->global_batch > 0)
+        hx_buf_printf(b, "| steps | %d (ran %d), global batch %d tokens, SGD lr %g, seed %llu |\n",
+                      o->steps, run->steps_done, o->global_batch, o->lr,
+                      (unsigned long long)m->seed);
+    else
+        hx_buf_printf(b,
+                      "| steps | %d (ran %d), %d +- %d tokens per rank, SGD lr %g, seed %llu |\n",
+                      o->steps, run->steps_done, o->tokens, hx_options_spread(o), o->lr,
+                      (unsigned long long)m->seed);
+    if (o->clip_grad > 0)
+        hx_buf_printf(b, "| clipping | global gradient norm clipped to %g |\n", o->clip_grad);
+    hx_buf_printf(b,
+                  "| tolerance | %s results; bounds of %.0f standard deviations of the FP32 "
+                  "model's error (u_c %.2g), with the %s roundings (u_r %.2g) where they apply: "
+                  "docs/tolerances.md |\n",
+                  seldp_dtype_name(run->grad_dtype), run->tol.c, run->tol.u_c,
+                  seldp_dtype_name(run->grad_dtype), run->tol.u_r);
+    if (o->inject != HX_FAULT_NONE)
+        hx_buf_printf(b, "| inject | %s |\n", hx_fault_name(o->inject));
+    hx_buf_puts(b, "\n");
 
     bool sharded = hx_grid_sharded(run); /* its reduce groups are the grid's (grid.h) */
     if (sharded)
@@ -326,17 +405,18 @@ static void report_md(const hx_run *run, hx_buf *b)
     }
     free(owned);
 
-    hx_buf_puts(b, "\n## Checks\n\n| check | tested | failed | worst | limit | result |\n"
-                   "|---|---:|---:|---:|---:|---|\n");
+    hx_buf_puts(b, "\n## Checks\n\nworst: the largest error / bound (1 or less passes); bound: the "
+                   "relative bound where it was measured; resolution: the smallest relative scale "
+                   "error the check would catch (docs/tolerances.md).\n\n| check | tested | "
+                   "failed | worst | bound | resolution | result |\n"
+                   "|---|---:|---:|---:|---:|---:|---|\n");
     for (int i = 0; i < HX_CHECK_COUNT; i++) {
         const hx_check_result *c = &run->checks[i];
-        hx_buf_printf(b, "| %s | %lld | %lld | ", hx_check_name((hx_check_id)i),
-                      (long long)c->tested, (long long)c->failed);
-        if (c->metric && c->tested)
-            hx_buf_printf(b, "%.2e | %.0e | ", c->worst, c->limit);
-        else
-            hx_buf_puts(b, "- | - | ");
-        hx_buf_printf(b, "%s |\n", check_result_word(c));
+        char worst[32], bound[32], res[32];
+        metric_cells(c, worst, bound, res, sizeof worst);
+        hx_buf_printf(b, "| %s | %lld | %lld | %s | %s | %s | %s |\n",
+                      hx_check_name((hx_check_id)i), (long long)c->tested, (long long)c->failed,
+                      worst, bound, res, check_result_word(c));
     }
     for (int i = 0; i < HX_CHECK_COUNT; i++)
         if (run->checks[i].failed)
@@ -346,12 +426,15 @@ static void report_md(const hx_run *run, hx_buf *b)
         hx_buf_printf(b, "\n**Diagnosis** (inject %s): %s\n", hx_fault_name(run->opts.inject),
                       run->diagnosis);
 
-    hx_buf_puts(b, "\n## Gradient error by tensor class\n\nRelative error ‖g − ref‖/‖ref‖ of "
-                   "every reduced gradient on every rank.\n\n| class | tensors | worst | where |\n"
-                   "|---|---:|---:|---|\n");
+    hx_buf_puts(b, "\n## Gradient error by tensor class\n\nThe relative error ‖g − ref‖/‖ref‖ "
+                   "of every reduced gradient on every rank (information), the worst error / "
+                   "bound and resolution of the reduced gradients' check and of the ranks' FP32 "
+                   "gradients' check.\n\n| class | tensors | worst rel. error | reduced: error / "
+                   "bound | resolution | ranks' FP32: error / bound | resolution | where |\n"
+                   "|---|---:|---:|---:|---:|---:|---:|---|\n");
     for (int c = 0; c < HX_CLASS_COUNT; c++)
         if (run->classes[c].tensors)
-            md_error_row(b, hx_class_name((hx_tensor_class)c), &run->classes[c], run->tolerance);
+            md_error_row(b, hx_class_name((hx_tensor_class)c), &run->classes[c]);
 
     hx_buf_puts(b, "\n## Gradient error by group\n\nThe replica sets the run reduced over, by "
                    "the framework's names.\n\n| group | kind | ranks | root | experts | method | "
@@ -375,18 +458,20 @@ static void report_md(const hx_run *run, hx_buf *b)
             hx_buf_puts(b, "- | - |\n");
     }
 
-    hx_buf_puts(b,
-                "\n## Steps\n\n| step | tokens | loss | reference loss | worst rel. error | "
-                "failures | absent experts | step ms | compute ms | dispatch ms | reduce ms | "
-                "reference ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    hx_buf_puts(
+        b, "\n## Steps\n\n| step | tokens | loss | reference loss | error / bound | worst rel. "
+           "error | failures | absent experts | dropped | step ms | compute ms | dispatch ms "
+           "| reduce ms | reference ms |\n"
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int s = run->first_step; s < run->steps_done; s++) {
         const hx_step_record *r = &run->steps[s];
         hx_buf_printf(b,
-                      "| %d | %zu | %.6f | %.6f | %.2e | %lld | %d | %.1f | %.1f | %.1f | %.1f "
-                      "| %.1f |\n",
-                      s + 1, r->tokens, r->loss, r->ref_loss, r->worst, (long long)r->failures,
-                      r->absent, 1e3 * r->t_step, 1e3 * r->t_compute, 1e3 * r->t_dispatch,
-                      1e3 * r->t_reduce, 1e3 * r->t_reference);
+                      "| %d | %zu | %.6f | %.6f | %.2f | %.2e | %lld | %d | %zu | %.1f | %.1f | "
+                      "%.1f | %.1f | %.1f |\n",
+                      s + 1, r->tokens, r->loss, r->ref_loss, r->ratio, r->worst,
+                      (long long)r->failures, r->absent, r->dropped, 1e3 * r->t_step,
+                      1e3 * r->t_compute, 1e3 * r->t_dispatch, 1e3 * r->t_reduce,
+                      1e3 * r->t_reference);
     }
 
     int L = m->layers, E = l->experts;

@@ -305,6 +305,15 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--token-spread %d: must not exceed --tokens %d",
                 hx_options_spread(o), o->tokens);
     HX_CHECK(checkpoint_options(run));
+    /* every output is writable before a step runs: a run is not lost to a bad path at its end */
+    if (o->out_dir && o->out_dir[0])
+        HX_CHECK(hx_check_writable(o->out_dir, true, "--out"));
+    if (o->dump_dir)
+        HX_CHECK(hx_check_writable(o->dump_dir, true, "--dump"));
+    if (o->save_dir)
+        HX_CHECK(hx_check_writable(o->save_dir, true, "--save"));
+    if (o->summary)
+        HX_CHECK(hx_check_writable(o->summary, false, "--summary"));
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
     HX_CHECK(hx_router_check(run));
     HX_CHECK(hx_grid_check_options(run));
@@ -393,6 +402,7 @@ static seldp_status main_step(hx_run *run, int step)
                                              targets, counts, B, NULL, choices, &ref),
                  "the FP64 reference of step %d", step + 1);
     rec->ties_followed = tm_reference_ties_followed(ref);
+    rec->dropped = tm_reference_dropped(ref);
     rec->t_reference = hx_split_charge(&rec->split, HX_PHASE_REFERENCE);
     rec->ref_loss = tm_reference_loss(ref);
     HX_CHECK(hx_check_step(run, step, ref));

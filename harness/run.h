@@ -123,6 +123,7 @@ typedef struct hx_step_record {
     int64_t failures;        /* failed checks in this step */
     int absent;              /* (layer, expert) pairs no token reached */
     size_t ties_followed;    /* tokens x layers whose near tie the reference took as routed */
+    size_t dropped;          /* assignments the capacity dropped (the reference's count) */
     double t_step;           /* wall time of the step, checks included */
     double t_compute;        /* slowest rank: forward + backward, dispatch included */
     double t_dispatch;

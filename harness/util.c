@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define HX_ERROR_BYTES 1024
 
@@ -264,4 +265,33 @@ uint64_t hx_checksum(const void *data, size_t n)
         h *= 1099511628211ull;
     }
     return h;
+}
+
+seldp_status hx_check_writable(const char *path, bool dir, const char *option)
+{
+    char probe[4200];
+    struct stat sb;
+    if (!dir) {
+        if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+            return hx_fail(SELDP_ERR_IO, "%s %s: is a directory, expected a file", option, path);
+        FILE *f = fopen(path, "a"); /* appended to at the end anyway */
+        if (!f)
+            return hx_fail(SELDP_ERR_IO, "%s %s: cannot be written (%s)", option, path,
+                           strerror(errno));
+        fclose(f);
+        return SELDP_OK;
+    }
+    if (stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return hx_fail(SELDP_ERR_IO, "%s %s: exists and is not a directory", option, path);
+    if (hx_mkdir_p(path) != SELDP_OK)
+        return hx_fail(SELDP_ERR_IO, "%s %s: cannot create it (%s)", option, path, strerror(errno));
+    /* a file made and removed again: what the run will do there, tried before any step */
+    snprintf(probe, sizeof probe, "%s/.seldp-write-test-%ld", path, (long)getpid());
+    FILE *f = fopen(probe, "w");
+    if (!f)
+        return hx_fail(SELDP_ERR_IO, "%s %s: cannot write into it (%s)", option, path,
+                       strerror(errno));
+    fclose(f);
+    remove(probe);
+    return SELDP_OK;
 }

@@ -108,6 +108,11 @@ seldp_status hx_write_file(const char *path, const void *data, size_t n);
 /* Create a directory and its parents (like mkdir -p). SELDP_ERR_IO on failure. */
 seldp_status hx_mkdir_p(const char *path);
 
+/* Whether the run can write `path`, a folder when dir (made if missing, a file created in it
+ * and removed again) or a file appended to (created empty if missing): SELDP_ERR_IO with one
+ * line naming `option`, the path and why otherwise. */
+seldp_status hx_check_writable(const char *path, bool dir, const char *option);
+
 /* Monotonic clock in seconds. */
 double hx_now(void);
 

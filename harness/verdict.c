@@ -207,7 +207,7 @@ static void check_rank_grads(hx_run *run, int step, const set_step *ss, int r,
         hx_fit_add(&f, e->local_sum[i] / ss->tokens, v->want[i], v->mag[i], 0);
     double bound = hx_fit_bound(&run->tol, &f, ss->active, false);
     double err = sqrt(f.err2), norm = sqrt(f.want2);
-    double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, false);
+    double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, ss->active, false);
     double ratio = fmax(err / bound, fabs(scale - 1) / sbound);
     double resolution = fmin(norm > 0 ? bound / norm : INFINITY, sbound);
     hx_check_metric(run, HX_CHECK_RANK_GRADS, !(ratio <= 1.0), ratio, bound / norm, resolution,
@@ -234,7 +234,7 @@ static double check_result(hx_run *run, int step, const set_step *ss, int r, con
         hx_fit_add(&f, stored(got, i), v->want[i], v->mag[i], ss->sigma * e->in_abs[i]);
     double bound = hx_fit_bound(&run->tol, &f, ss->active, true);
     double err = sqrt(f.err2), norm = sqrt(f.want2);
-    double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, true);
+    double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, ss->active, true);
     double ratio = fmax(err / bound, fabs(scale - 1) / sbound);
     double resolution = fmin(norm > 0 ? bound / norm : INFINITY, sbound);
     double rel = norm > 0 ? err / norm : err;

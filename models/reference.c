@@ -223,6 +223,8 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
             gate[t * K + k] = exp(z[sel[t * K + k]] - mx) / den;
     }
     tm__ref_capacity(c, sel, w->shard_begin, w->n_shards, w->taken, kept);
+    for (size_t s = 0; s < NK; s++)
+        ref->dropped += !kept[s];
     if (w->DLR)
         router_loss = tm__ref_router_losses(c, lg, sel, w->shard_begin, w->n_shards, w->RW,
                                             w->DLR + (size_t)l * N * E);
@@ -521,6 +523,11 @@ double tm_reference_loss(const tm_reference *ref)
 size_t tm_reference_tokens(const tm_reference *ref)
 {
     return ref->N;
+}
+
+size_t tm_reference_dropped(const tm_reference *ref)
+{
+    return ref->dropped;
 }
 
 size_t tm_reference_ties_followed(const tm_reference *ref)

@@ -537,6 +537,9 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
                                          int n_ranks, const tm_ref_perturb *perturb,
                                          const int *const *choices, tm_reference **out);
 
+/** Assignments (token x choice x layer) the capacity dropped over every layer and data shard. */
+size_t tm_reference_dropped(const tm_reference *ref);
+
 /** Tokens-and-layers at which tm_reference_compute_routed followed the model's near tie. */
 size_t tm_reference_ties_followed(const tm_reference *ref);
 
