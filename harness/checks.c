@@ -96,15 +96,18 @@ static void merge_local(hx_check_result *into, hx_check_result *from)
     *from = (hx_check_result){0};
 }
 
-/* The index of rk's occurrence at `path` (or, on a root that holds the tied embedding as
- * embed.weight, its logical path), or -1. */
+/* The index of rk's occurrence at `path`, or of the one with the same logical path (the tied
+ * embedding is embed.weight on the first stage and lm_head.weight on the last), or -1. */
 static long param_index(const hx_rank *rk, const char *path)
 {
-    for (int pass = 0; pass < 2; pass++) {
-        const char *want = pass ? hx_grid_logical_path(path) : path;
-        for (size_t i = 0; i < rk->n_params; i++)
-            if (strcmp(tm_param_at(rk->model, i)->path, want) == 0)
-                return (long)i;
+    for (size_t i = 0; i < rk->n_params; i++)
+        if (strcmp(tm_param_at(rk->model, i)->path, path) == 0)
+            return (long)i;
+    const char *want = hx_grid_logical_path(path);
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (!p->alias && strcmp(hx_grid_logical_path(p->path), want) == 0)
+            return (long)i;
     }
     return -1;
 }

@@ -374,8 +374,10 @@ const hx_set *hx_set_member(const hx_run *run, int r, hx_set_kind kind)
 
 bool hx_set_writes(const hx_run *run, int r, const tm_param_info *p)
 {
-    if (p->alias || strcmp(p->path, "lm_head.weight") == 0)
-        return false; /* the last stage's copy of the tied embedding: stage 0 writes it */
+    if (p->alias)
+        return false;
+    /* the tied embedding's two copies (pp > 1) are one set: its root writes it, from the first
+     * or the last stage, under the logical path */
     const hx_set *s = hx_set_of(run, r, p);
     return s && s->root == r && hx_grid_shard(run, r, p->path).index == 0;
 }

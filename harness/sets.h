@@ -99,7 +99,7 @@ const hx_set *hx_set_member(const struct hx_run *run, int r, hx_set_kind kind);
 int hx_set_position(const hx_set *s, int r);
 
 /* True when rank r writes p into a checkpoint: the root of p's set, for the first shard of a
- * sharded tensor (the writer gathers the others), never for the last stage's tied copy. */
+ * sharded tensor (the writer gathers the others); the tied embedding's set writes one copy. */
 bool hx_set_writes(const struct hx_run *run, int r, const tm_param_info *p);
 
 /* ---- a rank's memberships ---------------------------------------------------------------- */
