@@ -305,15 +305,6 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--token-spread %d: must not exceed --tokens %d",
                 hx_options_spread(o), o->tokens);
     HX_CHECK(checkpoint_options(run));
-    /* every output is writable before a step runs: a run is not lost to a bad path at its end */
-    if (o->out_dir && o->out_dir[0])
-        HX_CHECK(hx_check_writable(o->out_dir, true, "--out"));
-    if (o->dump_dir)
-        HX_CHECK(hx_check_writable(o->dump_dir, true, "--dump"));
-    if (o->save_dir)
-        HX_CHECK(hx_check_writable(o->save_dir, true, "--save"));
-    if (o->summary)
-        HX_CHECK(hx_check_writable(o->summary, false, "--summary"));
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
     HX_CHECK(hx_router_check(run));
     HX_CHECK(hx_grid_check_options(run));
@@ -347,6 +338,16 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         run->ranks[r].run = run;
         run->ranks[r].batch_rank = hx_grid_sharded(run) ? hx_grid_batch_rank(run, r) : r;
     }
+    /* every output is writable before a step runs (a run is not lost to a bad path at its
+     * end), checked last: a refused run creates nothing */
+    if (o->out_dir && o->out_dir[0])
+        HX_CHECK(hx_check_writable(o->out_dir, true, "--out"));
+    if (o->dump_dir)
+        HX_CHECK(hx_check_writable(o->dump_dir, true, "--dump"));
+    if (o->save_dir)
+        HX_CHECK(hx_check_writable(o->save_dir, true, "--save"));
+    if (o->summary)
+        HX_CHECK(hx_check_writable(o->summary, false, "--summary"));
     *out = run;
     return SELDP_OK;
 fail:

@@ -81,7 +81,8 @@ static const crow MATRIX[] = {
     {"--tp 4 --d-ff 66 --ep 2", {"--etp 4: must divide the experts' d_ff (--d-ff 66)"}},
     {"--world 6 --ep 2 --tp 4", {"world_size (6) is not divisible by 4"}},
     {"--tp 2 --quant awq", {"--quant awq with --etp 2", "must be a multiple of 256"}},
-    {"--pp 2 --inject grad", {"--inject is not supported with the sharded tiny-moe"}},
+    {"--inject ep-scale --ep 1", {"--inject ep-scale: needs expert parallelism"}},
+    {"--inject rank-mean --global-batch 64", {"--inject rank-mean: needs ranks holding different"}},
     {"--frobnicate", {"unknown option '--frobnicate'"}},
     {"--world 4 extra", {"unexpected argument 'extra'"}},
 };
