@@ -10,51 +10,102 @@
 #include "router.h"
 #include "run.h"
 
-/* "[0,4]*" for group g of kind (the star where r is its root). */
+/* "[0,4]*" for the ranks of a group (the star where r is its root). */
+static void ranks_cell(const int *ranks, int n, int r, int root, char *buf, size_t size)
+{
+    hx_group grp = {n, (int *)ranks, -1};
+    hx_group_str(&grp, buf, size > 1 ? size - 1 : size);
+    if (root == r)
+        strcat(buf, "*");
+}
+
 static void group_cell(const seldp_layout *g, seldp_group_kind kind, int r, int root, char *buf,
                        size_t size)
 {
-    hx_group grp = {0, NULL, -1};
-    grp.size =
-        seldp_layout_group(g, kind, seldp_layout_group_of(g, kind, r), (const int **)&grp.ranks);
-    char text[200];
-    hx_group_str(&grp, text, sizeof text);
-    snprintf(buf, size, "%s%s", text, root == r ? "*" : "");
+    const int *ranks = NULL;
+    int n = seldp_layout_group(g, kind, seldp_layout_group_of(g, kind, r), &ranks);
+    ranks_cell(ranks, n, r, root, buf, size);
 }
 
-/* The layout table of a sharded run: per rank its stage, TP and ETP ranks, its dense reduce
- * group, EP group, expert-data group and owned experts (grid.h's sessions). */
+/* Megatron's dp group of rank r without context parallelism: the members of its dense (dp-cp)
+ * group at its own CP position. */
+static void pure_dp_cell(const seldp_layout *g, int r, char *buf, size_t size)
+{
+    const int *dense = NULL;
+    int n =
+        seldp_layout_group(g, SELDP_GROUP_DP, seldp_layout_group_of(g, SELDP_GROUP_DP, r), &dense);
+    int mine = seldp_layout_position(g, SELDP_GROUP_CP, r), k = 0;
+    int ranks[4096];
+    for (int i = 0; i < n && k < 4096; i++)
+        if (seldp_layout_position(g, SELDP_GROUP_CP, dense[i]) == mine)
+            ranks[k++] = dense[i];
+    ranks_cell(ranks, k, r, -1, buf, size);
+}
+
+enum { COL_DP, COL_DENSE, COL_EP, COL_EDP, COL_EXPERTS, COLS };
+
+/* The layout table of a sharded run: per rank its stage, TP, CP and ETP ranks, its dense
+ * reduce group (with Megatron's dp beside dp-cp when cp > 1), EP group, expert-data group and
+ * owned experts; columns as wide as their widest cell. */
 static void print_grid_table(const hx_run *run, const char *const *devices, FILE *out)
 {
     const hx_layout *l = run->layout;
     const seldp_layout *g = l->grid;
+    const int W = l->world;
+    seldp_layout_config c = seldp_layout_get_config(g);
     int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
-    if (!owned)
+    char(*cells)[COLS][256] = hx_calloc((size_t)W, sizeof *cells);
+    if (!owned || !cells) {
+        free(owned);
+        free(cells);
         return;
-    fprintf(out,
-            "layout: %s; %d dense groups, %d EP groups, %d expert-data groups, * marks a root\n",
-            l->name, seldp_layout_group_count(g, SELDP_GROUP_DP),
-            seldp_layout_group_count(g, SELDP_GROUP_EP),
-            seldp_layout_group_count(g, SELDP_GROUP_EXPERT_DP));
-    fprintf(out, "  %4s  %-7s  %5s  %2s  %3s  %-16s  %-14s  %-22s  %s\n", "rank", "device", "stage",
-            "tp", "etp", "dense", "EP group", "expert-data", "experts");
-    for (int r = 0; r < l->world; r++) {
-        char dense[256], ep[256], edp[256], experts[256] = "-";
+    }
+    const hx_set *any_dense = hx_set_member(run, 0, HX_SET_DENSE);
+    const hx_set *any_edp = hx_set_member(run, 0, HX_SET_EXPERT);
+    const char *headers[COLS] = {"dp", any_dense ? any_dense->name : "dense", "EP group",
+                                 any_edp ? any_edp->name : "expert-data", "experts"};
+    int width[COLS];
+    for (int k = 0; k < COLS; k++)
+        width[k] = (int)strlen(headers[k]);
+    for (int r = 0; r < W; r++) {
         const hx_set *ds = hx_set_member(run, r, HX_SET_DENSE);
         const hx_set *es = hx_set_member(run, r, HX_SET_EXPERT);
-        group_cell(g, SELDP_GROUP_DP, r, ds ? ds->root : -1, dense, sizeof dense);
-        group_cell(g, SELDP_GROUP_EP, r, -1, ep, sizeof ep);
-        group_cell(g, SELDP_GROUP_EXPERT_DP, r, es ? es->root : -1, edp, sizeof edp);
+        pure_dp_cell(g, r, cells[r][COL_DP], sizeof cells[r][COL_DP]);
+        group_cell(g, SELDP_GROUP_DP, r, ds ? ds->root : -1, cells[r][COL_DENSE],
+                   sizeof cells[r][COL_DENSE]);
+        group_cell(g, SELDP_GROUP_EP, r, -1, cells[r][COL_EP], sizeof cells[r][COL_EP]);
+        group_cell(g, SELDP_GROUP_EXPERT_DP, r, es ? es->root : -1, cells[r][COL_EDP],
+                   sizeof cells[r][COL_EDP]);
+        char *ex = cells[r][COL_EXPERTS];
+        snprintf(ex, sizeof cells[r][COL_EXPERTS], "-");
         int n = hx_layout_owned(l, r, owned);
-        for (int i = 0, at = 0; i < n && at < (int)sizeof experts; i++)
-            at +=
-                snprintf(experts + at, sizeof experts - (size_t)at, "%s%d", i ? "," : "", owned[i]);
-        fprintf(out, "  %4d  %-7s  %5d  %2d  %3d  %-16s  %-14s  %-22s  %s\n", r,
+        for (int i = 0, at = 0; i < n && at < 240; i++)
+            at += snprintf(ex + at, sizeof cells[r][COL_EXPERTS] - (size_t)at, "%s%d", i ? "," : "",
+                           owned[i]);
+        for (int k = 0; k < COLS; k++)
+            width[k] = (int)strlen(cells[r][k]) > width[k] ? (int)strlen(cells[r][k]) : width[k];
+    }
+    bool cp = c.cp > 1;
+    fprintf(out, "layout: %s; %d %s groups, %d EP groups, %d %s groups, * marks a root\n", l->name,
+            seldp_layout_group_count(g, SELDP_GROUP_DP), headers[COL_DENSE],
+            seldp_layout_group_count(g, SELDP_GROUP_EP),
+            seldp_layout_group_count(g, SELDP_GROUP_EXPERT_DP), headers[COL_EDP]);
+    fprintf(out, "  %4s  %-7s  %5s  %2s  %2s  %3s", "rank", "device", "stage", "tp", "cp", "etp");
+    for (int k = cp ? 0 : 1; k < COLS; k++)
+        fprintf(out, "  %-*s", width[k], headers[k]);
+    fputc('\n', out);
+    for (int r = 0; r < W; r++) {
+        fprintf(out, "  %4d  %-7s  %5d  %2d  %2d  %3d", r,
                 devices && devices[r] ? devices[r] : "host", seldp_layout_stage(g, r),
                 seldp_layout_position(g, SELDP_GROUP_TP, r),
-                seldp_layout_position(g, SELDP_GROUP_EXPERT_TP, r), dense, ep, edp, experts);
+                seldp_layout_position(g, SELDP_GROUP_CP, r),
+                seldp_layout_position(g, SELDP_GROUP_EXPERT_TP, r));
+        for (int k = cp ? 0 : 1; k < COLS; k++)
+            fprintf(out, "  %-*s", width[k], cells[r][k]);
+        fputc('\n', out);
     }
     free(owned);
+    free(cells);
 }
 
 void hx_print_header(const hx_run *run, FILE *out)

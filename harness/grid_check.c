@@ -250,11 +250,13 @@ void hx_grid_layout_md(const hx_run *run, hx_buf *b)
     const hx_layout *l = run->layout;
     const seldp_layout *g = l->grid;
     int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
-    hx_buf_puts(b, "## Layout\n\n| rank | stage | TP rank | ETP rank | dense group | EP group "
-                   "| expert-data group | experts |\n|---|---|---|---|---|---|---|---|\n");
+    hx_buf_puts(b,
+                "## Layout\n\n| rank | stage | TP rank | CP rank | ETP rank | dense group | EP "
+                "group | expert-data group | experts |\n|---|---|---|---|---|---|---|---|---|\n");
     for (int r = 0; owned && r < l->world; r++) {
-        hx_buf_printf(b, "| %d | %d | %d | %d | ", r, seldp_layout_stage(g, r),
+        hx_buf_printf(b, "| %d | %d | %d | %d | %d | ", r, seldp_layout_stage(g, r),
                       seldp_layout_position(g, SELDP_GROUP_TP, r),
+                      seldp_layout_position(g, SELDP_GROUP_CP, r),
                       seldp_layout_position(g, SELDP_GROUP_EXPERT_TP, r));
         static const seldp_group_kind kinds[3] = {SELDP_GROUP_DP, SELDP_GROUP_EP,
                                                   SELDP_GROUP_EXPERT_DP};

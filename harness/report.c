@@ -375,16 +375,17 @@ static void report_md(const hx_run *run, hx_buf *b)
     if (sharded)
         hx_grid_layout_md(run, b);
     else
-        hx_buf_puts(b, "## Layout\n\n| rank | stage | TP rank | shared | EP group | expert-data "
-                       "groups | experts |\n|---|---|---|---|---|---|---|\n");
+        hx_buf_puts(b, "## Layout\n\n| rank | stage | TP rank | CP rank | shared | EP group | "
+                       "expert-data groups | experts |\n|---|---|---|---|---|---|---|---|\n");
     const hx_layout *l = run->layout;
     char text[256];
     int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
     for (int r = 0; owned && !sharded && r < l->world; r++) {
         hx_group_str(&l->shared, text, sizeof text);
-        hx_buf_printf(b, "| %d | %d | %d | %s%s | ", r,
+        hx_buf_printf(b, "| %d | %d | %d | %d | %s%s | ", r,
                       l->grid ? seldp_layout_stage(l->grid, r) : 0,
-                      l->grid ? seldp_layout_position(l->grid, SELDP_GROUP_TP, r) : 0, text,
+                      l->grid ? seldp_layout_position(l->grid, SELDP_GROUP_TP, r) : 0,
+                      l->grid ? seldp_layout_position(l->grid, SELDP_GROUP_CP, r) : 0, text,
                       l->shared.root == r ? " (root)" : "");
         hx_group_str(&l->ep[l->ep_of[r]], text, sizeof text);
         hx_buf_printf(b, "e%d %s | ", l->ep_of[r], text);
