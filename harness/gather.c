@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "capture.h"
+#include "grid.h"
 #include "run.h"
 
 /* ---- packing ----------------------------------------------------------------------------- */
@@ -103,9 +104,17 @@ static seldp_status mirror_create(hx_run *run, hx_rank *rk)
     if (!owned)
         return SELDP_ERR_NOMEM;
     int n_owned = hx_layout_owned(l, rk->rank, owned);
-    HX_CHECK_LIB(
-        tm_model_create(&run->opts.model, rk->rank, owned, n_owned, NULL, NULL, &rk->model),
-        "rank 0: the mirror of rank %d's model", rk->rank);
+    if (hx_grid_sharded(run)) { /* its shards, as hx_grid_setup makes them */
+        tm_config shard_cfg = hx_grid_shard_config(run);
+        tm_part part = hx_grid_part(run, rk->rank);
+        HX_CHECK_LIB(tm_model_create_part(&shard_cfg, &part, rk->rank, owned, n_owned, NULL, NULL,
+                                          &rk->model),
+                     "rank 0: the mirror of rank %d's shards", rk->rank);
+    } else {
+        HX_CHECK_LIB(
+            tm_model_create(&run->opts.model, rk->rank, owned, n_owned, NULL, NULL, &rk->model),
+            "rank 0: the mirror of rank %d's model", rk->rank);
+    }
     rk->n_params = tm_param_count(rk->model);
     rk->pre_init = hx_calloc(rk->n_params, sizeof *rk->pre_init);
     HX_CHECK(hx_rank_sets_list(rk));

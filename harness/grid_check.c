@@ -60,8 +60,6 @@ seldp_status hx_grid_check_options(hx_run *run)
                        m->quant == TM_QUANT_NF4 ? "NF4 blocks" : "AWQ zero words", m->d_ff, c.etp,
                        block);
     const char *refused = NULL;
-    if (hx_backend_multiprocess(run->backend))
-        refused = "one rank per MPI process";
     for (int r = 0; !refused && r < o->world; r++)
         if (hx_backend_device(run->backend, r).kind != SELDP_DEVICE_HOST)
             refused = "ranks on GPUs (use --backend host)";

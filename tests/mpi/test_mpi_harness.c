@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -143,6 +144,62 @@ static void test_failing_rank_stops_everyone(void **state)
     hm_expect_everywhere(ok, "a failing rank stops every rank");
 }
 
+/* Whether two files hold the same bytes. */
+static bool same_file(const char *a, const char *b)
+{
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    bool same = hx_read_file(a, &x, &nx) == SELDP_OK && hx_read_file(b, &y, &ny) == SELDP_OK &&
+                nx == ny && memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* A sharded grid, one rank per process: it passes, a planted bug is named, and its dump equals
+ * the same run's on threads bit for bit (rank 0 runs that one in-process). */
+static void test_sharded_grid(void **state)
+{
+    (void)state;
+    const char *grid = mt_size == 4 ? "--framework megatron --tp 2 --pp 2 --ep 1"
+                                    : "--framework megatron --tp 2 --ep 1";
+    char mpi_dir[1200], thr_dir[1400], args[512];
+    snprintf(mpi_dir, sizeof mpi_dir, "%s", hm_dir("grid"));
+    snprintf(args, sizeof args, "%s --steps 2 --tokens 24 --timeout 20 --quiet --out none", grid);
+    hx_test_run run;
+    hx_test_harness(&run, "--backend mpi %s --dump %s/mpi", args, mpi_dir);
+    hm_expect_status(&run, HX_EXIT_PASS, grid);
+    bool ok = true;
+    if (mt_rank == 0) {
+        hx_test_run threads;
+        snprintf(thr_dir, sizeof thr_dir, "%s/threads", mpi_dir);
+        hx_test_harness(&threads, "--backend host --world %d %s --dump %s", mt_size, args, thr_dir);
+        ok = threads.status == HX_EXIT_PASS;
+        static const char *const files[] = {"manifest.json", "rank0.safetensors",
+                                            "rank1.safetensors"};
+        for (size_t i = 0; ok && i < 3; i++) {
+            char a[1600], b[1600];
+            snprintf(a, sizeof a, "%s/mpi/%s", mpi_dir, files[i]);
+            snprintf(b, sizeof b, "%s/%s", thr_dir, files[i]);
+            ok = same_file(a, b);
+            if (!ok)
+                print_error("%s: %s differs between processes and threads\n", grid, files[i]);
+        }
+    }
+    hm_expect_everywhere(ok, "a sharded grid under mpirun");
+    if (mt_size != 4)
+        return; /* tp 2 on 2 ranks: the tied embedding has one copy, nothing to plant */
+    hx_test_harness(&run,
+                    "--backend mpi %s --inject tied-twice --steps 1 --tokens 24 --timeout 20 "
+                    "--out none",
+                    grid);
+    hm_expect_status(&run, HX_EXIT_FAIL, "a planted bug on a sharded grid");
+    ok = mt_rank != 0 || strstr(run.out, "the tied embedding reduced twice?") != NULL;
+    if (!ok)
+        print_error("no diagnosis of tied-twice:\n%s\n", run.out);
+    hm_expect_everywhere(ok, "a planted bug named under mpirun");
+}
+
 static void test_world_must_match_processes(void **state)
 {
     (void)state;
@@ -166,6 +223,7 @@ int main(int argc, char **argv)
         MT_TEST(test_planted_defects_fail_everywhere),
         MT_TEST(test_failing_rank_stops_everyone),
         MT_TEST(test_world_must_match_processes),
+        MT_TEST(test_sharded_grid),
     };
     return mt_main(argc, argv, "mpi_harness", tests, sizeof tests / sizeof tests[0]);
 }
