@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "options.h"
 
@@ -68,6 +69,11 @@ typedef struct hx_sweep {
     hx_sweep_weights *baselines; /* [n]: the final weights of each baseline run */
     struct hx_lockstep **locks;  /* [n]: what each baseline run recorded (lockstep.h) */
 } hx_sweep;
+
+/* Run entry i of the sweep (sweep_run.c): the first run of its objective free, recording the
+ * lockstep; any other in lockstep with it, then free; progress on `out` (NULL: none). */
+void hx_sweep_run(hx_sweep *s, int i, FILE *out);
+void hx_sweep_weights_free(hx_sweep_weights *w);
 
 /* True when the run completed, passed its own checks and agrees with the first run. */
 bool hx_sweep_run_ok(const hx_sweep_result *r);

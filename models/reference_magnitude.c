@@ -25,14 +25,14 @@
 
 #include <cblas.h>
 
-#include "reference_impl.h"
+#include "reference_magnitude.h"
 #include "tm_error.h"
 
 #define MAG_NOMEM() tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for the error scales")
 
 /* The own-rounding factor of a sum of n terms of one sign, squared: (sqrt(n) / 3)^2, 1 at
  * least. */
-static double same_sign(size_t n)
+double tm__mag_same_sign(size_t n)
 {
     double k = (double)n / 9.0;
     return k > 1.0 ? k : 1.0;
@@ -40,13 +40,7 @@ static double same_sign(size_t n)
 
 /* ---- a scratch arena for the products' absolute and squared copies --------------------- */
 
-typedef struct arena {
-    tm_reference *ref;
-    double *buf[5];
-    size_t cap[5];
-} arena;
-
-static double *room(arena *a, int i, size_t n)
+double *tm__mag_room(arena *a, int i, size_t n)
 {
     if (a->cap[i] < n) {
         a->buf[i] = tm__ref_calloc(a->ref, n, sizeof(double));
@@ -55,13 +49,13 @@ static double *room(arena *a, int i, size_t n)
     return a->buf[i];
 }
 
-static void fill_abs(double *dst, const double *src, size_t n)
+void tm__mag_fill_abs(double *dst, const double *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         dst[i] = fabs(src[i]);
 }
 
-static void fill_sq(double *dst, const double *src, size_t n)
+void tm__mag_fill_sq(double *dst, const double *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         dst[i] = src[i] * src[i];
@@ -72,60 +66,35 @@ static void fill_sq(double *dst, const double *src, size_t n)
  * terms of both signs and, where they share one sign, of a sum whose partial sums grow with
  * it. VA or VB NULL: that factor is exact. ar/ac are A's stored rows and columns (lda = ac),
  * br/bc B's. Returns false when out of memory. */
-static bool var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
-                     const double *A, const double *VA, size_t ar, size_t ac, const double *B,
-                     const double *VB, size_t br, size_t bc, double beta, double *VC)
+bool tm__mag_var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+                      const double *A, const double *VA, size_t ar, size_t ac, const double *B,
+                      const double *VB, size_t br, size_t bc, double beta, double *VC)
 {
     const size_t na = ar * ac, nb = br * bc, nc = (size_t)m * (size_t)n;
-    double *tA = room(a, 0, na), *tB = room(a, 1, nb), *tC = room(a, 2, nc);
+    double *tA = tm__mag_room(a, 0, na), *tB = tm__mag_room(a, 1, nb), *tC = tm__mag_room(a, 2, nc);
     if (!tA || !tB || !tC)
         return false;
     const double drift = (double)k / 9.0;
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, A, (int)ac, B, (int)bc, 0.0, tC, n);
     for (size_t i = 0; i < nc; i++)
         VC[i] = beta * VC[i] + drift * tC[i] * tC[i];
-    fill_abs(tA, A, na);
-    fill_abs(tB, B, nb);
+    tm__mag_fill_abs(tA, A, na);
+    tm__mag_fill_abs(tB, B, nb);
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, tA, (int)ac, tB, (int)bc, 0.0, tC, n);
     for (size_t i = 0; i < nc; i++)
         VC[i] += tC[i] * tC[i];
     if (VA) {
-        fill_sq(tB, B, nb);
+        tm__mag_fill_sq(tB, B, nb);
         cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, VA, (int)ac, tB, (int)bc, 1.0, VC, n);
     }
     if (VB) {
-        fill_sq(tA, A, na);
+        tm__mag_fill_sq(tA, A, na);
         cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, tA, (int)ac, VB, (int)bc, 1.0, VC, n);
     }
     return true;
 }
 
 /* ---- the pass's state ---------------------------------------------------------------------- */
-
-typedef struct pass {
-    tm_reference *ref;
-    const ref_params *p;
-    ref_work *w;
-    arena ar;
-    int D, F, E, K, L, V, Fs;
-    size_t N;
-    double **VW; /* (L,E,2) the variance of each expert's effective weight; NULL entries exact */
-    /* forward */
-    double *VH, *VU, *VR; /* (L+1,N,D) (L,N,D) (L+1,N): the last of VR is the final norm's */
-    double *VG;           /* (L,N,K) gates */
-    double *VSA;          /* (L,N,Fs) */
-    double *VZ, *VLOG;    /* (N,D) (N,V) */
-    double *VDLR;         /* (L,N,E) router-loss logit gradients, or NULL */
-    double *AH;           /* (N,D) |terms| of one layer's residual sum */
-    /* one expert's rows and the router's scratch */
-    double *VX, *VA, *VS, *VY, *VSL; /* (n,D) (n,F) (n,F) (n,D) (n,F) silu' */
-    double *LG, *VLG, *PR, *VPR;     /* (N,E) logits, probabilities and their variances */
-    /* backward */
-    double *dH, *VdH, *dU, *VdU;                                 /* (N,D) */
-    double *VdHr, *VP, *VdA, *VdYE, *VdX, *VdW, *dgate, *Vdgate; /* one expert */
-    double *VdSS, *VdSA, *SL, *VSLs;                             /* (N,Fs) shared expert */
-    double loss_var;
-} pass;
 
 static seldp_status pass_alloc(pass *s)
 {
@@ -159,9 +128,9 @@ static seldp_status pass_alloc(pass *s)
         s->VW[i] = tm__ref_calloc(ref, n, sizeof(double));
         if (!aB || !aA || !s->VW[i])
             return MAG_NOMEM();
-        fill_abs(aB, li->lora_b->w, li->lora_b->n);
-        fill_abs(aA, li->lora_a->w, li->lora_a->n);
-        fill_abs(s->VW[i], li->base, n);
+        tm__mag_fill_abs(aB, li->lora_b->w, li->lora_b->n);
+        tm__mag_fill_abs(aA, li->lora_a->w, li->lora_a->n);
+        tm__mag_fill_abs(s->VW[i], li->base, n);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, li->out, li->in, r,
                     c->lora_alpha / r, aB, r, aA, li->in, 1.0, s->VW[i], li->in);
         for (size_t k = 0; k < n; k++)
@@ -181,8 +150,8 @@ static double silu_curve(double a)
 
 /* silu of n pre-activations a (variances va): values into y, their variances into vy, silu'
  * into sl and its variance into vsl. */
-static void silu_var(const double *a, const double *va, size_t n, double *y, double *vy, double *sl,
-                     double *vsl)
+void tm__mag_silu_var(const double *a, const double *va, size_t n, double *y, double *vy,
+                      double *sl, double *vsl)
 {
     for (size_t i = 0; i < n; i++) {
         double slope, v = tm__ref_silu_slope(a[i], &slope), curve = silu_curve(a[i]);
@@ -203,7 +172,7 @@ static double rms_row_var(const double *x, const double *vx, const double *g, do
         ss += x[i] * x[i];
         vss += 4.0 * x[i] * x[i] * vx[i];
     }
-    vss += same_sign((size_t)D) * ss * ss;
+    vss += tm__mag_same_sign((size_t)D) * ss * ss;
     /* r = (ss / D + eps)^(-1/2): dr / dss = -r^3 / (2 D); a division and a square root */
     double vr = r * r * r * r * r * r / (4.0 * D * D) * vss + 2.0 * r * r;
     for (int i = 0; i < D; i++) {
@@ -213,17 +182,11 @@ static double rms_row_var(const double *x, const double *vx, const double *g, do
     return vr;
 }
 
-/* A sum over tokens accumulated term by term (a norm's or the router's weight gradient): the
- * magnitudes of its terms and its value, for its own rounding at the end (close_sum). */
-typedef struct token_sum {
-    double *abs, *value; /* (n) */
-} token_sum;
-
 /* rms_row_back with variances: dx_j += dy_j g_j r - c x_j, c = r^3 (sum_i dy_i g_i x_i) / D,
  * dg_j += dy_j x_j r (a token sum: its terms into ts). */
-static void rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
-                         int D, const double *dy, const double *vdy, double *dx, double *vdx,
-                         double *vdg, token_sum ts)
+void tm__mag_rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
+                          int D, const double *dy, const double *vdy, double *dx, double *vdx,
+                          double *vdg, token_sum ts)
 {
     double dot = 0.0, vdot = 0.0, adot = 0.0;
     for (int i = 0; i < D; i++) {
@@ -248,17 +211,18 @@ static void rms_back_var(const double *x, const double *vx, const double *g, dou
     }
 }
 
-/* Add the own rounding of a sum of `terms` terms (var_gemm's rule) into a weight's variance. */
-static void close_sum(double *v, token_sum ts, size_t n, size_t terms)
+/* Add the own rounding of a sum of `terms` terms (tm__mag_var_gemm's rule) into a weight's
+ * variance. */
+void tm__mag_close_sum(double *v, token_sum ts, size_t n, size_t terms)
 {
     for (size_t i = 0; i < n; i++)
         v[i] += ts.abs[i] * ts.abs[i] + (double)terms / 9.0 * ts.value[i] * ts.value[i];
 }
 
 /* Two arena slots as a zeroed token_sum of n elements. */
-static bool token_sum_of(arena *a, int slot, size_t n, token_sum *ts)
+bool tm__mag_token_sum_of(arena *a, int slot, size_t n, token_sum *ts)
 {
-    ts->abs = room(a, slot, 2 * n);
+    ts->abs = tm__mag_room(a, slot, 2 * n);
     if (!ts->abs)
         return false;
     ts->value = ts->abs + n;
@@ -269,13 +233,13 @@ static bool token_sum_of(arena *a, int slot, size_t n, token_sum *ts)
 /* The softmax rule: p_j = exp(z_j - lse) over n logits of variances vz, its sum of n
  * exponentials of one sign: V(p_j) = p_j^2 (vz_j + sum_i p_i^2 vz_i + sum's rounding) + 2 p_j^2
  * (the exponential and the division). */
-static void softmax_var(const double *p, const double *vz, int n, double *vp)
+void tm__mag_softmax_var(const double *p, const double *vz, int n, double *vp)
 {
     double pz = 0.0;
     for (int i = 0; i < n; i++)
         pz += p[i] * p[i] * vz[i];
     for (int j = 0; j < n; j++)
-        vp[j] = p[j] * p[j] * (vz[j] + pz + same_sign((size_t)n) + 2.0);
+        vp[j] = p[j] * p[j] * (vz[j] + pz + tm__mag_same_sign((size_t)n) + 2.0);
 }
 
 /* ---- forward ----------------------------------------------------------------------------- */
@@ -290,8 +254,8 @@ static bool router_var(pass *s, int l)
     const double *rw = s->p->router[l]->w;
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, E, D, 1.0, u, D, rw, D, 0.0, s->LG,
                 E);
-    if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, E, D, u, vu, N, (size_t)D, rw, NULL,
-                  (size_t)E, (size_t)D, 0.0, s->VLG))
+    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, E, D, u, vu, N, (size_t)D, rw,
+                          NULL, (size_t)E, (size_t)D, 0.0, s->VLG))
         return false;
     for (size_t t = 0; t < N; t++) {
         const double *z = s->LG + t * E;
@@ -302,7 +266,7 @@ static bool router_var(pass *s, int l)
             se += exp(z[e] - mx);
         for (int e = 0; e < E; e++)
             s->PR[t * E + e] = exp(z[e] - mx) / se;
-        softmax_var(s->PR + t * E, s->VLG + t * E, E, s->VPR + t * E);
+        tm__mag_softmax_var(s->PR + t * E, s->VLG + t * E, E, s->VPR + t * E);
     }
     return true;
 }
@@ -317,8 +281,8 @@ static void router_loss_var(pass *s, int l)
     const size_t N = s->N;
     const int *sel = s->w->SEL + (size_t)l * N * (size_t)K;
     double *vd = s->VDLR + (size_t)l * N * (size_t)E;
-    double *f =
-        s->ar.buf[3] && s->ar.cap[3] >= (size_t)E ? s->ar.buf[3] : room(&s->ar, 3, (size_t)E);
+    double *f = s->ar.buf[3] && s->ar.cap[3] >= (size_t)E ? s->ar.buf[3]
+                                                          : tm__mag_room(&s->ar, 3, (size_t)E);
     if (!f)
         return;
     memset(vd, 0, N * (size_t)E * sizeof *vd);
@@ -333,7 +297,7 @@ static void router_loss_var(pass *s, int l)
             vlse += p[e] * p[e] * vz[e];
         }
         const double lse = mx + log(se), b = 2.0 * c->z_loss_coeff / (double)N;
-        vlse += same_sign((size_t)E) * lse * lse;
+        vlse += tm__mag_same_sign((size_t)E) * lse * lse;
         for (int e = 0; e < E; e++)
             vd[t * E + e] +=
                 b * b * (p[e] * p[e] * vlse + lse * lse * vp[e] + lse * lse * p[e] * p[e]);
@@ -395,14 +359,15 @@ static bool layer_forward_var(pass *s, int l)
             pz += gate[t * K + k] * gate[t * K + k] * s->VLG[t * E + sel[t * K + k]];
         for (int k = 0; k < K; k++) {
             double g = gate[t * K + k];
-            VG[t * K + k] = g * g * (s->VLG[t * E + sel[t * K + k]] + pz + same_sign(K) + 2.0);
+            VG[t * K + k] =
+                g * g * (s->VLG[t * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0);
         }
     }
     if (s->VDLR)
         router_loss_var(s, l);
     /* the residual and each expert's gated output; AH the magnitudes the sum rounds */
     memcpy(VHo, VH, ND * sizeof(double));
-    fill_abs(s->AH, H, ND);
+    tm__mag_fill_abs(s->AH, H, ND);
     for (int e = 0; e < E; e++) {
         const size_t i1 = ((size_t)l * E + e) * 2;
         const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
@@ -414,14 +379,14 @@ static bool layer_forward_var(pass *s, int l)
             memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D,
                     0.0, w->A, F);
-        if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n, (size_t)D,
-                      w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
+        if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n,
+                              (size_t)D, w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
             return false;
-        silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL);
+        tm__mag_silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, w->S, F, w2->w, F,
                     0.0, w->YE, D);
-        if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, D, F, w->S, s->VS, n, (size_t)F,
-                      w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VY))
+        if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, D, F, w->S, s->VS, n,
+                              (size_t)F, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VY))
             return false;
         for (size_t i = 0; i < n; i++) {
             const double g = gate[rows[i]], vg = VG[rows[i]];
@@ -437,19 +402,20 @@ static bool layer_forward_var(pass *s, int l)
         const size_t NF = N * (size_t)Fs;
         const double *sa = w->SA + (size_t)l * NF;
         double *vsa = s->VSA + (size_t)l * NF;
-        if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, Fs, D, u, VU, N, (size_t)D,
-                      s->p->sw1[l]->w, NULL, (size_t)Fs, (size_t)D, 0.0, vsa))
+        if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, Fs, D, u, VU, N, (size_t)D,
+                              s->p->sw1[l]->w, NULL, (size_t)Fs, (size_t)D, 0.0, vsa))
             return false;
-        silu_var(sa, vsa, NF, w->SS, s->VdSS, s->SL, s->VSLs);
-        if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, D, Fs, w->SS, s->VdSS, N,
-                      (size_t)Fs, s->p->sw2[l]->w, NULL, (size_t)D, (size_t)Fs, 1.0, VHo))
+        tm__mag_silu_var(sa, vsa, NF, w->SS, s->VdSS, s->SL, s->VSLs);
+        if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, D, Fs, w->SS, s->VdSS, N,
+                              (size_t)Fs, s->p->sw2[l]->w, NULL, (size_t)D, (size_t)Fs, 1.0, VHo))
             return false;
         /* its output's magnitudes for the residual sum's rounding */
-        double *aSS = room(&s->ar, 3, NF), *aW = room(&s->ar, 4, (size_t)D * (size_t)Fs);
+        double *aSS = tm__mag_room(&s->ar, 3, NF),
+               *aW = tm__mag_room(&s->ar, 4, (size_t)D * (size_t)Fs);
         if (!aSS || !aW)
             return false;
-        fill_abs(aSS, w->SS, NF);
-        fill_abs(aW, s->p->sw2[l]->w, (size_t)D * (size_t)Fs);
+        tm__mag_fill_abs(aSS, w->SS, NF);
+        tm__mag_fill_abs(aW, s->p->sw2[l]->w, (size_t)D * (size_t)Fs);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, aSS, Fs, aW, Fs,
                     1.0, s->AH, D);
     }
@@ -468,8 +434,8 @@ static bool head_forward_var(pass *s)
     for (size_t t = 0; t < N; t++)
         s->VR[(size_t)L * N + t] =
             rms_row_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t], D, s->VZ + t * D);
-    if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, V, D, w->Z, s->VZ, N, (size_t)D,
-                  s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VLOG))
+    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, V, D, w->Z, s->VZ, N, (size_t)D,
+                          s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VLOG))
         return false;
     /* a token's loss lse - z_y, lse = z_y - log p_y: V = V(lse) + V(z_y) + the difference's */
     double vloss = 0.0;
@@ -484,275 +450,10 @@ static bool head_forward_var(pass *s)
         for (int j = 0; j < D; j++)
             z_y += w->Z[t * D + j] * s->p->emb->w[(size_t)y * D + j];
         const double lse = z_y - log((double)N * row[y] + 1.0);
-        vlse += same_sign((size_t)V) * lse * lse;
+        vlse += tm__mag_same_sign((size_t)V) * lse * lse;
         vloss += vlse + vz[y] + (fabs(lse) + fabs(z_y)) * (fabs(lse) + fabs(z_y));
     }
     s->loss_var += vloss / ((double)N * N);
-    return true;
-}
-
-/* ---- backward ---------------------------------------------------------------------------- */
-
-/* Distribute an expert linear's dW (values w->dW) and its variance VdW into its trainable
- * tensors' variances: the dense weight, or LoRA's B and A (dB = c dW A^T, dA = c B^T dW). */
-static bool add_linear_var(pass *s, const ref_linear *li)
-{
-    const tm_config *c = &s->ref->cfg;
-    const size_t nw = (size_t)li->out * (size_t)li->in;
-    if (c->quant == TM_QUANT_NONE) {
-        for (size_t k = 0; k < nw; k++)
-            li->dense->m[k] += s->VdW[k];
-        return true;
-    }
-    const int r = c->lora_rank;
-    const double c2 = (c->lora_alpha / r) * (c->lora_alpha / r);
-    double *vb = room(&s->ar, 3, li->lora_b->n), *va = room(&s->ar, 4, li->lora_a->n);
-    if (!vb || !va)
-        return false;
-    if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, li->out, r, li->in, s->w->dW, s->VdW,
-                  (size_t)li->out, (size_t)li->in, li->lora_a->w, NULL, (size_t)r, (size_t)li->in,
-                  0.0, vb))
-        return false;
-    for (size_t k = 0; k < li->lora_b->n; k++)
-        li->lora_b->m[k] += c2 * vb[k];
-    va = room(&s->ar, 4, li->lora_a->n);
-    if (!va || !var_gemm(&s->ar, CblasTrans, CblasNoTrans, r, li->in, li->out, li->lora_b->w, NULL,
-                         (size_t)li->out, (size_t)r, s->w->dW, s->VdW, (size_t)li->out,
-                         (size_t)li->in, 0.0, va))
-        return false;
-    for (size_t k = 0; k < li->lora_a->n; k++)
-        li->lora_a->m[k] += c2 * va[k];
-    return true;
-}
-
-/* expert_backward with variances: the gates' values and variances (dgate, Vdgate), the
- * weights' variances, the rows' part of dU and VdU. */
-static bool expert_backward_var(pass *s, int l, int e)
-{
-    ref_work *w = s->w;
-    const int D = s->D, F = s->F, E = s->E, K = s->K;
-    const size_t N = s->N, ND = N * (size_t)D;
-    const double *gate = w->GATE + (size_t)l * N * (size_t)K, *VG = s->VG + (size_t)l * N * K;
-    const size_t i1 = ((size_t)l * E + e) * 2;
-    const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
-    const size_t *rows;
-    const size_t n = tm__ref_gather_rows(s->ref, w, l, e, &rows);
-    if (n == 0)
-        return true;
-    const double *VU = s->VU + (size_t)l * ND;
-    for (size_t i = 0; i < n; i++) {
-        memcpy(w->dHr + i * D, s->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
-        memcpy(s->VdHr + i * D, s->VdH + (rows[i] / K) * D, (size_t)D * sizeof(double));
-        memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
-    }
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0,
-                w->A, F);
-    if (!var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n, (size_t)D, w1->w,
-                  s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
-        return false;
-    silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL); /* dA: silu'(A) */
-    /* P = dH W2 (n,F) */
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F,
-                0.0, w->P, F);
-    if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, F, D, w->dHr, s->VdHr, n, (size_t)D,
-                  w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VP))
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        const size_t slot = rows[i];
-        const double g = gate[slot], vg = VG[slot];
-        double d = 0.0, vd = 0.0, ad = 0.0;
-        for (int f = 0; f < F; f++) {
-            const size_t k = i * F + f;
-            const double P = w->P[k], S = w->S[k], sl = w->dA[k];
-            d += P * S;
-            ad += fabs(P * S);
-            vd += S * S * s->VP[k] + P * P * s->VS[k];
-            const double da = g * P * sl;
-            s->VdA[k] = P * P * sl * sl * vg + g * g * sl * sl * s->VP[k] +
-                        g * g * P * P * s->VSL[k] + 2.0 * da * da;
-            w->dA[k] = da;
-        }
-        s->dgate[slot] = d;
-        s->Vdgate[slot] = vd + ad * ad;
-        for (int j = 0; j < D; j++) {
-            const double dh = w->dHr[i * D + j], dy = g * dh;
-            w->dYE[i * D + j] = dy;
-            s->VdYE[i * D + j] = dh * dh * vg + g * g * s->VdHr[i * D + j] + dy * dy;
-        }
-    }
-    /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X; dX = dA W1 */
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0,
-                w->dW, F);
-    if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, F, (int)n, w->dYE, s->VdYE, n, (size_t)D,
-                  w->S, s->VS, n, (size_t)F, 0.0, s->VdW) ||
-        !add_linear_var(s, w2))
-        return false;
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0,
-                w->dW, D);
-    if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, F, D, (int)n, w->dA, s->VdA, n, (size_t)F, w->X,
-                  s->VX, n, (size_t)D, 0.0, s->VdW) ||
-        !add_linear_var(s, w1))
-        return false;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D,
-                0.0, w->dX, D);
-    if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, D, F, w->dA, s->VdA, n, (size_t)F,
-                  w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VdX))
-        return false;
-    for (size_t i = 0; i < n; i++)
-        for (int j = 0; j < D; j++) {
-            s->dU[(rows[i] / K) * D + j] += w->dX[i * D + j];
-            s->VdU[(rows[i] / K) * D + j] += s->VdX[i * D + j];
-        }
-    return true;
-}
-
-/* backward_layer with variances: s->dH, s->VdH hold the layer output's gradient on entry and
- * its input's on exit. */
-static bool layer_backward_var(pass *s, int l)
-{
-    ref_work *w = s->w;
-    const int D = s->D, E = s->E, K = s->K, Fs = s->Fs;
-    const size_t N = s->N, ND = N * (size_t)D, NK = N * (size_t)K;
-    const double *Hin = w->H + (size_t)l * ND, *VHin = s->VH + (size_t)l * ND;
-    const double *u = w->U + (size_t)l * ND, *VU = s->VU + (size_t)l * ND;
-    const int *sel = w->SEL + (size_t)l * NK;
-    const double *gate = w->GATE + (size_t)l * NK, *VG = s->VG + (size_t)l * NK;
-    memset(s->dU, 0, ND * sizeof(double));
-    memset(s->VdU, 0, ND * sizeof(double));
-    if (Fs > 0) {
-        const size_t NF = N * (size_t)Fs;
-        const double *sa = w->SA + (size_t)l * NF, *vsa = s->VSA + (size_t)l * NF;
-        const ref_entry *w1 = s->p->sw1[l], *w2 = s->p->sw2[l];
-        silu_var(sa, vsa, NF, w->SS, s->VdSS, s->SL, s->VSLs);
-        /* W2s: dW (D,Fs) += dH^T S; dS = dH W2s; dA = dS silu'; W1s: dW += dA^T u; dU = dA W1s */
-        if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, Fs, (int)N, s->dH, s->VdH, N, (size_t)D,
-                      w->SS, s->VdSS, N, (size_t)Fs, 1.0, w2->m))
-            return false;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, s->dH, D, w2->w,
-                    Fs, 0.0, w->dSA, Fs);
-        if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, s->dH, s->VdH, N,
-                      (size_t)D, w2->w, NULL, (size_t)D, (size_t)Fs, 0.0, s->VdSA))
-            return false;
-        for (size_t i = 0; i < NF; i++) {
-            const double ds = w->dSA[i], da = ds * s->SL[i];
-            s->VdSA[i] = s->SL[i] * s->SL[i] * s->VdSA[i] + ds * ds * s->VSLs[i] + da * da;
-            w->dSA[i] = da;
-        }
-        if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, Fs, D, (int)N, w->dSA, s->VdSA, N,
-                      (size_t)Fs, u, VU, N, (size_t)D, 1.0, w1->m))
-            return false;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, w->dSA, Fs,
-                    w1->w, D, 0.0, s->dU, D);
-        if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, w->dSA, s->VdSA, N,
-                      (size_t)Fs, w1->w, NULL, (size_t)Fs, (size_t)D, 0.0, s->VdU))
-            return false;
-    }
-    memset(s->dgate, 0, NK * sizeof(double));
-    memset(s->Vdgate, 0, NK * sizeof(double));
-    for (int e = 0; e < E; e++)
-        if (!expert_backward_var(s, l, e))
-            return false;
-    /* the gates' softmax: dz_k = gate_k (dgate_k - sum_j gate_j dgate_j) */
-    const double *rw = s->p->router[l]->w;
-    double *rv = s->p->router[l]->m;
-    token_sum rts;
-    if (!token_sum_of(&s->ar, 3, (size_t)E * (size_t)D, &rts))
-        return false;
-    for (size_t t = 0; t < N; t++) {
-        double mean = 0.0, vmean = 0.0, amean = 0.0;
-        for (int k = 0; k < K; k++) {
-            const size_t q = t * K + k;
-            mean += gate[q] * s->dgate[q];
-            amean += fabs(gate[q] * s->dgate[q]);
-            vmean += s->dgate[q] * s->dgate[q] * VG[q] + gate[q] * gate[q] * s->Vdgate[q];
-        }
-        vmean += amean * amean;
-        for (int k = 0; k < K; k++) {
-            const size_t q = t * K + k, e = (size_t)sel[q];
-            const double d = s->dgate[q] - mean, dz = gate[q] * d;
-            const double ad = gate[q] * (fabs(s->dgate[q]) + fabs(mean));
-            const double vdz = d * d * VG[q] + gate[q] * gate[q] * (s->Vdgate[q] + vmean) + ad * ad;
-            for (int j = 0; j < D; j++) {
-                const double x = u[t * D + j];
-                rv[e * D + j] += dz * dz * VU[t * D + j] + x * x * vdz;
-                rts.abs[e * D + j] += fabs(dz * x);
-                rts.value[e * D + j] += dz * x;
-                s->dU[t * D + j] += dz * rw[e * D + j];
-                s->VdU[t * D + j] += rw[e * D + j] * rw[e * D + j] * vdz;
-            }
-        }
-    }
-    close_sum(rv, rts, (size_t)E * (size_t)D, N);
-    /* the router losses reach every logit */
-    if (w->DLR) {
-        const double *dlr = w->DLR + (size_t)l * N * E, *vdlr = s->VDLR + (size_t)l * N * E;
-        if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, E, D, (int)N, dlr, vdlr, N, (size_t)E, u,
-                      VU, N, (size_t)D, 1.0, rv))
-            return false;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D,
-                    1.0, s->dU, D);
-        double *v = room(&s->ar, 3, ND);
-        if (!v || !var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, E, dlr, vdlr, N,
-                            (size_t)E, rw, NULL, (size_t)E, (size_t)D, 0.0, v))
-            return false;
-        for (size_t i = 0; i < ND; i++)
-            s->VdU[i] += v[i];
-    }
-    /* the residual passes dH through; the norm adds its part */
-    token_sum nts;
-    if (!token_sum_of(&s->ar, 4, (size_t)D, &nts))
-        return false;
-    for (size_t t = 0; t < N; t++)
-        rms_back_var(Hin + t * D, VHin + t * D, s->p->norm[l]->w, w->R[(size_t)l * N + t],
-                     s->VR[(size_t)l * N + t], D, s->dU + t * D, s->VdU + t * D, s->dH + t * D,
-                     s->VdH + t * D, s->p->norm[l]->m, nts);
-    close_sum(s->p->norm[l]->m, nts, (size_t)D, N);
-    return true;
-}
-
-/* The head's backward with variances: the embedding's (tied head) part and dZ into dU, then
- * the final norm's into dH. LOG holds (p - onehot(y)) / N. */
-static bool head_backward_var(pass *s)
-{
-    ref_work *w = s->w;
-    const int D = s->D, V = s->V, L = s->L;
-    const size_t N = s->N, ND = N * (size_t)D, NV = N * (size_t)V;
-    double *VLOGd = room(&s->ar, 3, NV); /* the variance of (p - onehot(y)) / N */
-    if (!VLOGd)
-        return false;
-    for (size_t t = 0; t < N; t++) {
-        const double *row = w->LOG + t * V;
-        double *p = room(&s->ar, 4, (size_t)V);
-        if (!p)
-            return false;
-        for (int v = 0; v < V; v++)
-            p[v] = (double)N * row[v] + (v == w->tgt[t]);
-        softmax_var(p, s->VLOG + t * V, V, VLOGd + t * V);
-        for (int v = 0; v < V; v++) {
-            const double onehot = v == w->tgt[t], a = p[v] + onehot;
-            VLOGd[t * V + v] = (VLOGd[t * V + v] + a * a) / ((double)N * N);
-        }
-    }
-    /* VLOGd is arena slot 3; var_gemm uses slots 0 to 2 */
-    if (!var_gemm(&s->ar, CblasTrans, CblasNoTrans, V, D, (int)N, w->LOG, VLOGd, N, (size_t)V, w->Z,
-                  s->VZ, N, (size_t)D, 1.0, s->p->emb->m))
-        return false;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V,
-                s->p->emb->w, D, 0.0, s->dU, D);
-    if (!var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, V, w->LOG, VLOGd, N, (size_t)V,
-                  s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VdU))
-        return false;
-    const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
-    token_sum nts;
-    if (!token_sum_of(&s->ar, 4, (size_t)D, &nts))
-        return false;
-    memset(s->dH, 0, ND * sizeof(double));
-    memset(s->VdH, 0, ND * sizeof(double));
-    for (size_t t = 0; t < N; t++)
-        rms_back_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t], s->VR[(size_t)L * N + t], D,
-                     s->dU + t * D, s->VdU + t * D, s->dH + t * D, s->VdH + t * D, s->p->fnorm->m,
-                     nts);
-    close_sum(s->p->fnorm->m, nts, (size_t)D, N);
     return true;
 }
 
@@ -788,10 +489,10 @@ seldp_status tm__ref_magnitudes(tm_reference *ref, const ref_params *p, ref_work
     for (int l = 0; l < s.L; l++)
         if (!layer_forward_var(&s, l))
             return MAG_NOMEM();
-    if (!head_forward_var(&s) || !head_backward_var(&s))
+    if (!head_forward_var(&s) || !tm__mag_head_backward_var(&s))
         return MAG_NOMEM();
     for (int l = s.L - 1; l >= 0; l--)
-        if (!layer_backward_var(&s, l))
+        if (!tm__mag_layer_backward_var(&s, l))
             return MAG_NOMEM();
     /* the embedding rows gather the first layer's input gradient */
     const size_t D = (size_t)s.D;

@@ -1,0 +1,78 @@
+/* The error-scale pass of the FP64 reference (reference_magnitude.c: the rules and the
+ * forward; reference_magnitude_back.c: the backward), for those two files only. */
+#ifndef TM_REFERENCE_MAGNITUDE_H
+#define TM_REFERENCE_MAGNITUDE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cblas.h>
+
+#include "reference_impl.h"
+
+/* A scratch arena for the products' absolute and squared copies: slots 0 to 2 belong to
+ * tm__mag_var_gemm, 3 and 4 to its callers. */
+typedef struct arena {
+    tm_reference *ref;
+    double *buf[5];
+    size_t cap[5];
+} arena;
+
+/* A sum over tokens accumulated term by term (a norm's or the router's weight gradient): the
+ * magnitudes of its terms and its value, for its own rounding at the end (tm__mag_close_sum). */
+typedef struct token_sum {
+    double *abs, *value; /* (n) */
+} token_sum;
+
+typedef struct pass {
+    tm_reference *ref;
+    const ref_params *p;
+    ref_work *w;
+    arena ar;
+    int D, F, E, K, L, V, Fs;
+    size_t N;
+    double **VW; /* (L,E,2) the variance of each expert's effective weight; NULL entries exact */
+    /* forward */
+    double *VH, *VU, *VR; /* (L+1,N,D) (L,N,D) (L+1,N): the last of VR is the final norm's */
+    double *VG;           /* (L,N,K) gates */
+    double *VSA;          /* (L,N,Fs) */
+    double *VZ, *VLOG;    /* (N,D) (N,V) */
+    double *VDLR;         /* (L,N,E) router-loss logit gradients, or NULL */
+    double *AH;           /* (N,D) |terms| of one layer's residual sum */
+    /* one expert's rows and the router's scratch */
+    double *VX, *VA, *VS, *VY, *VSL; /* (n,D) (n,F) (n,F) (n,D) (n,F) silu' */
+    double *LG, *VLG, *PR, *VPR;     /* (N,E) logits, probabilities and their variances */
+    /* backward */
+    double *dH, *VdH, *dU, *VdU;                                 /* (N,D) */
+    double *VdHr, *VP, *VdA, *VdYE, *VdX, *VdW, *dgate, *Vdgate; /* one expert */
+    double *VdSS, *VdSA, *SL, *VSLs;                             /* (N,Fs) shared expert */
+    double loss_var;
+} pass;
+
+/* The own-rounding factor of a sum of n terms of one sign, squared: (sqrt(n) / 3)^2, 1 at
+ * least. */
+double tm__mag_same_sign(size_t n);
+/* Slot i of the arena with room for n doubles (owned by the reference), or NULL. */
+double *tm__mag_room(arena *a, int i, size_t n);
+void tm__mag_fill_abs(double *dst, const double *src, size_t n);
+void tm__mag_fill_sq(double *dst, const double *src, size_t n);
+/* The variance of C = op(A) op(B) (reference_magnitude.c says how). */
+bool tm__mag_var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+                      const double *A, const double *VA, size_t ar, size_t ac, const double *B,
+                      const double *VB, size_t br, size_t bc, double beta, double *VC);
+/* The elementwise rules: SiLU with its derivative, a softmax, the RMS norm's backward. */
+void tm__mag_silu_var(const double *a, const double *va, size_t n, double *y, double *vy,
+                      double *sl, double *vsl);
+void tm__mag_softmax_var(const double *p, const double *vz, int n, double *vp);
+void tm__mag_rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
+                          int D, const double *dy, const double *vdy, double *dx, double *vdx,
+                          double *vdg, token_sum ts);
+/* A token sum: its own rounding into v at the end; two arena slots as a zeroed one. */
+void tm__mag_close_sum(double *v, token_sum ts, size_t n, size_t terms);
+bool tm__mag_token_sum_of(arena *a, int slot, size_t n, token_sum *ts);
+
+/* The backward (reference_magnitude_back.c): the head's, then one layer's. */
+bool tm__mag_head_backward_var(pass *s);
+bool tm__mag_layer_backward_var(pass *s, int l);
+
+#endif

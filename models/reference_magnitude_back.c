@@ -1,0 +1,275 @@
+/* The backward of the FP64 reference's error-scale pass (reference_magnitude.h): the
+ * gradients' variances, term by term as reference.c's backward computes them, from the
+ * activations' variances the forward pass left. */
+#include <math.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "reference_magnitude.h"
+
+/* ---- backward ---------------------------------------------------------------------------- */
+
+/* Distribute an expert linear's dW (values w->dW) and its variance VdW into its trainable
+ * tensors' variances: the dense weight, or LoRA's B and A (dB = c dW A^T, dA = c B^T dW). */
+static bool add_linear_var(pass *s, const ref_linear *li)
+{
+    const tm_config *c = &s->ref->cfg;
+    const size_t nw = (size_t)li->out * (size_t)li->in;
+    if (c->quant == TM_QUANT_NONE) {
+        for (size_t k = 0; k < nw; k++)
+            li->dense->m[k] += s->VdW[k];
+        return true;
+    }
+    const int r = c->lora_rank;
+    const double c2 = (c->lora_alpha / r) * (c->lora_alpha / r);
+    double *vb = tm__mag_room(&s->ar, 3, li->lora_b->n),
+           *va = tm__mag_room(&s->ar, 4, li->lora_a->n);
+    if (!vb || !va)
+        return false;
+    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, li->out, r, li->in, s->w->dW, s->VdW,
+                          (size_t)li->out, (size_t)li->in, li->lora_a->w, NULL, (size_t)r,
+                          (size_t)li->in, 0.0, vb))
+        return false;
+    for (size_t k = 0; k < li->lora_b->n; k++)
+        li->lora_b->m[k] += c2 * vb[k];
+    va = tm__mag_room(&s->ar, 4, li->lora_a->n);
+    if (!va || !tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, r, li->in, li->out,
+                                 li->lora_b->w, NULL, (size_t)li->out, (size_t)r, s->w->dW, s->VdW,
+                                 (size_t)li->out, (size_t)li->in, 0.0, va))
+        return false;
+    for (size_t k = 0; k < li->lora_a->n; k++)
+        li->lora_a->m[k] += c2 * va[k];
+    return true;
+}
+
+/* expert_backward with variances: the gates' values and variances (dgate, Vdgate), the
+ * weights' variances, the rows' part of dU and VdU. */
+static bool expert_backward_var(pass *s, int l, int e)
+{
+    ref_work *w = s->w;
+    const int D = s->D, F = s->F, E = s->E, K = s->K;
+    const size_t N = s->N, ND = N * (size_t)D;
+    const double *gate = w->GATE + (size_t)l * N * (size_t)K, *VG = s->VG + (size_t)l * N * K;
+    const size_t i1 = ((size_t)l * E + e) * 2;
+    const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
+    const size_t *rows;
+    const size_t n = tm__ref_gather_rows(s->ref, w, l, e, &rows);
+    if (n == 0)
+        return true;
+    const double *VU = s->VU + (size_t)l * ND;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(w->dHr + i * D, s->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(s->VdHr + i * D, s->VdH + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
+    }
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0,
+                w->A, F);
+    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n, (size_t)D,
+                          w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
+        return false;
+    tm__mag_silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL); /* dA: silu'(A) */
+    /* P = dH W2 (n,F) */
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F,
+                0.0, w->P, F);
+    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, F, D, w->dHr, s->VdHr, n,
+                          (size_t)D, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VP))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const size_t slot = rows[i];
+        const double g = gate[slot], vg = VG[slot];
+        double d = 0.0, vd = 0.0, ad = 0.0;
+        for (int f = 0; f < F; f++) {
+            const size_t k = i * F + f;
+            const double P = w->P[k], S = w->S[k], sl = w->dA[k];
+            d += P * S;
+            ad += fabs(P * S);
+            vd += S * S * s->VP[k] + P * P * s->VS[k];
+            const double da = g * P * sl;
+            s->VdA[k] = P * P * sl * sl * vg + g * g * sl * sl * s->VP[k] +
+                        g * g * P * P * s->VSL[k] + 2.0 * da * da;
+            w->dA[k] = da;
+        }
+        s->dgate[slot] = d;
+        s->Vdgate[slot] = vd + ad * ad;
+        for (int j = 0; j < D; j++) {
+            const double dh = w->dHr[i * D + j], dy = g * dh;
+            w->dYE[i * D + j] = dy;
+            s->VdYE[i * D + j] = dh * dh * vg + g * g * s->VdHr[i * D + j] + dy * dy;
+        }
+    }
+    /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X; dX = dA W1 */
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0,
+                w->dW, F);
+    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, F, (int)n, w->dYE, s->VdYE, n,
+                          (size_t)D, w->S, s->VS, n, (size_t)F, 0.0, s->VdW) ||
+        !add_linear_var(s, w2))
+        return false;
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0,
+                w->dW, D);
+    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, F, D, (int)n, w->dA, s->VdA, n,
+                          (size_t)F, w->X, s->VX, n, (size_t)D, 0.0, s->VdW) ||
+        !add_linear_var(s, w1))
+        return false;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D,
+                0.0, w->dX, D);
+    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, D, F, w->dA, s->VdA, n,
+                          (size_t)F, w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VdX))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        for (int j = 0; j < D; j++) {
+            s->dU[(rows[i] / K) * D + j] += w->dX[i * D + j];
+            s->VdU[(rows[i] / K) * D + j] += s->VdX[i * D + j];
+        }
+    return true;
+}
+
+/* backward_layer with variances: s->dH, s->VdH hold the layer output's gradient on entry and
+ * its input's on exit. */
+bool tm__mag_layer_backward_var(pass *s, int l)
+{
+    ref_work *w = s->w;
+    const int D = s->D, E = s->E, K = s->K, Fs = s->Fs;
+    const size_t N = s->N, ND = N * (size_t)D, NK = N * (size_t)K;
+    const double *Hin = w->H + (size_t)l * ND, *VHin = s->VH + (size_t)l * ND;
+    const double *u = w->U + (size_t)l * ND, *VU = s->VU + (size_t)l * ND;
+    const int *sel = w->SEL + (size_t)l * NK;
+    const double *gate = w->GATE + (size_t)l * NK, *VG = s->VG + (size_t)l * NK;
+    memset(s->dU, 0, ND * sizeof(double));
+    memset(s->VdU, 0, ND * sizeof(double));
+    if (Fs > 0) {
+        const size_t NF = N * (size_t)Fs;
+        const double *sa = w->SA + (size_t)l * NF, *vsa = s->VSA + (size_t)l * NF;
+        const ref_entry *w1 = s->p->sw1[l], *w2 = s->p->sw2[l];
+        tm__mag_silu_var(sa, vsa, NF, w->SS, s->VdSS, s->SL, s->VSLs);
+        /* W2s: dW (D,Fs) += dH^T S; dS = dH W2s; dA = dS silu'; W1s: dW += dA^T u; dU = dA W1s */
+        if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, Fs, (int)N, s->dH, s->VdH, N,
+                              (size_t)D, w->SS, s->VdSS, N, (size_t)Fs, 1.0, w2->m))
+            return false;
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, s->dH, D, w2->w,
+                    Fs, 0.0, w->dSA, Fs);
+        if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, s->dH, s->VdH, N,
+                              (size_t)D, w2->w, NULL, (size_t)D, (size_t)Fs, 0.0, s->VdSA))
+            return false;
+        for (size_t i = 0; i < NF; i++) {
+            const double ds = w->dSA[i], da = ds * s->SL[i];
+            s->VdSA[i] = s->SL[i] * s->SL[i] * s->VdSA[i] + ds * ds * s->VSLs[i] + da * da;
+            w->dSA[i] = da;
+        }
+        if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, Fs, D, (int)N, w->dSA, s->VdSA, N,
+                              (size_t)Fs, u, VU, N, (size_t)D, 1.0, w1->m))
+            return false;
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, w->dSA, Fs,
+                    w1->w, D, 0.0, s->dU, D);
+        if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, w->dSA, s->VdSA, N,
+                              (size_t)Fs, w1->w, NULL, (size_t)Fs, (size_t)D, 0.0, s->VdU))
+            return false;
+    }
+    memset(s->dgate, 0, NK * sizeof(double));
+    memset(s->Vdgate, 0, NK * sizeof(double));
+    for (int e = 0; e < E; e++)
+        if (!expert_backward_var(s, l, e))
+            return false;
+    /* the gates' softmax: dz_k = gate_k (dgate_k - sum_j gate_j dgate_j) */
+    const double *rw = s->p->router[l]->w;
+    double *rv = s->p->router[l]->m;
+    token_sum rts;
+    if (!tm__mag_token_sum_of(&s->ar, 3, (size_t)E * (size_t)D, &rts))
+        return false;
+    for (size_t t = 0; t < N; t++) {
+        double mean = 0.0, vmean = 0.0, amean = 0.0;
+        for (int k = 0; k < K; k++) {
+            const size_t q = t * K + k;
+            mean += gate[q] * s->dgate[q];
+            amean += fabs(gate[q] * s->dgate[q]);
+            vmean += s->dgate[q] * s->dgate[q] * VG[q] + gate[q] * gate[q] * s->Vdgate[q];
+        }
+        vmean += amean * amean;
+        for (int k = 0; k < K; k++) {
+            const size_t q = t * K + k, e = (size_t)sel[q];
+            const double d = s->dgate[q] - mean, dz = gate[q] * d;
+            const double ad = gate[q] * (fabs(s->dgate[q]) + fabs(mean));
+            const double vdz = d * d * VG[q] + gate[q] * gate[q] * (s->Vdgate[q] + vmean) + ad * ad;
+            for (int j = 0; j < D; j++) {
+                const double x = u[t * D + j];
+                rv[e * D + j] += dz * dz * VU[t * D + j] + x * x * vdz;
+                rts.abs[e * D + j] += fabs(dz * x);
+                rts.value[e * D + j] += dz * x;
+                s->dU[t * D + j] += dz * rw[e * D + j];
+                s->VdU[t * D + j] += rw[e * D + j] * rw[e * D + j] * vdz;
+            }
+        }
+    }
+    tm__mag_close_sum(rv, rts, (size_t)E * (size_t)D, N);
+    /* the router losses reach every logit */
+    if (w->DLR) {
+        const double *dlr = w->DLR + (size_t)l * N * E, *vdlr = s->VDLR + (size_t)l * N * E;
+        if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, E, D, (int)N, dlr, vdlr, N,
+                              (size_t)E, u, VU, N, (size_t)D, 1.0, rv))
+            return false;
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D,
+                    1.0, s->dU, D);
+        double *v = tm__mag_room(&s->ar, 3, ND);
+        if (!v || !tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, E, dlr, vdlr, N,
+                                    (size_t)E, rw, NULL, (size_t)E, (size_t)D, 0.0, v))
+            return false;
+        for (size_t i = 0; i < ND; i++)
+            s->VdU[i] += v[i];
+    }
+    /* the residual passes dH through; the norm adds its part */
+    token_sum nts;
+    if (!tm__mag_token_sum_of(&s->ar, 4, (size_t)D, &nts))
+        return false;
+    for (size_t t = 0; t < N; t++)
+        tm__mag_rms_back_var(Hin + t * D, VHin + t * D, s->p->norm[l]->w, w->R[(size_t)l * N + t],
+                             s->VR[(size_t)l * N + t], D, s->dU + t * D, s->VdU + t * D,
+                             s->dH + t * D, s->VdH + t * D, s->p->norm[l]->m, nts);
+    tm__mag_close_sum(s->p->norm[l]->m, nts, (size_t)D, N);
+    return true;
+}
+
+/* The head's backward with variances: the embedding's (tied head) part and dZ into dU, then
+ * the final norm's into dH. LOG holds (p - onehot(y)) / N. */
+bool tm__mag_head_backward_var(pass *s)
+{
+    ref_work *w = s->w;
+    const int D = s->D, V = s->V, L = s->L;
+    const size_t N = s->N, ND = N * (size_t)D, NV = N * (size_t)V;
+    double *VLOGd = tm__mag_room(&s->ar, 3, NV); /* the variance of (p - onehot(y)) / N */
+    if (!VLOGd)
+        return false;
+    for (size_t t = 0; t < N; t++) {
+        const double *row = w->LOG + t * V;
+        double *p = tm__mag_room(&s->ar, 4, (size_t)V);
+        if (!p)
+            return false;
+        for (int v = 0; v < V; v++)
+            p[v] = (double)N * row[v] + (v == w->tgt[t]);
+        tm__mag_softmax_var(p, s->VLOG + t * V, V, VLOGd + t * V);
+        for (int v = 0; v < V; v++) {
+            const double onehot = v == w->tgt[t], a = p[v] + onehot;
+            VLOGd[t * V + v] = (VLOGd[t * V + v] + a * a) / ((double)N * N);
+        }
+    }
+    /* VLOGd is arena slot 3; tm__mag_var_gemm uses slots 0 to 2 */
+    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, V, D, (int)N, w->LOG, VLOGd, N,
+                          (size_t)V, w->Z, s->VZ, N, (size_t)D, 1.0, s->p->emb->m))
+        return false;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V,
+                s->p->emb->w, D, 0.0, s->dU, D);
+    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, V, w->LOG, VLOGd, N,
+                          (size_t)V, s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VdU))
+        return false;
+    const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
+    token_sum nts;
+    if (!tm__mag_token_sum_of(&s->ar, 4, (size_t)D, &nts))
+        return false;
+    memset(s->dH, 0, ND * sizeof(double));
+    memset(s->VdH, 0, ND * sizeof(double));
+    for (size_t t = 0; t < N; t++)
+        tm__mag_rms_back_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t],
+                             s->VR[(size_t)L * N + t], D, s->dU + t * D, s->VdU + t * D,
+                             s->dH + t * D, s->VdH + t * D, s->p->fnorm->m, nts);
+    tm__mag_close_sum(s->p->fnorm->m, nts, (size_t)D, N);
+    return true;
+}
