@@ -255,7 +255,7 @@ static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t w
                                 seldp_missing_policy policy, bool normalize, bool fp32)
 {
     seldp_status st = SELDP_OK, local = SELDP_OK;
-    const char *call = seldp__reduce_method(normalize, fp32, REDUCE_START);
+    const char *call = seldp__reduce_method(REDUCE_KIND_ALLREDUCE, normalize, fp32, REDUCE_START);
     session_async *a;
     reduce_call *c;
 

@@ -166,8 +166,9 @@ static seldp_status progress_run(session_async *a)
                                          1.0 / (double)c->global_weight));
     }
 fail:
-    return seldp__session_name_call(st, seldp__reduce_method(c->normalize, c->fp32, REDUCE_START),
-                                    "the overlapped reduction");
+    return seldp__session_name_call(
+        st, seldp__reduce_method(c->kind, c->normalize, c->fp32, REDUCE_START),
+        "the overlapped reduction");
 }
 
 void *seldp__session_progress_main(void *arg)
