@@ -26,8 +26,9 @@ static void add_f32(float *dst, const float *src, size_t n)
 
 /* In rounds: a round takes up to `per` elements of every block (so that a rank sends at
  * most max_message bytes), every rank's slice of block p goes to rank p, which sums the n
- * slices of its own block into its result. Displacements are those of the staged input
- * when it fits MPI's int counts, else each round's slices are packed side by side first. */
+ * slices of its own block into its result. A single round sends from the staged input
+ * itself; with several (or an input beyond MPI's int displacements) each round's slices are
+ * packed side by side first. */
 seldp_status seldp__mpi_reduce_scatter(seldp_comm *comm, const void *send, void *recv,
                                        const size_t *recv_counts, seldp_dtype dtype,
                                        seldp_device mem)
@@ -43,7 +44,8 @@ seldp_status seldp__mpi_reduce_scatter(seldp_comm *comm, const void *send, void 
     per = per ? per : 1;
     size_t widest = longest < per ? longest : per; /* elements of a block in one round */
     size_t my_widest = mine < per ? mine : per;
-    bool direct = total * esize <= (size_t)INT_MAX;
+    /* one round over an input within int counts goes straight from the staged input */
+    bool direct = longest <= per && total * esize <= (size_t)INT_MAX;
     void *stage = NULL, *result = NULL, *slices = NULL, *ints = NULL, *pack = NULL;
     seldp__call_header h = {.op = OP_REDUCE_SCATTER,
                             .count = (int64_t)total,
