@@ -97,7 +97,7 @@ fi
 
 # ---- 3. ctest -L gpu ---------------------------------------------------------------------
 # Every test of the gpu label; each must run and pass on a machine with a GPU.
-gpu_tests="gpu_half_bits gpu_cast gpu_host_staged gpu_nccl_world gpu_nccl_reduce gpu_tinymoe harness_gpu"
+gpu_tests="gpu_half_bits gpu_cast gpu_host_staged gpu_nccl_world gpu_nccl_reduce gpu_tinymoe harness_gpu gpu_shard"
 if [ -d "$build/tests" ]; then
     run ctest 300 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 240
     summary=$(grep -E "tests passed|tests failed" "$log/ctest.log" | tail -n 1)
