@@ -79,14 +79,6 @@ static void bucket_counts(shard_call *sc, size_t b0, size_t b1, size_t *mine)
     *mine = sc->begin > b0 ? sc->begin : b0;
 }
 
-/* The part of [from, to) in this rank's range, as (first, count); count 0 when none. */
-static size_t in_range(const shard_call *sc, size_t from, size_t to, size_t *first)
-{
-    size_t lo = from > sc->begin ? from : sc->begin, hi = to < sc->end ? to : sc->end;
-    *first = lo;
-    return hi > lo ? hi - lo : 0;
-}
-
 /* Everything this rank can check and allocate alone, before the agreement. */
 static seldp_status shard_prepare(shard_call *sc, const void *range, size_t range_count)
 {
@@ -216,33 +208,34 @@ fail:
     return st;
 }
 
-/* The present pieces of the staged range copied into the caller's range. */
-static seldp_status scatter_commit(shard_call *sc)
+seldp_status seldp__shard_commit(const reduce_call *c, const seldp_shard_map *map, float *range,
+                                 bool *present)
 {
     seldp_status st = SELDP_OK;
-    reduce_call *c = &sc->c;
-    seldp_session *s = c->s;
+    const seldp_session *s = c->s;
     seldp__convert_queue q = {.device = s->device};
     int me = seldp_comm_rank(s->comm);
+    size_t begin, end;
 
-    for (size_t i = 0; c->staged && i < sc->map->pieces[me]; i++) {
-        size_t k = seldp__shard_piece_slot(sc->map, me, i), first;
-        size_t off = sc->map->offset[k];
-        size_t n = in_range(sc, off, off + seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor),
-                            &first);
-        if (!c->slots[k].present || !n)
+    seldp__shard_range(map, me, &begin, &end);
+    for (size_t i = 0; c->staged && i < map->pieces[me]; i++) {
+        size_t k = seldp__shard_piece_slot(map, me, i);
+        size_t off = map->offset[k],
+               to = off + seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t first = off > begin ? off : begin, last = to < end ? to : end;
+        if (!c->slots[k].present || last <= first)
             continue;
         SELDP_CHECK(seldp__convert_queue_add(&q, (seldp__convert_seg){
-                                                     .dst = sc->range + (first - sc->begin),
+                                                     .dst = range + (first - begin),
                                                      .src = s->staging + first,
                                                      .dst_dtype = SELDP_F32,
                                                      .src_dtype = SELDP_F32,
-                                                     .n = n,
+                                                     .n = last - first,
                                                  }));
     }
     SELDP_CHECK(seldp__convert_queue_flush(&q));
-    for (size_t i = 0; sc->present && i < sc->map->pieces[me]; i++)
-        sc->present[i] = c->slots[seldp__shard_piece_slot(sc->map, me, i)].present;
+    for (size_t i = 0; present && i < map->pieces[me]; i++)
+        present[i] = c->slots[seldp__shard_piece_slot(map, me, i)].present;
 fail:
     return st;
 }
@@ -300,7 +293,7 @@ static seldp_status shard_scatter(seldp_session *s, const seldp_shard_map *map, 
     if (s->cfg.staged_commit)
         st = seldp__reduce_confirm(c, st);
     SELDP_CHECK(st);
-    SELDP_CHECK(scatter_commit(&sc));
+    SELDP_CHECK(seldp__shard_commit(c, map, range, present));
     if (global_weight)
         *global_weight = c->global_weight;
 fail:

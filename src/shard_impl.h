@@ -7,6 +7,7 @@
 
 #include "seldp/shard.h"
 #include "session_impl.h"
+#include "session_reduce.h"
 
 struct seldp_shard_map {
     const seldp_session *session;
@@ -28,6 +29,12 @@ static inline size_t seldp__shard_piece_slot(const seldp_shard_map *map, int r, 
 {
     return map->nonempty[map->first[r] + i];
 }
+
+/* The commit of a reduce-scatter staged in the session's staging buffer (element i of the
+ * index space at staging[i]): the present pieces of this rank's range [begin, ...) copied
+ * into `range`, and one presence flag per piece into `present` (may be NULL). */
+seldp_status seldp__shard_commit(const reduce_call *c, const seldp_shard_map *map, float *range,
+                                 bool *present);
 
 /* SELDP_ERR_INVALID_ARGUMENT, naming `call`, unless map is the map of session s and
  * range_count is this rank's count in it (range non-NULL when that is not 0). */

@@ -330,7 +330,8 @@ SELDP_API seldp_status seldp_session_mark_ready(seldp_session *session, seldp_pa
 /** Collective: end the overlapped reduction. Every selected parameter not yet marked is
  * marked now (from the container as it is); then finish waits for the buckets, agrees with
  * the other ranks and, when every rank's reduction succeeded, writes the results into
- * `grads` as the blocking call does. *global_weight (may be NULL) receives the global
+ * `grads` as the blocking call does (a reduce-scatter started by
+ * seldp_shard_reduce_scatter_start: into its range and presence flags, seldp/shard.h). *global_weight (may be NULL) receives the global
  * weight. Errors, the same on every rank: those of the blocking call (never
  * SELDP_ERR_GRADS_UNDEFINED: on any error `grads` is unchanged); locally,
  * SELDP_ERR_INVALID_ARGUMENT when no reduction is in flight. The session is ready for its

@@ -74,8 +74,15 @@
  * exactly the bits seldp_session_reduce writes), a conversion the caller makes if it wants
  * one, and rounding before the update would lose the precision the master weights keep.
  *
- * Overlap with backward: not offered for the reduce-scatter in this version; the
- * overlapped reductions (seldp_session_reduce_start ... finish) all-reduce. */
+ * Overlap with backward: seldp_shard_reduce_scatter_start (and _sum_start) starts the
+ * reduce-scatter on the session's progress thread, as seldp_session_reduce_start starts an
+ * all-reduce (seldp/session.h, "Overlapped reductions": the same buckets of cfg.bucket_bytes
+ * in path order, reduced last to first as their gradients are marked ready with
+ * seldp_session_mark_ready, the same rules for the caller); seldp_session_finish writes the
+ * range and the presence flags. Each bucket is one reduce-scatter of the bucket (on the
+ * host-staged transport, one fused pass that reads only this rank's part of it), so the
+ * results are the blocking call's bits; nothing is written into the range before finish's
+ * final agreement. */
 #ifndef SELDP_SHARD_H
 #define SELDP_SHARD_H
 
@@ -173,6 +180,26 @@ SELDP_API seldp_status seldp_shard_reduce_scatter_sum(seldp_session *session,
                                                       seldp_missing_policy policy, float *range,
                                                       size_t range_count, bool *present,
                                                       uint64_t *global_weight);
+
+/** Collective: start the overlapped seldp_shard_reduce_scatter (same arguments; `grads`,
+ * `range` and `present` are borrowed until seldp_session_finish returns) and return without
+ * waiting for the other ranks. Mark each gradient with seldp_session_mark_ready as backward
+ * produces it; seldp_session_finish(session, &global_weight) waits, agrees, and writes the
+ * range and the flags as the blocking call does (bit-identical results), or returns the
+ * failure on every rank with `range` and `present` unchanged. Errors of the map or the range
+ * are those of the blocking call, returned by finish on every rank. Errors, local and
+ * immediate, as seldp_session_reduce_start's. */
+SELDP_API seldp_status seldp_shard_reduce_scatter_start(seldp_session *session,
+                                                        const seldp_shard_map *map,
+                                                        seldp_grads *grads, uint64_t local_weight,
+                                                        seldp_missing_policy policy, float *range,
+                                                        size_t range_count, bool *present);
+
+/** Collective: the overlapped seldp_shard_reduce_scatter_sum, as
+ * seldp_shard_reduce_scatter_start. */
+SELDP_API seldp_status seldp_shard_reduce_scatter_sum_start(
+    seldp_session *session, const seldp_shard_map *map, seldp_grads *grads, bool local_active,
+    seldp_missing_policy policy, float *range, size_t range_count, bool *present);
 
 /** Collective over the session's group: every rank supplies its range of the map,
  * `range_count` elements of `range_dtype` (F32: the FP32 master weights; or F16, BF16: the
