@@ -324,11 +324,19 @@ static seldp_status check_overlap(const norm_call *c)
     }
     qsort(all, n, sizeof *all, compare_selected);
     for (size_t k = 1; k < n; k++)
-        if (all[k].model == all[k - 1].model && all[k].id == all[k - 1].id)
+        if (all[k].model == all[k - 1].model && all[k].id == all[k - 1].id) {
+            size_t x = all[k - 1].part, y = all[k].part, np = c->n_parts;
+            if (y < np) /* both parts */
+                SELDP_FAIL(SELDP_ERR_DUPLICATE,
+                           "%s: '%s' is selected by parts %zu and %zu; its gradient would count "
+                           "twice",
+                           norm_call_name(c), all[k - 1].path, x, y);
             SELDP_FAIL(SELDP_ERR_DUPLICATE,
-                       "%s: '%s' is selected by the sessions of listed entries %zu and %zu (parts "
-                       "first, then ranges); its gradient would count twice",
-                       norm_call_name(c), all[k - 1].path, all[k - 1].part, all[k].part);
+                       "%s: '%s' is selected by %s %zu and range %zu; its gradient would count "
+                       "twice",
+                       norm_call_name(c), all[k - 1].path, x < np ? "part" : "range",
+                       x < np ? x : x - np, y - np);
+        }
 fail:
     free(all);
     return st;
