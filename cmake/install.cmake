@@ -115,6 +115,7 @@ install(CODE "
 # The example program's sources with its CMake project and Makefile, to build against this
 # installation as they are (tests/install builds the installed copy).
 install(FILES "${PROJECT_SOURCE_DIR}/harness/examples/train_two_groups.c"
+              "${PROJECT_SOURCE_DIR}/harness/examples/shard_two_groups.c"
               "${PROJECT_SOURCE_DIR}/harness/examples/CMakeLists.txt"
               "${PROJECT_SOURCE_DIR}/harness/examples/Makefile"
         DESTINATION "${CMAKE_INSTALL_DOCDIR}/examples")

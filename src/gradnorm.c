@@ -20,9 +20,15 @@
 #include "kernels.h"
 #include "seldp/gradnorm.h"
 #include "session_impl.h"
+#include "shard_impl.h"
 
 /* Room for a session's description in a record ("'embed.weight' and 3 more"). */
 #define PART_LABEL 96
+
+/* The kind a listed range sends: a sharded session listed by its reduce-scattered range,
+ * told apart from the parts (seldp_norm_kind), so that a group whose members list one
+ * session as a part on some ranks and as a range on others disagrees. */
+#define NORM_RANGES 2
 
 /* The fixed part of a rank's record; uint64 fields, so no padding. n_parts part records
  * follow it. */
@@ -53,6 +59,9 @@ typedef struct norm_call {
     seldp_comm *parent;
     const seldp_norm_part *parts;
     size_t n_parts;
+    const seldp_norm_range *ranges;
+    size_t n_ranges;
+    bool with_ranges; /* called as seldp_grad_norm_ranges or seldp_clip_grad_norm_ranges */
     bool clip;
     double max_norm;
     double sum_squares; /* what this rank counts */
@@ -64,9 +73,25 @@ static const char *call_name(bool clip)
     return clip ? "seldp_clip_grad_norm" : "seldp_grad_norm";
 }
 
+/* The public call c is: seldp_grad_norm, seldp_clip_grad_norm or their _ranges variants. */
+static const char *norm_call_name(const norm_call *c)
+{
+    if (c->with_ranges)
+        return c->clip ? "seldp_clip_grad_norm_ranges" : "seldp_grad_norm_ranges";
+    return call_name(c->clip);
+}
+
+/* The name of the session of listed entry i: a part (i < n_parts), or a range after them. */
+static const seldp_session *listed_session(const norm_call *c, size_t i)
+{
+    return i < c->n_parts ? c->parts[i].session : c->ranges[i - c->n_parts].session;
+}
+
 static const char *kind_name(uint64_t kind)
 {
-    return kind == SELDP_NORM_SHARDED ? "sharded" : "replicated";
+    return kind == NORM_RANGES          ? "sharded ranges"
+           : kind == SELDP_NORM_SHARDED ? "sharded"
+                                        : "replicated";
 }
 
 static uint64_t bits_of(double x)
@@ -115,24 +140,24 @@ static seldp_status check_gradient(const norm_call *c, size_t i, const session_g
 
     if (g->frozen)
         SELDP_FAIL(SELDP_ERR_FROZEN, "%s: part %zu: '%s' is frozen but has a gradient",
-                   call_name(c->clip), i, g->path);
+                   norm_call_name(c), i, g->path);
     if (g->slot == SESSION_NO_SLOT)
         SELDP_FAIL(SELDP_ERR_DTYPE,
                    "%s: part %zu: '%s' is an integer or bool buffer (%s) but has a gradient",
-                   call_name(c->clip), i, g->path, seldp_dtype_name(g->tensor.dtype));
+                   norm_call_name(c), i, g->path, seldp_dtype_name(g->tensor.dtype));
     if (t->dtype != g->tensor.dtype && t->dtype != SELDP_F32)
         SELDP_FAIL(SELDP_ERR_DTYPE, "%s: part %zu: '%s': gradient dtype %s, expected %s or f32",
-                   call_name(c->clip), i, g->path, seldp_dtype_name(t->dtype),
+                   norm_call_name(c), i, g->path, seldp_dtype_name(t->dtype),
                    seldp_dtype_name(g->tensor.dtype));
     if (t->ndim != g->tensor.ndim ||
         memcmp(t->shape, g->tensor.shape, (size_t)t->ndim * sizeof t->shape[0]) != 0)
         SELDP_FAIL(SELDP_ERR_SHAPE,
                    "%s: part %zu: '%s': gradient shape %s differs from the parameter's %s",
-                   call_name(c->clip), i, g->path, seldp_shape_str(t, have, sizeof have),
+                   norm_call_name(c), i, g->path, seldp_shape_str(t, have, sizeof have),
                    seldp_shape_str(&g->tensor, want, sizeof want));
     if (!seldp__device_equal(t->device, s->device))
         SELDP_FAIL(SELDP_ERR_DEVICE, "%s: part %zu: '%s': gradient on %s, but the session is on %s",
-                   call_name(c->clip), i, g->path,
+                   norm_call_name(c), i, g->path,
                    seldp__session_device_name(t->device, have, sizeof have),
                    seldp__session_device_name(s->device, want, sizeof want));
     SELDP_CHECK(seldp__device_check_aligned(t, g->path));
@@ -171,13 +196,74 @@ fail:
     return st;
 }
 
+/* Add the squares of the present pieces of range i, in FP64 and in element order. */
+static seldp_status add_range_squares(const norm_call *c, size_t i, double *acc)
+{
+    seldp_status st = SELDP_OK;
+    const seldp_norm_range *g = &c->ranges[i];
+    const seldp_session *s = g->session;
+    const seldp_shard_map *map = g->map;
+    int me = seldp_comm_rank(s->comm);
+    const float *x = g->range;
+    float *copy = NULL;
+
+    if (s->device.kind != SELDP_DEVICE_HOST && g->count) {
+        if (!(copy = malloc(g->count * sizeof *copy)))
+            SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory reading a range of %zu elements", g->count);
+        SELDP_CHECK(seldp__device_copy(copy, SELDP_HOST_DEVICE, g->range, s->device,
+                                       g->count * sizeof *copy));
+        x = copy;
+    }
+    for (size_t p = 0; p < map->pieces[me]; p++) {
+        seldp_shard_piece piece;
+        if (g->present && !g->present[p])
+            continue;
+        SELDP_CHECK(seldp_shard_map_piece(map, me, p, &piece));
+        for (size_t e = 0; e < piece.count; e++) {
+            double v = x[piece.range_offset + e];
+            *acc += v * v;
+        }
+    }
+fail:
+    free(copy);
+    return st;
+}
+
+/* Range i's arguments alone. */
+static seldp_status check_range(const norm_call *c, size_t i)
+{
+    const seldp_norm_range *g = &c->ranges[i];
+    const char *name = norm_call_name(c);
+    char what[64];
+
+    if (!g->session)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: range %zu has a NULL session", name, i);
+    snprintf(what, sizeof what, "%s: range %zu", name, i);
+    seldp_status st = seldp__shard_check(g->map, g->session, g->range, g->count, what);
+    if (st != SELDP_OK)
+        return st;
+    for (size_t j = 0; j < c->n_parts + i; j++)
+        if (listed_session(c, j) == g->session)
+            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                               "%s: range %zu lists the session of %s %zu again; its gradients "
+                               "would count twice",
+                               name, i, j < c->n_parts ? "part" : "range",
+                               j < c->n_parts ? j : j - c->n_parts);
+    if (seldp_comm_size(g->session->comm) > seldp_comm_size(c->parent))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "%s: range %zu: the session's group has %d ranks, more than the %d of "
+                           "the parent communicator",
+                           name, i, seldp_comm_size(g->session->comm), seldp_comm_size(c->parent));
+    return SELDP_OK;
+}
+
 /* Part i's arguments alone. */
 static seldp_status check_part(const norm_call *c, size_t i)
 {
     seldp_status st = SELDP_OK;
     const seldp_norm_part *p = &c->parts[i];
     const seldp_session *s = p->session;
-    const char *name = call_name(c->clip);
+    const char *name = norm_call_name(c);
 
     if (!s || !p->grads)
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "%s: part %zu has a NULL %s", name, i,
@@ -228,23 +314,31 @@ static seldp_status check_overlap(const norm_call *c)
     size_t total = 0, n = 0;
     selected_param *all;
 
-    for (size_t i = 0; i < c->n_parts; i++)
-        total += c->parts[i].session->n_groups;
+    for (size_t i = 0; i < c->n_parts + c->n_ranges; i++)
+        total += listed_session(c, i)->n_groups;
     if (!(all = malloc((total ? total : 1) * sizeof *all)))
         return seldp__fail(SELDP_ERR_NOMEM, "out of memory checking %zu selected parameters",
                            total);
-    for (size_t i = 0; i < c->n_parts; i++) {
-        const seldp_session *s = c->parts[i].session;
+    for (size_t i = 0; i < c->n_parts + c->n_ranges; i++) {
+        const seldp_session *s = listed_session(c, i);
         for (size_t k = 0; k < s->n_groups; k++)
             all[n++] = (selected_param){s->model, s->groups[k].id, i, s->groups[k].path};
     }
     qsort(all, n, sizeof *all, compare_selected);
     for (size_t k = 1; k < n; k++)
-        if (all[k].model == all[k - 1].model && all[k].id == all[k - 1].id)
+        if (all[k].model == all[k - 1].model && all[k].id == all[k - 1].id) {
+            size_t x = all[k - 1].part, y = all[k].part, np = c->n_parts;
+            if (y < np) /* both parts */
+                SELDP_FAIL(SELDP_ERR_DUPLICATE,
+                           "%s: '%s' is selected by parts %zu and %zu; its gradient would count "
+                           "twice",
+                           norm_call_name(c), all[k - 1].path, x, y);
             SELDP_FAIL(SELDP_ERR_DUPLICATE,
-                       "%s: '%s' is selected by parts %zu and %zu; its gradient would count "
+                       "%s: '%s' is selected by %s %zu and range %zu; its gradient would count "
                        "twice",
-                       call_name(c->clip), all[k - 1].path, all[k - 1].part, all[k].part);
+                       norm_call_name(c), all[k - 1].path, x < np ? "part" : "range",
+                       x < np ? x : x - np, y - np);
+        }
 fail:
     free(all);
     return st;
@@ -281,7 +375,7 @@ fail:
 static seldp_status norm_prepare(norm_call *c, const seldp_grad_norm_result *out)
 {
     seldp_status st = SELDP_OK;
-    const char *name = call_name(c->clip);
+    const char *name = norm_call_name(c);
 
     if (!out)
         SELDP_FAIL(SELDP_ERR_INVALID_ARGUMENT, "%s: out must not be NULL", name);
@@ -290,9 +384,13 @@ static seldp_status norm_prepare(norm_call *c, const seldp_grad_norm_result *out
                    c->max_norm);
     for (size_t i = 0; i < c->n_parts; i++)
         SELDP_CHECK(check_part(c, i));
+    for (size_t i = 0; i < c->n_ranges; i++)
+        SELDP_CHECK(check_range(c, i));
     SELDP_CHECK(check_overlap(c));
     for (size_t i = 0; i < c->n_parts; i++)
         SELDP_CHECK(prepare_part(c, i));
+    for (size_t i = 0; i < c->n_ranges; i++)
+        SELDP_CHECK(add_range_squares(c, i, &c->sum_squares));
 fail:
     return st;
 }
@@ -301,18 +399,21 @@ fail:
  * could not read, when its status says so). */
 static void fill_record(const norm_call *c, seldp_status local, unsigned char *blob)
 {
-    norm_header h = {(uint64_t)local, (uint64_t)seldp_comm_world_rank(c->parent),
-                     c->clip,         bits_of(c->max_norm),
-                     c->n_parts,      bits_of(c->sum_squares)};
+    norm_header h = {(uint64_t)local,
+                     (uint64_t)seldp_comm_world_rank(c->parent),
+                     c->clip,
+                     bits_of(c->max_norm),
+                     c->n_parts + c->n_ranges,
+                     bits_of(c->sum_squares)};
     memcpy(blob, &h, sizeof h);
-    for (size_t i = 0; i < c->n_parts; i++) {
+    for (size_t i = 0; i < c->n_parts + c->n_ranges; i++) {
         norm_part_record r = {0};
-        const seldp_session *s = c->parts ? c->parts[i].session : NULL;
+        const seldp_session *s = listed_session(c, i);
         if (s) {
             r.digest = s->digest;
             r.group_rank = (uint64_t)seldp_comm_rank(s->comm);
             r.group_size = (uint64_t)seldp_comm_size(s->comm);
-            r.kind = (uint64_t)c->parts[i].kind;
+            r.kind = i < c->n_parts ? (uint64_t)c->parts[i].kind : NORM_RANGES;
             session_label(s, r.label, sizeof r.label);
         }
         memcpy(blob + sizeof h + i * sizeof r, &r, sizeof r);
@@ -489,6 +590,19 @@ static seldp_status norm_scale(const norm_call *c, double coef)
             }
         }
     }
+    for (size_t i = 0; i < c->n_ranges; i++) {
+        const seldp_norm_range *g = &c->ranges[i];
+        const seldp_session *s = g->session;
+        int me = seldp_comm_rank(s->comm);
+        for (size_t p = 0; p < g->map->pieces[me]; p++) {
+            seldp_shard_piece piece;
+            if (g->present && !g->present[p])
+                continue;
+            SELDP_CHECK(seldp_shard_map_piece(g->map, me, p, &piece));
+            SELDP_CHECK(
+                seldp__scale_f32(s->device, g->range + piece.range_offset, piece.count, coef));
+        }
+    }
 fail:
     return st;
 }
@@ -496,10 +610,12 @@ fail:
 /* --- the call -------------------------------------------------------------- */
 
 static seldp_status grad_norm(seldp_comm *parent, const seldp_norm_part *parts, size_t n_parts,
+                              const seldp_norm_range *ranges, size_t n_ranges, bool with_ranges,
                               bool clip, double max_norm, seldp_grad_norm_result *out)
 {
     seldp_status st = SELDP_OK, local;
-    norm_call c = {parent, parts, n_parts, clip, max_norm, 0.0, NULL};
+    norm_call c = {parent,      parts, n_parts,  ranges, n_ranges,
+                   with_ranges, clip,  max_norm, 0.0,    NULL};
     size_t blob_bytes, *lengths = NULL;
     unsigned char *mine = NULL, *all = NULL;
     char message[SESSION_MESSAGE_MAX];
@@ -508,11 +624,13 @@ static seldp_status grad_norm(seldp_comm *parent, const seldp_norm_part *parts, 
 
     if (!parent)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: parent must not be NULL",
-                           call_name(clip));
-    /* with parts NULL, no part record can be read: the rank reports n_parts 0 */
+                           norm_call_name(&c));
+    /* with parts (ranges) NULL, no record can be read: the rank reports none */
     if (!parts)
         c.n_parts = 0;
-    blob_bytes = sizeof(norm_header) + c.n_parts * sizeof(norm_part_record);
+    if (!ranges)
+        c.n_ranges = 0;
+    blob_bytes = sizeof(norm_header) + (c.n_parts + c.n_ranges) * sizeof(norm_part_record);
     /* Without these this rank cannot take part; the others' collective then ends with the
      * transport's timeout rather than hanging. */
     c.scratch = calloc(c.n_parts ? c.n_parts : 1, sizeof *c.scratch);
@@ -520,16 +638,20 @@ static seldp_status grad_norm(seldp_comm *parent, const seldp_norm_part *parts, 
     mine = calloc(1, blob_bytes);
     if (!c.scratch || !lengths || !mine)
         SELDP_FAIL(SELDP_ERR_NOMEM, "%s: out of memory for the agreement of %d ranks",
-                   call_name(clip), seldp_comm_size(parent));
+                   norm_call_name(&c), seldp_comm_size(parent));
 
-    local = parts || !n_parts
-                ? norm_prepare(&c, out)
-                : seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: parts is NULL but n_parts is %zu",
-                              call_name(clip), n_parts);
+    if (!parts && n_parts)
+        local = seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: parts is NULL but n_parts is %zu",
+                            norm_call_name(&c), n_parts);
+    else if (!ranges && n_ranges)
+        local = seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: ranges is NULL but n_ranges is %zu",
+                            norm_call_name(&c), n_ranges);
+    else
+        local = norm_prepare(&c, out);
     seldp__session_save_message(parent, local, message);
     fill_record(&c, local, mine);
     SELDP_CHECK(seldp__session_name_call(
-        seldp_comm_allgatherv(parent, mine, blob_bytes, (void **)&all, lengths), call_name(clip),
+        seldp_comm_allgatherv(parent, mine, blob_bytes, (void **)&all, lengths), norm_call_name(&c),
         "the agreement"));
     SELDP_CHECK(norm_decide(&c, all, lengths, message, &sum_squares));
 
@@ -558,11 +680,26 @@ fail:
 seldp_status seldp_grad_norm(seldp_comm *parent, const seldp_norm_part *parts, size_t n_parts,
                              seldp_grad_norm_result *out)
 {
-    return grad_norm(parent, parts, n_parts, false, 0.0, out);
+    return grad_norm(parent, parts, n_parts, NULL, 0, false, false, 0.0, out);
 }
 
 seldp_status seldp_clip_grad_norm(seldp_comm *parent, const seldp_norm_part *parts, size_t n_parts,
                                   double max_norm, seldp_grad_norm_result *out)
 {
-    return grad_norm(parent, parts, n_parts, true, max_norm, out);
+    return grad_norm(parent, parts, n_parts, NULL, 0, false, true, max_norm, out);
+}
+
+seldp_status seldp_grad_norm_ranges(seldp_comm *parent, const seldp_norm_part *parts,
+                                    size_t n_parts, const seldp_norm_range *ranges, size_t n_ranges,
+                                    seldp_grad_norm_result *out)
+{
+    return grad_norm(parent, parts, n_parts, ranges, n_ranges, true, false, 0.0, out);
+}
+
+seldp_status seldp_clip_grad_norm_ranges(seldp_comm *parent, const seldp_norm_part *parts,
+                                         size_t n_parts, const seldp_norm_range *ranges,
+                                         size_t n_ranges, double max_norm,
+                                         seldp_grad_norm_result *out)
+{
+    return grad_norm(parent, parts, n_parts, ranges, n_ranges, true, true, max_norm, out);
 }

@@ -145,7 +145,8 @@ static void without_internal_calls(const char *in, char *out, size_t size)
 seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage)
 {
     char told[SESSION_MESSAGE_MAX], message[2 * SESSION_MESSAGE_MAX];
-    if (st == SELDP_OK || strstr(seldp_last_error(), "seldp_session_"))
+    if (st == SELDP_OK || strstr(seldp_last_error(), "seldp_session_") ||
+        strstr(seldp_last_error(), "seldp_shard_"))
         return st;
     without_internal_calls(seldp_last_error(), told, sizeof told);
     snprintf(message, sizeof message, "%s: %s%s%s", call, stage ? stage : "",

@@ -13,10 +13,19 @@
 #include "internal.h"
 #include "session_reduce.h"
 
-const char *seldp__reduce_method(uint64_t normalize, uint64_t fp32, uint64_t overlapped)
+const char *seldp__reduce_method(uint64_t kind, uint64_t normalize, uint64_t fp32,
+                                 uint64_t overlapped)
 {
     if (overlapped == REDUCE_FINISH)
         return "seldp_session_finish";
+    if (kind == REDUCE_KIND_GATHER)
+        return "seldp_shard_allgather_params";
+    if (kind == REDUCE_KIND_SCATTER) {
+        if (overlapped == REDUCE_START)
+            return normalize ? "seldp_shard_reduce_scatter_start"
+                             : "seldp_shard_reduce_scatter_sum_start";
+        return normalize ? "seldp_shard_reduce_scatter" : "seldp_shard_reduce_scatter_sum";
+    }
     if (overlapped == REDUCE_START) {
         if (normalize)
             return fp32 ? "seldp_session_reduce_fp32_start" : "seldp_session_reduce_start";
@@ -30,7 +39,7 @@ const char *seldp__reduce_method(uint64_t normalize, uint64_t fp32, uint64_t ove
 /* The public call a gathered record comes from. */
 static const char *method_name(const reduce_record *rec)
 {
-    return seldp__reduce_method(rec->normalize, rec->fp32, rec->overlapped);
+    return seldp__reduce_method(rec->kind, rec->normalize, rec->fp32, rec->overlapped);
 }
 
 static const char *policy_name(uint64_t policy)
@@ -67,6 +76,8 @@ void seldp__reduce_fill_record(const reduce_call *c, seldp_status local, reduce_
     mine->policy = (uint64_t)c->policy;
     mine->weight = c->weight;
     mine->overlapped = c->overlapped;
+    mine->kind = c->kind;
+    mine->range_dtype = (uint64_t)c->range_dtype;
     mine->digest = s->digest;
     mine->call = c->call;
     mine->n_groups = s->n_groups;
@@ -109,7 +120,7 @@ static seldp_status check_records(reduce_call *c, int n)
         if (len < sizeof *rec || len % 8 != 0 || (len - sizeof *rec) * 8 < rec->n_slots)
             return seldp__fail(SELDP_ERR_INTERNAL,
                                "%s: group rank %d sent a malformed agreement record of %zu bytes",
-                               seldp__reduce_method(c->normalize, c->fp32, c->overlapped), r, len);
+                               seldp__reduce_call_name(c), r, len);
         offset += len;
     }
     return SELDP_OK;
@@ -141,14 +152,28 @@ static seldp_status agree_on_call(const reduce_call *c, int n)
                 "%" PRIu64 "; a rank missed or added a call",
                 session_name(a, sa, sizeof sa), world[0], method_name(a), a->call, r, world[r],
                 method_name(b), b->call);
-        if (b->normalize != a->normalize || b->fp32 != a->fp32 || b->policy != a->policy ||
-            b->overlapped != a->overlapped)
+        if (b->kind == REDUCE_KIND_GATHER && a->kind == REDUCE_KIND_GATHER &&
+            b->range_dtype != a->range_dtype)
+            return seldp__fail(
+                SELDP_ERR_DISAGREE,
+                "ranks disagree on the all-gather: group rank 0 (world rank %d) called %s "
+                "with %s ranges, group rank %d (world rank %d) with %s ranges",
+                world[0], method_name(a), seldp_dtype_name((seldp_dtype)a->range_dtype), r,
+                world[r], seldp_dtype_name((seldp_dtype)b->range_dtype));
+        if (b->kind != a->kind || b->normalize != a->normalize || b->fp32 != a->fp32 ||
+            b->policy != a->policy || b->overlapped != a->overlapped) {
+            if (a->kind == REDUCE_KIND_GATHER || b->kind == REDUCE_KIND_GATHER)
+                return seldp__fail(SELDP_ERR_DISAGREE,
+                                   "ranks disagree on the call: group rank 0 (world rank %d) "
+                                   "called %s, group rank %d (world rank %d) called %s",
+                                   world[0], method_name(a), r, world[r], method_name(b));
             return seldp__fail(
                 SELDP_ERR_DISAGREE,
                 "ranks disagree on the reduction: group rank 0 (world rank %d) called %s "
                 "with policy %s, group rank %d (world rank %d) called %s with policy %s",
                 world[0], method_name(a), policy_name(a->policy), r, world[r], method_name(b),
                 policy_name(b->policy));
+        }
     }
     return SELDP_OK;
 }
@@ -195,6 +220,8 @@ static seldp_status reduce_decide(reduce_call *c, const char *message)
         if (record_of(c, r)->status != SELDP_OK)
             return seldp__session_share_error(s->comm, r, (seldp_status)record_of(c, r)->status,
                                               message);
+    if (c->kind == REDUCE_KIND_GATHER)
+        return SELDP_OK; /* an all-gather has no weights and no gradients */
     SELDP_CHECK(agree_finite(c, n));
 
     c->global_weight = 0;
@@ -247,10 +274,10 @@ seldp_status seldp__reduce_agree(reduce_call *c, const void *mine, const char *m
     free(c->records);
     c->records = NULL;
     /* Variable-length, so that ranks in sessions of different sizes meet here and say so. */
-    seldp_status st = seldp__session_name_call(
-        seldp_comm_allgatherv(c->s->comm, mine, c->record_bytes, (void **)&c->records,
-                              c->record_lengths),
-        seldp__reduce_method(c->normalize, c->fp32, c->overlapped), "the agreement");
+    seldp_status st =
+        seldp__session_name_call(seldp_comm_allgatherv(c->s->comm, mine, c->record_bytes,
+                                                       (void **)&c->records, c->record_lengths),
+                                 seldp__reduce_call_name(c), "the agreement");
     if (st != SELDP_OK)
         return st;
     if (gathered)

@@ -39,6 +39,7 @@
 #include "internal.h"
 #include "kernels.h"
 #include "session_async.h"
+#include "shard_impl.h"
 
 #define FINISH "seldp_session_finish"
 #define MARK   "seldp_session_mark_ready"
@@ -152,6 +153,8 @@ static void async_destroy(session_async *a)
     free(a->pending);
     free(a->marked);
     free(a->index);
+    free(a->counts);
+    free(a->shard_segs);
     pthread_cond_destroy(&a->idle);
     pthread_cond_destroy(&a->wake);
     pthread_mutex_destroy(&a->lock);
@@ -251,11 +254,23 @@ static seldp_status mark_slot(session_async *a, size_t k, const char *call)
     return st;
 }
 
+/* Where an overlapped reduce-scatter's finish writes its results (seldp/shard.h). */
+typedef struct shard_target {
+    const seldp_shard_map *map;
+    float *range;
+    size_t count;
+    bool *present;
+} shard_target;
+
+/* The overlapped reduction of `grads`: an all-reduce, or with `shard` a reduce-scatter into
+ * the shard's range. */
 static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t weight,
-                                seldp_missing_policy policy, bool normalize, bool fp32)
+                                seldp_missing_policy policy, bool normalize, bool fp32,
+                                const shard_target *shard)
 {
     seldp_status st = SELDP_OK, local = SELDP_OK;
-    const char *call = seldp__reduce_method(normalize, fp32, REDUCE_START);
+    uint64_t kind = shard ? REDUCE_KIND_SCATTER : REDUCE_KIND_ALLREDUCE;
+    const char *call = seldp__reduce_method(kind, normalize, fp32, REDUCE_START);
     session_async *a;
     reduce_call *c;
 
@@ -291,6 +306,7 @@ static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t w
                        .normalize = normalize,
                        .fp32 = fp32,
                        .overlapped = REDUCE_START,
+                       .kind = kind,
                        .policy = policy,
                        .weight = weight,
                        .staged = true,
@@ -312,6 +328,25 @@ static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t w
      * rank learns it there, as in the blocking call. */
     if (!s->staging && s->slot_elems)
         local = seldp__device_alloc(s->device, s->slot_elems * sizeof(float), (void **)&s->staging);
+    a->map = NULL;
+    if (shard) {
+        /* a range that does not fit the map fails the start's agreement on every rank */
+        if (local == SELDP_OK)
+            local = seldp__shard_check(shard->map, s, shard->range, shard->count, call);
+        if (local == SELDP_OK &&
+            ((!a->counts &&
+              !(a->counts = calloc((size_t)seldp_comm_size(s->comm), sizeof *a->counts))) ||
+             (!a->shard_segs &&
+              !(a->shard_segs = calloc(s->n_slots ? s->n_slots : 1, sizeof *a->shard_segs)))))
+            local = seldp__fail(SELDP_ERR_NOMEM, "out of memory planning the buckets");
+        if (local == SELDP_OK) {
+            a->map = shard->map;
+            seldp__shard_range(a->map, seldp_comm_rank(s->comm), &a->begin, &a->end);
+        }
+        a->range = shard->range;
+        a->present = shard->present;
+        a->shard_fused = s->fused && seldp__comm_shard_fused(s->comm, s->device);
+    }
     seldp__session_save_message(s->comm, local, a->start_message);
     c->call = ++s->reductions;
     seldp__reduce_fill_record(c, local, (reduce_record *)a->mine);
@@ -340,25 +375,43 @@ fail:
 seldp_status seldp_session_reduce_start(seldp_session *session, seldp_grads *grads,
                                         uint64_t local_weight, seldp_missing_policy policy)
 {
-    return async_start(session, grads, local_weight, policy, true, false);
+    return async_start(session, grads, local_weight, policy, true, false, NULL);
 }
 
 seldp_status seldp_session_reduce_fp32_start(seldp_session *session, seldp_grads *grads,
                                              uint64_t local_weight, seldp_missing_policy policy)
 {
-    return async_start(session, grads, local_weight, policy, true, true);
+    return async_start(session, grads, local_weight, policy, true, true, NULL);
 }
 
 seldp_status seldp_session_sum_start(seldp_session *session, seldp_grads *grads, bool local_active,
                                      seldp_missing_policy policy)
 {
-    return async_start(session, grads, local_active ? 1 : 0, policy, false, false);
+    return async_start(session, grads, local_active ? 1 : 0, policy, false, false, NULL);
 }
 
 seldp_status seldp_session_sum_fp32_start(seldp_session *session, seldp_grads *grads,
                                           bool local_active, seldp_missing_policy policy)
 {
-    return async_start(session, grads, local_active ? 1 : 0, policy, false, true);
+    return async_start(session, grads, local_active ? 1 : 0, policy, false, true, NULL);
+}
+
+seldp_status seldp_shard_reduce_scatter_start(seldp_session *session, const seldp_shard_map *map,
+                                              seldp_grads *grads, uint64_t local_weight,
+                                              seldp_missing_policy policy, float *range,
+                                              size_t range_count, bool *present)
+{
+    shard_target t = {map, range, range_count, present};
+    return async_start(session, grads, local_weight, policy, true, true, &t);
+}
+
+seldp_status seldp_shard_reduce_scatter_sum_start(seldp_session *session,
+                                                  const seldp_shard_map *map, seldp_grads *grads,
+                                                  bool local_active, seldp_missing_policy policy,
+                                                  float *range, size_t range_count, bool *present)
+{
+    shard_target t = {map, range, range_count, present};
+    return async_start(session, grads, local_active ? 1 : 0, policy, false, true, &t);
 }
 
 static seldp_status not_in_flight(const seldp_session *s, const char *call)
@@ -478,7 +531,8 @@ static void finish_marks(session_async *a)
                                              seldp_grads_get(a->c.grads, s->groups[i].id)),
                 FINISH);
     pthread_mutex_unlock(&a->lock);
-    if (a->local == SELDP_OK)
+    /* a reduce-scatter's results go into its range, not the container */
+    if (a->local == SELDP_OK && a->c.kind != REDUCE_KIND_SCATTER)
         (void)record_failure(a, seldp__reduce_allocate_results(&a->c), FINISH);
 }
 
@@ -528,7 +582,8 @@ seldp_status seldp_session_finish(seldp_session *session, uint64_t *global_weigh
     else
         restore_after(a, &st);
     if (st == SELDP_OK)
-        st = seldp__reduce_commit(c);
+        st = c->kind == REDUCE_KIND_SCATTER ? seldp__shard_commit(c, a->map, a->range, a->present)
+                                            : seldp__reduce_commit(c);
     if (st == SELDP_OK && global_weight)
         *global_weight = c->global_weight;
 done:

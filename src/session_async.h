@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "seldp/shard.h"
 #include "session_reduce.h"
 
 typedef struct id_group {
@@ -57,6 +58,16 @@ typedef struct session_async {
      * by the caller once the job is done. */
     size_t kept_from;
     size_t in_place_segments; /* bucket segments written in place by the last reduction */
+    /* A reduce-scatter (c.kind REDUCE_KIND_SCATTER, seldp_shard_reduce_scatter_start): the
+     * map, this rank's range [begin, end) of it, where finish writes the range and the
+     * presence flags, and per rank one bucket's part of its range (the bucketed path). */
+    const seldp_shard_map *map;
+    size_t begin, end;
+    float *range;
+    bool *present;
+    size_t *counts;
+    seldp__shard_seg *shard_segs; /* the fused path: one per slot */
+    bool shard_fused; /* the buckets are fused reduce-scatters (the host-staged transport) */
 } session_async;
 
 /* Put back this rank's gradients that buckets wrote in place (reduce_slot.in_place), from

@@ -11,6 +11,7 @@
 #include "internal.h"
 #include "kernels.h"
 #include "session_async.h"
+#include "shard_impl.h"
 
 /* The slots that end after the start of bucket b and have not been seen yet (*next: the
  * next slot in reverse path order), every one of them marked: their finiteness checked and, unless
@@ -126,6 +127,75 @@ fail:
     return st;
 }
 
+/* Collective, an overlapped reduce-scatter on the host-staged transport: the parts of the
+ * slots in bucket b in one fused reduce-scatter, this rank's part of its range written in
+ * F32 into its place in the staging buffer (element i at staging[i]), as the blocking
+ * reduce-scatter stages it. Only the slots of bucket b (every one marked) are read. */
+static seldp_status scatter_bucket_fused(session_async *a, size_t b)
+{
+    seldp_session *s = a->s;
+    reduce_call *c = &a->c;
+    size_t lo = b * a->capacity, hi = lo + a->capacity, n = 0;
+    seldp__shard_seg *segs = a->shard_segs;
+
+    for (size_t k = 0; k < s->n_slots; k++) {
+        size_t off = a->slot_offset[k];
+        size_t count = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t from = off > lo ? off : lo, to = off + count < hi ? off + count : hi;
+        if (to <= from)
+            continue;
+        const reduce_slot *slot = &c->slots[k];
+        bool contributes = c->weight > 0 && slot->has_grad;
+        segs[n++] = (seldp__shard_seg){
+            .in = contributes ? (const char *)slot->grad.data +
+                                    (from - off) * seldp_dtype_size(slot->grad.dtype)
+                              : NULL,
+            .in_dtype = contributes ? slot->grad.dtype : SELDP_F32,
+            .offset = from,
+            .count = to - from,
+        };
+    }
+    size_t begin = a->begin > lo ? a->begin : lo, end = a->end < hi ? a->end : hi;
+    if (end < begin)
+        end = begin;
+    seldp__scatter_fused_args args = {
+        .segs = segs,
+        .n_segs = n,
+        .begin = begin,
+        .end = end,
+        .out = s->staging + begin,
+        .scale = c->normalize ? 1.0 / (double)c->global_weight : 1.0,
+        .written = NULL,
+    };
+    return seldp__comm_scatter_fused(s->comm, &args);
+}
+
+/* Collective, an overlapped reduce-scatter elsewhere: bucket [offset, offset + count) of the
+ * staging buffer (packed) reduce-scattered, each rank receiving its range's part in place,
+ * then scaled. */
+static seldp_status scatter_bucket(session_async *a, size_t offset, size_t count)
+{
+    seldp_status st = SELDP_OK;
+    seldp_session *s = a->s;
+    reduce_call *c = &a->c;
+    int n = seldp_comm_size(s->comm), me = seldp_comm_rank(s->comm);
+    for (int r = 0; r < n; r++) {
+        size_t lo, hi;
+        seldp__shard_range(a->map, r, &lo, &hi);
+        lo = lo > offset ? lo : offset;
+        hi = hi < offset + count ? hi : offset + count;
+        a->counts[r] = hi > lo ? hi - lo : 0;
+    }
+    float *mine = s->staging + (a->begin > offset ? a->begin : offset);
+    SELDP_CHECK(seldp_comm_reduce_scatter(s->comm, s->staging + offset, mine, a->counts, SELDP_F32,
+                                          s->device));
+    if (c->normalize && a->counts[me])
+        SELDP_CHECK(
+            seldp__scale_f32(s->device, mine, a->counts[me], 1.0 / (double)c->global_weight));
+fail:
+    return st;
+}
+
 /* Collective: the call's collectives, on the progress thread. */
 static seldp_status progress_run(session_async *a)
 {
@@ -133,6 +203,9 @@ static seldp_status progress_run(session_async *a)
     seldp_session *s = a->s;
     reduce_call *c = &a->c;
     size_t total = s->slot_elems * sizeof(float), next = 0, first = 0;
+    bool scatter = c->kind == REDUCE_KIND_SCATTER;
+    /* the fused buckets of a reduce-scatter are the transport's fused reduce-scatters */
+    bool fused = s->fused && (!scatter || a->shard_fused);
 
     st = seldp__reduce_agree(c, a->mine, a->start_message, NULL);
     if (st != SELDP_OK) {
@@ -153,12 +226,16 @@ static seldp_status progress_run(session_async *a)
         if (cancelled)
             return seldp__fail(SELDP_ERR_ABORTED, "the session was destroyed during the "
                                                   "reduction");
-        SELDP_CHECK(pack_through(a, b, &next, !s->fused));
-        if (s->fused) {
-            SELDP_CHECK(reduce_bucket_fused(a, b, &first));
+        SELDP_CHECK(pack_through(a, b, &next, !fused));
+        if (fused) {
+            SELDP_CHECK(scatter ? scatter_bucket_fused(a, b) : reduce_bucket_fused(a, b, &first));
             continue;
         }
         seldp__bucket_span(total, a->capacity * sizeof(float), b, &offset, &bytes);
+        if (scatter) {
+            SELDP_CHECK(scatter_bucket(a, offset / sizeof(float), bytes / sizeof(float)));
+            continue;
+        }
         at = s->staging + offset / sizeof(float);
         SELDP_CHECK(
             seldp_comm_allreduce(s->comm, at, at, bytes / sizeof(float), SELDP_F32, s->device));
@@ -167,8 +244,9 @@ static seldp_status progress_run(session_async *a)
                                          1.0 / (double)c->global_weight));
     }
 fail:
-    return seldp__session_name_call(st, seldp__reduce_method(c->normalize, c->fp32, REDUCE_START),
-                                    "the overlapped reduction");
+    return seldp__session_name_call(
+        st, seldp__reduce_method(c->kind, c->normalize, c->fp32, REDUCE_START),
+        "the overlapped reduction");
 }
 
 void *seldp__session_progress_main(void *arg)

@@ -76,7 +76,7 @@ void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks
 
 /* Make the calling thread's last error start with `call` and the stage of the call a
  * transport error came from ("seldp_session_sum: the agreement of the call failed: ...";
- * `stage` may be NULL) unless it names a public session call already. The transport's
+ * `stage` may be NULL) unless it names a public session or shard call already. The transport's
  * message follows without the name of the internal collective it was about ("rank 1 timed
  * out after 2 s: rank 3 had not arrived ..."). Returns st. */
 seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage);

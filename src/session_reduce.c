@@ -45,7 +45,7 @@
 
 static const char *method_name(uint64_t normalize, uint64_t fp32)
 {
-    return seldp__reduce_method(normalize, fp32, REDUCE_BLOCKING);
+    return seldp__reduce_method(REDUCE_KIND_ALLREDUCE, normalize, fp32, REDUCE_BLOCKING);
 }
 
 static bool same_shape(const seldp_tensor *a, const seldp_tensor *b)
@@ -72,8 +72,7 @@ seldp_status seldp__reduce_check_gradient(reduce_call *c, const session_group *g
     if (t->dtype != g->tensor.dtype && !(c->fp32 && t->dtype == SELDP_F32))
         SELDP_FAIL(SELDP_ERR_DTYPE, "'%s': gradient dtype %s, expected %s%s (%s)", g->path,
                    seldp_dtype_name(t->dtype), seldp_dtype_name(g->tensor.dtype),
-                   c->fp32 ? " or f32" : "",
-                   seldp__reduce_method(c->normalize, c->fp32, c->overlapped));
+                   c->fp32 ? " or f32" : "", seldp__reduce_call_name(c));
     if (!same_shape(t, &g->tensor))
         SELDP_FAIL(SELDP_ERR_SHAPE, "'%s': gradient shape %s differs from the parameter's %s",
                    g->path, seldp_shape_str(t, have, sizeof have),
@@ -282,11 +281,7 @@ static seldp_status reduce_fused(reduce_call *c)
     return st;
 }
 
-/* Collective, with cfg.staged_commit: every rank tells the others whether its part of the
- * reduction succeeded, and the staged results are committed only when every rank's did.
- * `reduced` is this rank's status so far; the status of the lowest failing rank, with its
- * message, is returned on every rank that can still reach the others. */
-static seldp_status reduce_confirm(reduce_call *c, seldp_status reduced)
+seldp_status seldp__reduce_confirm(reduce_call *c, seldp_status reduced)
 {
     seldp_comm *comm = c->s->comm;
     int n = seldp_comm_size(comm);
@@ -305,7 +300,7 @@ static seldp_status reduce_confirm(reduce_call *c, seldp_status reduced)
                                                  n);
     st = seldp__session_name_call(
         seldp_comm_allgather(comm, &mine, all, sizeof mine, SELDP_HOST_DEVICE),
-        method_name(c->normalize, c->fp32), "the confirmation");
+        seldp__reduce_call_name(c), "the confirmation");
     if (st != SELDP_OK && reduced != SELDP_OK) {
         seldp__set_error(own); /* this rank's own failure says more than the confirmation's */
         st = reduced;
@@ -394,7 +389,7 @@ static seldp_status session_reduce(seldp_session *s, seldp_grads *grads, uint64_
     }
     st = seldp__session_name_call(st, method_name(normalize, fp32), "the reduction");
     if (s->cfg.staged_commit)
-        st = reduce_confirm(&c, st);
+        st = seldp__reduce_confirm(&c, st);
     SELDP_CHECK(st);
     SELDP_CHECK(seldp__reduce_commit(&c));
     if (global_weight)

@@ -19,6 +19,13 @@
 #define REDUCE_START    1
 #define REDUCE_FINISH   2
 
+/* What a call does with the selection (reduce_record.kind): an all-reduce of the gradients
+ * (the seldp_session_* reductions), a reduce-scatter of them into each rank's range of the
+ * shard map, or an all-gather of the ranges into the parameters (seldp/shard.h). */
+#define REDUCE_KIND_ALLREDUCE 0
+#define REDUCE_KIND_SCATTER   1
+#define REDUCE_KIND_GATHER    2
+
 /* This rank's side of one reducible parameter in one call. */
 typedef struct reduce_slot {
     bool has_grad;
@@ -44,7 +51,9 @@ typedef struct reduce_record {
     uint64_t fp32;
     uint64_t policy;
     uint64_t weight;
-    uint64_t overlapped; /* REDUCE_BLOCKING, REDUCE_START or REDUCE_FINISH */
+    uint64_t overlapped;  /* REDUCE_BLOCKING, REDUCE_START or REDUCE_FINISH */
+    uint64_t kind;        /* REDUCE_KIND_* */
+    uint64_t range_dtype; /* REDUCE_KIND_GATHER: the dtype of the ranges */
     /* the session's fingerprint */
     uint64_t digest;   /* of the selection's schema */
     uint64_t call;     /* this is the session's call-th reduction, from 1 */
@@ -61,7 +70,9 @@ typedef struct reduce_call {
     seldp_session *s;
     seldp_grads *grads;
     bool normalize, fp32;
-    uint64_t overlapped; /* which call of an overlapped reduction, or REDUCE_BLOCKING */
+    uint64_t overlapped;     /* which call of an overlapped reduction, or REDUCE_BLOCKING */
+    uint64_t kind;           /* REDUCE_KIND_*: all-reduce, reduce-scatter or all-gather */
+    seldp_dtype range_dtype; /* REDUCE_KIND_GATHER: the dtype of the ranges */
     seldp_missing_policy policy;
     uint64_t weight; /* the rank's weight: local_weight, or 1/0 for active/inactive */
     uint64_t call;   /* the session's reduction count, this call included */
@@ -81,8 +92,15 @@ typedef struct reduce_call {
 } reduce_call;
 
 /* The public call a record or call comes from: "seldp_session_sum_fp32",
- * "seldp_session_reduce_start", "seldp_session_finish"... */
-const char *seldp__reduce_method(uint64_t normalize, uint64_t fp32, uint64_t overlapped);
+ * "seldp_session_reduce_start", "seldp_session_finish", "seldp_shard_reduce_scatter"... */
+const char *seldp__reduce_method(uint64_t kind, uint64_t normalize, uint64_t fp32,
+                                 uint64_t overlapped);
+
+/* The public call of c. */
+static inline const char *seldp__reduce_call_name(const reduce_call *c)
+{
+    return seldp__reduce_method(c->kind, c->normalize, c->fp32, c->overlapped);
+}
 
 /* The dtype the result of a group takes in call c. */
 static inline seldp_dtype seldp__reduce_result_dtype(const reduce_call *c, const session_group *g)
@@ -125,5 +143,11 @@ seldp_status seldp__reduce_agree(reduce_call *c, const void *mine, const char *m
 /* Write the results into the caller's container (cannot fail for want of memory: see
  * seldp__reduce_allocate_results). */
 seldp_status seldp__reduce_commit(reduce_call *c);
+
+/* Collective, with cfg.staged_commit: every rank tells the others whether its part of the
+ * call succeeded (`reduced`: this rank's status so far), so that staged results are
+ * committed everywhere or nowhere. Returns the lowest failing rank's status and message on
+ * every rank that can still reach the others. */
+seldp_status seldp__reduce_confirm(reduce_call *c, seldp_status reduced);
 
 #endif

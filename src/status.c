@@ -58,6 +58,8 @@ const char *seldp_status_name(seldp_status status)
         return "SELDP_ERR_INTERNAL";
     case SELDP_ERR_GRADS_UNDEFINED:
         return "SELDP_ERR_GRADS_UNDEFINED";
+    case SELDP_ERR_PARAMS_UNDEFINED:
+        return "SELDP_ERR_PARAMS_UNDEFINED";
     }
     return "SELDP_ERR_UNKNOWN";
 }

@@ -2,8 +2,10 @@
  * (seldp-bench-mpi) share: options, the timing rule, input patterns and the rows they print
  * (a terminal table, JSON lines, CSV).
  *
- * Conventions are those of nccl-tests: sizes are bytes per rank; algbw = bytes / time;
- * busbw = algbw * 2(n-1)/n for an allreduce (and a reduce) and algbw for a broadcast.
+ * Conventions are those of nccl-tests: sizes are bytes per rank (a reduce-scatter's input,
+ * an all-gather's output); algbw = bytes / time; busbw = algbw * 2(n-1)/n for an allreduce
+ * (and a reduce), algbw * (n-1)/n for a reduce-scatter and an all-gather, algbw for a
+ * broadcast.
  * On the host, bound_fraction = (the time the memory-bandwidth bound allows) / (the time
  * measured). The bound is B, the machine's best copy bandwidth, measured in the same run
  * (SPEC §6): every rank copies its own buffer of the same size at once, once with
@@ -17,7 +19,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-typedef enum bench_op { BENCH_ALLREDUCE, BENCH_BROADCAST, BENCH_REDUCE, BENCH_OVERLAP } bench_op;
+typedef enum bench_op {
+    BENCH_ALLREDUCE,
+    BENCH_BROADCAST,
+    BENCH_REDUCE,
+    BENCH_OVERLAP,
+    BENCH_REDUCE_SCATTER, /* seldp_comm_reduce_scatter, equal blocks (MPI_Reduce_scatter_block) */
+    BENCH_ALLGATHER       /* seldp_comm_allgather_counts, equal blocks (MPI_Allgather) */
+} bench_op;
 
 #define BENCH_MAX_LIST 64
 
@@ -52,7 +61,7 @@ typedef struct bench_opts {
 
 /* One measurement: a line of the table, a JSON object, a CSV row. */
 typedef struct bench_row {
-    char op[16];   /* allreduce, broadcast, reduce */
+    char op[16];   /* allreduce, broadcast, reduce, reduce_scatter, allgather */
     char impl[16]; /* seldp-host, seldp-nccl, nccl, mpi, gloo, memcpy, stream */
     int ranks;
     size_t bytes;          /* per rank */
@@ -78,6 +87,9 @@ typedef struct bench_row {
  * to stderr). `mpi` selects the options of seldp-bench-mpi. */
 int bench_parse(int argc, char **argv, bench_opts *opts, bool mpi);
 
+/* The --help text of seldp-bench, or of seldp-bench-mpi (`mpi`), into f (help.c). */
+void bench_usage(FILE *f, bool mpi);
+
 /* "256M" -> 268435456; K, M, G (powers of 1024), an optional B. false when malformed. */
 bool bench_parse_size(const char *text, size_t *out);
 
@@ -100,6 +112,15 @@ float bench_pattern(int rank, size_t i);
 
 /* Fill n floats with rank r's pattern, starting at element `first`. */
 void bench_fill(float *x, size_t n, int rank, size_t first);
+
+/* Elements per rank of op at `bytes` per rank over `ranks` ranks: bytes / 4, and for a
+ * reduce-scatter or an all-gather rounded down to a multiple of the ranks (equal blocks). */
+size_t bench_count(bench_op op, size_t bytes, int ranks);
+
+/* The bytes op moves at least, as SPEC 6 counts them, for `bytes` per rank on `ranks` ranks:
+ * 2*n*N (allreduce, reduce), n*N (broadcast), (n+1)*N (reduce-scatter, all-gather); the
+ * row's op by name. */
+double bench_bound_bytes(const char *op, int ranks, size_t bytes);
 
 /* algbw and busbw from bytes and time_us; bound_fraction from the copy bandwidth
  * `copy_GBps` of the same ranks and size (<= 0: none). */

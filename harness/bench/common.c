@@ -13,101 +13,13 @@
 static const char *const op_names[] = {[BENCH_ALLREDUCE] = "allreduce",
                                        [BENCH_BROADCAST] = "broadcast",
                                        [BENCH_REDUCE] = "reduce",
-                                       [BENCH_OVERLAP] = "overlap"};
+                                       [BENCH_OVERLAP] = "overlap",
+                                       [BENCH_REDUCE_SCATTER] = "reduce_scatter",
+                                       [BENCH_ALLGATHER] = "allgather"};
 
 const char *bench_op_name(bench_op op)
 {
     return op_names[op];
-}
-
-static void usage(FILE *f, bool mpi)
-{
-    if (mpi) {
-        fputs("usage: mpirun -np P seldp-bench-mpi [options]\n"
-              "Open MPI's MPI_Allreduce (F32 SUM) or MPI_Bcast over P processes, timed and\n"
-              "validated like seldp-bench (which launches it with --compare mpi).\n\n"
-              "  -b, --minbytes SIZE   smallest size per rank (default 1M)\n"
-              "  -e, --maxbytes SIZE   largest size per rank (default 64M)\n"
-              "  -f, --stepfactor F    size factor from one row to the next (default 2)\n"
-              "  -n, --iters N         timed samples per size, reported as their median "
-              "(default 10)\n"
-              "  -w, --warmup N        untimed iterations first (default 2)\n"
-              "  -o, --op OP           allreduce | broadcast (default allreduce)\n"
-              "      --json            one JSON object per line instead of the table\n"
-              "  -h, --help            this text\n",
-              f);
-        return;
-    }
-    fputs(
-        "usage: seldp-bench [options]\n"
-        "Times seldp's host-staged collectives (one thread per simulated rank) with nccl-tests\n"
-        "conventions, validates every result, and sets them against the memory-bandwidth bound\n"
-        "B, the machine's best copy bandwidth measured in the same run: every rank copies its own\n"
-        "buffer of the same size at once, with non-temporal stores (the `stream` rows) and with\n"
-        "memcpy (the `memcpy` rows: it reads each destination line before writing it, so it\n"
-        "understates B), counted as bytes read + written per second; B = the better of the two.\n\n"
-        "  -b, --minbytes SIZE   smallest size per rank (default 1M; reduce: 512M)\n"
-        "  -e, --maxbytes SIZE   largest size per rank (default 64M; reduce: 512M)\n"
-        "  -f, --stepfactor F    size factor from one row to the next (default 2)\n"
-        "  -n, --iters N         timed samples per size, reported as their median (default 10)\n"
-        "  -w, --warmup N        untimed iterations before the samples (default 2)\n"
-        "  -o, --op OP           allreduce | broadcast | reduce (default allreduce)\n"
-        "                        reduce: seldp_session_reduce of a selection of --tensors\n"
-        "                        tensors totalling SIZE bytes per rank, beside one raw F32\n"
-        "                        allreduce of the same bytes; peak RSS reported\n"
-        "                        overlap: a backward of SIZE/bucket layers, each --compute-us\n"
-        "                        of sleep before its gradient is marked ready, overlapped with\n"
-        "                        seldp_session_reduce_start/finish, beside compute alone,\n"
-        "                        communication alone and both in series (default 16M, 1M\n"
-        "                        buckets)\n"
-        "      --compute-us US   overlap: the backward of one layer (default 1000)\n"
-        "      --compute-ratio LIST  overlap, instead of --compute-us: the whole backward\n"
-        "                        R times the communication alone (measured first: the median\n"
-        "                        of 3 runs of the default session), for each R in the list\n"
-        "                        (0.5,1,2)\n"
-        "  -r, --ranks LIST      simulated ranks: 2, or 2,4, or 1-16 (default 2)\n"
-        "  -d, --dtype DTYPE     allreduce: f32; reduce: mixed | f32 | bf16 | f16 (default\n"
-        "                        mixed: half the tensors BF16, half F32)\n"
-        "      --bucket LIST     reduce: session bucket sizes, e.g. 25M or 1M-256M (doubling);\n"
-        "                        a list sweeps, each with a bucketed raw allreduce beside it\n"
-        "                        (default 25M)\n"
-        "      --tensors N       reduce: tensors in the selection (default 10000)\n"
-        "      --compare LIST    mpi, gloo or mpi,gloo (all): beside seldp, in the same run,\n"
-        "                        mpi: seldp-bench-mpi under mpirun (--oversubscribe; as root\n"
-        "                        --allow-run-as-root); gloo: torch.distributed's gloo backend\n"
-        "                        (seldp-bench-gloo.py, P processes), skipped with a note when\n"
-        "                        python3 cannot import torch; same ranks, sizes and timing rule\n"
-        "      --mpirun PATH     the MPI launcher (default mpirun)\n"
-        "      --python PATH     the interpreter for --compare gloo (default: python3, then\n"
-        "                        /usr/bin/python3, the first that imports torch with gloo)\n"
-        "      --gloo-script PATH  the gloo program (default seldp-bench-gloo.py beside this\n"
-        "                        executable)\n"
-        "      --staged-commit   reduce: the sessions set cfg.staged_commit (the rows say\n"
-        "                        \"staged\"): run with and without to measure what it costs\n"
-        "      --no-bound        no copy rows and no bound fractions\n"
-        "      --gpu             the GPU rows: NCCL (raw ncclAllReduce, seldp's allreduce and\n"
-        "                        reduce) and host-staged with device buffers; says so and skips\n"
-        "                        when there is no GPU\n"
-        "      --json            one JSON object per line instead of the table\n"
-        "      --out PREFIX      also write PREFIX.jsonl and PREFIX.csv\n"
-        "  -h, --help            this text\n\n",
-        f);
-    fputs(
-        "SIZE takes K, M and G (powers of 1024). A sample is one operation from 1 MiB up and a\n"
-        "batch of up to 1000 below (1 MiB / size); time is the median sample per operation.\n"
-        "Columns: size, time, algbw = size / time, busbw (allreduce and reduce: algbw * 2(n-1)/n;\n"
-        "broadcast: algbw; copy rows: their copy bandwidth 2*n*size / time), bound % = bound\n"
-        "time / time where the bound time is 2*n*size / B for an allreduce and n*size / B for a\n"
-        "broadcast, B(GB/s) = the B it is against, #wrong = elements that differ from the\n"
-        "expected result on any rank. JSON keys: op, impl (seldp-host, seldp-nccl, nccl, mpi,\n"
-        "gloo, memcpy, stream), ranks, bytes, time_us, algbw_GBps, busbw_GBps, bound_fraction,\n"
-        "wrong, bound_GBps, memcpy_GBps and stream_GBps (rows with a bound), and for reduce rows\n"
-        "dtype, bucket_bytes, tensors, raw_time_us, peak_rss, rss_extra_per_rank,\n"
-        "rss_budget_per_rank.\n"
-        "With SELDP_DEBUG_COLLECTIVES=1 in the environment every seldp collective first agrees\n"
-        "on its fingerprint (the debug mode of seldp/comm.h), and the seldp rows say \"debug\":\n"
-        "run twice, with and without, to measure what the mode costs.\n",
-        f);
 }
 
 bool bench_parse_size(const char *text, size_t *out)
@@ -327,13 +239,18 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
                 o->op = BENCH_ALLREDUCE;
             else if (strcmp(optarg, "broadcast") == 0)
                 o->op = BENCH_BROADCAST;
+            else if (strcmp(optarg, "reduce_scatter") == 0)
+                o->op = BENCH_REDUCE_SCATTER;
+            else if (strcmp(optarg, "allgather") == 0)
+                o->op = BENCH_ALLGATHER;
             else if (strcmp(optarg, "reduce") == 0 && !mpi)
                 o->op = BENCH_REDUCE;
             else if (strcmp(optarg, "overlap") == 0 && !mpi)
                 o->op = BENCH_OVERLAP;
             else {
-                fprintf(stderr, "%s: --op %s: expected allreduce, broadcast%s\n", prog, optarg,
-                        mpi ? "" : ", reduce or overlap");
+                fprintf(stderr,
+                        "%s: --op %s: expected allreduce, broadcast, reduce_scatter, allgather%s\n",
+                        prog, optarg, mpi ? "" : ", reduce or overlap");
                 return 2;
             }
             break;
@@ -431,7 +348,7 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
             break;
         }
         case 'h':
-            usage(stdout, mpi);
+            bench_usage(stdout, mpi);
             return 1;
         default:
             fprintf(stderr, "%s: unknown option (see %s --help)\n", prog, prog);
@@ -534,6 +451,30 @@ bool bench_is_copy(const char *impl)
     return strcmp(impl, "memcpy") == 0 || strcmp(impl, "stream") == 0;
 }
 
+size_t bench_count(bench_op op, size_t bytes, int ranks)
+{
+    size_t count = bytes / 4;
+    if (op == BENCH_REDUCE_SCATTER || op == BENCH_ALLGATHER)
+        count = count / (size_t)ranks * (size_t)ranks;
+    return count;
+}
+
+/* A reduce-scatter's or an all-gather's row: each rank holds a 1/n block of the size. */
+static bool is_sharded(const char *op)
+{
+    return strcmp(op, "reduce_scatter") == 0 || strcmp(op, "allgather") == 0;
+}
+
+double bench_bound_bytes(const char *op, int ranks, size_t bytes)
+{
+    double n = ranks, N = (double)bytes;
+    if (strcmp(op, "broadcast") == 0)
+        return n * N;
+    if (is_sharded(op))
+        return (n + 1.0) * N;
+    return 2.0 * n * N;
+}
+
 void bench_row_finish(bench_row *row, double copy_GBps)
 {
     double n = row->ranks, seconds = row->time_us * 1e-6;
@@ -543,9 +484,11 @@ void bench_row_finish(bench_row *row, double copy_GBps)
         row->busbw = seconds > 0 ? 2.0 * n * (double)row->bytes / seconds / 1e9 : 0;
         return;
     }
-    row->busbw = broadcast ? row->algbw : row->algbw * 2.0 * (n - 1) / n;
+    row->busbw = broadcast             ? row->algbw
+                 : is_sharded(row->op) ? row->algbw * (n - 1) / n
+                                       : row->algbw * 2.0 * (n - 1) / n;
     if (copy_GBps > 0 && seconds > 0) {
-        double moved = (broadcast ? 1.0 : 2.0) * n * (double)row->bytes;
+        double moved = bench_bound_bytes(row->op, row->ranks, row->bytes);
         row->bound_fraction = moved / (copy_GBps * 1e9) / seconds;
         row->bound_GBps = copy_GBps;
     }

@@ -1,12 +1,14 @@
-/* seldp-bench: allreduce (F32 SUM) and broadcast on the host-staged transport, beside the
- * memory-bandwidth bound of the same ranks and size, every result validated.
+/* seldp-bench: allreduce (F32 SUM), broadcast, reduce-scatter (F32 SUM) and all-gather on
+ * the host-staged transport, beside the memory-bandwidth bound of the same ranks and size,
+ * every result validated.
  *
  * Each rank owns buffers of the largest size: `src` holds its input pattern (the root's for a
- * broadcast), `dst` receives (an allreduce's output, a non-root's broadcast buffer), `copy`
- * is the copies' destination. Per size: dst is poisoned with NaNs, then copy samples (every
- * rank copies src to copy at once, with non-temporal stores and with memcpy) and collective
- * samples are taken in turns, so that a load that comes and goes on a shared machine weighs
- * on all alike; then every rank checks a share of the elements of every rank's output
+ * broadcast; for an all-gather its block is the first size/P of it), `dst` receives (an
+ * allreduce's or all-gather's output, a reduce-scatter's block, a non-root's broadcast
+ * buffer), `copy` is the copies' destination. Per size: dst is poisoned with NaNs, then copy
+ * samples (every rank copies src to copy at once, with non-temporal stores and with memcpy) and
+ * collective samples are taken in turns, so that a load that comes and goes on a shared machine
+ * weighs on all alike; then every rank checks a share of the elements of every rank's output
  * against the exact expected values (integer patterns, exact in F32). The bound B is the
  * better of the two copies (SPEC §6). */
 #include <math.h>
@@ -29,6 +31,7 @@ typedef struct op_args {
     float *copy; /* the copies' destination, so that they never write a result */
     size_t count;
     bench_op op;
+    const size_t *blocks; /* reduce-scatter, all-gather: count / P per rank */
 } op_args;
 
 static int run_memcpy(bench_rank *r, void *arg)
@@ -53,6 +56,12 @@ static int run_collective(bench_rank *r, void *arg)
     seldp_status st;
     if (a->op == BENCH_ALLREDUCE)
         st = seldp_comm_allreduce(r->comm, a->src, a->dst, a->count, SELDP_F32, SELDP_HOST_DEVICE);
+    else if (a->op == BENCH_REDUCE_SCATTER)
+        st = seldp_comm_reduce_scatter(r->comm, a->src, a->dst, a->blocks, SELDP_F32,
+                                       SELDP_HOST_DEVICE);
+    else if (a->op == BENCH_ALLGATHER)
+        st = seldp_comm_allgather_counts(r->comm, a->src, a->dst, a->blocks, SELDP_F32,
+                                         SELDP_HOST_DEVICE);
     else
         st = seldp_comm_broadcast(r->comm, r->rank == 0 ? a->src : a->dst, a->count, SELDP_F32, 0,
                                   SELDP_HOST_DEVICE);
@@ -61,10 +70,29 @@ static int run_collective(bench_rank *r, void *arg)
     return 0;
 }
 
+/* Elements of this rank's reduce-scatter block that differ from the sum of every rank's
+ * pattern there. */
+static long long count_wrong_block(const bench_rank *r, const host_ctx *c, size_t count)
+{
+    size_t block = count / (size_t)r->size, at = block * (size_t)r->rank;
+    long long wrong = 0;
+    for (size_t i = 0; i < block; i++) {
+        int sum = 0;
+        for (int q = 0; q < r->size; q++)
+            sum += (int)bench_pattern(q, at + i);
+        float expect = (float)sum;
+        wrong += memcmp(&c->dst[r->rank][i], &expect, sizeof expect) != 0;
+    }
+    return wrong;
+}
+
 /* Elements of this rank's share of [0, count) that differ from the expected result on any
- * rank: the sum of every rank's pattern (allreduce), the root's pattern (broadcast). */
+ * rank: the sum of every rank's pattern (allreduce), the root's pattern (broadcast), the
+ * pattern of the block's owner from the start of its input (all-gather). */
 static long long count_wrong(const bench_rank *r, const host_ctx *c, bench_op op, size_t count)
 {
+    if (op == BENCH_REDUCE_SCATTER)
+        return count_wrong_block(r, c, count);
     size_t share = (count + (size_t)r->size - 1) / (size_t)r->size;
     size_t lo = share * (size_t)r->rank, hi = lo + share < count ? lo + share : count;
     long long wrong = 0;
@@ -75,6 +103,9 @@ static long long count_wrong(const bench_rank *r, const host_ctx *c, bench_op op
             for (int q = 0; q < r->size; q++)
                 sum += (int)bench_pattern(q, i);
             expect = (float)sum;
+        } else if (op == BENCH_ALLGATHER) {
+            size_t block = count / (size_t)r->size;
+            expect = bench_pattern((int)(i / block), i % block);
         } else {
             expect = bench_pattern(0, i);
         }
@@ -96,9 +127,10 @@ static int host_rank(bench_rank *r)
     size_t alloc = (max_count * sizeof(float) + 63) / 64 * 64;
     float *src = aligned_alloc(64, alloc), *dst = aligned_alloc(64, alloc);
     float *copy = o->bound ? aligned_alloc(64, alloc) : NULL;
+    size_t *blocks = calloc((size_t)r->size, sizeof *blocks);
     int failed = 0;
 
-    if (!src || !dst || (o->bound && !copy)) {
+    if (!src || !dst || !blocks || (o->bound && !copy)) {
         failed = bench_team_fail(r, "out of memory for 3 x %zu bytes", alloc);
         goto out;
     }
@@ -113,8 +145,12 @@ static int host_rank(bench_rank *r)
 
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes;
          bytes = bench_next_size(bytes, o->factor)) {
-        op_args a = {src, dst, copy, bytes / 4, o->op};
+        op_args a = {src, dst, copy, bench_count(o->op, bytes, r->size), o->op, blocks};
         size_t size = a.count * sizeof(float);
+        if (!size)
+            continue; /* fewer elements than ranks: no row, on every rank alike */
+        for (int q = 0; q < r->size; q++)
+            blocks[q] = a.count / (size_t)r->size;
         int k = bench_batch(size);
         memset(dst, 0xff, size); /* NaN: a result never written is wrong */
         atomic_store(&c->wrong, 0);
@@ -160,6 +196,7 @@ out:
     free(src);
     free(dst);
     free(copy);
+    free(blocks);
     return failed;
 }
 

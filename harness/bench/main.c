@@ -180,7 +180,10 @@ int main(int argc, char **argv)
                                 "allreduce rows with --op allreduce\n");
             else if (o.compare_mpi)
                 failed = bench_mpi_rows(&o, dir, o.ranks[p], &rows);
-            if (!failed && o.compare_gloo && o.op != BENCH_REDUCE && o.op != BENCH_OVERLAP)
+            if (o.compare_gloo && (o.op == BENCH_REDUCE_SCATTER || o.op == BENCH_ALLGATHER))
+                fprintf(o.json ? stderr : stdout,
+                        "# no gloo column: the gloo program times allreduce and broadcast only\n");
+            else if (!failed && o.compare_gloo && o.op != BENCH_REDUCE && o.op != BENCH_OVERLAP)
                 failed = bench_gloo_rows(&o, dir, o.ranks[p], &rows, &skipped);
         }
         sort_rows(&rows, from);

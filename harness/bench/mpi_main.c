@@ -1,5 +1,6 @@
-/* seldp-bench-mpi: Open MPI's MPI_Allreduce (F32 SUM) and MPI_Bcast, timed and validated
- * with seldp-bench's rule (bench.h), for seldp-bench --compare mpi. One process per rank:
+/* seldp-bench-mpi: Open MPI's MPI_Allreduce (F32 SUM), MPI_Bcast, MPI_Reduce_scatter_block
+ * (F32 SUM) and MPI_Allgather, timed and validated with seldp-bench's rule (bench.h), for
+ * seldp-bench --compare mpi. One process per rank:
  *   mpirun -np P seldp-bench-mpi -o allreduce -b 1M -e 64M --json
  * Rank 0 prints one row per size. Exit status: 0, 1 when a result was wrong, 2 on a usage or
  * allocation error. */
@@ -16,10 +17,15 @@ typedef struct mpi_args {
     int count, rank;
 } mpi_args;
 
-static void run_once(const mpi_args *a)
+static void run_once(const mpi_args *a, int size)
 {
+    int block = a->count / size;
     if (a->op == BENCH_ALLREDUCE)
         MPI_Allreduce(a->send, a->recv, a->count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    else if (a->op == BENCH_REDUCE_SCATTER)
+        MPI_Reduce_scatter_block(a->send, a->recv, block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    else if (a->op == BENCH_ALLGATHER)
+        MPI_Allgather(a->send, block, MPI_FLOAT, a->recv, block, MPI_FLOAT, MPI_COMM_WORLD);
     else
         MPI_Bcast(a->rank == 0 ? a->send : a->recv, a->count, MPI_FLOAT, 0, MPI_COMM_WORLD);
 }
@@ -29,13 +35,18 @@ static long long count_wrong(const mpi_args *a, int size)
 {
     long long wrong = 0;
     const float *out = a->op == BENCH_BROADCAST && a->rank == 0 ? a->send : a->recv;
-    for (int i = 0; i < a->count; i++) {
+    int block = a->count / size;
+    int n = a->op == BENCH_REDUCE_SCATTER ? block : a->count;
+    for (int i = 0; i < n; i++) {
         float expect;
-        if (a->op == BENCH_ALLREDUCE) {
+        if (a->op == BENCH_ALLREDUCE || a->op == BENCH_REDUCE_SCATTER) {
+            size_t at = (size_t)i + (a->op == BENCH_REDUCE_SCATTER ? (size_t)(block * a->rank) : 0);
             int sum = 0;
             for (int q = 0; q < size; q++)
-                sum += (int)bench_pattern(q, (size_t)i);
+                sum += (int)bench_pattern(q, at);
             expect = (float)sum;
+        } else if (a->op == BENCH_ALLGATHER) {
+            expect = bench_pattern(i / block, (size_t)(i % block));
         } else {
             expect = bench_pattern(0, (size_t)i);
         }
@@ -73,24 +84,31 @@ int main(int argc, char **argv)
     memset(recv, 0, max_count * sizeof(float));
     if (rank == 0 && !o.json) {
         char title[128];
-        snprintf(title, sizeof title, "seldp-bench-mpi: Open MPI %s, %d processes",
-                 o.op == BENCH_ALLREDUCE ? "MPI_Allreduce F32 SUM" : "MPI_Bcast", size);
+        static const char *const calls[] = {[BENCH_ALLREDUCE] = "MPI_Allreduce F32 SUM",
+                                            [BENCH_BROADCAST] = "MPI_Bcast",
+                                            [BENCH_REDUCE_SCATTER] =
+                                                "MPI_Reduce_scatter_block F32 SUM",
+                                            [BENCH_ALLGATHER] = "MPI_Allgather"};
+        snprintf(title, sizeof title, "seldp-bench-mpi: Open MPI %s, %d processes", calls[o.op],
+                 size);
         bench_print_header(stdout, title);
     }
 
     long long any_wrong = 0;
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;
          bytes = bench_next_size(bytes, o.factor)) {
-        mpi_args a = {o.op, send, recv, (int)(bytes / 4), rank};
+        mpi_args a = {o.op, send, recv, (int)bench_count(o.op, bytes, size), rank};
+        if (a.count == 0)
+            continue; /* fewer elements than ranks: no row */
         int k = bench_batch((size_t)a.count * sizeof(float));
         memset(recv, 0xff, (size_t)a.count * sizeof(float));
         for (int i = 0; i < o.warmup; i++)
-            run_once(&a);
+            run_once(&a, size);
         for (int s = 0; s < o.iters; s++) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
             for (int i = 0; i < k; i++)
-                run_once(&a);
+                run_once(&a, size);
             MPI_Barrier(MPI_COMM_WORLD);
             samples[s] = (MPI_Wtime() - t0) / k;
         }

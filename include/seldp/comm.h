@@ -98,6 +98,27 @@ SELDP_API seldp_status seldp_comm_allgather(seldp_comm *comm, const void *send, 
 SELDP_API seldp_status seldp_comm_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
                                              void **recv, size_t *recv_bytes);
 
+/** Reduce-scatter, as MPI_Reduce_scatter: the element-wise SUM over the group of every rank's
+ * `send` (the sum of recv_counts elements: block 0, then block 1, ...), of which group rank r
+ * receives block r, recv_counts[r] elements, in its `recv`. `recv_counts` has one entry per
+ * group rank and must be the same array on every rank. dtype F32. Every rank reads only its
+ * own block of the other ranks' inputs; each element is summed in rank order 0..P-1, as
+ * seldp_comm_allreduce sums it, so block r equals, bit for bit, the same elements of an
+ * allreduce of the same inputs (host-staged and MPI transports; NCCL sums in its own order).
+ * `recv` may be `send` + the offset of the rank's block (in place). */
+SELDP_API seldp_status seldp_comm_reduce_scatter(seldp_comm *comm, const void *send, void *recv,
+                                                 const size_t *recv_counts, seldp_dtype dtype,
+                                                 seldp_device mem);
+
+/** All-gather of uneven blocks, as MPI_Allgatherv: group rank r sends counts[r] elements of
+ * `dtype` from `send`, and every rank receives every block in `recv`, rank r's at element
+ * counts[0] + ... + counts[r-1]. `counts` has one entry per group rank and must be the same
+ * array on every rank. Any dtype; bytes are copied exactly. `send` may lie at the rank's own
+ * offset in `recv` (in place). */
+SELDP_API seldp_status seldp_comm_allgather_counts(seldp_comm *comm, const void *send, void *recv,
+                                                   const size_t *counts, seldp_dtype dtype,
+                                                   seldp_device mem);
+
 /** Personalized all-to-all. Counts and displacements are in elements of `dtype`, one per
  * group rank: rank r sends send_counts[p] elements from send + send_displs[p] to rank p,
  * which receives them at recv + recv_displs[r] with recv_counts[r] == that count. */
@@ -115,16 +136,19 @@ SELDP_API seldp_status seldp_comm_split(seldp_comm *comm, int color, int key, se
 /** Counts of the collectives this rank's handle has issued (local), for tests and
  * benchmarks. Split communicators count separately. */
 typedef struct seldp_comm_stats {
-    uint64_t barriers;   /**< seldp_comm_barrier calls */
-    uint64_t broadcasts; /**< seldp_comm_broadcast calls */
-    uint64_t allreduces; /**< seldp_comm_allreduce calls */
-    uint64_t allgathers; /**< fixed-size and variable-length */
-    uint64_t alltoallvs; /**< seldp_comm_alltoallv calls */
-    uint64_t splits;     /**< seldp_comm_split calls */
-    uint64_t bytes;      /**< payload bytes this rank passed in (send side) */
-    uint64_t reductions; /**< fused reductions: a session reduction over many tensors in
-                              one rendezvous (host-staged transport), counted here and
-                              not as allreduces */
+    uint64_t barriers;        /**< seldp_comm_barrier calls */
+    uint64_t broadcasts;      /**< seldp_comm_broadcast calls */
+    uint64_t allreduces;      /**< seldp_comm_allreduce calls */
+    uint64_t allgathers;      /**< fixed-size and variable-length */
+    uint64_t alltoallvs;      /**< seldp_comm_alltoallv calls */
+    uint64_t splits;          /**< seldp_comm_split calls */
+    uint64_t bytes;           /**< payload bytes this rank passed in (send side) */
+    uint64_t reductions;      /**< fused reductions: a session reduction over many tensors in
+                                   one rendezvous (host-staged transport), counted here and
+                                   not as allreduces; also the fused reduce-scatters and
+                                   all-gathers of sharded sessions (seldp/shard.h) */
+    uint64_t reduce_scatters; /**< seldp_comm_reduce_scatter calls (seldp_comm_allgather_counts
+                                   counts among allgathers) */
 } seldp_comm_stats;
 
 /** Read the counters (local). */

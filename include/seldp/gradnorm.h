@@ -10,7 +10,9 @@
  * (usually the world) and returns the same norm, bit for bit, on every rank of it.
  *
  * Call it after the reductions: a replicated part is counted by group rank 0 of its session
- * alone, so its replicas must already hold identical gradients. */
+ * alone, so its replicas must already hold identical gradients. The sessions of a sharded
+ * optimizer (seldp/shard.h) are listed by their reduce-scattered ranges
+ * (seldp_grad_norm_ranges), each counted by the rank that holds it. */
 #ifndef SELDP_GRADNORM_H
 #define SELDP_GRADNORM_H
 
@@ -21,6 +23,7 @@
 #include "seldp/comm.h"
 #include "seldp/grads.h"
 #include "seldp/session.h"
+#include "seldp/shard.h"
 #include "seldp/status.h"
 
 #ifdef __cplusplus
@@ -44,6 +47,20 @@ typedef struct seldp_norm_part {
     seldp_grads *grads;     /**< borrowed; clipping scales the selected entries in place */
     seldp_norm_kind kind;   /**< the same on every member of the group */
 } seldp_norm_part;
+
+/** One sharded session's gradient for the norm (seldp/shard.h): this rank's range of the
+ * session's shard map, as seldp_shard_reduce_scatter wrote it. Every range of a group is
+ * another part of the gradient, so every rank counts its own: each element once. */
+typedef struct seldp_norm_range {
+    seldp_session *session;     /**< borrowed; every member of its group lists it too */
+    const seldp_shard_map *map; /**< the session's map */
+    float *range;               /**< this rank's range (FP32, on the session's device); clipping
+                                     scales its present pieces in place */
+    size_t count;               /**< its elements: the rank's count in the map */
+    const bool *present;        /**< per piece of the range, as the reduce-scatter set them:
+                                     absent pieces count as zero and are never scaled; NULL:
+                                     every piece is present */
+} seldp_norm_range;
 
 /** What a norm call found, the same on every rank of the parent. */
 typedef struct seldp_grad_norm_result {
@@ -79,6 +96,27 @@ SELDP_API seldp_status seldp_grad_norm(seldp_comm *parent, const seldp_norm_part
 SELDP_API seldp_status seldp_clip_grad_norm(seldp_comm *parent, const seldp_norm_part *parts,
                                             size_t n_parts, double max_norm,
                                             seldp_grad_norm_result *out);
+
+/** Collective over `parent`: seldp_grad_norm over the `n_parts` parts and the `n_ranges`
+ * sharded ranges together (either list may be empty, and their lengths may differ between
+ * ranks): the norm of a model whose groups are partly replicated, partly sharded, as
+ * Megatron-Core's distributed optimizer computes it over its gradient shards. A range counts
+ * its present pieces, summed in FP64 in element order. Errors as seldp_grad_norm's, and
+ * SELDP_ERR_INVALID_ARGUMENT (a NULL session, map or range, another session's map, a range
+ * of the wrong size, a session listed twice, as a part or a range), SELDP_ERR_DISAGREE (a
+ * member of a group that lists the session otherwise: as a part, or not at all). */
+SELDP_API seldp_status seldp_grad_norm_ranges(seldp_comm *parent, const seldp_norm_part *parts,
+                                              size_t n_parts, const seldp_norm_range *ranges,
+                                              size_t n_ranges, seldp_grad_norm_result *out);
+
+/** Collective over `parent`: seldp_clip_grad_norm over parts and ranges: when the norm is
+ * finite and above max_norm, every selected gradient of every part and every present piece
+ * of every range is multiplied by the coefficient in place (ranges in F32). Errors as
+ * seldp_grad_norm_ranges and seldp_clip_grad_norm. */
+SELDP_API seldp_status seldp_clip_grad_norm_ranges(seldp_comm *parent, const seldp_norm_part *parts,
+                                                   size_t n_parts, const seldp_norm_range *ranges,
+                                                   size_t n_ranges, double max_norm,
+                                                   seldp_grad_norm_result *out);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
 #include "seldp/session.h"
 #include "seldp/layout.h"
 #include "seldp/gradnorm.h"
+#include "seldp/shard.h"
 #include "seldp/version.h"
 
 #endif

@@ -17,7 +17,8 @@
  * Agreement: the ranks of a group must make the same calls on the same sessions in the
  * same order. Each reduction agrees, before anything moves, on the method, the missing-
  * gradient policy and a fingerprint of the session: a digest of its selection's schema
- * and how many reductions the session has run. Two sessions of one communicator called in
+ * and how many reductions the session has run (the reduce-scatters and all-gathers of
+ * seldp/shard.h count too). Two sessions of one communicator called in
  * a different order on different ranks, or a call one rank missed, is SELDP_ERR_DISAGREE
  * on every rank, naming each side's session (by its first selected path), method and call
  * number; nothing is written. A session whose ranks fell out of step stays so (every later
@@ -333,9 +334,10 @@ SELDP_API seldp_status seldp_session_mark_ready(seldp_session *session, seldp_pa
 /** Collective: end the overlapped reduction. Every selected parameter not yet marked is
  * marked now (from the container as it is); then finish waits for the buckets, agrees with
  * the other ranks and, when every rank's reduction succeeded, writes the results into
- * `grads` as the blocking call does. *global_weight (may be NULL) receives the global
- * weight. Errors, the same on every rank: those of the blocking call (never
- * SELDP_ERR_GRADS_UNDEFINED: on any error `grads` is unchanged); locally,
+ * `grads` as the blocking call does (a reduce-scatter started by
+ * seldp_shard_reduce_scatter_start: into its range and presence flags, seldp/shard.h).
+ * *global_weight (may be NULL) receives the global weight. Errors, the same on every rank: those of
+ * the blocking call (never SELDP_ERR_GRADS_UNDEFINED: on any error `grads` is unchanged); locally,
  * SELDP_ERR_INVALID_ARGUMENT when no reduction is in flight. The session is ready for its
  * next reduction when finish returns, whatever the status. */
 SELDP_API seldp_status seldp_session_finish(seldp_session *session, uint64_t *global_weight);

@@ -37,8 +37,12 @@ typedef enum seldp_status {
     SELDP_ERR_PARSE,            /**< malformed input file or blob */
     SELDP_ERR_IO,               /**< a file could not be read or written */
     SELDP_ERR_INTERNAL,         /**< a broken invariant: a bug in seldp */
-    SELDP_ERR_GRADS_UNDEFINED   /**< a reduction failed after results were being written in
-                                     place: the selected gradients are undefined */
+    SELDP_ERR_GRADS_UNDEFINED,  /**< a reduction failed after results were being written in
+                                     place: the selected gradients (or the reduce-scatter's
+                                     range, seldp/shard.h) are undefined */
+    SELDP_ERR_PARAMS_UNDEFINED  /**< an all-gather into the parameters failed after it began
+                                     writing them in place: the selected trainable parameters
+                                     are undefined (seldp/shard.h) */
 } seldp_status;
 
 /** Stable upper-case name of a status, e.g. "SELDP_ERR_TIMEOUT". Never NULL. */

@@ -8,6 +8,9 @@
 #   SELDP_BENCH_OUT=/tmp/dir results/bench/regenerate.sh   writes there instead (a trial run)
 #   SELDP_BENCH_QUICK=1 ...                          small sizes, few samples: checks the script
 #   cmake --build build --target bench-results       the same, with that build
+#   results/bench/regenerate.sh sharded              only the reduce-scatter and all-gather rows
+#                                                    (section 9 of README.md, with its own date
+#                                                    and load; the other sections are kept)
 #
 # Takes 10-20 minutes on two cores and about 5 GiB of memory at its peak (the 1 GiB reduce).
 # The gloo columns need torch with gloo, which seldp never depends on: on Debian or Ubuntu,
@@ -16,6 +19,15 @@
 # when it is above the core count at the start README.md says in its first lines that the
 # figures were taken under load and are not the official ones.
 set -eu
+
+only=${1:-}
+case "$only" in
+"" | sharded) ;;
+*)
+    echo "regenerate.sh: unknown argument '$only' (expected nothing, or sharded)" >&2
+    exit 2
+    ;;
+esac
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -43,10 +55,13 @@ cd "$out"
 # the files of this script only (other benchmarks keep theirs here, e.g. scale*)
 names="allreduce broadcast latency latency_debug reduce reduce_f32 reduce_bf16 reduce_f16 reduce_64m
        reduce_debug reduce_staged bucket_sweep ranks_sweep overlap"
-for f in $names; do rm -f "$f.csv" "$f.jsonl" "$f.txt"; done
-rm -f allreduce_busbw.png broadcast_busbw.png latency.png bucket_sweep.png ranks_sweep.png
+sharded_names="reduce_scatter allgather"
+[ -n "$only" ] && names=""
+for f in $names $sharded_names; do rm -f "$f.csv" "$f.jsonl" "$f.txt"; done
+[ -z "$only" ] && rm -f allreduce_busbw.png broadcast_busbw.png latency.png bucket_sweep.png ranks_sweep.png
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
+cores=$(nproc)
 
 # run NAME ARGS...: one seldp-bench run into NAME.txt, NAME.jsonl and NAME.csv
 run() {
@@ -67,6 +82,92 @@ else
     mid_reduce="-b 64M -e 64M"; sweep_reduce="-b 256M -e 256M"; buckets="1M-256M"; ranks="1-16"
     dtype_reduce="-b 16M -e 256M"; tensors=10000; rank_size="-b 64M -e 64M"
     overlap="-b 16M -e 64M -f 4 --bucket 1M,4M"
+fi
+
+# ---- 9. reduce-scatter and all-gather (the sharded optimizer's collectives) ---------------
+# Run them and write their section of README.md into sharded.md (kept beside the tables, so
+# that a full run and `regenerate.sh sharded` both end README.md with it).
+sharded_sizes="-b 16M -e 256M"
+[ -n "$quick" ] && sharded_sizes="-b 1M -e 4M"
+sharded_run() {
+    s_before=$(cut -d' ' -f1-3 /proc/loadavg)
+    s_started=$(date -u '+%Y-%m-%d %H:%M UTC')
+    run reduce_scatter -o reduce_scatter $sharded_sizes -f 2 $reps -r 2,4 $compare_small
+    run allgather -o allgather $sharded_sizes -f 2 $reps -r 2,4 $compare_small
+    s_after=$(cut -d' ' -f1-3 /proc/loadavg)
+    sharded_section >sharded.md
+}
+# One table per op: seldp beside Open MPI, the copies and B; the targets at 2 ranks (bound
+# fraction >= 0.80, >= 3x MPI's busbw).
+sharded_table() { # CSV MPI_CALL
+    awk -F, -v call="$2" '
+        NR == 1 { next }
+        $2 == "seldp-host" { key = $3 "," $4; s[key] = $7; f[key] = $8; b[key] = $18; t[key] = $5
+                             mc[key] = $19; st[key] = $20; k[++n] = key }
+        $2 == "mpi" { m[$3 "," $4] = $7; mt[$3 "," $4] = $5 }
+        END {
+            print "| ranks | size per rank | seldp (us) | seldp busbw (GB/s) | " call " (us) | MPI busbw | seldp / MPI | memcpy (GB/s) | streaming copy (GB/s) | B (GB/s) | bound fraction | targets (2 ranks: >= 0.80, >= 3x MPI) |"
+            print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            for (i = 1; i <= n; i++) {
+                key = k[i]; split(key, a, ",")
+                ratio = (key in m && m[key] > 0) ? s[key] / m[key] : 0
+                ok = a[1] != 2 ? "no target" : \
+                     (f[key] >= 0.80 ? "bound ok" : "**bound missed**") ", " \
+                     (ratio >= 3 ? "MPI ok" : (key in m ? "**MPI missed**" : "no MPI"))
+                printf "| %d | %d MiB | %.0f | %.2f | %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %s |\n",
+                    a[1], a[2] / 1048576, t[key], s[key],
+                    (key in mt ? sprintf("%.0f", mt[key]) : "-"),
+                    (key in m ? sprintf("%.2f", m[key]) : "-"),
+                    (ratio > 0 ? sprintf("%.1fx", ratio) : "-"), mc[key], st[key], b[key],
+                    f[key], ok
+            }
+        }' "$1"
+}
+sharded_section() {
+    s_loaded=$(awk -v l="${s_before%% *}" -v c="$cores" 'BEGIN { print (l > c ? 1 : 0) }')
+    cat <<EOF
+<!-- section 9: written by results/bench/regenerate.sh (alone: regenerate.sh sharded) -->
+## 9. Reduce-scatter and all-gather: the sharded optimizer's collectives (targets at 2 ranks: bound fraction >= 0.80; seldp busbw >= 3x Open MPI's MPI_Reduce_scatter_block / MPI_Allgather)
+
+Measured on $s_started, load average $s_before before and $s_after after (1, 5, 15 min) on
+$cores cores$([ "$s_loaded" = 1 ] && echo ": **under load, not the official figures**")$([ -n "$quick" ] && echo ", with the small sizes of SELDP_BENCH_QUICK"):
+\`seldp-bench -o reduce_scatter $sharded_sizes -f 2 $reps -r 2,4 $compare_small\` and the same
+with \`-o allgather\` (\`reduce_scatter.txt\`, \`allgather.txt\`).
+
+\`seldp_comm_reduce_scatter\` and \`seldp_comm_allgather_counts\` with equal blocks, timed as
+nccl-tests times ncclReduceScatter and ncclAllGather: the size N is a rank's input
+(reduce-scatter) or output (all-gather), busbw = algbw (n-1)/n. The host transport reads only a
+rank's block of every input and writes it into the rank's output (reduce-scatter), or reads its
+block once and writes it into every rank's output (all-gather), so both move at least (n+1) N
+bytes: bound fraction = ((n+1) N / B) / time, with B the better of the two copies of the same
+run (section 1). Open MPI's MPI_Reduce_scatter_block (F32 SUM) and MPI_Allgather run under
+mpirun with the same ranks, sizes and timing rule. The sharded sessions
+(\`seldp_shard_reduce_scatter\`, \`seldp_shard_allgather_params\`) make one such pass over the
+session's tensors (their fused path).
+
+Reduce-scatter, F32 SUM:
+
+$(sharded_table reduce_scatter.csv MPI_Reduce_scatter_block)
+
+All-gather:
+
+$(sharded_table allgather.csv MPI_Allgather)
+EOF
+}
+
+if [ -n "$only" ]; then
+    sharded_run
+    # README.md without its old section 9, then the new one
+    if [ -f README.md ]; then
+        kept=$(mktemp)
+        awk '/^<!-- section 9: /{exit} {print}' README.md >"$kept"
+        cat "$kept" sharded.md >README.md
+        rm -f "$kept"
+    else
+        cp sharded.md README.md
+    fi
+    echo "results/bench: reduce_scatter and allgather done in $out (load average $s_before before, $s_after after)"
+    exit 0
 fi
 
 # 1. allreduce F32 SUM, 16-256 MiB per rank, 2 and 4 ranks, beside the copies, MPI and gloo
@@ -92,6 +193,8 @@ run bucket_sweep -o reduce $sweep_reduce -r 2 -n 5 -w 1 --tensors $tensors -d mi
 run ranks_sweep -o allreduce $rank_size -r $ranks -n 5 -w 1
 # 8. the overlapped reduction against a backward of sleeps 0.5, 1 and 2 times its communication
 run overlap -o overlap $overlap --compute-ratio 0.5,1,2 -r 2 $reps
+# 9. reduce-scatter and all-gather, 16-256 MiB per rank, 2 and 4 ranks, beside Open MPI
+sharded_run
 
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -180,7 +283,6 @@ fi
 
 # ---- README.md -----------------------------------------------------------------------------
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
-cores=$(nproc)
 mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
 version=$("$bench" --gpu 2>/dev/null | sed -n 's/^# seldp-bench --gpu: //p')
 copy=$(sed -n 's/.*a streaming copy (\(.*\))$/\1/p' allreduce.txt | head -n 1)
@@ -464,7 +566,9 @@ $(overlap_table)
 device buffers) needs a GPU; where there is none it prints:
 
     $("$bench" --gpu 2>&1 | tail -n 1)
+
 EOF
+    cat sharded.md
 } >README.md
 
 echo "results/bench: done in $out (load average $load_before before, $load_after after)"

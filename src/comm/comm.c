@@ -294,6 +294,126 @@ seldp_status seldp_comm_allgatherv(seldp_comm *comm, const void *send, size_t se
     return comm->ops->allgatherv(comm, send, send_bytes, recv, recv_bytes);
 }
 
+/* The sum of the group's per-rank counts, checked: non-NULL, no overflow of size_t in
+ * elements or in bytes of `esize`. */
+static seldp_status total_count(const seldp_comm *comm, const char *call, const size_t *counts,
+                                size_t esize, size_t *total)
+{
+    size_t sum = 0;
+    if (!counts)
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "rank %d: %s: counts must not be NULL",
+                           comm->rank, call);
+    for (int r = 0; r < comm->size; r++) {
+        if (counts[r] > SIZE_MAX - sum || sum + counts[r] > SIZE_MAX / esize)
+            return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                               "rank %d: %s: the counts of ranks 0..%d overflow size_t", comm->rank,
+                               call, r);
+        sum += counts[r];
+    }
+    *total = sum;
+    return SELDP_OK;
+}
+
+seldp_status seldp_comm_reduce_scatter(seldp_comm *comm, const void *send, void *recv,
+                                       const size_t *recv_counts, seldp_dtype dtype,
+                                       seldp_device mem)
+{
+    size_t total = 0;
+    seldp_status st = check_comm(comm, "reduce_scatter");
+    if (st != SELDP_OK)
+        return st;
+    if ((st = check_mem(comm, "reduce_scatter", mem)) != SELDP_OK)
+        return st;
+    if (dtype != SELDP_F32)
+        return seldp__fail(SELDP_ERR_DTYPE,
+                           "rank %d: reduce_scatter of %s is not supported, expected f32",
+                           comm->rank, seldp_dtype_name(dtype));
+    if ((st = total_count(comm, "reduce_scatter", recv_counts, sizeof(float), &total)) != SELDP_OK)
+        return st;
+    if ((total && !send) || (recv_counts[comm->rank] && !recv))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: reduce_scatter %s buffer is NULL for %zu elements", comm->rank,
+                           send || !total ? "receive" : "send",
+                           send || !total ? recv_counts[comm->rank] : total);
+    if ((st = seldp__comm_debug_agree(comm, OP_REDUCE_SCATTER, (int64_t)total, (int)dtype, -1)) !=
+        SELDP_OK)
+        return st;
+    if (!comm->ops->reduce_scatter)
+        return seldp__fail(SELDP_ERR_UNSUPPORTED, "rank %d: the %s transport has no reduce_scatter",
+                           comm->rank, comm->ops->name);
+    comm->stats.reduce_scatters++;
+    comm->stats.bytes += total * sizeof(float);
+    return comm->ops->reduce_scatter(comm, send, recv, recv_counts, dtype, mem);
+}
+
+seldp_status seldp_comm_allgather_counts(seldp_comm *comm, const void *send, void *recv,
+                                         const size_t *counts, seldp_dtype dtype, seldp_device mem)
+{
+    size_t total = 0;
+    seldp_status st = check_comm(comm, "allgather_counts");
+    if (st != SELDP_OK)
+        return st;
+    if ((st = check_mem(comm, "allgather_counts", mem)) != SELDP_OK)
+        return st;
+    size_t esize = seldp_dtype_size(dtype);
+    if (esize == 0)
+        return seldp__fail(SELDP_ERR_DTYPE, "rank %d: allgather_counts: invalid dtype %d",
+                           comm->rank, (int)dtype);
+    if ((st = total_count(comm, "allgather_counts", counts, esize, &total)) != SELDP_OK)
+        return st;
+    if ((counts[comm->rank] && !send) || (total && !recv))
+        return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "rank %d: allgather_counts %s buffer is NULL for %zu elements",
+                           comm->rank, recv || !total ? "send" : "receive",
+                           recv || !total ? counts[comm->rank] : total);
+    if ((st = seldp__comm_debug_agree(comm, OP_ALLGATHER_COUNTS, (int64_t)total, (int)dtype, -1)) !=
+        SELDP_OK)
+        return st;
+    if (!comm->ops->allgather_counts)
+        return seldp__fail(SELDP_ERR_UNSUPPORTED,
+                           "rank %d: the %s transport has no allgather_counts", comm->rank,
+                           comm->ops->name);
+    comm->stats.allgathers++;
+    comm->stats.bytes += counts[comm->rank] * esize;
+    return comm->ops->allgather_counts(comm, send, recv, counts, dtype, mem);
+}
+
+bool seldp__comm_shard_fused(const seldp_comm *comm, seldp_device mem)
+{
+    return comm && comm->ops && comm->ops->scatter_fused && comm->ops->gather_fused &&
+           seldp__comm_fused_memory(comm, mem, NULL, 0);
+}
+
+seldp_status seldp__comm_scatter_fused(seldp_comm *comm, const seldp__scatter_fused_args *args)
+{
+    size_t elems = 0;
+    for (size_t i = 0; i < args->n_segs; i++)
+        elems += args->segs[i].count;
+    seldp_status st =
+        seldp__comm_debug_agree(comm, OP_SCATTER_FUSED, (int64_t)elems, SELDP_F32, -1);
+    if (st != SELDP_OK)
+        return st;
+    for (size_t i = 0; i < args->n_segs; i++)
+        if (args->segs[i].in)
+            comm->stats.bytes += args->segs[i].count * seldp_dtype_size(args->segs[i].in_dtype);
+    comm->stats.reductions++;
+    return comm->ops->scatter_fused(comm, args);
+}
+
+seldp_status seldp__comm_gather_fused(seldp_comm *comm, const seldp__gather_fused_args *args)
+{
+    size_t elems = 0;
+    for (size_t i = 0; i < args->n_segs; i++)
+        elems += args->segs[i].count;
+    seldp_status st =
+        seldp__comm_debug_agree(comm, OP_GATHER_FUSED, (int64_t)elems, (int)args->in_dtype, -1);
+    if (st != SELDP_OK)
+        return st;
+    comm->stats.bytes += (args->end - args->begin) * seldp_dtype_size(args->in_dtype);
+    comm->stats.reductions++;
+    return comm->ops->gather_fused(comm, args);
+}
+
 /* Convert per-rank element counts or displacements to bytes; `what` names the array. */
 static seldp_status to_bytes(const seldp_comm *comm, const char *what, const size_t *elems,
                              size_t esize, size_t *bytes)
@@ -406,9 +526,19 @@ void seldp_comm_destroy(seldp_comm *comm)
 const char *seldp__comm_op_name(int op)
 {
     static const char *const names[] = {
-        [OP_INIT] = "init",           [OP_BARRIER] = "barrier",     [OP_BROADCAST] = "broadcast",
-        [OP_ALLREDUCE] = "allreduce", [OP_ALLGATHER] = "allgather", [OP_ALLGATHERV] = "allgatherv",
-        [OP_ALLTOALLV] = "alltoallv", [OP_SPLIT] = "split",         [OP_REDUCE_FUSED] = "reduction",
+        [OP_INIT] = "init",
+        [OP_BARRIER] = "barrier",
+        [OP_BROADCAST] = "broadcast",
+        [OP_ALLREDUCE] = "allreduce",
+        [OP_ALLGATHER] = "allgather",
+        [OP_ALLGATHERV] = "allgatherv",
+        [OP_ALLTOALLV] = "alltoallv",
+        [OP_SPLIT] = "split",
+        [OP_REDUCE_FUSED] = "reduction",
+        [OP_REDUCE_SCATTER] = "reduce_scatter",
+        [OP_ALLGATHER_COUNTS] = "allgather_counts",
+        [OP_SCATTER_FUSED] = "sharded reduction",
+        [OP_GATHER_FUSED] = "sharded gather",
     };
     return op >= 0 && op < OP_COUNT ? names[op] : "?";
 }

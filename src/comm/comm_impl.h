@@ -41,6 +41,50 @@ typedef struct seldp__reduce_fused_args {
     const seldp_device *device;
 } seldp__reduce_fused_args;
 
+/* One tensor's part of a sharded session's fused reduce-scatter or all-gather (see
+ * seldp__scatter_fused_args and seldp__gather_fused_args): where its elements sit in the
+ * shard map's index space (src/shard_map.c). */
+typedef struct seldp__shard_seg {
+    const void *in;        /* scatter: this rank's contribution, or NULL for zeros */
+    seldp_dtype in_dtype;  /* scatter: F32, F16 or BF16 */
+    void *out;             /* gather: this rank's storage of the tensor */
+    seldp_dtype out_dtype; /* gather: F32, F16 or BF16 */
+    size_t offset;         /* the tensor's first element in the index space; the same on every
+                              rank, ascending from segment to segment */
+    size_t count;          /* elements; the same on every rank */
+} seldp__shard_seg;
+
+/* A reduce-scatter over many tensors in one pass: every rank passes the same segments
+ * (offsets and counts) and its own range [begin, end) of the index space (the ranges of the
+ * ranks do not overlap). Rank r reads elements [begin_r, end_r) of every rank's segments,
+ * sums them in F32 in rank order 0..P-1 (halves upcast exactly), multiplies by `scale` as
+ * seldp__reduce_fused_args does, and writes element i into out[i - begin_r]: the bits of the
+ * same elements of the fused reduction. Elements of the range no segment covers are not
+ * written. */
+typedef struct seldp__scatter_fused_args {
+    const seldp__shard_seg *segs;
+    size_t n_segs;
+    size_t begin, end;
+    float *out;
+    double scale;
+    bool *written; /* may be NULL; as in seldp__reduce_fused_args */
+} seldp__scatter_fused_args;
+
+/* An all-gather of ranges into many tensors in one pass: every rank passes the same
+ * segments (offsets, counts and output dtypes), each pointing at its own storage, and its
+ * range [begin, end) of the index space with its elements `in` (end - begin of in_dtype).
+ * Rank r converts its range once, element by element, into the output dtype (round to
+ * nearest even) and writes it into every rank's segments, so that every rank's storage
+ * receives the same bits. Outside the segments nothing is written. */
+typedef struct seldp__gather_fused_args {
+    const seldp__shard_seg *segs;
+    size_t n_segs;
+    size_t begin, end;
+    const void *in;
+    seldp_dtype in_dtype; /* F32, F16 or BF16; the same on every rank */
+    bool *written;        /* may be NULL; as in seldp__reduce_fused_args */
+} seldp__gather_fused_args;
+
 /* The collectives, named alike in every transport's messages. */
 typedef enum seldp__comm_op {
     OP_INIT,
@@ -52,6 +96,10 @@ typedef enum seldp__comm_op {
     OP_ALLTOALLV,
     OP_SPLIT,
     OP_REDUCE_FUSED,
+    OP_REDUCE_SCATTER,
+    OP_ALLGATHER_COUNTS,
+    OP_SCATTER_FUSED,
+    OP_GATHER_FUSED,
     OP_COUNT
 } seldp__comm_op;
 
@@ -91,6 +139,17 @@ typedef struct seldp_comm_ops {
      * reduction works over, for messages: "host memory", "cuda:0 or host memory". The NCCL
      * transport's works over the communicator's GPU (and host memory, staged). */
     bool (*fused_memory)(const seldp_comm *comm, seldp_device mem, char *needs, size_t size);
+    /* counts: one per rank, the same array on every rank (comm.c has checked the sizes) */
+    seldp_status (*reduce_scatter)(seldp_comm *comm, const void *send, void *recv,
+                                   const size_t *recv_counts, seldp_dtype dtype, seldp_device mem);
+    seldp_status (*allgather_counts)(seldp_comm *comm, const void *send, void *recv,
+                                     const size_t *counts, seldp_dtype dtype, seldp_device mem);
+    /* Optional, over the memory fused_memory accepts (NULL: sharded sessions stage their
+     * data and use reduce_scatter and allgather_counts): the fused reduce-scatter and
+     * all-gather of seldp__scatter_fused_args and seldp__gather_fused_args, each failing
+     * before it writes anything unless every rank arrived. */
+    seldp_status (*scatter_fused)(seldp_comm *comm, const seldp__scatter_fused_args *args);
+    seldp_status (*gather_fused)(seldp_comm *comm, const seldp__gather_fused_args *args);
     void (*abort)(seldp_comm *comm);
     void (*destroy)(seldp_comm *comm);
 } seldp_comm_ops;
@@ -153,5 +212,16 @@ static inline seldp_status seldp__comm_reduce_fused(seldp_comm *comm,
     comm->stats.reductions++;
     return comm->ops->reduce_fused(comm, args);
 }
+
+/* Whether the transport has the fused reduce-scatter and all-gather of sharded sessions
+ * over memory on `mem` (ops->scatter_fused and gather_fused, over the memory of
+ * seldp__comm_fused_memory). */
+bool seldp__comm_shard_fused(const seldp_comm *comm, seldp_device mem);
+
+/* The fused reduce-scatter and all-gather when the transport has them
+ * (seldp__comm_shard_fused), each counted in the stats as one reduction, its bytes those of
+ * the contributions (scatter) or the range (gather) this rank passed in. */
+seldp_status seldp__comm_scatter_fused(seldp_comm *comm, const seldp__scatter_fused_args *args);
+seldp_status seldp__comm_gather_fused(seldp_comm *comm, const seldp__gather_fused_args *args);
 
 #endif

@@ -249,6 +249,10 @@ static const seldp_comm_ops host_ops = {
     .alltoallv = seldp__host_alltoallv,
     .split = host_split,
     .reduce_fused = seldp__host_reduce_fused,
+    .reduce_scatter = seldp__host_reduce_scatter,
+    .allgather_counts = seldp__host_allgather_counts,
+    .scatter_fused = seldp__host_scatter_fused,
+    .gather_fused = seldp__host_gather_fused,
     .abort = host_abort,
     .destroy = host_destroy,
 };

@@ -26,11 +26,6 @@ static size_t slice_elems(size_t count, int size, size_t esize)
     return (share + line - 1) / line * line;
 }
 
-/* Payloads at least this large (bytes written by the whole collective) are stored with
- * non-temporal stores: they would not stay in the cache anyway, and streaming stores
- * skip the read-for-ownership of every output line, a third of the memory traffic. */
-#define STREAM_MIN_BYTES ((size_t)8 << 20)
-
 /* Copy with non-temporal stores when `stream` (host_copy.h), else memcpy. Call stream_fence
  * before the collective's "leave" so that the data is visible. */
 static void stream_copy(const seldp_comm *comm, void *dst, const void *src, size_t bytes,
@@ -218,13 +213,6 @@ DEFINE_REDUCE_SLICE(reduce_slice_f64, double)
 /* Signed sums wrap like unsigned ones (two's complement) instead of overflowing. */
 DEFINE_REDUCE_SLICE(reduce_slice_u64, uint64_t)
 
-/* Elements of one piece of an owner's slice between two looks at the abort flag. */
-static size_t pace_elems(size_t esize, int size)
-{
-    size_t n = EXEC_PACE_BYTES / (esize * (size_t)size);
-    return n < 1024 ? 1024 : n / 64 * 64;
-}
-
 static bool allreduce_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
@@ -240,7 +228,7 @@ static bool allreduce_execute(const seldp_comm *comm, void *arg)
     size_t end = count - begin < slice ? count : begin + slice;
     seldp__sum_mode m = {false, 1.0, count * sizeof(float) * (size_t)g->size >= STREAM_MIN_BYTES,
                          impl_of(comm)->world->simd};
-    size_t piece = pace_elems(esize, g->size);
+    size_t piece = seldp__host_pace_elems(esize, g->size);
     exec_pace p = {comm, 0};
     bool going = true;
     for (size_t at = begin; at < end && going; at += piece) {
@@ -386,7 +374,7 @@ static bool fused_execute(const seldp_comm *comm, void *arg)
                          impl_of(comm)->world->simd};
     if (f->written)
         *f->written = true;
-    size_t piece = pace_elems(sizeof(float), g->size);
+    size_t piece = seldp__host_pace_elems(sizeof(float), g->size);
     exec_pace p = {comm, 0};
     bool going = true;
 

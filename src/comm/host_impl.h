@@ -4,6 +4,7 @@
  *   host.c             worlds, groups, communicators, split, abort, destroy, staging
  *   host_rendezvous.c  the phases of a collective: publish, agree, wait, give up, leave
  *   host_collectives.c what moves in the execute step of each collective
+ *   host_shard.c       the same for the sharded ones: reduce-scatter, all-gather of blocks
  *   host_sum.c         the SIMD kernels of the reductions (host_sum.h)
  *   host_copy.c        the streaming copy of large payloads (host_copy.h)
  *   host_fault.c       fault injection for the tests (host_fault.h)
@@ -35,9 +36,12 @@ typedef struct host_slot {
     const void *send;
     void *recv;
     const size_t *send_bytes, *send_displs, *recv_bytes, *recv_displs; /* alltoallv */
-    host_group *new_group;                 /* split: published by the new group's rank 0 */
-    const seldp__reduce_fused_args *fused; /* fused reduction */
-    const size_t *seg_starts;              /* fused: n_segs + 1 prefix sums of the counts */
+    host_group *new_group;                    /* split: published by the new group's rank 0 */
+    const seldp__reduce_fused_args *fused;    /* fused reduction */
+    const size_t *seg_starts;                 /* fused: n_segs + 1 prefix sums of the counts */
+    const size_t *counts;                     /* reduce_scatter, allgather_counts: per rank */
+    const seldp__scatter_fused_args *scatter; /* fused reduce-scatter */
+    const seldp__gather_fused_args *gather;   /* fused all-gather */
     bool finished; /* written before "leave": this rank's share of the execute step is done */
 } host_slot;
 
@@ -158,6 +162,19 @@ void seldp__host_stall_inside(const seldp_comm *comm);
  * (seldp__host_phase_wait), so it must notice an abort soon. Tens of microseconds of work. */
 #define EXEC_PACE_BYTES ((size_t)256 << 10)
 
+/* Payloads at least this large (bytes written by the whole collective) are stored with
+ * non-temporal stores: they would not stay in the cache anyway, and streaming stores
+ * skip the read-for-ownership of every output line, a third of the memory traffic. */
+#define STREAM_MIN_BYTES ((size_t)8 << 20)
+
+/* Elements of `esize` bytes of one piece of an owner's work over `size` ranks' buffers
+ * between two looks at the abort flag. */
+static inline size_t seldp__host_pace_elems(size_t esize, int size)
+{
+    size_t n = EXEC_PACE_BYTES / (esize * (size_t)size);
+    return n < 1024 ? 1024 : n / 64 * 64;
+}
+
 /* The pace of one rank's execute step: seldp__host_pace() after each piece of work. */
 typedef struct exec_pace {
     const seldp_comm *comm;
@@ -188,6 +205,17 @@ seldp_status seldp__host_alltoallv(seldp_comm *comm, const void *send, const siz
                                    const size_t *recv_displs, seldp_device mem, size_t send_extent,
                                    size_t recv_extent);
 seldp_status seldp__host_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args);
+
+/* ---- the sharded collectives (host_shard.c) ---------------------------------------- */
+
+seldp_status seldp__host_reduce_scatter(seldp_comm *comm, const void *send, void *recv,
+                                        const size_t *recv_counts, seldp_dtype dtype,
+                                        seldp_device mem);
+seldp_status seldp__host_allgather_counts(seldp_comm *comm, const void *send, void *recv,
+                                          const size_t *counts, seldp_dtype dtype,
+                                          seldp_device mem);
+seldp_status seldp__host_scatter_fused(seldp_comm *comm, const seldp__scatter_fused_args *args);
+seldp_status seldp__host_gather_fused(seldp_comm *comm, const seldp__gather_fused_args *args);
 
 /* ---- staging of device buffers (host.c) -------------------------------------------- */
 

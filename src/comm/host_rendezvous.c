@@ -280,6 +280,12 @@ static const seldp__reduce_seg *slot_segs(const void *ctx, int r)
     return ((const host_slot *)ctx)[r].fused->segs;
 }
 
+static const seldp__shard_seg *slot_shard_segs(const void *ctx, int r)
+{
+    const host_slot *s = &((const host_slot *)ctx)[r];
+    return s->scatter ? s->scatter->segs : s->gather->segs;
+}
+
 seldp_status seldp__host_slots_agree(const seldp_comm *comm)
 {
     const host_slot *s = slots_of(comm);
@@ -290,7 +296,8 @@ seldp_status seldp__host_slots_agree(const seldp_comm *comm)
                            .ctx = s,
                            .send_bytes = slot_send_bytes,
                            .recv_bytes = slot_recv_bytes,
-                           .segs = slot_segs};
+                           .segs = slot_segs,
+                           .shard_segs = slot_shard_segs};
     return seldp__proto_agree(&v);
 }
 

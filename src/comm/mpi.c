@@ -172,6 +172,22 @@ static seldp_status mpi_alltoallv(seldp_comm *comm, const void *send, const size
                                             recv_displs, mem));
 }
 
+static seldp_status mpi_reduce_scatter(seldp_comm *comm, const void *send, void *recv,
+                                       const size_t *recv_counts, seldp_dtype dtype,
+                                       seldp_device mem)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(comm, w,
+                       seldp__mpi_reduce_scatter(comm, send, recv, recv_counts, dtype, mem));
+}
+
+static seldp_status mpi_allgather_counts(seldp_comm *comm, const void *send, void *recv,
+                                         const size_t *counts, seldp_dtype dtype, seldp_device mem)
+{
+    mpi_world *w = world_enter(comm);
+    return world_leave(comm, w, seldp__mpi_allgather_counts(comm, send, recv, counts, dtype, mem));
+}
+
 static seldp_status mpi_split(seldp_comm *comm, int color, int key, seldp_comm **out)
 {
     mpi_world *w = world_enter(comm);
@@ -216,6 +232,8 @@ static const seldp_comm_ops mpi_ops = {
     .allgatherv = mpi_allgatherv,
     .alltoallv = mpi_alltoallv,
     .split = mpi_split,
+    .reduce_scatter = mpi_reduce_scatter,
+    .allgather_counts = mpi_allgather_counts,
     .abort = mpi_abort,
     .destroy = mpi_destroy,
 };

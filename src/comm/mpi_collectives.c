@@ -14,20 +14,18 @@
 #include "device.h"
 #include "internal.h"
 
-static seldp_status out_of_memory(const seldp_comm *comm, seldp__comm_op op, size_t bytes)
+seldp_status seldp__mpi_out_of_memory(const seldp_comm *comm, seldp__comm_op op, size_t bytes)
 {
     return seldp__fail(SELDP_ERR_NOMEM, "rank %d: %s: out of memory staging %zu bytes", comm->rank,
                        seldp__comm_op_name(op), bytes);
 }
 
-/* Stage `bytes` of `src` on `mem` into the group's buffer `which` (filled when src is not
- * NULL): the status a header announces. */
-static seldp_status stage_in(const seldp_comm *comm, seldp__comm_op op, int which, const void *src,
-                             size_t bytes, seldp_device mem, void **out)
+seldp_status seldp__mpi_stage_in(const seldp_comm *comm, seldp__comm_op op, int which,
+                                 const void *src, size_t bytes, seldp_device mem, void **out)
 {
     *out = seldp__mpi_buf(seldp__mpi_group(comm), which, bytes);
     if (!*out)
-        return out_of_memory(comm, op, bytes);
+        return seldp__mpi_out_of_memory(comm, op, bytes);
     if (src && bytes)
         return seldp__device_copy(*out, SELDP_HOST_DEVICE, src, mem, bytes);
     return SELDP_OK;
@@ -49,7 +47,8 @@ seldp_status seldp__mpi_broadcast(seldp_comm *comm, void *buf, size_t bytes, int
     bool is_root = comm->rank == root;
     void *host = NULL;
     seldp__call_header h = {.op = OP_BROADCAST, .root = root, .bytes = (int64_t)bytes};
-    h.staged = stage_in(comm, OP_BROADCAST, BUF_SEND, is_root ? buf : NULL, bytes, mem, &host);
+    h.staged =
+        seldp__mpi_stage_in(comm, OP_BROADCAST, BUF_SEND, is_root ? buf : NULL, bytes, mem, &host);
     seldp_status st = seldp__mpi_call_begin(comm, &h);
     if (st != SELDP_OK)
         return st;
@@ -76,8 +75,8 @@ seldp_status seldp__mpi_broadcast(seldp_comm *comm, void *buf, size_t bytes, int
  * when it all fits in one message; otherwise rounds of at most max_message / n bytes per
  * rank through a staging block. Every rank derives the same rounds from lens, which every
  * rank knows. */
-static seldp_status gather_body(seldp_comm *comm, seldp__comm_op op, const void *mine,
-                                const size_t *lens, char *dst, const size_t *offsets)
+seldp_status seldp__mpi_gather_body(seldp_comm *comm, seldp__comm_op op, const void *mine,
+                                    const size_t *lens, char *dst, const size_t *offsets)
 {
     mpi_group *g = seldp__mpi_group(comm);
     int n = comm->size;
@@ -87,8 +86,8 @@ static seldp_status gather_body(seldp_comm *comm, seldp__comm_op op, const void 
     MPI_Request *req = g->buf[BUF_REQS];
     int *counts = seldp__mpi_buf(g, BUF_INTS, 2 * (size_t)n * sizeof *counts);
     if (!counts)
-        return seldp__mpi_fail_alone(comm, op,
-                                     out_of_memory(comm, op, 2 * (size_t)n * sizeof(int)));
+        return seldp__mpi_fail_alone(
+            comm, op, seldp__mpi_out_of_memory(comm, op, 2 * (size_t)n * sizeof(int)));
     int *displs = counts + n;
 
     size_t total = 0, longest = 0;
@@ -113,7 +112,8 @@ static seldp_status gather_body(seldp_comm *comm, seldp__comm_op op, const void 
     size_t chunk = limit / (size_t)n ? limit / (size_t)n : 1;
     char *block = seldp__mpi_buf(g, BUF_WORK, chunk * (size_t)n);
     if (!block)
-        return seldp__mpi_fail_alone(comm, op, out_of_memory(comm, op, chunk * (size_t)n));
+        return seldp__mpi_fail_alone(comm, op,
+                                     seldp__mpi_out_of_memory(comm, op, chunk * (size_t)n));
     for (size_t start = 0; start < longest; start += chunk) {
         int at = 0;
         for (int r = 0; r < n; r++) {
@@ -145,11 +145,11 @@ seldp_status seldp__mpi_allgather(seldp_comm *comm, const void *send, void *recv
     size_t *lens = malloc(2 * (size_t)n * sizeof *lens);
     seldp__call_header h = {.op = OP_ALLGATHER, .bytes = (int64_t)bytes};
     if (!lens)
-        h.staged = out_of_memory(comm, OP_ALLGATHER, 2 * (size_t)n * sizeof *lens);
+        h.staged = seldp__mpi_out_of_memory(comm, OP_ALLGATHER, 2 * (size_t)n * sizeof *lens);
     else
-        h.staged = stage_in(comm, OP_ALLGATHER, BUF_SEND, send, bytes, mem, &hsend);
+        h.staged = seldp__mpi_stage_in(comm, OP_ALLGATHER, BUF_SEND, send, bytes, mem, &hsend);
     if (h.staged == SELDP_OK)
-        h.staged = stage_in(comm, OP_ALLGATHER, BUF_RECV, NULL, total, mem, &hrecv);
+        h.staged = seldp__mpi_stage_in(comm, OP_ALLGATHER, BUF_RECV, NULL, total, mem, &hrecv);
     seldp_status st = seldp__mpi_call_begin(comm, &h);
     if (st != SELDP_OK)
         goto fail;
@@ -158,7 +158,7 @@ seldp_status seldp__mpi_allgather(seldp_comm *comm, const void *send, void *recv
         lens[r] = bytes;
         offsets[r] = (size_t)r * bytes;
     }
-    SELDP_CHECK(gather_body(comm, OP_ALLGATHER, hsend, lens, hrecv, offsets));
+    SELDP_CHECK(seldp__mpi_gather_body(comm, OP_ALLGATHER, hsend, lens, hrecv, offsets));
     if (total)
         st = seldp__device_copy(recv, mem, hrecv, SELDP_HOST_DEVICE, total);
 fail:
@@ -176,10 +176,10 @@ seldp_status seldp__mpi_allgatherv(seldp_comm *comm, const void *send, size_t se
     size_t *lens = malloc((size_t)n * sizeof *lens);
     seldp__call_header h = {.op = OP_ALLGATHERV, .bytes = (int64_t)send_bytes};
     if (!offsets || !lens)
-        h.staged = out_of_memory(comm, OP_ALLGATHERV, 2 * (size_t)n * sizeof *offsets);
+        h.staged = seldp__mpi_out_of_memory(comm, OP_ALLGATHERV, 2 * (size_t)n * sizeof *offsets);
     else
-        h.staged =
-            stage_in(comm, OP_ALLGATHERV, BUF_SEND, send, send_bytes, SELDP_HOST_DEVICE, &hsend);
+        h.staged = seldp__mpi_stage_in(comm, OP_ALLGATHERV, BUF_SEND, send, send_bytes,
+                                       SELDP_HOST_DEVICE, &hsend);
     seldp_status st = seldp__mpi_call_begin(comm, &h);
     if (st != SELDP_OK)
         goto fail;
@@ -196,11 +196,11 @@ seldp_status seldp__mpi_allgatherv(seldp_comm *comm, const void *send, size_t se
         total += (size_t)s[r].bytes;
     }
     blob = malloc(total ? total : 1);
-    if (!blob ||
-        stage_in(comm, OP_ALLGATHERV, BUF_RECV, NULL, total, SELDP_HOST_DEVICE, &hrecv) != SELDP_OK)
-        SELDP_CHECK(
-            seldp__mpi_fail_alone(comm, OP_ALLGATHERV, out_of_memory(comm, OP_ALLGATHERV, total)));
-    SELDP_CHECK(gather_body(comm, OP_ALLGATHERV, hsend, lens, hrecv, offsets));
+    if (!blob || seldp__mpi_stage_in(comm, OP_ALLGATHERV, BUF_RECV, NULL, total, SELDP_HOST_DEVICE,
+                                     &hrecv) != SELDP_OK)
+        SELDP_CHECK(seldp__mpi_fail_alone(comm, OP_ALLGATHERV,
+                                          seldp__mpi_out_of_memory(comm, OP_ALLGATHERV, total)));
+    SELDP_CHECK(seldp__mpi_gather_body(comm, OP_ALLGATHERV, hsend, lens, hrecv, offsets));
     if (total)
         memcpy(blob, hrecv, total);
     memcpy(recv_bytes, lens, (size_t)n * sizeof *lens);
@@ -254,13 +254,13 @@ seldp_status seldp__mpi_allreduce(seldp_comm *comm, const void *send, void *recv
     size_t slice_max = (widest + (size_t)n - 1) / (size_t)n;
     void *stage = NULL, *slices = NULL, *ints = NULL;
     seldp__call_header h = {.op = OP_ALLREDUCE, .count = (int64_t)count, .dtype = dtype};
-    h.staged = stage_in(comm, OP_ALLREDUCE, BUF_SEND, send, bytes, mem, &stage);
+    h.staged = seldp__mpi_stage_in(comm, OP_ALLREDUCE, BUF_SEND, send, bytes, mem, &stage);
     if (h.staged == SELDP_OK)
-        h.staged = stage_in(comm, OP_ALLREDUCE, BUF_WORK, NULL, slice_max * esize * (size_t)n, mem,
-                            &slices);
+        h.staged = seldp__mpi_stage_in(comm, OP_ALLREDUCE, BUF_WORK, NULL,
+                                       slice_max * esize * (size_t)n, mem, &slices);
     if (h.staged == SELDP_OK)
-        h.staged =
-            stage_in(comm, OP_ALLREDUCE, BUF_INTS, NULL, 6 * (size_t)n * sizeof(int), mem, &ints);
+        h.staged = seldp__mpi_stage_in(comm, OP_ALLREDUCE, BUF_INTS, NULL,
+                                       6 * (size_t)n * sizeof(int), mem, &ints);
     seldp_status st = seldp__mpi_call_begin(comm, &h);
     if (st != SELDP_OK)
         return st;
@@ -396,15 +396,18 @@ seldp_status seldp__mpi_alltoallv(seldp_comm *comm, const void *send, const size
                                "rank %d: alltoallv needs %zu messages, more than MPI can wait on",
                                comm->rank, messages);
     else
-        h.staged = stage_in(comm, OP_ALLTOALLV, BUF_REQS, NULL,
-                            (messages ? messages : 1) * sizeof(MPI_Request), mem, &reqs_buf);
+        h.staged =
+            seldp__mpi_stage_in(comm, OP_ALLTOALLV, BUF_REQS, NULL,
+                                (messages ? messages : 1) * sizeof(MPI_Request), mem, &reqs_buf);
     if (h.staged == SELDP_OK)
-        h.staged = stage_in(comm, OP_ALLTOALLV, BUF_WORK, NULL,
-                            (6 * (size_t)n + 3) * sizeof(uint64_t), mem, &work);
+        h.staged = seldp__mpi_stage_in(comm, OP_ALLTOALLV, BUF_WORK, NULL,
+                                       (6 * (size_t)n + 3) * sizeof(uint64_t), mem, &work);
     if (h.staged == SELDP_OK)
-        h.staged = stage_in(comm, OP_ALLTOALLV, BUF_SEND, send, send_extent, mem, &hsend);
+        h.staged =
+            seldp__mpi_stage_in(comm, OP_ALLTOALLV, BUF_SEND, send, send_extent, mem, &hsend);
     if (h.staged == SELDP_OK)
-        h.staged = stage_in(comm, OP_ALLTOALLV, BUF_RECV, NULL, recv_extent, mem, &hrecv);
+        h.staged =
+            seldp__mpi_stage_in(comm, OP_ALLTOALLV, BUF_RECV, NULL, recv_extent, mem, &hrecv);
     seldp_status st = seldp__mpi_call_begin(comm, &h);
     if (st != SELDP_OK)
         return st;

@@ -6,7 +6,8 @@
  *                     abort notices, the census that names the ranks missing at a timeout,
  *                     the staging buffers and the parking of abandoned operations;
  *   mpi_collectives.c the bodies: barrier, broadcast, allreduce, allgather(v), alltoallv,
- *                     split.
+ *                     split;
+ *   mpi_shard.c       the bodies of reduce_scatter and allgather_counts.
  *
  * Ownership: every buffer and request array that a non-blocking MPI call gets is the
  * library's (a group's staging buffers), never the caller's. Data is copied in before an
@@ -56,13 +57,27 @@ typedef struct mpi_census {
     int64_t phase; /* mpi_phase */
 } mpi_census;
 
+/* The staging buffers of a group, grown on demand and parked whole when abandoned. */
+enum {
+    BUF_HEADER,
+    BUF_HEADERS,
+    BUF_SEND,
+    BUF_RECV,
+    BUF_WORK,
+    BUF_INTS,
+    BUF_REQS,
+    BUF_PACK, /* reduce_scatter: a round's slices side by side */
+    BUF_COUNT
+};
+
 /* An abandoned operation: requests MPI may still complete and the memory they use. */
 typedef struct mpi_parked {
     struct mpi_parked *next;
     int n_reqs;
     MPI_Request *reqs;
     int n_mem;
-    void *mem[8]; /* freed with seldp__pinned_free once every request completed */
+    void *mem[BUF_COUNT + 2]; /* freed with seldp__pinned_free once every request completed:
+                                 a group's staging buffers and two more (seldp__mpi_park) */
 } mpi_parked;
 
 typedef struct mpi_world {
@@ -95,9 +110,6 @@ typedef struct mpi_world {
     seldp_status abort_status;
     char abort_reason[sizeof(((mpi_notice *)0)->reason)];
 } mpi_world;
-
-/* The staging buffers of a group, grown on demand and parked whole when abandoned. */
-enum { BUF_HEADER, BUF_HEADERS, BUF_SEND, BUF_RECV, BUF_WORK, BUF_INTS, BUF_REQS, BUF_COUNT };
 
 typedef struct mpi_group {
     mpi_world *world;
@@ -191,6 +203,19 @@ void seldp__mpi_error_text(int err, char *text, size_t size);
 
 /* ---- mpi_collectives.c, under the world's lock ---------------------------------------- */
 
+/* SELDP_ERR_NOMEM naming the collective and the bytes. */
+seldp_status seldp__mpi_out_of_memory(const seldp_comm *comm, seldp__comm_op op, size_t bytes);
+
+/* Stage `bytes` of `src` on `mem` into the group's buffer `which` (filled when src is not
+ * NULL): the status a header announces. */
+seldp_status seldp__mpi_stage_in(const seldp_comm *comm, seldp__comm_op op, int which,
+                                 const void *src, size_t bytes, seldp_device mem, void **out);
+
+/* The body of the gathers: rank r's lens[r] bytes (this rank's at `mine`) go to
+ * dst + offsets[r] on every rank; mine and dst are staging buffers (see mpi_collectives.c). */
+seldp_status seldp__mpi_gather_body(seldp_comm *comm, seldp__comm_op op, const void *mine,
+                                    const size_t *lens, char *dst, const size_t *offsets);
+
 seldp_status seldp__mpi_barrier(seldp_comm *comm);
 seldp_status seldp__mpi_broadcast(seldp_comm *comm, void *buf, size_t bytes, int root,
                                   seldp_device mem);
@@ -204,6 +229,14 @@ seldp_status seldp__mpi_alltoallv(seldp_comm *comm, const void *send, const size
                                   const size_t *send_displs, void *recv, const size_t *recv_bytes,
                                   const size_t *recv_displs, seldp_device mem);
 seldp_status seldp__mpi_split(seldp_comm *comm, int color, int key, seldp_comm **out);
+
+/* ---- mpi_shard.c, under the world's lock ---------------------------------------------- */
+
+seldp_status seldp__mpi_reduce_scatter(seldp_comm *comm, const void *send, void *recv,
+                                       const size_t *recv_counts, seldp_dtype dtype,
+                                       seldp_device mem);
+seldp_status seldp__mpi_allgather_counts(seldp_comm *comm, const void *send, void *recv,
+                                         const size_t *counts, seldp_dtype dtype, seldp_device mem);
 
 /* ---- mpi.c -------------------------------------------------------------------------- */
 

@@ -487,6 +487,8 @@ static const seldp_comm_ops nccl_ops = {
     .split = nccl_split,
     .reduce_fused = seldp__nccl_reduce_fused,
     .fused_memory = seldp__nccl_fused_memory,
+    .reduce_scatter = seldp__nccl_reduce_scatter,
+    .allgather_counts = seldp__nccl_allgather_counts,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
 };

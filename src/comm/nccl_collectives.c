@@ -280,3 +280,147 @@ seldp_status seldp__nccl_alltoallv(seldp_comm *comm, const void *send, const siz
 fail:
     return st;
 }
+
+/* ---- the sharded collectives --------------------------------------------------------- */
+
+/* Whether every rank's block has the same size (NCCL's own collectives need it). */
+static bool counts_equal(const size_t *counts, int n)
+{
+    for (int p = 1; p < n; p++)
+        if (counts[p] != counts[0])
+            return false;
+    return true;
+}
+
+/* ncclReduceScatter when every block has the same size; otherwise one ncclReduce per block
+ * to its rank, grouped, as PyTorch's ProcessGroupNCCL reduces uneven blocks. Host buffers go
+ * through the staging buffer: the input, then this rank's block, 256-byte aligned. */
+seldp_status seldp__nccl_reduce_scatter(seldp_comm *comm, const void *send, void *recv,
+                                        const size_t *recv_counts, seldp_dtype dtype,
+                                        seldp_device mem)
+{
+    nccl_comm *c = comm->impl;
+    seldp_status st = SELDP_OK;
+    ncclDataType_t type;
+    SELDP_CHECK(seldp__nccl_enter(c, "reduce_scatter"));
+    SELDP_CHECK(seldp__nccl_check_device_mem(c, "reduce_scatter", mem));
+    if (!seldp__nccl_type(dtype, &type))
+        return seldp__nccl_fail_abort(c, SELDP_ERR_DTYPE,
+                                      "nccl rank %d/%d: reduce_scatter of %s is not supported",
+                                      c->rank, c->size, seldp_dtype_name(dtype));
+    int n = c->size, me = c->rank;
+    size_t esize = seldp_dtype_size(dtype), total = 0;
+    for (int p = 0; p < n; p++)
+        total += recv_counts[p];
+    if (total == 0)
+        return SELDP_OK;
+    size_t mine = recv_counts[me] * esize;
+    bool host = mem.kind == SELDP_DEVICE_HOST;
+    const char *dsend = send;
+    char *drecv = recv;
+    if (host) {
+        size_t in_area = (total * esize + 255) & ~(size_t)255;
+        SELDP_CHECK(seldp__nccl_ensure_staging(c, in_area + mine));
+        dsend = c->staging;
+        drecv = (char *)c->staging + in_area;
+        SELDP_CHECK(
+            seldp__nccl_copy_sync(c, (void *)dsend, send, total * esize, cudaMemcpyHostToDevice));
+    }
+    ncclResult_t r;
+    if (counts_equal(recv_counts, n)) {
+        r = ncclReduceScatter(dsend, drecv, recv_counts[0], type, ncclSum, c->nccl, c->stream);
+        if (!nccl_started(r))
+            return seldp__nccl_fail_nccl(c, "ncclReduceScatter", r);
+    } else {
+        ncclResult_t first = ncclSuccess;
+        if ((r = ncclGroupStart()) != ncclSuccess)
+            return seldp__nccl_fail_nccl(c, "ncclGroupStart", r);
+        size_t at = 0;
+        for (int p = 0; p < n && first == ncclSuccess; p++) {
+            const char *block = dsend + at * esize;
+            if (recv_counts[p]) {
+                /* recvbuff is read on the root only */
+                r = ncclReduce(block, p == me ? drecv : (void *)block, recv_counts[p], type,
+                               ncclSum, p, c->nccl, c->stream);
+                if (!nccl_started(r))
+                    first = r;
+            }
+            at += recv_counts[p];
+        }
+        r = ncclGroupEnd(); /* always closes the group, also after a failed enqueue */
+        if (first != ncclSuccess)
+            return seldp__nccl_fail_nccl(c, "ncclReduce (reduce_scatter)", first);
+        if (!nccl_started(r))
+            return seldp__nccl_fail_nccl(c, "ncclGroupEnd (reduce_scatter)", r);
+    }
+    SELDP_CHECK(seldp__nccl_wait_done(c, "reduce_scatter", true));
+    if (host && mine)
+        SELDP_CHECK(seldp__nccl_copy_sync(c, recv, drecv, mine, cudaMemcpyDeviceToHost));
+    return SELDP_OK;
+fail:
+    return st;
+}
+
+/* ncclAllGather when every block has the same size; otherwise one ncclBroadcast per block
+ * from its rank, grouped. Host buffers: gathered in place in the staging buffer. */
+seldp_status seldp__nccl_allgather_counts(seldp_comm *comm, const void *send, void *recv,
+                                          const size_t *counts, seldp_dtype dtype, seldp_device mem)
+{
+    nccl_comm *c = comm->impl;
+    seldp_status st = SELDP_OK;
+    SELDP_CHECK(seldp__nccl_enter(c, "allgather_counts"));
+    SELDP_CHECK(seldp__nccl_check_device_mem(c, "allgather_counts", mem));
+    int n = c->size, me = c->rank;
+    size_t esize = seldp_dtype_size(dtype), total = 0, mine_at = 0;
+    for (int p = 0; p < n; p++) {
+        if (p == me)
+            mine_at = total * esize;
+        total += counts[p];
+    }
+    if (total == 0)
+        return SELDP_OK;
+    bool host = mem.kind == SELDP_DEVICE_HOST;
+    const char *dsend = send;
+    char *drecv = recv;
+    if (host) {
+        SELDP_CHECK(seldp__nccl_ensure_staging(c, total * esize));
+        drecv = c->staging;
+        dsend = drecv + mine_at;
+        if (counts[me])
+            SELDP_CHECK(seldp__nccl_copy_sync(c, (void *)dsend, send, counts[me] * esize,
+                                              cudaMemcpyHostToDevice));
+    }
+    ncclResult_t r;
+    if (counts_equal(counts, n)) {
+        r = ncclAllGather(dsend, drecv, counts[0] * esize, ncclUint8, c->nccl, c->stream);
+        if (!nccl_started(r))
+            return seldp__nccl_fail_nccl(c, "ncclAllGather", r);
+    } else {
+        ncclResult_t first = ncclSuccess;
+        if ((r = ncclGroupStart()) != ncclSuccess)
+            return seldp__nccl_fail_nccl(c, "ncclGroupStart", r);
+        size_t at = 0;
+        for (int p = 0; p < n && first == ncclSuccess; p++) {
+            char *block = drecv + at * esize;
+            if (counts[p]) {
+                /* sendbuff is read on the root only */
+                r = ncclBroadcast(p == me ? (const void *)dsend : block, block, counts[p] * esize,
+                                  ncclUint8, p, c->nccl, c->stream);
+                if (!nccl_started(r))
+                    first = r;
+            }
+            at += counts[p];
+        }
+        r = ncclGroupEnd();
+        if (first != ncclSuccess)
+            return seldp__nccl_fail_nccl(c, "ncclBroadcast (allgather_counts)", first);
+        if (!nccl_started(r))
+            return seldp__nccl_fail_nccl(c, "ncclGroupEnd (allgather_counts)", r);
+    }
+    SELDP_CHECK(seldp__nccl_wait_done(c, "allgather_counts", true));
+    if (host)
+        SELDP_CHECK(seldp__nccl_copy_sync(c, recv, drecv, total * esize, cudaMemcpyDeviceToHost));
+    return SELDP_OK;
+fail:
+    return st;
+}

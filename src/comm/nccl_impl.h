@@ -164,6 +164,12 @@ seldp_status seldp__nccl_alltoallv(seldp_comm *comm, const void *send, const siz
                                    const size_t *recv_displs, seldp_device mem, size_t send_extent,
                                    size_t recv_extent);
 seldp_status seldp__nccl_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args);
+seldp_status seldp__nccl_reduce_scatter(seldp_comm *comm, const void *send, void *recv,
+                                        const size_t *recv_counts, seldp_dtype dtype,
+                                        seldp_device mem);
+seldp_status seldp__nccl_allgather_counts(seldp_comm *comm, const void *send, void *recv,
+                                          const size_t *counts, seldp_dtype dtype,
+                                          seldp_device mem);
 
 /* The memory the fused reduction works over (seldp_comm_ops.fused_memory): the rank's GPU,
  * whose segments it converts, sums and scales in place with one launch each way, and the

@@ -73,6 +73,43 @@ static seldp_status arguments_agree(const seldp__proto_view *v, int r)
                                        b[j].count, seldp_dtype_name(b[j].out_dtype), r);
         }
         break;
+    case OP_REDUCE_SCATTER:
+    case OP_ALLGATHER_COUNTS:
+        if (o->count != s0->count || o->dtype != s0->dtype || o->counts != s0->counts)
+            return seldp__fail(SELDP_ERR_DISAGREE,
+                               "rank %d: %s: rank 0 passed %zu elements of %s (counts %016llx) "
+                               "but rank %d %zu of %s (counts %016llx); every rank must pass the "
+                               "same per-rank counts",
+                               me, seldp__comm_op_name((int)o->op), (size_t)s0->count,
+                               seldp_dtype_name((seldp_dtype)s0->dtype),
+                               (unsigned long long)s0->counts, r, (size_t)o->count,
+                               seldp_dtype_name((seldp_dtype)o->dtype),
+                               (unsigned long long)o->counts);
+        break;
+    case OP_SCATTER_FUSED:
+    case OP_GATHER_FUSED:
+        if (o->count != s0->count || o->n_segs != s0->n_segs || o->dtype != s0->dtype ||
+            o->scale != s0->scale)
+            return seldp__fail(SELDP_ERR_DISAGREE,
+                               "rank %d: %s: rank 0 passed %zu tensors of %zu elements (%s, scale "
+                               "%g) but rank %d %zu of %zu (%s, scale %g)",
+                               me, seldp__comm_op_name((int)o->op), (size_t)s0->n_segs,
+                               (size_t)s0->count, seldp_dtype_name((seldp_dtype)s0->dtype),
+                               s0->scale, r, (size_t)o->n_segs, (size_t)o->count,
+                               seldp_dtype_name((seldp_dtype)o->dtype), o->scale);
+        if (v->shard_segs) {
+            const seldp__shard_seg *a = v->shard_segs(v->ctx, 0), *b = v->shard_segs(v->ctx, r);
+            bool gather = o->op == OP_GATHER_FUSED;
+            for (size_t j = 0; j < (size_t)o->n_segs; j++)
+                if (a[j].count != b[j].count || a[j].offset != b[j].offset ||
+                    (gather && a[j].out_dtype != b[j].out_dtype))
+                    return seldp__fail(SELDP_ERR_DISAGREE,
+                                       "rank %d: %s: tensor %zu is %zu elements at %zu on rank 0 "
+                                       "but %zu at %zu on rank %d",
+                                       me, seldp__comm_op_name((int)o->op), j, a[j].count,
+                                       a[j].offset, b[j].count, b[j].offset, r);
+        }
+        break;
     case OP_ALLTOALLV:
         if (v->send_bytes && v->recv_bytes) {
             const size_t *sends = v->send_bytes(v->ctx, r);
@@ -121,6 +158,17 @@ seldp_status seldp__proto_agree(const seldp__proto_view *v)
             return st;
     }
     return SELDP_OK;
+}
+
+int64_t seldp__proto_counts_digest(const size_t *counts, int n)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    for (int r = 0; r < n; r++) {
+        uint64_t v = (uint64_t)counts[r];
+        for (int b = 0; b < 8; b++)
+            h = (h ^ ((v >> (8 * b)) & 0xffu)) * 0x100000001b3u;
+    }
+    return (int64_t)(h >> 1); /* non-negative, so that it prints alike everywhere */
 }
 
 int seldp__proto_missing_ranks(int size, int self, const int *world_ranks, bool split,

@@ -33,7 +33,9 @@ typedef struct seldp__call_header {
     int64_t key;          /* split */
     int64_t n_segs;       /* fused reduction */
     int64_t bucket_elems; /* fused reduction */
-    double scale;         /* fused reduction */
+    double scale;         /* fused reduction, fused reduce-scatter */
+    int64_t counts;       /* reduce_scatter, allgather_counts: seldp__proto_counts_digest of the
+                             per-rank counts, which must be the same array on every rank */
 } seldp__call_header;
 
 /* The headers of one collective as every rank of the group sees them, and the optional
@@ -52,7 +54,12 @@ typedef struct seldp__proto_view {
     const size_t *(*recv_bytes)(const void *ctx, int r);
     /* fused reduction: rank r's n_segs segments */
     const seldp__reduce_seg *(*segs)(const void *ctx, int r);
+    /* fused reduce-scatter and all-gather: rank r's n_segs segments */
+    const seldp__shard_seg *(*shard_segs)(const void *ctx, int r);
 } seldp__proto_view;
+
+/* A digest of n per-rank counts (64-bit FNV-1a of their values), for the header's `counts`. */
+int64_t seldp__proto_counts_digest(const size_t *counts, int n);
 
 /* Rank r's header in the view. */
 const seldp__call_header *seldp__proto_header(const seldp__proto_view *v, int r);

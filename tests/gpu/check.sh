@@ -403,7 +403,7 @@ fi
 listed=$(ctest --test-dir "$build" -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: *//p')
 nccl_tests=" gpu_nccl_world gpu_nccl_reduce "
 for t in gpu_half_bits gpu_cast gpu_host_staged gpu_nccl_world gpu_nccl_reduce gpu_tinymoe \
-    harness_gpu; do
+    harness_gpu gpu_shard; do
     if [ $built -eq 0 ]; then
         record "$t" "NOT RUN" 0 "no build"
     elif ! printf '%s\n' "$listed" | grep -qx "$t"; then

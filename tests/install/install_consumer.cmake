@@ -2,7 +2,8 @@
 #   1. cmake --install <build> --prefix <tmp>/prefix; check the files, the soname, the version;
 #   2. configure the installed copy of harness/examples as its own project (find_package(seldp
 #      CONFIG) through CMAKE_PREFIX_PATH) where CUDA, NCCL and MPI cannot be found, build it,
-#      run it; ask for the package's components;
+#      run both programs (the two-group training loop; the sharded optimizer of two groups,
+#      bit-identical to the all-reduce path); ask for the package's components;
 #   3. build it once more with its Makefile through pkg-config, with no other .pc file in
 #      sight (no MPI module), run it; and once without a run path, run through
 #      LD_LIBRARY_PATH.
@@ -55,7 +56,7 @@ expect_file("${libdir}/cmake/seldp/seldpConfigVersion.cmake")
 expect_file("${libdir}/cmake/seldp/seldpTargets.cmake")
 expect_file("${libdir}/pkgconfig/seldp.pc")
 set(examples "${prefix}/${DOCDIR}/examples")
-foreach(_f train_two_groups.c CMakeLists.txt Makefile)
+foreach(_f train_two_groups.c shard_two_groups.c CMakeLists.txt Makefile)
     expect_file("${examples}/${_f}")
 endforeach()
 # The library's optional dependencies are private: the exported target names none of them.
@@ -104,6 +105,13 @@ run_step("run the example (CMake build)" "${cmake_build}/train_two_groups")
 message("${step_output}")
 if(NOT step_output MATCHES "seldp ${EXPECTED_VERSION} \\(transports: host")
     message(FATAL_ERROR "the example did not report seldp ${EXPECTED_VERSION}:\n${step_output}")
+endif()
+# The sharded optimizer of two groups (AdamW on each rank's ranges), built against the
+# installed headers alone: its parameters must stay bit-identical to the all-reduce path's.
+run_step("run the sharded example (CMake build)" "${cmake_build}/shard_two_groups")
+message("${step_output}")
+if(NOT step_output MATCHES "ok: loss .* bit-identical to the all-reduce path")
+    message(FATAL_ERROR "the sharded example did not finish:\n${step_output}")
 endif()
 
 # Components: mpi gives seldp::mpi when the library has MPI (and is not found without it);
@@ -168,6 +176,10 @@ run_step("build the example (Makefile, pkg-config)" "${MAKE_EXECUTABLE}"
 run_step("run the example (pkg-config build)" "${make_build}/train_two_groups")
 if(NOT step_output MATCHES "ok: loss")
     message(FATAL_ERROR "the pkg-config build of the example did not finish:\n${step_output}")
+endif()
+run_step("run the sharded example (pkg-config build)" "${make_build}/shard_two_groups")
+if(NOT step_output MATCHES "ok: loss .* bit-identical to the all-reduce path")
+    message(FATAL_ERROR "the pkg-config build of the sharded example did not finish:\n${step_output}")
 endif()
 # Without a run path the program finds libseldp through LD_LIBRARY_PATH, as the README says.
 execute_process(COMMAND "${PKG_CONFIG_EXECUTABLE}" --cflags --libs seldp
