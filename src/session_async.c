@@ -288,7 +288,7 @@ static seldp_status async_start(seldp_session *s, seldp_grads *grads, uint64_t w
                            "them beside the caller's; call %s instead (its buckets are already "
                            "grouped and asynchronous on the GPU)",
                            call, seldp_comm_transport(s->comm),
-                           seldp__reduce_method(normalize, fp32, REDUCE_BLOCKING));
+                           seldp__reduce_method(kind, normalize, fp32, REDUCE_BLOCKING));
     if (policy != SELDP_MISSING_ERROR && policy != SELDP_MISSING_ZERO)
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT, "%s: missing-gradient policy %d is invalid",
                            call, (int)policy);
