@@ -121,7 +121,7 @@ static seldp_status read_hex4(parser *p, unsigned *out)
     return SELDP_OK;
 }
 
-static void put_utf8(hx_buf *b, unsigned cp)
+void hx_buf_put_utf8(hx_buf *b, unsigned cp)
 {
     char u[4];
     size_t n;
@@ -147,8 +147,7 @@ static void put_utf8(hx_buf *b, unsigned cp)
     hx_buf_append(b, u, n);
 }
 
-/* Length of the well-formed UTF-8 sequence at s (at most `avail` bytes), 0 if malformed. */
-static size_t utf8_sequence(const unsigned char *s, size_t avail)
+size_t hx_utf8_length(const unsigned char *s, size_t avail)
 {
     size_t n;
     unsigned cp;
@@ -197,7 +196,7 @@ static seldp_status parse_string(parser *p, char **out)
             HX_CHECK(parse_error(p, p->pos, "control character 0x%02x in a string (escape it)",
                                  (unsigned)c));
         if (c != '\\') {
-            size_t n = utf8_sequence((const unsigned char *)p->text + p->pos, p->len - p->pos);
+            size_t n = hx_utf8_length((const unsigned char *)p->text + p->pos, p->len - p->pos);
             if (n == 0)
                 HX_CHECK(parse_error(p, p->pos, "invalid UTF-8 in a string"));
             hx_buf_append(&b, p->text + p->pos, n);
@@ -252,7 +251,7 @@ static seldp_status parse_string(parser *p, char **out)
             }
             if (cp == 0)
                 HX_CHECK(parse_error(p, escape_pos, "\\u0000 is not allowed in a string"));
-            put_utf8(&b, cp);
+            hx_buf_put_utf8(&b, cp);
             break;
         }
         default: {
