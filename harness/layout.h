@@ -31,7 +31,8 @@
  * Every expert needs an owner inside every EP group (a token is only served inside its
  * EP group); an expert's owners form its expert-data group.
  *
- * With tp, pp, cp or etp above 1 the file describes the full grid: "groups" lists every kind
+ * With tp, pp, cp or etp above 1, or a framework named beside "groups" (a framework's layout
+ * as --print-layout --json writes it), the file describes the full grid: "groups" lists every kind
  * (tp, pp, cp, dp, ep, expert_dp, expert_tp; embedding optional), built and checked by
  * seldp_layout_create_from_groups into layout->grid; "ep" (optional) must be the EP groups'
  * size, "ep_groups" (optional) must repeat groups.ep, "world" defaults to the ranks of

@@ -369,9 +369,13 @@ seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int
                         "tp, pp, cp, ep, etp, groups, roots"));
     bool named = false;
     HX_CHECK(read_roots(&c, doc, &roots, &named));
-    /* the sizes report.json records: beyond 1, the groups of every kind describe the grid */
+    /* the sizes report.json records: beyond 1, the groups of every kind describe the grid; so
+     * they do for a framework's layout (--print-layout --json) of any sizes, whose labels and
+     * group names then read back as they were written */
     static const char *const grid_sizes[] = {"tp", "pp", "cp", "etp"};
-    bool grid = false;
+    const hx_json *label = hx_json_get(doc, "framework");
+    bool grid = label && label->type == HX_JSON_STRING && strcmp(label->string, "none") != 0 &&
+                hx_json_get(doc, "groups");
     for (size_t i = 0; i < sizeof grid_sizes / sizeof grid_sizes[0]; i++) {
         int size = 1;
         HX_CHECK(read_size(&c, doc, grid_sizes[i], &size));

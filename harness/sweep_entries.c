@@ -249,6 +249,7 @@ static const struct {
 /* One layout a preset proposes. */
 typedef struct candidate {
     int world, ep;
+    bool world_arg;        /* the run names its world (the worlds preset) */
     const char *framework; /* NULL: the command line's */
     const char *order;     /* NULL: the framework's own */
 } candidate;
@@ -358,7 +359,7 @@ static bool propose(preset *p, const candidate *c)
     p->kept[s->n++] = l;
     char v[16];
     bool ok = true;
-    if (c->world != p->base->world || (c->framework == NULL && c->order == NULL)) {
+    if (c->world_arg || c->world != p->base->world) {
         snprintf(v, sizeof v, "%d", c->world);
         ok = ok && entry_add(e, "world", v);
     }
@@ -402,7 +403,7 @@ static bool build_preset(preset *p, bool *is_preset)
     *is_preset = true;
     if (strcmp(s->name, "frameworks") == 0) {
         for (size_t i = 0; i < N_FRAMEWORK_RUNS; i++) {
-            candidate c = {base->world, base->ep, framework_runs[i].framework,
+            candidate c = {base->world, base->ep, false, framework_runs[i].framework,
                            framework_runs[i].order};
             if (!propose(p, &c))
                 return false;
@@ -414,7 +415,7 @@ static bool build_preset(preset *p, bool *is_preset)
         int n_orders = ep_orders(base, orders);
         for (int ep = 1; ep <= base->world; ep++) {
             for (int o = 0; o < n_orders; o++) {
-                candidate c = {base->world, ep, NULL, orders[o]};
+                candidate c = {base->world, ep, false, NULL, orders[o]};
                 if (!propose(p, &c))
                     return false;
             }
@@ -433,7 +434,7 @@ static bool build_preset(preset *p, bool *is_preset)
         for (int ep = base->ep; ep >= 1 && s->n == before; ep = ep > 1 ? ep / 2 : 0) {
             if (worlds[i] % ep != 0 || base->model.experts % ep != 0)
                 continue;
-            candidate c = {worlds[i], ep, NULL, NULL};
+            candidate c = {worlds[i], ep, true, NULL, NULL};
             FILE *quiet = p->out;
             p->out = ep > 1 ? NULL : quiet; /* only the last try says why */
             bool ok = propose(p, &c);
