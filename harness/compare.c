@@ -106,11 +106,13 @@ static seldp_status read_rank(const char *what, const hx_json *e, size_t index, 
         int k = 0;
         while (k <= HX_COMPARE_KINDS && strcmp(kind_keys[k], key) != 0)
             k++;
-        if (k > HX_COMPARE_KINDS)
+        if (k > HX_COMPARE_KINDS) {
+            char shown[128];
             return at(what, &e->items[m],
                       "ranks[%zu]: unknown member \"%s\" (allowed: rank, tp, pp, cp, dp, ep, "
                       "expert_dp, expert_tp, embedding, experts)",
-                      index, key);
+                      index, hx_printable(key, shown, sizeof shown));
+        }
         snprintf(field, sizeof field, "ranks[%zu].%s", index, key);
         if (g->listed[k])
             return at(what, &e->items[m], "%s: listed twice", field);
@@ -141,11 +143,13 @@ seldp_status hx_groups_file_parse(const char *text, size_t len, const char *what
         bool ok = false;
         for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
             ok = ok || strcmp(top[i], doc->keys[m]) == 0;
-        if (!ok)
+        if (!ok) {
+            char shown[128];
             HX_CHECK(at(what, &doc->items[m],
                         "unknown member \"%s\" (allowed: format, framework, world, ranks, "
                         "description)",
-                        doc->keys[m]));
+                        hx_printable(doc->keys[m], shown, sizeof shown)));
+        }
     }
     const hx_json *format = hx_json_get(doc, "format"), *framework = hx_json_get(doc, "framework");
     const hx_json *world = hx_json_get(doc, "world"), *ranks = hx_json_get(doc, "ranks");

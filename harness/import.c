@@ -300,9 +300,11 @@ void hx_import_leaf_text(const hx_json *v, char *buf, size_t size)
         else
             snprintf(buf, size, "%.17g", v->number);
         break;
-    case HX_JSON_STRING:
-        snprintf(buf, size, "\"%s\"", v->string);
+    case HX_JSON_STRING: {
+        char shown[256];
+        snprintf(buf, size, "\"%s\"", hx_printable(v->string, shown, sizeof shown));
         break;
+    }
     case HX_JSON_ARRAY:
         snprintf(buf, size, "[%zu values]", v->count);
         break;

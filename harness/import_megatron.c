@@ -83,10 +83,13 @@ static seldp_status split_words(const char *text, words *ws)
                 }
                 hx_buf_append(&b, p, 1);
             }
-            if (!*p)
+            if (!*p) {
+                char shown[128], head[24];
+                snprintf(head, sizeof head, "%.20s", start);
                 HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                        "--from-megatron: unterminated %s quote at \"%.20s\"",
-                        c == '"' ? "double" : "single", start);
+                        "--from-megatron: unterminated %s quote at \"%s\"",
+                        c == '"' ? "double" : "single", hx_printable(head, shown, sizeof shown));
+            }
             continue;
         }
         if (c == '#' && !in_word) { /* a comment to the end of the line */
@@ -114,8 +117,9 @@ fail:
 
 static seldp_status bad_value(const char *key, const char *value, const char *expected)
 {
+    char shown[256];
     return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--from-megatron: %s '%s': expected %s%s", key,
-                   value, expected,
+                   hx_printable(value, shown, sizeof shown), expected,
                    strchr(value, '$') ? " (a script's shell variables are not expanded here: "
                                         "give their values)"
                                       : "");
@@ -292,9 +296,11 @@ typedef struct mg_args {
 /* "--key v1 v2" of an argument, for the sources and the lines. */
 static void arg_text(const mg_args *a, int id, char *buf, size_t size)
 {
+    char shown[256];
     size_t at = (size_t)snprintf(buf, size, "%s", a->key_text[id]);
     for (int i = 0; i < a->n_values[id] && at < size; i++)
-        at += (size_t)snprintf(buf + at, size - at, " %s", a->values[id][i]);
+        at += (size_t)snprintf(buf + at, size - at, " %s",
+                               hx_printable(a->values[id][i], shown, sizeof shown));
 }
 
 static const mg_key *find_key(const char *key)
@@ -342,6 +348,9 @@ static seldp_status read_launcher(const words *ws, hx_import *imp, int *first)
         const char *eq = strchr(w, '=');
         char key[64];
         snprintf(key, sizeof key, "%.*s", eq ? (int)(eq - w) : (int)len, w);
+        for (char *c = key; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?';
         const char *value = eq ? eq + 1 : i + 1 < ws->n ? ws->w[i + 1] : "";
         bool takes = strcmp(key, "--nproc_per_node") == 0 || strcmp(key, "--nproc-per-node") == 0 ||
                      strcmp(key, "--num_gpus") == 0 || strcmp(key, "--num-gpus") == 0;
@@ -349,11 +358,13 @@ static seldp_status read_launcher(const words *ws, hx_import *imp, int *first)
                            strcmp(key, "--num-nodes") == 0;
         if (takes || takes_nodes) {
             long v = 0;
-            if (positive_int(key, value, &v) != SELDP_OK)
+            if (positive_int(key, value, &v) != SELDP_OK) {
+                char shown[128];
                 return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                                "--from-megatron: %s %s: expected a positive integer (an elastic "
                                "range or 'gpu' gives no world: give --world)",
-                               key, value);
+                               key, hx_printable(value, shown, sizeof shown));
+            }
             *(takes ? &per_node : &nodes) = v;
             *(takes ? &per_node_text : &nodes_text) = value;
         }
@@ -384,7 +395,9 @@ static seldp_status read_args(const words *ws, int first, mg_args *a, hx_import 
     for (int i = first; i < ws->n;) {
         const char *w = ws->w[i];
         if (strncmp(w, "--", 2) != 0) {
-            if (!hx_import_line(imp, HX_IMPORT_MEGATRON, "ignored '%s': not an option%s", w,
+            char shown[256];
+            if (!hx_import_line(imp, HX_IMPORT_MEGATRON, "ignored '%s': not an option%s",
+                                hx_printable(w, shown, sizeof shown),
                                 strchr(w, '$') ? " (a script's shell variables are not expanded "
                                                  "here: give their values)"
                                                : ""))
@@ -393,8 +406,11 @@ static seldp_status read_args(const words *ws, int first, mg_args *a, hx_import 
             continue;
         }
         const char *eq = strchr(w, '=');
-        char key[128];
+        char key[128], shown[256];
         snprintf(key, sizeof key, "%.*s", eq ? (int)(eq - w) : (int)strlen(w), w);
+        for (char *c = key; *c; c++) /* a quoted key may hold anything: one line of it */
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?';
         const mg_key *k = find_key(key);
         const char *values[MG_MAX_VALUES];
         int n = 0;
@@ -414,7 +430,7 @@ static seldp_status read_args(const words *ws, int first, mg_args *a, hx_import 
             hx_buf b = {0};
             hx_buf_puts(&b, key);
             for (int v = 0; v < n; v++)
-                hx_buf_printf(&b, " %s", values[v]);
+                hx_buf_printf(&b, " %s", hx_printable(values[v], shown, sizeof shown));
             bool ok =
                 hx_buf_ok(&b) && hx_import_line(imp, HX_IMPORT_MEGATRON, "ignored %s: %s",
                                                 hx_buf_str(&b), k ? k->why : "no tiny-moe setting");
@@ -424,7 +440,8 @@ static seldp_status read_args(const words *ws, int first, mg_args *a, hx_import 
             continue;
         }
         if (flag && eq)
-            return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--from-megatron: %s takes no value", w);
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--from-megatron: %s takes no value",
+                           hx_printable(w, shown, sizeof shown));
         bool one = k->kind == MG_SIZE || k->kind == MG_NUMBER || k->kind == MG_WORD;
         if (!flag && (n == 0 || (one && n != 1)))
             return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
@@ -440,7 +457,7 @@ static seldp_status read_args(const words *ws, int first, mg_args *a, hx_import 
             if (!hx_import_line(imp, HX_IMPORT_MEGATRON,
                                 "ignored '%s' after %s (a flag takes "
                                 "no value)",
-                                ws->w[i], key))
+                                hx_printable(ws->w[i], shown, sizeof shown), key))
                 return hx_fail(SELDP_ERR_NOMEM, "out of memory");
             i++;
         }

@@ -183,7 +183,8 @@ static seldp_status walk(tt_ctx *c, const hx_json *node, hx_buf *key)
 {
     size_t mark = key->len;
     for (size_t i = 0; i < node->count; i++) {
-        hx_buf_printf(key, "%s%s", mark ? "." : "", node->keys[i]);
+        char part[256];
+        hx_buf_printf(key, "%s%s", mark ? "." : "", hx_printable(node->keys[i], part, sizeof part));
         if (!hx_buf_ok(key))
             return SELDP_ERR_NOMEM;
         const hx_json *v = &node->items[i];

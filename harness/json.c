@@ -456,7 +456,9 @@ static seldp_status parse_object(parser *p, hx_json *out, int depth)
             HX_FAIL(SELDP_ERR_NOMEM, "%s: out of memory", p->what);
         }
         if (dup != out->count) {
-            st = parse_error(p, key_pos, "duplicate member \"%s\"", key);
+            char shown[128];
+            st = parse_error(p, key_pos, "duplicate member \"%s\"",
+                             hx_printable(key, shown, sizeof shown));
             free(key);
             goto fail;
         }
@@ -464,8 +466,11 @@ static seldp_status parse_object(parser *p, hx_json *out, int depth)
         hx_json *item = &out->items[out->count++];
         *item = (hx_json){0};
         skip_whitespace(p);
-        if (peek(p) != ':')
-            HX_CHECK(parse_error(p, p->pos, "expected ':' after member \"%s\"", key));
+        if (peek(p) != ':') {
+            char shown[128];
+            HX_CHECK(parse_error(p, p->pos, "expected ':' after member \"%s\"",
+                                 hx_printable(key, shown, sizeof shown)));
+        }
         p->pos++;
         skip_whitespace(p);
         HX_CHECK(parse_value(p, item, depth + 1));
@@ -546,6 +551,27 @@ seldp_status hx_json_parse(const char *text, size_t len, const char *what, hx_js
 fail:
     hx_json_free(root);
     return st;
+}
+
+const char *hx_printable(const char *s, char *buf, size_t size)
+{
+    size_t at = 0;
+    for (; *s && at + 5 < size; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c >= 0x20 && c != 0x7f) {
+            buf[at++] = (char)c;
+            continue;
+        }
+        at += (size_t)snprintf(buf + at, size - at, "%s",
+                               c == '\n'   ? "\\n"
+                               : c == '\t' ? "\\t"
+                               : c == '\r' ? "\\r"
+                                           : "");
+        if (c != '\n' && c != '\t' && c != '\r')
+            at += (size_t)snprintf(buf + at, size - at, "\\x%02x", c);
+    }
+    buf[at < size ? at : size - 1] = '\0';
+    return buf;
 }
 
 const hx_json *hx_json_get(const hx_json *object, const char *key)

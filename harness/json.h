@@ -60,6 +60,10 @@ size_t hx_utf8_length(const unsigned char *s, size_t avail);
 struct hx_buf;
 void hx_buf_put_utf8(struct hx_buf *b, unsigned cp);
 
+/* `s` for a one-line message: control characters written as \n, \t, \r or \xNN, the rest as
+ * it is; cut to fit `size` (at least 1). Returns buf. */
+const char *hx_printable(const char *s, char *buf, size_t size);
+
 /* Name of a type: "null", "boolean", "number", "string", "array", "object". */
 const char *hx_json_type_name(hx_json_type type);
 

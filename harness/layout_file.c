@@ -73,9 +73,11 @@ static seldp_status check_keys(const file_ctx *c, const hx_json *obj, const char
         bool ok = false;
         for (const char *const *a = allowed; *a; a++)
             ok = ok || strcmp(*a, obj->keys[i]) == 0;
-        if (!ok)
+        if (!ok) {
+            char shown[128];
             return at(c, &obj->items[i], "%s: unknown member \"%s\" (allowed: %s)", where,
-                      obj->keys[i], allowed_text);
+                      hx_printable(obj->keys[i], shown, sizeof shown), allowed_text);
+        }
     }
     return SELDP_OK;
 }

@@ -102,7 +102,8 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
         return false;
     }
     for (size_t k = 0; k < obj->count; k++) {
-        const char *key = obj->keys[k];
+        char key[128]; /* as a message may show it */
+        hx_printable(obj->keys[k], key, sizeof key);
         const hx_json *v = &obj->items[k];
         if (strcmp(key, "name") == 0) {
             if (v->type != HX_JSON_STRING || !v->string[0]) {
@@ -110,7 +111,7 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
                         file, v->line, v->column);
                 return false;
             }
-            snprintf(e->label, sizeof e->label, "%s", v->string);
+            hx_printable(v->string, e->label, sizeof e->label);
             continue;
         }
         for (size_t s = 0; s < sizeof shared_keys / sizeof shared_keys[0]; s++) {

@@ -30,8 +30,10 @@ static inline void fuzz_check_refusal(seldp_status st)
     if (st == SELDP_OK)
         return;
     const char *why = hx_last_error();
-    if (!why[0] || strchr(why, '\n'))
+    if (!why[0] || strchr(why, '\n')) {
+        fprintf(stderr, "refusal not one line: '%s'\n", why);
         abort(); /* a refusal says why, on one line */
+    }
 }
 
 static inline void fuzz_check_import(const hx_import *imp, FILE *sink)

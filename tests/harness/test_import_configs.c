@@ -248,6 +248,8 @@ static void deepspeed_refusals(void **state)
         {"{\"zero_optimization\": {\"stage\": 4}}", "", "zero_optimization.stage: 4: expected 0"},
         {"[1, 2]", "", "expected an object of ds_config keys, found an array"},
         {"{\"fp16\": {\"enabled\": tru}}", "", "d.json:1:22"},
+        /* a key holding a newline is shown escaped: the refusal stays one line */
+        {"{\"a\\nb\" 1}", "", "d.json:1:9: expected ':' after member \"a\\nb\""},
     };
     char path[1200];
     snprintf(path, sizeof path, "%s/d.json", dir);
@@ -264,6 +266,11 @@ static void deepspeed_refusals(void **state)
     it_main(&run, "--print-layout --from-deepspeed %s", path);
     it_expect(&run, HX_EXIT_PASS, NULL);
     it_has(run.out, "ignored train_batch_size: \"auto\": the HF Trainer fills it in", "stdout");
+    it_free(&run);
+    write_config(path, "{\"a\\nb\": \"x\\ny\"}");
+    it_main(&run, "--print-layout --from-deepspeed %s", path);
+    it_expect(&run, HX_EXIT_PASS, NULL);
+    it_has(run.out, "ignored a\\nb: \"x\\ny\": no tiny-moe setting\n", "stdout");
     it_has(run.out, "--dtype f32", "stdout");
     it_free(&run);
 }
