@@ -338,8 +338,8 @@ int hx_layout_show_main(const hx_options *opts, FILE *out, FILE *err)
     } else if (o.print_layout) {
         print_text(run, out);
     }
-    if (status == HX_EXIT_PASS && o.compare_groups)
-        status = compare(l, o.compare_groups, out, err);
+    if (status == HX_EXIT_PASS && o.compare_groups) /* stdout holds only the JSON under --json */
+        status = compare(l, o.compare_groups, o.print_json ? err : out, err);
 out:
     hx_sets_free(&run->sets);
     hx_layout_destroy(l);
