@@ -16,6 +16,7 @@
 
 #include "grid_ckpt.h"
 #include "json.h"
+#include "resume.h"
 #include "run.h"
 #include "safetensors.h"
 
@@ -326,57 +327,6 @@ static const ckpt_tensor *find_tensor(const hx_ckpt *c, const char *path)
     return NULL;
 }
 
-static seldp_status check_config(const hx_ckpt *c, const char *index, const hx_options *o)
-{
-    const tm_config *a = &c->config, *b = &o->model;
-    if (a->dtype != b->dtype)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "%s: dtype change: the checkpoint holds %s parameters, this run stores %s "
-                       "(resume with --dtype %s)",
-                       index, tm_dtype_name(a->dtype), tm_dtype_name(b->dtype),
-                       tm_dtype_name(a->dtype));
-    struct {
-        const char *name;
-        double saved, now;
-    } fields[] = {
-        {"vocab", a->vocab, b->vocab},
-        {"d_model", a->d_model, b->d_model},
-        {"d_ff", a->d_ff, b->d_ff},
-        {"experts", a->experts, b->experts},
-        {"top_k", a->top_k, b->top_k},
-        {"layers", a->layers, b->layers},
-        {"eps", a->eps, b->eps},
-        {"quant", a->quant, b->quant},
-        {"lora_rank", a->quant ? a->lora_rank : 0, b->quant ? b->lora_rank : 0},
-        {"lora_alpha", a->quant ? a->lora_alpha : 0, b->quant ? b->lora_alpha : 0},
-        {"seed", (double)a->seed, (double)b->seed},
-    };
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        if (fields[i].saved == fields[i].now)
-            continue;
-        if (strcmp(fields[i].name, "quant") == 0)
-            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "%s: the checkpoint's model has quant %s, this run's %s", index,
-                           tm_quant_name(a->quant), tm_quant_name(b->quant));
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "%s: the checkpoint's model has %s %.17g, this run's %.17g (set it to "
-                       "the checkpoint's)",
-                       index, fields[i].name, fields[i].saved, fields[i].now);
-    }
-    if (c->fp32_master != o->fp32_master)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "%s: the checkpoint was saved %s --fp32-master, this run is %s it", index,
-                       c->fp32_master ? "with" : "without", o->fp32_master ? "with" : "without");
-    if (c->global_stream != (o->global_batch > 0))
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "%s: the checkpoint's token stream is %s, this run's %s: resume %s "
-                       "--global-batch",
-                       index, c->global_stream ? "global" : "per-rank",
-                       o->global_batch > 0 ? "global" : "per-rank",
-                       c->global_stream ? "with" : "without");
-    return SELDP_OK;
-}
-
 /* Every tensor of the logical model (all experts) has an entry of its shape and dtype whose
  * slice covers it; FP32 master weights of the trainable ones too. */
 static seldp_status check_tensors(const hx_ckpt *c, const char *index, const hx_options *o)
@@ -482,17 +432,22 @@ fail:
     return st;
 }
 
-seldp_status hx_ckpt_verify(const hx_ckpt *c, const hx_options *o)
+seldp_status hx_ckpt_verify(hx_ckpt *c, const hx_options *o)
 {
     seldp_status st = SELDP_OK;
     char index[4096];
     snprintf(index, sizeof index, "%s/" CKPT_INDEX, c->dir);
-    HX_CHECK(check_config(c, index, o));
+    HX_CHECK(hx_resume_check(c, index, o)); /* what may change, what is refused (resume.h) */
     HX_CHECK(check_tensors(c, index, o));
     for (size_t i = 0; i < c->n_files; i++)
         HX_CHECK(check_file(c, (int)i));
 fail:
     return st;
+}
+
+const char *hx_ckpt_notes(const hx_ckpt *c)
+{
+    return c && c->notes ? c->notes : "";
 }
 
 /* Read the bytes of one entry (its slice) and check them against its checksum. */

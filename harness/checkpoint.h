@@ -44,12 +44,16 @@ void hx_ckpt_close(hx_ckpt *ckpt);
 /* The step the checkpoint ends (1-based: the number of steps done). */
 int hx_ckpt_step(const hx_ckpt *ckpt);
 
-/* Check the checkpoint against the run's options before anything runs: the config (a dtype
- * change is named as such), the training state it needs (FP32 master weights, the kind of
- * token stream), every tensor of the logical model present with its shape and dtype, and
+/* Check the checkpoint against the run's options before anything runs: the resume rules
+ * (resume.h: what may change, what is refused, what is recorded into the checkpoint's notes,
+ * hx_ckpt_notes), every tensor of the logical model present with its shape and dtype, and
  * every file whole: its size, its header and every tensor's checksum. SELDP_ERR_INVALID_ARGUMENT
  * or _IO or _PARSE with one line naming the file and the problem. */
-seldp_status hx_ckpt_verify(const hx_ckpt *ckpt, const hx_options *opts);
+seldp_status hx_ckpt_verify(hx_ckpt *ckpt, const hx_options *opts);
+
+/* The changes hx_ckpt_verify recorded (the resume rules' "recorded" rows), one per line, or
+ * "" for none. */
+const char *hx_ckpt_notes(const hx_ckpt *ckpt);
 
 /* The state of the global token stream after the checkpoint's step (--global-batch). */
 uint64_t hx_ckpt_token_state(const hx_ckpt *ckpt);

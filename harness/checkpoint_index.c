@@ -40,6 +40,7 @@ void hx_ckpt_close(hx_ckpt *c)
     free(c->files);
     free(c->tensors);
     free(c->dir);
+    free(c->notes);
     free(c);
 }
 
@@ -138,6 +139,34 @@ static seldp_status parse_config(const char *path, const hx_json *v, tm_config *
     if (!tm_quant_parse(json_str(hx_json_get(v, "quant")) ? json_str(hx_json_get(v, "quant")) : "",
                         &cfg->quant))
         return hx_fail(SELDP_ERR_PARSE, "%s: config.quant: expected none, nf4 or awq", path);
+    return SELDP_OK;
+}
+
+/* The config's shared expert and router keys, all or none (an older index has none). */
+static seldp_status parse_router(const char *path, const hx_json *v, tm_config *cfg, bool *known)
+{
+    static const char *const numbers[] = {"aux_loss_coeff", "z_loss_coeff", "capacity_factor"};
+    double *fields[] = {&cfg->aux_loss_coeff, &cfg->z_loss_coeff, &cfg->capacity_factor};
+    const hx_json *shared = hx_json_get(v, "d_ff_shared"),
+                  *scope = hx_json_get(v, "aux_loss_scope");
+    int64_t x = 0;
+    *known = shared != NULL;
+    if (!*known)
+        return SELDP_OK;
+    if (!json_int(shared, 0, 1 << 30, &x))
+        return hx_fail(SELDP_ERR_PARSE, "%s: config.d_ff_shared: expected a non-negative integer",
+                       path);
+    cfg->d_ff_shared = (int)x;
+    for (size_t i = 0; i < sizeof numbers / sizeof numbers[0]; i++) {
+        const hx_json *n = hx_json_get(v, numbers[i]);
+        if (!n || n->type != HX_JSON_NUMBER || !(n->number >= 0))
+            return hx_fail(SELDP_ERR_PARSE, "%s: config.%s: expected a number >= 0", path,
+                           numbers[i]);
+        *fields[i] = n->number;
+    }
+    if (!tm_aux_scope_parse(json_str(scope) ? json_str(scope) : "", &cfg->aux_loss_scope))
+        return hx_fail(SELDP_ERR_PARSE, "%s: config.aux_loss_scope: expected global or local",
+                       path);
     return SELDP_OK;
 }
 
@@ -241,11 +270,24 @@ static seldp_status parse_index(hx_ckpt *c, const char *path, const hx_json *roo
         return hx_fail(SELDP_ERR_PARSE, "%s: generation: expected a non-negative integer", path);
     c->generation = (int)x;
     HX_CHECK(parse_config(path, hx_json_get(root, "config"), &c->config));
+    HX_CHECK(parse_router(path, hx_json_get(root, "config"), &c->config, &c->router_known));
     const hx_json *training = hx_json_get(root, "training");
     const hx_json *master = hx_json_get(training, "fp32_master");
     if (!master || master->type != HX_JSON_BOOL)
         return hx_fail(SELDP_ERR_PARSE, "%s: training.fp32_master: expected true or false", path);
     c->fp32_master = master->boolean;
+    const hx_json *lr = hx_json_get(training, "lr"), *batch = hx_json_get(training, "global_batch");
+    if (lr || batch) {
+        if (!lr || lr->type != HX_JSON_NUMBER || !(lr->number >= 0) ||
+            !json_int(batch, 0, INT32_MAX, &x))
+            return hx_fail(SELDP_ERR_PARSE,
+                           "%s: training: expected lr (a number >= 0) and global_batch (an "
+                           "integer >= 0) together",
+                           path);
+        c->training_known = true;
+        c->lr = lr->number;
+        c->global_batch = (int)x;
+    }
     const hx_json *stream = hx_json_get(root, "token_stream");
     const char *kind = json_str(hx_json_get(stream, "kind"));
     if (kind && strcmp(kind, "global") == 0) {

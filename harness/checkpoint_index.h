@@ -46,6 +46,12 @@ struct hx_ckpt {
     tm_config config;
     bool fp32_master;
     bool global_stream;
+    /* what the resume rules compare (resume.h); an index without them leaves them unknown */
+    bool router_known;   /* config: d_ff_shared and the router's coefficients */
+    bool training_known; /* training: lr, global_batch */
+    double lr;
+    int global_batch;
+    char *notes; /* hx_resume_check's recorded changes, one per line (NULL: none) */
     uint64_t token_state;
     ckpt_file *files;
     size_t n_files;

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "checkpoint.h"
+#include "layout_show.h"
 #include "options.h"
 #include "run.h"
 #include "sweep.h"
@@ -19,37 +21,21 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
     case HX_PARSE_RUN:
         break;
     }
-    if (opts.print_layout && opts.layout_file) {
-        hx_layout *layout = NULL;
-        if (hx_layout_load(opts.layout_file, opts.world_given ? opts.world : 0,
-                           opts.experts_given ? opts.model.experts : 0, opts.roots,
-                           &layout) != SELDP_OK) {
-            fprintf(err, "seldp-harness: %s\n", hx_last_error());
-            return HX_EXIT_USAGE;
-        }
-        if (layout->grid) /* a file of the full grid: every kind, as for --framework */
-            hx_grid_print(layout->grid, out);
-        else
-            hx_layout_print(layout, NULL, out);
-        hx_layout_destroy(layout);
-        return HX_EXIT_PASS;
-    }
-    if (opts.print_layout) {
-        seldp_layout *grid = NULL;
-        if (hx_grid_build(&opts.grid, opts.world, opts.ep, opts.model.experts, &grid) != SELDP_OK) {
-            fprintf(err, "seldp-harness: %s\n", hx_last_error());
-            return HX_EXIT_USAGE;
-        }
-        hx_grid_print(grid, out);
-        seldp_layout_destroy(grid);
-        return HX_EXIT_PASS;
-    }
+    if (opts.print_layout || opts.compare_groups)
+        return hx_layout_show_main(&opts, out, err);
     if (opts.sweep)
         return hx_sweep_main(argc, argv, &opts, out, err);
     hx_run *run = NULL;
     if (hx_run_create(&opts, &run) != SELDP_OK) {
         fprintf(err, "seldp-harness: %s\n", hx_last_error());
         return HX_EXIT_USAGE;
+    }
+    /* the changes --resume records (resume.h), one line each */
+    const char *notes = run->resume ? hx_ckpt_notes(run->resume) : "";
+    for (const char *line = notes; *line && !opts.quiet && hx_run_is_root(run);) {
+        size_t n = strcspn(line, "\n");
+        fprintf(out, "resume: %.*s\n", (int)n, line);
+        line += n + (line[n] == '\n');
     }
     seldp_status st = hx_run_execute(run, out);
     if (st == SELDP_OK && opts.inject == HX_FAULT_ABSENT && !run->absent_planted &&

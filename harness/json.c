@@ -121,7 +121,7 @@ static seldp_status read_hex4(parser *p, unsigned *out)
     return SELDP_OK;
 }
 
-static void put_utf8(hx_buf *b, unsigned cp)
+void hx_buf_put_utf8(hx_buf *b, unsigned cp)
 {
     char u[4];
     size_t n;
@@ -147,8 +147,7 @@ static void put_utf8(hx_buf *b, unsigned cp)
     hx_buf_append(b, u, n);
 }
 
-/* Length of the well-formed UTF-8 sequence at s (at most `avail` bytes), 0 if malformed. */
-static size_t utf8_sequence(const unsigned char *s, size_t avail)
+size_t hx_utf8_length(const unsigned char *s, size_t avail)
 {
     size_t n;
     unsigned cp;
@@ -197,7 +196,7 @@ static seldp_status parse_string(parser *p, char **out)
             HX_CHECK(parse_error(p, p->pos, "control character 0x%02x in a string (escape it)",
                                  (unsigned)c));
         if (c != '\\') {
-            size_t n = utf8_sequence((const unsigned char *)p->text + p->pos, p->len - p->pos);
+            size_t n = hx_utf8_length((const unsigned char *)p->text + p->pos, p->len - p->pos);
             if (n == 0)
                 HX_CHECK(parse_error(p, p->pos, "invalid UTF-8 in a string"));
             hx_buf_append(&b, p->text + p->pos, n);
@@ -252,7 +251,7 @@ static seldp_status parse_string(parser *p, char **out)
             }
             if (cp == 0)
                 HX_CHECK(parse_error(p, escape_pos, "\\u0000 is not allowed in a string"));
-            put_utf8(&b, cp);
+            hx_buf_put_utf8(&b, cp);
             break;
         }
         default: {
@@ -457,7 +456,9 @@ static seldp_status parse_object(parser *p, hx_json *out, int depth)
             HX_FAIL(SELDP_ERR_NOMEM, "%s: out of memory", p->what);
         }
         if (dup != out->count) {
-            st = parse_error(p, key_pos, "duplicate member \"%s\"", key);
+            char shown[128];
+            st = parse_error(p, key_pos, "duplicate member \"%s\"",
+                             hx_printable(key, shown, sizeof shown));
             free(key);
             goto fail;
         }
@@ -465,8 +466,11 @@ static seldp_status parse_object(parser *p, hx_json *out, int depth)
         hx_json *item = &out->items[out->count++];
         *item = (hx_json){0};
         skip_whitespace(p);
-        if (peek(p) != ':')
-            HX_CHECK(parse_error(p, p->pos, "expected ':' after member \"%s\"", key));
+        if (peek(p) != ':') {
+            char shown[128];
+            HX_CHECK(parse_error(p, p->pos, "expected ':' after member \"%s\"",
+                                 hx_printable(key, shown, sizeof shown)));
+        }
         p->pos++;
         skip_whitespace(p);
         HX_CHECK(parse_value(p, item, depth + 1));
@@ -547,6 +551,27 @@ seldp_status hx_json_parse(const char *text, size_t len, const char *what, hx_js
 fail:
     hx_json_free(root);
     return st;
+}
+
+const char *hx_printable(const char *s, char *buf, size_t size)
+{
+    size_t at = 0;
+    for (; *s && at + 5 < size; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c >= 0x20 && c != 0x7f) {
+            buf[at++] = (char)c;
+            continue;
+        }
+        at += (size_t)snprintf(buf + at, size - at, "%s",
+                               c == '\n'   ? "\\n"
+                               : c == '\t' ? "\\t"
+                               : c == '\r' ? "\\r"
+                                           : "");
+        if (c != '\n' && c != '\t' && c != '\r')
+            at += (size_t)snprintf(buf + at, size - at, "\\x%02x", c);
+    }
+    buf[at < size ? at : size - 1] = '\0';
+    return buf;
 }
 
 const hx_json *hx_json_get(const hx_json *object, const char *key)

@@ -52,6 +52,18 @@ void hx_json_free(hx_json *value);
 /* The member `key` of an object, or NULL (also for a non-object). */
 const hx_json *hx_json_get(const hx_json *object, const char *key);
 
+/* The length of the well-formed UTF-8 sequence at s (at most `avail` bytes, avail >= 1), or 0
+ * when it is malformed (overlong, a surrogate, above U+10FFFF, cut short). */
+size_t hx_utf8_length(const unsigned char *s, size_t avail);
+
+/* Append code point `cp` (at most U+10FFFF, not a surrogate) to b as UTF-8. */
+struct hx_buf;
+void hx_buf_put_utf8(struct hx_buf *b, unsigned cp);
+
+/* `s` for a one-line message: control characters written as \n, \t, \r or \xNN, the rest as
+ * it is; cut to fit `size` (at least 1). Returns buf. */
+const char *hx_printable(const char *s, char *buf, size_t size);
+
 /* Name of a type: "null", "boolean", "number", "string", "array", "object". */
 const char *hx_json_type_name(hx_json_type type);
 

@@ -79,6 +79,28 @@ seldp_status hx_layout_new(int world, int experts, int n_ep, hx_layout **out)
     return SELDP_OK;
 }
 
+const char *hx_layout_roots_word(hx_roots roots)
+{
+    return roots == HX_ROOTS_LAST ? "last" : roots == HX_ROOTS_SPREAD ? "spread" : "first";
+}
+
+seldp_status hx_layout_roots_merge(hx_layout *l, hx_roots *roots, bool *given)
+{
+    if (l->roots_named && *given && *roots != l->roots)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--roots %s: the layout %s names its roots rule \"%s\" (drop --roots, or "
+                       "change the file's \"roots\")",
+                       hx_layout_roots_word(*roots), l->name, hx_layout_roots_word(l->roots));
+    if (l->roots_named) {
+        *roots = l->roots;
+        *given = true;
+    } else if (*given) {
+        l->roots = *roots;
+        l->roots_named = true;
+    }
+    return SELDP_OK;
+}
+
 seldp_status hx_grid_build(const hx_grid *grid, int world, int ep, int experts, seldp_layout **out)
 {
     seldp_layout_config cfg = SELDP_LAYOUT_CONFIG_INIT;
@@ -144,6 +166,7 @@ seldp_status hx_layout_from_grid(seldp_layout *sl, hx_roots roots, hx_layout **o
     }
     l->shared.root = hx_group_root_of(&l->shared, roots, 0);
     l->grid = sl;
+    l->roots = roots;
     *out = l;
     return SELDP_OK;
 fail:

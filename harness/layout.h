@@ -23,13 +23,16 @@
  *       ...],
  *     "framework": "megatron", "order": "tp-cp-ep-dp-pp",   optional, as report.json writes
  *     "tp": 1, "pp": 1, "cp": 1, "ep": 4, "etp": 1,          them
- *     "groups": {"tp": [[0], ...], ...} }                     optional, not read where tp, pp,
+ *     "groups": {"tp": [[0], ...], ...},                      optional, not read where tp, pp,
  *                                                             cp and etp are 1: the groups
  *                                                             follow from ep_groups, experts
+ *     "roots": "last" }                     optional: the rule (first, last, spread; null: the
+ *                                           framework's) for the roots no member names
  * Every expert needs an owner inside every EP group (a token is only served inside its
  * EP group); an expert's owners form its expert-data group.
  *
- * With tp, pp, cp or etp above 1 the file describes the full grid: "groups" lists every kind
+ * With tp, pp, cp or etp above 1, or a framework named beside "groups" (a framework's layout
+ * as --print-layout --json writes it), the file describes the full grid: "groups" lists every kind
  * (tp, pp, cp, dp, ep, expert_dp, expert_tp; embedding optional), built and checked by
  * seldp_layout_create_from_groups into layout->grid; "ep" (optional) must be the EP groups'
  * size, "ep_groups" (optional) must repeat groups.ep, "world" defaults to the ranks of
@@ -86,6 +89,11 @@ typedef struct hx_layout {
     /* The framework's whole grid (every group kind, sizes) the layout was generated from;
      * NULL for a layout file. */
     seldp_layout *grid;
+    /* The rule for the roots the groups do not list (a grid's dense, sequence-parallel,
+     * embedding and expert-data replica sets): named by a layout file's "roots" or by --roots
+     * (hx_layout_roots_merge); otherwise each framework's own, group rank 0. */
+    hx_roots roots;
+    bool roots_named;
 } hx_layout;
 
 /* A framework preset (docs/harness.md, Framework presets): --framework, --order, --tp, --pp, --cp,
@@ -107,10 +115,6 @@ typedef struct hx_grid {
  * `experts` experts, any sizes (the library's seldp_layout_create). A combination the
  * framework rejects fails with SELDP_ERR_INVALID_ARGUMENT and its reason, one line. */
 seldp_status hx_grid_build(const hx_grid *grid, int world, int ep, int experts, seldp_layout **out);
-
-/* Print every group of every kind of `grid` and a per-rank table (stage, TP rank, dense
- * reduce group, EP group, expert-data group, expert-TP group, experts): --print-layout. */
-void hx_grid_print(const seldp_layout *grid, FILE *out);
 
 /* As hx_layout_generate, the groups coming from the framework preset `grid` (any sizes the
  * framework accepts; the run checks what the sharded tiny-moe needs of them, grid.h). */
@@ -155,8 +159,18 @@ int hx_layout_owned(const hx_layout *layout, int r, int *out);
  * embedding, each a list of sorted rank lists). */
 void hx_layout_json(const hx_layout *layout, hx_buf *buf);
 
+/* Settle the roots rule of a layout and the command line's --roots (`roots`, `given`): a
+ * layout file that names one sets it when --roots is absent (and *roots, *given follow it); a
+ * --roots that differs from the file's is refused (SELDP_ERR_INVALID_ARGUMENT, one line);
+ * --roots given names the layout's rule. Call once after building or loading the layout. */
+seldp_status hx_layout_roots_merge(hx_layout *layout, hx_roots *roots, bool *given);
+
+/* "first", "last" or "spread". */
+const char *hx_layout_roots_word(hx_roots roots);
+
 /* The per-rank table: rank, device, shared group, EP group, expert-data groups (root marked
- * with *), owned experts. device_names[r] may be NULL for "host". */
+ * with *), owned experts; the columns as wide as their widest cell. device_names[r] may be
+ * NULL for "host". */
 void hx_layout_print(const hx_layout *layout, const char *const *device_names, FILE *out);
 
 /* Format a group's ranks as "[0,4]" or "[0-7]" for a consecutive run. */

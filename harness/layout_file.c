@@ -73,11 +73,33 @@ static seldp_status check_keys(const file_ctx *c, const hx_json *obj, const char
         bool ok = false;
         for (const char *const *a = allowed; *a; a++)
             ok = ok || strcmp(*a, obj->keys[i]) == 0;
-        if (!ok)
+        if (!ok) {
+            char shown[128];
             return at(c, &obj->items[i], "%s: unknown member \"%s\" (allowed: %s)", where,
-                      obj->keys[i], allowed_text);
+                      hx_printable(obj->keys[i], shown, sizeof shown), allowed_text);
+        }
     }
     return SELDP_OK;
+}
+
+/* "roots": the rule for the roots no member names ("first", "last", "spread"; null or absent:
+ * the caller's). */
+static seldp_status read_roots(const file_ctx *c, const hx_json *doc, hx_roots *roots, bool *named)
+{
+    static const char *const words[] = {"first", "last", "spread"};
+    static const hx_roots rules[] = {HX_ROOTS_FIRST, HX_ROOTS_LAST, HX_ROOTS_SPREAD};
+    const hx_json *v = hx_json_get(doc, "roots");
+    *named = false;
+    if (!v || v->type == HX_JSON_NULL)
+        return SELDP_OK;
+    for (int i = 0; i < 3 && v->type == HX_JSON_STRING; i++) {
+        if (strcmp(v->string, words[i]) == 0) {
+            *roots = rules[i];
+            *named = true;
+            return SELDP_OK;
+        }
+    }
+    return at(c, v, "roots: expected \"first\", \"last\", \"spread\" or null");
 }
 
 /* ---- the full grid ----------------------------------------------------------------------- */
@@ -342,14 +364,20 @@ seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int
         HX_CHECK(at(&c, doc, "expected an object with ep_groups and experts, found a %s",
                     hx_json_type_name(doc->type)));
     static const char *const top_keys[] = {
-        "description", "world", "shared_root", "ep_groups", "experts", "framework", "order",
-        "tp",          "pp",    "cp",          "ep",        "etp",     "groups",    NULL};
+        "description", "world", "shared_root", "ep_groups", "experts", "framework", "order", "tp",
+        "pp",          "cp",    "ep",          "etp",       "groups",  "roots",     NULL};
     HX_CHECK(check_keys(&c, doc, "layout", top_keys,
                         "description, world, shared_root, ep_groups, experts, framework, order, "
-                        "tp, pp, cp, ep, etp, groups"));
-    /* the sizes report.json records: beyond 1, the groups of every kind describe the grid */
+                        "tp, pp, cp, ep, etp, groups, roots"));
+    bool named = false;
+    HX_CHECK(read_roots(&c, doc, &roots, &named));
+    /* the sizes report.json records: beyond 1, the groups of every kind describe the grid; so
+     * they do for a framework's layout (--print-layout --json) of any sizes, whose labels and
+     * group names then read back as they were written */
     static const char *const grid_sizes[] = {"tp", "pp", "cp", "etp"};
-    bool grid = false;
+    const hx_json *label = hx_json_get(doc, "framework");
+    bool grid = label && label->type == HX_JSON_STRING && strcmp(label->string, "none") != 0 &&
+                hx_json_get(doc, "groups");
     for (size_t i = 0; i < sizeof grid_sizes / sizeof grid_sizes[0]; i++) {
         int size = 1;
         HX_CHECK(read_size(&c, doc, grid_sizes[i], &size));
@@ -357,6 +385,8 @@ seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int
     }
     if (grid) {
         HX_CHECK(parse_grid(&c, doc, world, experts, roots, &l));
+        l->roots = roots;
+        l->roots_named = named;
         hx_json_free(doc);
         *out = l;
         return SELDP_OK;
@@ -456,6 +486,8 @@ seldp_status hx_layout_parse(const char *text, size_t len, const char *what, int
     if (!l->name || !l->description)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
     HX_CHECK(hx_layout_validate(l, what));
+    l->roots = roots;
+    l->roots_named = named;
     hx_json_free(doc);
     *out = l;
     return SELDP_OK;

@@ -23,4 +23,19 @@ seldp_status hx_layout_new(int world, int experts, int n_ep, hx_layout **out);
  * destroyed on failure; name and description are the caller's to set, then validate. */
 seldp_status hx_layout_from_grid(seldp_layout *grid, hx_roots roots, hx_layout **out);
 
+/* An aligned text table: cells added row by row, each column as wide as its widest cell (and
+ * at least its minimum), numbers right-aligned. */
+typedef struct hx_table {
+    int cols;
+    const int *min_width; /* [cols] or NULL */
+    unsigned right;       /* bit c: column c right-aligned */
+    int n;                /* cells added */
+    char **cells;
+    bool failed;
+} hx_table;
+
+HX_PRINTF(2, 3) void hx_table_cell(hx_table *t, const char *fmt, ...);
+/* Print every row, each line starting with `indent`; then free the cells. */
+void hx_table_print(hx_table *t, const char *indent, FILE *out);
+
 #endif

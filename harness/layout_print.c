@@ -1,4 +1,5 @@
 /* The layouts printed: group strings, the layout table and report.json's layout (see layout.h). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,20 +139,77 @@ void hx_layout_json(const hx_layout *l, hx_buf *b)
     }
     hx_buf_puts(b, "]");
     layout_grid_json(l, b);
+    if (l->roots_named)
+        hx_buf_printf(b, ", \"roots\": \"%s\"", hx_layout_roots_word(l->roots));
+    else
+        hx_buf_puts(b, ", \"roots\": null");
     hx_buf_puts(b, "}");
+}
+
+void hx_table_cell(hx_table *t, const char *fmt, ...)
+{
+    char **grown = realloc(t->cells, (size_t)(t->n + 1) * sizeof *grown);
+    hx_buf b = {0};
+    va_list ap;
+    va_start(ap, fmt);
+    hx_buf_vprintf(&b, fmt, ap);
+    va_end(ap);
+    if (!grown || !hx_buf_ok(&b)) {
+        if (grown)
+            t->cells = grown;
+        t->failed = true;
+        hx_buf_free(&b);
+        return;
+    }
+    t->cells = grown;
+    t->cells[t->n++] = b.data ? b.data : hx_strdup("");
+}
+
+void hx_table_print(hx_table *t, const char *indent, FILE *out)
+{
+    int *width = hx_calloc((size_t)t->cols, sizeof *width);
+    for (int c = 0; width && c < t->cols; c++)
+        width[c] = t->min_width ? t->min_width[c] : 0;
+    for (int i = 0; width && i < t->n; i++) {
+        int len = t->cells[i] ? (int)strlen(t->cells[i]) : 0;
+        if (len > width[i % t->cols])
+            width[i % t->cols] = len;
+    }
+    for (int i = 0; width && !t->failed && i < t->n; i++) {
+        int c = i % t->cols;
+        bool last = c == t->cols - 1 || i == t->n - 1;
+        const char *cell = t->cells[i] ? t->cells[i] : "";
+        if (c == 0)
+            fputs(indent, out);
+        if (t->right & (1u << c))
+            fprintf(out, "%*s", width[c], cell);
+        else
+            fprintf(out, "%-*s", last ? 0 : width[c], cell);
+        fputs(last ? "\n" : "  ", out);
+    }
+    for (int i = 0; i < t->n; i++)
+        free(t->cells[i]);
+    free(t->cells);
+    free(width);
+    t->cells = NULL;
+    t->n = 0;
 }
 
 void hx_layout_print(const hx_layout *l, const char *const *device_names, FILE *out)
 {
-    char text[256], col[300];
+    char text[256];
     int *owned = hx_calloc((size_t)l->experts, sizeof *owned);
     if (!owned)
         return;
     fprintf(out, "layout: %s%s%s; %d EP groups, %d expert-data groups, * marks a root\n", l->name,
             strcmp(l->name, l->description) && l->description[0] ? ": " : "",
             strcmp(l->name, l->description) ? l->description : "", l->n_ep, l->n_data);
-    fprintf(out, "  %4s  %-7s  %5s  %2s  %-10s  %-14s  %-30s  %s\n", "rank", "device", "stage",
-            "tp", "shared", "EP group", "expert-data groups", "experts");
+    static const int min_width[8] = {4, 7, 5, 2, 10, 14, 30, 0};
+    hx_table t = {.cols = 8, .min_width = min_width, .right = 1u | 4u | 8u};
+    static const char *const head[8] = {
+        "rank", "device", "stage", "tp", "shared", "EP group", "expert-data groups", "experts"};
+    for (int c = 0; c < 8; c++)
+        hx_table_cell(&t, "%s", head[c]);
     for (int r = 0; r < l->world; r++) {
         hx_buf data = {0};
         for (int d = 0; d < l->n_data; d++) {
@@ -165,79 +223,19 @@ void hx_layout_print(const hx_layout *l, const char *const *device_names, FILE *
         int n = hx_layout_owned(l, r, owned);
         for (int i = 0; i < n; i++)
             hx_buf_printf(&experts, "%s%d", i ? "," : "", owned[i]);
+        hx_table_cell(&t, "%d", r);
+        hx_table_cell(&t, "%s", device_names && device_names[r] ? device_names[r] : "host");
+        hx_table_cell(&t, "%d", l->grid ? seldp_layout_stage(l->grid, r) : 0);
+        hx_table_cell(&t, "%d", l->grid ? seldp_layout_position(l->grid, SELDP_GROUP_TP, r) : 0);
         hx_group_str(&l->shared, text, sizeof text);
-        char shared[300];
-        snprintf(shared, sizeof shared, "%s%s", text, l->shared.root == r ? "*" : "");
+        hx_table_cell(&t, "%s%s", text, l->shared.root == r ? "*" : "");
         hx_group_str(&l->ep[l->ep_of[r]], text, sizeof text);
-        snprintf(col, sizeof col, "e%d %s", l->ep_of[r], text);
-        int stage = l->grid ? seldp_layout_stage(l->grid, r) : 0;
-        int tp_rank = l->grid ? seldp_layout_position(l->grid, SELDP_GROUP_TP, r) : 0;
-        fprintf(out, "  %4d  %-7s  %5d  %2d  %-10s  %-14s  %-30s  %s\n", r,
-                device_names && device_names[r] ? device_names[r] : "host", stage, tp_rank, shared,
-                col, data.len ? hx_buf_str(&data) : "-", n ? hx_buf_str(&experts) : "-");
+        hx_table_cell(&t, "e%d %s", l->ep_of[r], text);
+        hx_table_cell(&t, "%s", data.len ? hx_buf_str(&data) : "-");
+        hx_table_cell(&t, "%s", n ? hx_buf_str(&experts) : "-");
         hx_buf_free(&data);
         hx_buf_free(&experts);
     }
+    hx_table_print(&t, "  ", out);
     free(owned);
-}
-
-/* Group `g` of `kind` as "[0,4]" or "[0-7]", with "*" where `mark` is its root. */
-static void grid_group_str(const seldp_layout *grid, seldp_group_kind kind, int g, int mark,
-                           char *buf, size_t size)
-{
-    const int *ranks = NULL;
-    int n = seldp_layout_group(grid, kind, g, &ranks);
-    if (n == 0) {
-        snprintf(buf, size, "-");
-        return;
-    }
-    hx_group group = {n, (int *)ranks, ranks[0]};
-    char text[256];
-    hx_group_str(&group, text, sizeof text);
-    snprintf(buf, size, "%s%s", text, mark == ranks[0] ? "*" : "");
-}
-
-void hx_grid_print(const seldp_layout *grid, FILE *out)
-{
-    seldp_layout_config c = seldp_layout_get_config(grid);
-    fprintf(out,
-            "layout: %s%s%s, world %d, tp %d, pp %d, cp %d, ep %d, etp %d (dp %d); each group "
-            "broadcasts from its first rank (* in the table)\n",
-            c.framework == SELDP_FRAMEWORK_NONE ? "explicit groups"
-                                                : seldp_framework_name(c.framework),
-            c.order ? " " : "", c.order ? c.order : "", c.world, c.tp, c.pp, c.cp, c.ep, c.etp,
-            seldp_layout_dp(grid));
-    char text[300];
-    for (int k = 0; k < SELDP_GROUP_KINDS; k++) {
-        seldp_group_kind kind = (seldp_group_kind)k;
-        int n = seldp_layout_group_count(grid, kind);
-        fprintf(out, "  %-10s %2d x %-2d", seldp_group_kind_name(kind), n,
-                seldp_layout_group(grid, kind, 0, NULL));
-        for (int g = 0; g < n; g++) {
-            grid_group_str(grid, kind, g, -1, text, sizeof text);
-            fprintf(out, " %s", text);
-        }
-        fputc('\n', out);
-    }
-    fprintf(out, "  %4s  %5s  %2s  %-14s  %-14s  %-14s  %-12s  %s\n", "rank", "stage", "tp",
-            "dense (dp)", "EP group", "expert-data", "expert-TP", "experts");
-    for (int r = 0; r < c.world; r++) {
-        char dense[300], ep[300], edp[300], etp[300], experts[32] = "-";
-        grid_group_str(grid, SELDP_GROUP_DP, seldp_layout_group_of(grid, SELDP_GROUP_DP, r), r,
-                       dense, sizeof dense);
-        grid_group_str(grid, SELDP_GROUP_EP, seldp_layout_group_of(grid, SELDP_GROUP_EP, r), -1, ep,
-                       sizeof ep);
-        grid_group_str(grid, SELDP_GROUP_EXPERT_DP,
-                       seldp_layout_group_of(grid, SELDP_GROUP_EXPERT_DP, r), r, edp, sizeof edp);
-        grid_group_str(grid, SELDP_GROUP_EXPERT_TP,
-                       seldp_layout_group_of(grid, SELDP_GROUP_EXPERT_TP, r), -1, etp, sizeof etp);
-        int first = 0, count = seldp_layout_local_experts(grid, r, &first);
-        if (count == 1)
-            snprintf(experts, sizeof experts, "%d", first);
-        else if (count > 1)
-            snprintf(experts, sizeof experts, "%d-%d", first, first + count - 1);
-        fprintf(out, "  %4d  %5d  %2d  %-14s  %-14s  %-14s  %-12s  %s\n", r,
-                seldp_layout_stage(grid, r), seldp_layout_position(grid, SELDP_GROUP_TP, r), dense,
-                ep, edp, etp, experts);
-    }
 }

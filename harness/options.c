@@ -13,6 +13,7 @@
 
 #include "seldp/version.h"
 
+#include "import.h"
 #include "options_impl.h"
 
 void hx_options_default(hx_options *o)
@@ -71,7 +72,7 @@ const char *hx_fault_name(hx_fault fault)
 
 const char *hx_roots_name(hx_roots roots)
 {
-    return roots == HX_ROOTS_LAST ? "last" : roots == HX_ROOTS_SPREAD ? "spread" : "first";
+    return hx_layout_roots_word(roots);
 }
 
 int hx_options_spread(const hx_options *o)
@@ -114,16 +115,18 @@ static bool parse_seed(const char *text, uint64_t *out)
     return true;
 }
 
-/* A Megatron order string naming each of tp, cp, ep, dp and pp once (the harness asks for
- * all five so that a typo is not read as a size-1 dimension). */
-static bool is_full_megatron_order(const char *order)
+/* A Megatron order string: tp, cp, ep, dp and pp joined by '-', each at most once (Megatron's
+ * RankGenerator appends the ones left out with size 1, and refuses a missing one whose size is
+ * above 1; the library does the same). */
+static bool is_megatron_order(const char *order)
 {
     static const char *const tokens[] = {"tp", "cp", "ep", "dp", "pp"};
-    if (strlen(order) != 14)
+    size_t len = strlen(order);
+    if (len < 2 || len > 14 || (len + 1) % 3 != 0)
         return false;
     unsigned seen = 0;
-    for (int i = 0; i < 5; i++) {
-        if (i < 4 && order[3 * i + 2] != '-')
+    for (size_t i = 0; 3 * i < len; i++) {
+        if (3 * i + 2 < len && order[3 * i + 2] != '-')
             return false;
         int id = -1;
         for (int t = 0; t < 5; t++)
@@ -136,7 +139,9 @@ static bool is_full_megatron_order(const char *order)
     return true;
 }
 
-hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out, FILE *err)
+/* One getopt pass over argv into *o; given[row] marks each row of the option table named. */
+static hx_parse_result parse_pass(int argc, char **argv, hx_options *o, FILE *out, FILE *err,
+                                  bool *given)
 {
     struct option longopts[HX_OPTIONS_MAX + 1];
     for (size_t i = 0; i < hx_option_docs_n; i++)
@@ -151,9 +156,12 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             break;
         const char *arg = optarg;
         const char *name = NULL;
-        for (size_t i = 0; i < hx_option_docs_n; i++)
-            if (hx_option_docs[i].opt.val == c)
+        for (size_t i = 0; i < hx_option_docs_n; i++) {
+            if (hx_option_docs[i].opt.val == c) {
                 name = hx_option_docs[i].opt.name;
+                given[i] = true;
+            }
+        }
         long v = 0;
         double x = 0;
         bool ok = true;
@@ -172,8 +180,8 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             o->ep_given = true;
             break;
         case OPT_ORDER:
-            expected = "ep-dp or dp-ep, or a Megatron order naming tp, cp, ep, dp and pp once "
-                       "each (e.g. tp-cp-ep-dp-pp)";
+            expected = "ep-dp or dp-ep, or a Megatron order of tp, cp, ep, dp and pp, each at "
+                       "most once (e.g. tp-cp-ep-dp-pp, tp-dp-pp)";
             o->order_given = true;
             o->grid.order = arg;
             if (strcasecmp(arg, "ep-dp") == 0) {
@@ -183,7 +191,7 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
                 o->order = HX_ORDER_DP_EP;
                 o->grid.order = "dp-ep";
             } else {
-                ok = is_full_megatron_order(arg);
+                ok = is_megatron_order(arg);
             }
             break;
         case OPT_FRAMEWORK:
@@ -208,6 +216,23 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
         }
         case OPT_PRINT_LAYOUT:
             o->print_layout = true;
+            break;
+        case OPT_JSON:
+            o->print_json = true;
+            break;
+        case OPT_COMPARE_GROUPS:
+        case OPT_FROM_TORCHTITAN:
+        case OPT_FROM_DEEPSPEED:
+            ok = arg[0] != '\0';
+            expected = "a file name";
+            *(c == OPT_COMPARE_GROUPS    ? &o->compare_groups
+              : c == OPT_FROM_TORCHTITAN ? &o->from_torchtitan
+                                         : &o->from_deepspeed) = arg;
+            break;
+        case OPT_FROM_MEGATRON:
+            ok = arg[0] != '\0';
+            expected = "a Megatron command line (one string) or @FILE";
+            o->from_megatron = arg;
             break;
         case OPT_LAYOUT_FILE:
             o->layout_file = arg;
@@ -413,6 +438,61 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
             return HX_PARSE_ERROR;
         }
     }
+    if (optind < argc) {
+        fprintf(err,
+                "seldp-harness: unexpected argument '%s' (options start with --; see "
+                "--help)\n",
+                argv[optind]);
+        return HX_PARSE_ERROR;
+    }
+    return HX_PARSE_RUN;
+}
+
+/* What --print-layout and --compare-groups read: the layout and what decides its roots and
+ * replica sets (--quant: a quantized expert's adapters under expert TP), and the imports. */
+static const int layout_reads[] = {OPT_WORLD,
+                                   OPT_EP,
+                                   OPT_ORDER,
+                                   OPT_FRAMEWORK,
+                                   OPT_TP,
+                                   OPT_PP,
+                                   OPT_CP,
+                                   OPT_ETP,
+                                   OPT_LAYOUT_FILE,
+                                   OPT_ROOTS,
+                                   OPT_EXPERTS,
+                                   OPT_QUANT,
+                                   OPT_PRINT_LAYOUT,
+                                   OPT_JSON,
+                                   OPT_COMPARE_GROUPS,
+                                   OPT_FROM_MEGATRON,
+                                   OPT_FROM_TORCHTITAN,
+                                   OPT_FROM_DEEPSPEED};
+
+/* The combinations no single option can check. */
+static hx_parse_result check_combinations(const hx_options *o, const bool *given, FILE *err)
+{
+    if (o->print_json && !o->print_layout) {
+        fprintf(err, "seldp-harness: --json: needs --print-layout (a run's layout is report.json's "
+                     "\"layout\")\n");
+        return HX_PARSE_ERROR;
+    }
+    if (o->print_layout || o->compare_groups) {
+        for (size_t i = 0; i < hx_option_docs_n; i++) {
+            bool reads = false;
+            for (size_t k = 0; k < sizeof layout_reads / sizeof layout_reads[0]; k++)
+                reads = reads || hx_option_docs[i].opt.val == layout_reads[k];
+            if (given[i] && !reads) {
+                fprintf(err,
+                        "seldp-harness: %s prints the layout and exits without training: it "
+                        "would ignore --%s (drop it, or run without %s)\n",
+                        o->print_layout ? "--print-layout" : "--compare-groups",
+                        hx_option_docs[i].opt.name,
+                        o->print_layout ? "--print-layout" : "--compare-groups");
+                return HX_PARSE_ERROR;
+            }
+        }
+    }
     if (o->layout_file && o->grid_given) {
         fprintf(err,
                 "seldp-harness: --layout-file and --framework/--tp/--pp/--cp/--etp exclude each "
@@ -429,12 +509,74 @@ hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out
                                               : "no load-balancing loss");
         return HX_PARSE_ERROR;
     }
-    if (optind < argc) {
-        fprintf(err,
-                "seldp-harness: unexpected argument '%s' (options start with --; see "
-                "--help)\n",
-                argv[optind]);
+    return HX_PARSE_RUN;
+}
+
+/* The imports' settings into *o (the options before the command line), one at a time so that a
+ * refusal names the config key it came from; then the command line on top. */
+static hx_parse_result apply_imports(int argc, char **argv, hx_options *o, const hx_options *start,
+                                     const bool *given, FILE *out, FILE *err)
+{
+    hx_parse_result r = HX_PARSE_RUN;
+    hx_import imp = {0};
+    const char *sources[HX_IMPORT_KINDS] = {o->from_megatron, o->from_torchtitan,
+                                            o->from_deepspeed};
+    if (hx_import_read(sources, o, given, &imp) != SELDP_OK) {
+        fprintf(err, "seldp-harness: %s\n", hx_last_error());
+        hx_import_free(&imp);
         return HX_PARSE_ERROR;
     }
-    return HX_PARSE_RUN;
+    hx_options t = *start;
+    bool scratch[HX_OPTIONS_MAX] = {0};
+    for (size_t i = 0; i < imp.n && r == HX_PARSE_RUN; i++) {
+        const hx_import_setting *s = &imp.settings[i];
+        if (!hx_import_applies(&imp, s))
+            continue;
+        char *words[4] = {argv[0], (char *)s->arg, (char *)s->value, NULL};
+        int n = s->value[0] ? 3 : 2;
+        words[n] = NULL;
+        char *text = NULL;
+        size_t len = 0;
+        FILE *msg = open_memstream(&text, &len);
+        if (!msg) {
+            fprintf(err, "seldp-harness: out of memory\n");
+            r = HX_PARSE_ERROR;
+            break;
+        }
+        r = parse_pass(n, words, &t, msg, msg, scratch);
+        fclose(msg);
+        if (r != HX_PARSE_RUN) {
+            const char *m = text ? text : "";
+            if (strncmp(m, "seldp-harness: ", 15) == 0)
+                m += 15;
+            fprintf(err, "seldp-harness: --from-%s %s: %.*s\n", hx_import_name(s->from), s->source,
+                    (int)strcspn(m, "\n"), m);
+            r = HX_PARSE_ERROR;
+        }
+        free(text);
+    }
+    if (r == HX_PARSE_RUN)
+        r = parse_pass(argc, argv, &t, out, err, scratch);
+    if (r == HX_PARSE_RUN) {
+        *o = t;
+        if (!o->quiet)
+            hx_import_print(&imp, o->print_json ? err : out);
+    }
+    hx_import_free(&imp);
+    return r;
+}
+
+hx_parse_result hx_options_parse(int argc, char **argv, hx_options *o, FILE *out, FILE *err)
+{
+    const hx_options start = *o;
+    bool given[HX_OPTIONS_MAX] = {0};
+    hx_parse_result r = parse_pass(argc, argv, o, out, err, given);
+    if (r != HX_PARSE_RUN)
+        return r;
+    if (o->from_megatron || o->from_torchtitan || o->from_deepspeed) {
+        r = apply_imports(argc, argv, o, &start, given, out, err);
+        if (r != HX_PARSE_RUN)
+            return r;
+    }
+    return check_combinations(o, given, err);
 }

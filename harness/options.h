@@ -81,6 +81,13 @@ typedef struct hx_options {
     const char *resume_dir; /* NULL: start from step 0 */
 
     const char *sweep; /* NULL: one run; else a sweep file or preset name (sweep.h) */
+
+    /* a framework's layout, in and out (import.h, show.h) */
+    bool print_json;            /* --json: --print-layout writes the layout as JSON */
+    const char *compare_groups; /* --compare-groups FILE */
+    const char *from_megatron;  /* --from-megatron ARGS (@FILE: read from FILE) */
+    const char *from_torchtitan;
+    const char *from_deepspeed;
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */

@@ -8,6 +8,30 @@
 #include "options_impl.h"
 #include "seldp/version.h"
 
+/* Each framework's order when --order is absent, as the library resolves it. */
+static void default_orders(char *buf, size_t size)
+{
+    static const seldp_framework frameworks[] = {
+        SELDP_FRAMEWORK_MEGATRON, SELDP_FRAMEWORK_MEGATRON_0_9, SELDP_FRAMEWORK_DEEPSPEED,
+        SELDP_FRAMEWORK_TORCHTITAN};
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof frameworks / sizeof frameworks[0] && at < size; i++) {
+        seldp_layout_config cfg = SELDP_LAYOUT_CONFIG_INIT;
+        cfg.framework = frameworks[i];
+        seldp_layout *l = NULL;
+        const char *order = "?";
+        if (seldp_layout_create(&cfg, &l) == SELDP_OK) {
+            const char *o = seldp_layout_get_config(l).order;
+            order = o ? o : "none (its mesh pp, dp_shard, cp, tp)";
+        }
+        /* \x01: spaces the wrapping keeps */
+        at += (size_t)snprintf(buf + at, size - at, "%s%s\x01%s", i ? ", " : "",
+                               seldp_framework_name(frameworks[i]), order);
+        seldp_layout_destroy(l);
+    }
+}
+
 /* The default of an option, as the help prints it. */
 static void default_text(int id, char *buf, size_t size)
 {
@@ -21,7 +45,7 @@ static void default_text(int id, char *buf, size_t size)
         snprintf(buf, size, "%d", d.ep);
         break;
     case OPT_ORDER:
-        snprintf(buf, size, "%s", hx_order_name(d.order));
+        default_orders(buf, size);
         break;
     case OPT_LAYOUT_FILE:
         snprintf(buf, size, "none");
@@ -65,6 +89,10 @@ static void default_text(int id, char *buf, size_t size)
     case OPT_OUT:
         snprintf(buf, size, "%s", d.out_dir);
         break;
+    case OPT_COMPARE_GROUPS:
+    case OPT_FROM_MEGATRON:
+    case OPT_FROM_TORCHTITAN:
+    case OPT_FROM_DEEPSPEED:
     case OPT_DUMP:
     case OPT_SUMMARY:
     case OPT_GLOBAL_BATCH:
@@ -123,6 +151,7 @@ static void default_text(int id, char *buf, size_t size)
         break;
     case OPT_FP32_MASTER:
     case OPT_QUIET:
+    case OPT_JSON:
     case OPT_PRINT_LAYOUT:
     case OPT_OVERLAP:
         snprintf(buf, size, "off");
@@ -193,7 +222,7 @@ void hx_options_usage(FILE *out)
             "Exit status: 0 every check passed, 1 a check or the run failed, 2 bad options or "
             "layout.\n\n");
     for (size_t i = 0; i < hx_option_docs_n; i++) {
-        char left[64], def[128], text[512];
+        char left[64], def[256], text[1024];
         snprintf(left, sizeof left, "--%s%s%s", hx_option_docs[i].opt.name,
                  hx_option_docs[i].metavar ? " " : "",
                  hx_option_docs[i].metavar ? hx_option_docs[i].metavar : "");

@@ -58,7 +58,12 @@ enum {
     OPT_PP,
     OPT_CP,
     OPT_ETP,
-    OPT_PRINT_LAYOUT
+    OPT_PRINT_LAYOUT,
+    OPT_JSON,
+    OPT_COMPARE_GROUPS,
+    OPT_FROM_MEGATRON,
+    OPT_FROM_TORCHTITAN,
+    OPT_FROM_DEEPSPEED
 };
 
 /* One row per option: the getopt entry, its argument's name and its help line. The help

@@ -14,10 +14,9 @@ const hx_option_doc hx_option_docs[] = {
      "to divide the process count)"},
     {{"order", required_argument, NULL, OPT_ORDER},
      "ep-dp|dp-ep|ORDER",
-     "ep-dp: EP groups are consecutive ranks (DeepSpeed, Megatron-Core); dp-ep: strided "
-     "(DeepSpeed's data-before-expert); or a Megatron order naming tp, cp, ep, dp, pp once each "
-     "(without --order: the framework's own, Megatron's tp-cp-ep-dp-pp being ep-dp at tp = cp = "
-     "pp = 1)"},
+     "ep-dp: EP groups consecutive (DeepSpeed, Megatron-Core); dp-ep: strided (DeepSpeed's "
+     "data-before-expert); or a Megatron order, each of tp, cp, ep, dp, pp at most once "
+     "(tp-dp-pp: the rest appended with size 1)"},
     {{"framework", required_argument, NULL, OPT_FRAMEWORK},
      "NAME",
      "megatron, megatron-0.9, deepspeed or torchtitan: build the groups as that framework does "
@@ -28,7 +27,32 @@ const hx_option_doc hx_option_docs[] = {
     {{"etp", required_argument, NULL, OPT_ETP}, "N", "expert tensor-parallel size"},
     {{"print-layout", no_argument, NULL, OPT_PRINT_LAYOUT},
      NULL,
-     "print every group of the layout (any sizes) and exit without training"},
+     "print every group of the layout (any sizes), the replica sets the run would reduce over "
+     "with their roots, and exit without training; refuses the options it would ignore"},
+    {{"json", no_argument, NULL, OPT_JSON},
+     NULL,
+     "with --print-layout: the layout as JSON (report.json's layout: every group kind, owners, "
+     "roots), which --layout-file reads back"},
+    {{"compare-groups", required_argument, NULL, OPT_COMPARE_GROUPS},
+     "FILE",
+     "compare the layout, rank by rank, with the groups a framework's run built (JSON, "
+     "docs/harness-interop.md) and exit: 0 equal, 1 naming the first rank and group kind that "
+     "differ"},
+    {{"from-megatron", required_argument, NULL, OPT_FROM_MEGATRON},
+     "ARGS",
+     "import a Megatron-LM or Megatron-DeepSpeed command line (one string, launcher included; "
+     "@FILE reads it from FILE): its sizes, order, experts, top-k, layers, router losses, "
+     "capacity, shared expert, dtype and clipping; one line per key it ignores; explicit "
+     "options override it"},
+    {{"from-torchtitan", required_argument, NULL, OPT_FROM_TORCHTITAN},
+     "FILE",
+     "import a torchtitan train config (TOML): [parallelism] degrees, [training] batch sizes, "
+     "dtypes and max_norm, [model] flavor; explicit options override it"},
+    {{"from-deepspeed", required_argument, NULL, OPT_FROM_DEEPSPEED},
+     "FILE",
+     "import a DeepSpeed ds_config (JSON): batch sizes, ZeRO stage, fp16/bf16, clipping, AutoTP "
+     "and AutoEP sizes (the MoE sizes from the options or --from-megatron); explicit options "
+     "override it"},
     {{"layout-file", required_argument, NULL, OPT_LAYOUT_FILE},
      "FILE",
      "JSON layout (groups, expert owners, roots) instead of --ep/--order"},

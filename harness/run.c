@@ -295,6 +295,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         HX_CHECK(hx_layout_generate_grid(o->world, o->ep, o->model.experts, &o->grid, o->roots,
                                          &run->layout));
     }
+    HX_CHECK(hx_layout_roots_merge(run->layout, &o->roots, &o->roots_given));
     st = tm_config_check(&o->model);
     if (st != SELDP_OK)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model options: %s", tm_last_error());

@@ -17,49 +17,9 @@
 #include "lockstep.h"
 #include "grid.h"
 #include "run.h"
+#include "sweep_entries.h"
 #include "sweep_report.h"
 #include "util.h"
-
-#define MAX_RUNS 256
-
-/* Option keys of a sweep file: the JSON key, the harness option, whether it takes no value. */
-static const struct {
-    const char *key;
-    const char *option;
-    bool flag;
-} sweep_keys[] = {
-    {"world", "world", false},
-    {"ep", "ep", false},
-    {"order", "order", false},
-    {"framework", "framework", false},
-    {"tp", "tp", false},
-    {"pp", "pp", false},
-    {"cp", "cp", false},
-    {"etp", "etp", false},
-    {"layout-file", "layout-file", false},
-    {"roots", "roots", false},
-    {"dtype", "dtype", false},
-    {"quant", "quant", false},
-    {"flow", "expert-reduce", false},
-    {"expert-reduce", "expert-reduce", false},
-    {"fp32-master", "fp32-master", true},
-    {"policy", "policy", false},
-    {"inject", "inject", false},
-    {"lora-rank", "lora-rank", false},
-    {"lora-alpha", "lora-alpha", false},
-    /* the objective: a run that differs in these is compared with the first run of its own
-     * objective, and its difference from run 1 is reported */
-    {"aux-loss-coeff", "aux-loss-coeff", false},
-    {"aux-loss-scope", "aux-loss-scope", false},
-    {"z-loss-coeff", "z-loss-coeff", false},
-    {"capacity-factor", "capacity-factor", false},
-};
-#define N_SWEEP_KEYS (sizeof sweep_keys / sizeof sweep_keys[0])
-
-/* Options that must be the same in every run, and so only come from the command line. */
-static const char *const shared_keys[] = {
-    "seed",    "global-batch", "steps",   "tokens", "token-spread", "lr",      "vocab",
-    "d-model", "d-ff",         "experts", "top-k",  "layers",       "backend", "shared-expert-ff"};
 
 static void entries_free(hx_sweep *s)
 {
@@ -79,249 +39,6 @@ static void entries_free(hx_sweep *s)
     for (int i = 0; s->baselines && i < s->n; i++)
         hx_sweep_weights_free(&s->baselines[i]);
     free(s->baselines);
-}
-
-static bool entry_add(hx_sweep_entry *e, const char *option, const char *value)
-{
-    if (e->n_args + 2 > HX_SWEEP_MAX_ARGS)
-        return false;
-    size_t n = strlen(option) + 3;
-    char *opt = malloc(n);
-    if (!opt)
-        return false;
-    snprintf(opt, n, "--%s", option);
-    e->args[e->n_args++] = opt;
-    if (value) {
-        char *v = hx_strdup(value);
-        if (!v)
-            return false;
-        e->args[e->n_args++] = v;
-    }
-    return true;
-}
-
-/* Parse `argv` (argv[0] first) into *o, the error line (without the program's prefix) into
- * msg. Returns false on a bad option. */
-static bool parse_options(int argc, char **argv, hx_options *o, char *msg, size_t size)
-{
-    hx_options_default(o);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *err = open_memstream(&text, &len);
-    if (!err) {
-        snprintf(msg, size, "out of memory");
-        return false;
-    }
-    hx_parse_result r = hx_options_parse(argc, argv, o, err, err);
-    fclose(err);
-    const char *m = text ? text : "";
-    if (strncmp(m, "seldp-harness: ", 15) == 0)
-        m += 15;
-    snprintf(msg, size, "%.*s", (int)strcspn(m, "\n"), m);
-    free(text);
-    return r == HX_PARSE_RUN;
-}
-
-/* The options of one object of a sweep file. */
-static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry *e, FILE *err)
-{
-    e->line = obj->line;
-    e->column = obj->column;
-    if (obj->type != HX_JSON_OBJECT) {
-        fprintf(err,
-                "seldp-harness: %s:%d:%d: a run must be an object of harness options, not %s\n",
-                file, obj->line, obj->column, hx_json_type_name(obj->type));
-        return false;
-    }
-    for (size_t k = 0; k < obj->count; k++) {
-        const char *key = obj->keys[k];
-        const hx_json *v = &obj->items[k];
-        if (strcmp(key, "name") == 0) {
-            if (v->type != HX_JSON_STRING || !v->string[0]) {
-                fprintf(err, "seldp-harness: %s:%d:%d: \"name\": expected a non-empty string\n",
-                        file, v->line, v->column);
-                return false;
-            }
-            snprintf(e->label, sizeof e->label, "%s", v->string);
-            continue;
-        }
-        for (size_t s = 0; s < sizeof shared_keys / sizeof shared_keys[0]; s++) {
-            if (strcmp(key, shared_keys[s]) == 0) {
-                fprintf(err,
-                        "seldp-harness: %s:%d:%d: \"%s\": the same in every run of a sweep; give "
-                        "--%s on the command line\n",
-                        file, v->line, v->column, key, key);
-                return false;
-            }
-        }
-        size_t s = 0;
-        while (s < N_SWEEP_KEYS && strcmp(key, sweep_keys[s].key) != 0)
-            s++;
-        if (s == N_SWEEP_KEYS) {
-            fprintf(err,
-                    "seldp-harness: %s:%d:%d: unknown key \"%s\": expected name, world, ep, "
-                    "order, framework, tp, pp, cp, etp, layout-file, roots, dtype, quant, flow, "
-                    "fp32-master, "
-                    "policy, inject, lora-rank, lora-alpha, aux-loss-coeff, aux-loss-scope, "
-                    "z-loss-coeff or capacity-factor\n",
-                    file, v->line, v->column, key);
-            return false;
-        }
-        char value[256];
-        if (sweep_keys[s].flag) {
-            if (v->type != HX_JSON_BOOL) {
-                fprintf(err, "seldp-harness: %s:%d:%d: \"%s\": expected true or false\n", file,
-                        v->line, v->column, key);
-                return false;
-            }
-            if (v->boolean && !entry_add(e, sweep_keys[s].option, NULL))
-                goto nomem;
-            continue;
-        }
-        if (v->type == HX_JSON_STRING)
-            snprintf(value, sizeof value, "%s", v->string);
-        else if (v->type == HX_JSON_NUMBER && v->is_integer)
-            snprintf(value, sizeof value, "%lld", (long long)v->integer);
-        else if (v->type == HX_JSON_NUMBER &&
-                 (strcmp(key, "lora-alpha") == 0 || strstr(key, "-coeff") ||
-                  strcmp(key, "capacity-factor") == 0))
-            snprintf(value, sizeof value, "%.17g", v->number);
-        else {
-            fprintf(err,
-                    "seldp-harness: %s:%d:%d: \"%s\": expected a string or an integer, not %s\n",
-                    file, v->line, v->column, key, hx_json_type_name(v->type));
-            return false;
-        }
-        /* the value alone, so that its error points at it */
-        char opt[64], msg[512];
-        snprintf(opt, sizeof opt, "--%s", sweep_keys[s].option);
-        char *one[] = {"seldp-harness", opt, value, NULL};
-        /* a planted bug's requirements on other options are checked with the whole run; here
-         * only its name (local-aux needs a load-balancing loss) */
-        char *bug[] = {"seldp-harness", "--aux-loss-coeff", "1", opt, value, NULL};
-        bool is_inject = strcmp(key, "inject") == 0;
-        hx_options scratch;
-        if (!parse_options(is_inject ? 5 : 3, is_inject ? bug : one, &scratch, msg, sizeof msg)) {
-            fprintf(err, "seldp-harness: %s:%d:%d: %s\n", file, v->line, v->column, msg);
-            return false;
-        }
-        if (!entry_add(e, sweep_keys[s].option, value))
-            goto nomem;
-    }
-    return true;
-nomem:
-    fprintf(err, "seldp-harness: %s: out of memory or too many options in one run\n", file);
-    return false;
-}
-
-static bool entries_from_file(hx_sweep *s, FILE *err)
-{
-    char *text = NULL;
-    size_t len = 0;
-    hx_json *root = NULL;
-    bool ok = false;
-    if (hx_read_file(s->name, &text, &len) != SELDP_OK) {
-        fprintf(err,
-                "seldp-harness: --sweep %s: not a preset (ep, frameworks, worlds, worlds-32) "
-                "and %s\n",
-                s->name, hx_last_error());
-        return false;
-    }
-    if (hx_json_parse(text, len, s->name, &root) != SELDP_OK) {
-        fprintf(err, "seldp-harness: %s\n", hx_last_error());
-        goto out;
-    }
-    if (root->type != HX_JSON_ARRAY || root->count == 0 || root->count > MAX_RUNS) {
-        fprintf(err, "seldp-harness: %s:%d:%d: expected a list of 1 to %d runs\n", s->name,
-                root->line, root->column, MAX_RUNS);
-        goto out;
-    }
-    s->entries = hx_calloc(root->count, sizeof *s->entries);
-    if (!s->entries)
-        goto out;
-    s->n = (int)root->count;
-    for (size_t i = 0; i < root->count; i++)
-        if (!entry_from_json(s->name, &root->items[i], &s->entries[i], err))
-            goto out;
-    ok = true;
-out:
-    hx_json_free(root);
-    free(text);
-    return ok;
-}
-
-/* The frameworks preset: each framework at TP = PP = CP = ETP = 1 with each order it has
- * (Megatron's with ep inside and outside dp; DeepSpeed's expert- and data-first; torchtitan's
- * mesh has none). */
-static const struct {
-    const char *framework;
-    const char *order; /* NULL: the framework has no order */
-} framework_runs[] = {
-    {"megatron", "tp-cp-ep-dp-pp"},
-    {"megatron", "tp-cp-dp-ep-pp"},
-    {"megatron-0.9", "tp-cp-ep-dp-pp"},
-    {"megatron-0.9", "tp-cp-dp-ep-pp"},
-    {"deepspeed", "ep-dp"},
-    {"deepspeed", "dp-ep"},
-    {"torchtitan", NULL},
-};
-#define N_FRAMEWORK_RUNS (sizeof framework_runs / sizeof framework_runs[0])
-
-/* The presets: every ep of the world in both orders; every framework preset; worlds 1, 2, 4,
- * 8 (and 16, 32). */
-static bool entries_from_preset(hx_sweep *s, const hx_options *base, bool *is_preset)
-{
-    *is_preset = true;
-    int worlds[] = {1, 2, 4, 8, 16, 32};
-    if (strcmp(s->name, "frameworks") == 0) {
-        s->entries = hx_calloc(N_FRAMEWORK_RUNS, sizeof *s->entries);
-        if (!s->entries)
-            return false;
-        for (size_t i = 0; i < N_FRAMEWORK_RUNS; i++) {
-            hx_sweep_entry *e = &s->entries[s->n++];
-            if (!entry_add(e, "framework", framework_runs[i].framework) ||
-                (framework_runs[i].order && !entry_add(e, "order", framework_runs[i].order)))
-                return false;
-        }
-        return true;
-    }
-    if (strcmp(s->name, "ep") == 0) {
-        s->entries = hx_calloc(2 * 64, sizeof *s->entries);
-        if (!s->entries)
-            return false;
-        for (int ep = 1; ep <= base->world && s->n < 128; ep++) {
-            if (base->world % ep != 0 || base->model.experts % ep != 0)
-                continue;
-            for (int order = 0; order < 2; order++) {
-                char v[16];
-                snprintf(v, sizeof v, "%d", ep);
-                hx_sweep_entry *e = &s->entries[s->n++];
-                if (!entry_add(e, "ep", v) || !entry_add(e, "order", order ? "dp-ep" : "ep-dp"))
-                    return false;
-            }
-        }
-        return true;
-    }
-    int n_worlds = strcmp(s->name, "worlds") == 0 ? 4 : strcmp(s->name, "worlds-32") == 0 ? 6 : 0;
-    if (n_worlds == 0) {
-        *is_preset = false;
-        return true;
-    }
-    s->entries = hx_calloc((size_t)n_worlds, sizeof *s->entries);
-    if (!s->entries)
-        return false;
-    for (int i = 0; i < n_worlds; i++) {
-        int ep = base->ep;
-        while (ep > 1 && (worlds[i] % ep != 0 || base->model.experts % ep != 0))
-            ep /= 2;
-        char w[16], v[16];
-        snprintf(w, sizeof w, "%d", worlds[i]);
-        snprintf(v, sizeof v, "%d", ep < 1 ? 1 : ep);
-        hx_sweep_entry *e = &s->entries[s->n++];
-        if (!entry_add(e, "world", w) || !entry_add(e, "ep", v))
-            return false;
-    }
-    return true;
 }
 
 /* The terms of the objective a run trains (docs/model.md, Routing extensions): runs that differ in
@@ -417,7 +134,7 @@ static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
             snprintf(where, sizeof where, "%s:%d:%d", s->name, e->line, e->column);
         else
             snprintf(where, sizeof where, "--sweep %s, run %d", s->name, i + 1);
-        if (!parse_options(n, args, &e->opts, msg, sizeof msg)) {
+        if (!hx_sweep_parse_options(n, args, &e->opts, msg, sizeof msg)) {
             fprintf(err, "seldp-harness: %s: %s\n", where, msg);
             return false;
         }
@@ -497,12 +214,7 @@ int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE
         fprintf(err, "seldp-harness: --sweep needs --out DIR for sweep.md and sweep.json\n");
         return HX_EXIT_USAGE;
     }
-    bool is_preset = false;
-    if (!entries_from_preset(&s, opts, &is_preset)) {
-        fprintf(err, "seldp-harness: out of memory\n");
-        goto out;
-    }
-    if (!is_preset && !entries_from_file(&s, err))
+    if (!hx_sweep_entries(&s, opts, out, err))
         goto out;
     if (!entries_resolve(&s, argc, argv, err))
         goto out;

@@ -2,12 +2,19 @@
 """Write the synthetic seeds of the fuzz corpora (tests/fuzz/corpus/<target>/).
 
 The seeds are committed; run this again only to change them. Besides these, the corpora hold
-real files: the harness's test layouts and two seldp-harness --dump outputs (dense and nf4).
+real files: the harness's test layouts and two seldp-harness --dump outputs (dense and nf4), and
+inputs the fuzzers once found (newline-in-*: a message that was not one line).
 
   manifest/     schema-manifest blobs (src/manifest.c's encoding), valid and broken
   safetensors/  small safetensors files of every dtype, metadata, empty tensors
   layout/       one byte choosing the roots (b'0' first, b'1' last, b'2' spread), then JSON
                 (TP = PP = 1 files and a file of the full grid)
+  megatron/     Megatron command lines: the framework examples of tests/harness/configs and
+                short ones that reach the refusals
+  toml/         torchtitan's train configs (tests/harness/configs) and TOML of every kind
+  deepspeed/    ds_configs (tests/harness/configs) and short ones
+  groups/       one byte choosing the layout (fuzz_groups.c), then a --compare-groups file
+  sweep/        sweep files
 """
 import json
 import os
@@ -153,7 +160,61 @@ def layouts():
                    "expert_tp": [[0], [1], [2], [3]]}}).encode())
 
 
+CONFIGS = os.path.join(HERE, "..", "harness", "configs")
+
+
+def config(rel):
+    with open(os.path.join(CONFIGS, rel), "rb") as f:
+        return f.read()
+
+
+def interop():
+    for rel in ("megatron/mixtral_8x7b.args", "megatron/gptoss_20b.args",
+                "megatron/deepseek_v3_fsdp.args", "megatron-deepspeed/gpt_125M_MoE64.args"):
+        write("megatron", os.path.basename(rel), config(rel))
+    write("megatron", "launcher.args", b"python -m torch.distributed.run --nproc-per-node=4 "
+          b"--nnodes=2 pretrain_gpt.py --num-experts 8 --expert-model-parallel-size 4 "
+          b"--moe-expert-capacity-factor -1 --moe-shared-expert-intermediate-size 128")
+    write("megatron", "refusals.args", b"--tensor-model-parallel-size ${TP} --bf16 --fp16 "
+          b"--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.01 "
+          b"--data-path '/unterminated")
+    write("megatron", "quotes.args", b"--split \"99,1,0\" --x='a b' \\\n --y \\\\ # comment\n"
+          b"--micro-batch-size 3 --global-batch-size 256 --use-tp-pp-dp-mapping")
+    for rel in ("torchtitan/deepseek_v3_16b.toml", "torchtitan/llama4_17bx128e.toml",
+                "torchtitan/deepseek_v3_671b.toml"):
+        write("toml", os.path.basename(rel), config(rel))
+    write("toml", "every-kind.toml", b"# every kind\ntitle = \"t\\u00e9\"\n[a.b]\n"
+          b"'q k' = 'lit'\nn = [1, 2.5e-3, -inf, 0x1f, 0o7, 0b1, 1_000,\n]\n"
+          b"t = { x = 1, y.z = true }\n[a]\nc.d = false\n")
+    write("toml", "redefined.toml", b"[t]\nk = 1\n[t]\nk = 2\n[[x]]\n")
+    write("toml", "hsdp.toml", b"[parallelism]\ndata_parallel_replicate_degree = 2\n"
+          b"data_parallel_shard_degree = 4\nexpert_parallel_degree = 4\n"
+          b"pipeline_parallel_degree = 2\n[training]\nlocal_batch_size = 4\n"
+          b"global_batch_size = 64\ndtype = \"bfloat16\"\n")
+    for rel in ("megatron-deepspeed/ds_config_gpt_125M_MoE64.json",
+                "deepspeed/autoep_zero2_bf16.json"):
+        write("deepspeed", os.path.basename(rel), config(rel))
+    write("deepspeed", "autotp.json", json.dumps({
+        "tensor_parallel": {"autotp_size": 2}, "use_data_before_expert_parallel_": True,
+        "expert_parallel": {"enabled": True, "autoep_size": 4}, "train_batch_size": "auto",
+        "fp16": {"enabled": True, "loss_scale": 0}, "communication_data_type": "fp32"}).encode())
+    groups = [(0, "megatron/mixtral_8x7b-groups.json"), (1, "megatron/gptoss_20b-groups.json"),
+              (2, "megatron-deepspeed/gpt_125M_MoE64-groups.json"),
+              (3, "torchtitan/deepseek_v3_16b-groups.json")]
+    for byte, rel in groups:
+        write("groups", os.path.basename(rel), str(byte).encode() + config(rel))
+    write("groups", "hot-expert.json", b"4" + json.dumps({"ranks": [
+        {"rank": 0, "dp": [0, 1, 2, 3], "expert_dp": [0, 2], "experts": [0, 1]},
+        {"rank": 1, "embedding": None, "expert_dp": [1, 3]}, {"rank": 2}, {"rank": 3}]}).encode())
+    write("sweep", "layouts.json", json.dumps([
+        {"name": "first", "world": 4, "ep": 2, "order": "dp-ep", "flow": "mean"},
+        {"framework": "megatron", "tp": 2, "order": "tp-dp-pp", "fp32-master": True},
+        {"framework": "torchtitan", "ep": 4, "aux-loss-coeff": 0.01, "inject": "local-aux"}]).encode())
+    write("sweep", "refused.json", b'[{"seed": 3}, {"bogus": 1}, {"ep": "x"}]')
+
+
 if __name__ == "__main__":
     manifests()
     safetensors_seeds()
     layouts()
+    interop()

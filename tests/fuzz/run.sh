@@ -12,7 +12,7 @@ build=${1:?usage: run.sh BUILD_DIR [SECONDS]}
 seconds=${2:-30}
 here=$(cd "$(dirname "$0")" && pwd)
 status=0
-for target in manifest layout safetensors; do
+for target in manifest layout safetensors megatron toml deepspeed groups sweep; do
     exe="$build/fuzz_$target"
     work="$build/corpus/$target"
     artifacts="$build/artifacts/$target"
@@ -22,6 +22,9 @@ for target in manifest layout safetensors; do
         manifest) dict=manifest.dict; max_len=4096 ;;
         layout) dict=json.dict; max_len=4096 ;;
         safetensors) dict=json.dict; max_len=8192 ;;
+        megatron) dict=megatron.dict; max_len=8192 ;;
+        toml) dict=toml.dict; max_len=4096 ;;
+        deepspeed | groups | sweep) dict=json.dict; max_len=8192 ;;
     esac
     "$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="$max_len" \
         -dict="$here/$dict" -artifact_prefix="$artifacts/" -print_final_stats=1 \

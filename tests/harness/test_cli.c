@@ -56,10 +56,17 @@ static void test_help_lists_every_option(void **state)
     for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
         if (!strstr(run.out, options[i]))
             fail_msg("--help lacks %s", options[i]);
-    const char *defaults[] = {
-        "[default: 8]",    "[default: 4]",    "[default: ep-dp]",         "[default: bf16]",
-        "[default: none]", "[default: sum]",  "[default: error]",         "[default: 3]",
-        "[default: 64]",   "[default: auto]", "[default: results/latest]"};
+    const char *defaults[] = {"[default: 8]",
+                              "[default: 4]",
+                              "[default: megatron tp-cp-ep-dp-pp,",
+                              "[default: bf16]",
+                              "[default: none]",
+                              "[default: sum]",
+                              "[default: error]",
+                              "[default: 3]",
+                              "[default: 64]",
+                              "[default: auto]",
+                              "[default: results/latest]"};
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         if (!strstr(run.out, defaults[i]))
             fail_msg("--help lacks %s", defaults[i]);
@@ -103,7 +110,8 @@ static void test_bad_options(void **state)
     expect_usage_error("--world eight", "--world 'eight'");
     expect_usage_error("--ep 3", "--ep 3: must be >= 1 and divide --world 8");
     expect_usage_error("--experts 6", "--experts 6: must be a positive multiple of --ep 4");
-    expect_usage_error("--order ep-tp", "--order 'ep-tp': expected ep-dp or dp-ep");
+    expect_usage_error("--order ep-tq", "--order 'ep-tq': expected ep-dp or dp-ep");
+    expect_usage_error("--order tp-dp-tp", "--order 'tp-dp-tp': expected ep-dp or dp-ep");
     expect_usage_error("--dtype f64", "--dtype 'f64': expected f32, bf16 or f16");
     expect_usage_error("--quant gptq", "--quant 'gptq': expected none, nf4 or awq");
     expect_usage_error("--expert-reduce max", "--expert-reduce 'max': expected sum or mean");

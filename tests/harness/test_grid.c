@@ -95,7 +95,7 @@ static void refusals_and_rejections(void **state)
     expect_usage("--framework gpt", "--framework 'gpt': expected megatron, megatron-0.9, "
                                     "deepspeed or torchtitan");
     expect_usage("--tp 0", "--tp '0': expected an integer in 1..4096");
-    expect_usage("--order tp-cp-ep-dp", "--order 'tp-cp-ep-dp': expected ep-dp or dp-ep");
+    expect_usage("--order tp-cp-ep-dq", "--order 'tp-cp-ep-dq': expected ep-dp or dp-ep");
     expect_usage("--layout-file x.json --tp 2",
                  "--layout-file and --framework/--tp/--pp/--cp/--etp exclude each other");
 }
