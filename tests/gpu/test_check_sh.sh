@@ -85,7 +85,7 @@ cat >"$bin/ctest" <<'EOF'
 echo "ctest $* NCCL_DEBUG=${NCCL_DEBUG:-unset}" >>"$STUB_LOG"
 name=""
 for a in "$@"; do
-    [ "$a" = -N ] && { for t in ${STUB_TESTS:-gpu_half_bits gpu_cast gpu_host_staged gpu_nccl_world gpu_nccl_reduce gpu_tinymoe harness_gpu}; do echo "  Test  #1: $t"; done; exit 0; }
+    [ "$a" = -N ] && { for t in ${STUB_TESTS:-gpu_half_bits gpu_cast gpu_host_staged gpu_nccl_world gpu_nccl_reduce gpu_tinymoe harness_gpu gpu_shard}; do echo "  Test  #1: $t"; done; exit 0; }
     case $a in ^*\$) name=${a#^}; name=${name%\$} ;; esac
 done
 var=STUB_CTEST_$name
@@ -164,7 +164,7 @@ expect "CMake pointed at NCCL, required" grep -q -- "-DSELDP_WITH_NCCL=ON -DNCCL
 expect "only gpu-check built" grep -q -- "^cmake --build $b --target gpu-check -j" "$STUB_LOG"
 expect "the kit row" row "$t" kit ok "1 packages in $b/kit"
 expect "the host-only test ran" row "$t" gpu_half_bits ok "passed"
-for s in driver gpu_cast gpu_host_staged gpu_nccl_world gpu_nccl_reduce gpu_tinymoe harness_gpu \
+for s in driver gpu_cast gpu_host_staged gpu_nccl_world gpu_nccl_reduce gpu_tinymoe harness_gpu gpu_shard \
     harness-nccl harness-nccl-f32 harness-auto bench-gpu; do
     expect "$s NOT RUN, no GPU" row "$t" "$s" "NOT RUN" "no GPU \\(nvidia-smi shows no GPU\\)"
 done
