@@ -8,6 +8,8 @@
 
 #include <cblas.h>
 
+#include "blas_gate.h"
+
 #include "tm_internal.h"
 
 void tm_blas_single_thread(void)
@@ -144,8 +146,8 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
         memcpy(c->h_in, h, T * (size_t)D * sizeof(float));
         tm__rmsnorm_forward(c->h_in, m->work[m->norm[l]], T, D, m->cfg.eps, c->u, c->rstd);
         // u (T,D) . W_r^T (D,E) -> probs (T,E)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, E, D, 1.0f, c->u, D,
-                    m->work[m->router[l]], D, 0.0f, c->probs, E);
+        tm__sgemm(CblasNoTrans, CblasTrans, (int)T, E, D, 1.0f, c->u, D, m->work[m->router[l]], D,
+                  0.0f, c->probs, E);
     }
     for (size_t t = 0; t < T; t++) {
         float *p = c->probs + t * (size_t)E;
@@ -244,11 +246,11 @@ seldp_status tm_route_backward(tm_model *m, int l, const float *dx, float *dh)
         tm__router_loss_backward(m, c, t, dl);
     }
     // dW_r (E,D) += dlogits^T (E,T) . u (T,D)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, D, (int)T, 1.0f, dlogits, E, c->u, D,
-                1.0f, m->grad[m->router[l]], D);
+    tm__sgemm(CblasTrans, CblasNoTrans, E, D, (int)T, 1.0f, dlogits, E, c->u, D, 1.0f,
+              m->grad[m->router[l]], D);
     // du (T,D) = dlogits (T,E) . W_r (E,D) + sum_k dx[t,k]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, D, E, 1.0f, dlogits, E,
-                m->work[m->router[l]], D, 0.0f, du, D);
+    tm__sgemm(CblasNoTrans, CblasNoTrans, (int)T, D, E, 1.0f, dlogits, E, m->work[m->router[l]], D,
+              0.0f, du, D);
     for (size_t t = 0; t < T; t++) {
         for (int k = 0; k < K; k++) {
             if (c->expert[t * (size_t)K + (size_t)k] < 0)
@@ -347,13 +349,11 @@ fail:
 static void expert_ffn(const tm_expert_slot *s, const float *x, size_t n, int D, int F, float *pre,
                        float *act, float *y)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0f, x, D, s->w1.eff, D,
-                0.0f, pre, F);
+    tm__sgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0f, x, D, s->w1.eff, D, 0.0f, pre, F);
     for (size_t i = 0; i < n * (size_t)F; i++)
         act[i] = pre[i] * tm__sigmoid(pre[i]);
     if (y)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, D, F, 1.0f, act, F, s->w2.eff,
-                    F, 0.0f, y, D);
+        tm__sgemm(CblasNoTrans, CblasTrans, (int)n, D, F, 1.0f, act, F, s->w2.eff, F, 0.0f, y, D);
 }
 
 seldp_status tm_expert_forward(tm_model *m, int l, int e, const float *x, size_t n, float *y)
@@ -382,11 +382,11 @@ static void lora_backward(tm_model *m, const tm_linear *lin, const float *dW)
     const int r = m->cfg.lora_rank;
     const float c = (float)(m->cfg.lora_alpha / r);
     // dB (out,r) += c dW (out,in) . A^T (in,r)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, lin->out, r, lin->in, c, dW, lin->in,
-                m->work[lin->lora_a], lin->in, 1.0f, m->grad[lin->lora_b], r);
+    tm__sgemm(CblasNoTrans, CblasTrans, lin->out, r, lin->in, c, dW, lin->in, m->work[lin->lora_a],
+              lin->in, 1.0f, m->grad[lin->lora_b], r);
     // dA (r,in) += c B^T (r,out) . dW (out,in)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, lin->in, lin->out, c,
-                m->work[lin->lora_b], r, dW, lin->in, 1.0f, m->grad[lin->lora_a], lin->in);
+    tm__sgemm(CblasTrans, CblasNoTrans, r, lin->in, lin->out, c, m->work[lin->lora_b], r, dW,
+              lin->in, 1.0f, m->grad[lin->lora_a], lin->in);
 }
 
 seldp_status tm_expert_backward(tm_model *m, int l, int e, const float *x, const float *dy,
@@ -410,11 +410,10 @@ seldp_status tm_expert_backward(tm_model *m, int l, int e, const float *x, const
     float *dW = dense ? NULL : buf + 3 * nF; /* (D,F) or (F,D): both D*F floats */
     expert_ffn(s, x, n, D, F, pre, act, NULL);
     // dact (n,F) = dy (n,D) . w2 (D,F)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0f, dy, D, s->w2.eff, F,
-                0.0f, dact, F);
+    tm__sgemm(CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0f, dy, D, s->w2.eff, F, 0.0f, dact, F);
     // dw2 (D,F) = dy^T (D,n) . act (n,F)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, (int)n, 1.0f, dy, D, act, F,
-                dense ? 1.0f : 0.0f, dense ? m->grad[s->w2.dense] : dW, F);
+    tm__sgemm(CblasTrans, CblasNoTrans, D, F, (int)n, 1.0f, dy, D, act, F, dense ? 1.0f : 0.0f,
+              dense ? m->grad[s->w2.dense] : dW, F);
     if (!dense)
         lora_backward(m, &s->w2, dW);
     for (size_t i = 0; i < nF; i++) {
@@ -422,14 +421,14 @@ seldp_status tm_expert_backward(tm_model *m, int l, int e, const float *x, const
         dact[i] *= sg * (1.0f + pre[i] * (1.0f - sg)); /* silu'(a) */
     }
     // dw1 (F,D) = dpre^T (F,n) . x (n,D)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, D, (int)n, 1.0f, dact, F, x, D,
-                dense ? 1.0f : 0.0f, dense ? m->grad[s->w1.dense] : dW, D);
+    tm__sgemm(CblasTrans, CblasNoTrans, F, D, (int)n, 1.0f, dact, F, x, D, dense ? 1.0f : 0.0f,
+              dense ? m->grad[s->w1.dense] : dW, D);
     if (!dense)
         lora_backward(m, &s->w1, dW);
     // dx (n,D) = dpre (n,F) . w1 (F,D)
     if (dx)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0f, dact, F,
-                    s->w1.eff, D, 0.0f, dx, D);
+        tm__sgemm(CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0f, dact, F, s->w1.eff, D, 0.0f, dx,
+                  D);
     m->seen[(size_t)l * (size_t)m->cfg.experts + (size_t)e] = true;
 fail:
     free(buf);
@@ -472,8 +471,7 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
     const float *E = m->work[m->embed];
     tm__rmsnorm_forward(h, gf, T, D, m->cfg.eps, z, rstd);
     // logits (T,V) = z (T,D) . embed^T (D,V)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, V, D, 1.0f, z, D, E, D, 0.0f,
-                logits, V);
+    tm__sgemm(CblasNoTrans, CblasTrans, (int)T, V, D, 1.0f, z, D, E, D, 0.0f, logits, V);
     for (size_t t = 0; t < T; t++) {
         float *row = logits + t * (size_t)V;
         float mx = row[0];
@@ -489,11 +487,10 @@ seldp_status tm_head_forward_backward(tm_model *m, const float *h, const int32_t
         row[targets[t]] -= 1.0f;
     }
     // dz (T,D) = dlogits (T,V) . embed (V,D)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, D, V, 1.0f, logits, V, E, D,
-                0.0f, dz, D);
+    tm__sgemm(CblasNoTrans, CblasNoTrans, (int)T, D, V, 1.0f, logits, V, E, D, 0.0f, dz, D);
     // d embed (V,D) += dlogits^T (V,T) . z (T,D)   (the tied lm_head)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)T, 1.0f, logits, V, z, D, 1.0f,
-                m->grad[m->embed], D);
+    tm__sgemm(CblasTrans, CblasNoTrans, V, D, (int)T, 1.0f, logits, V, z, D, 1.0f,
+              m->grad[m->embed], D);
     memset(dh, 0, TD * sizeof *dh);
     tm__rmsnorm_backward(dz, h, gf, rstd, T, D, dh, m->grad[m->final_norm]);
 done:

@@ -7,6 +7,8 @@
 
 #include <cblas.h>
 
+#include "blas_gate.h"
+
 #include "tm_internal.h"
 
 #define TM_ALIGN 64
@@ -17,6 +19,7 @@ typedef struct layout {
     tm_model *m;
     size_t offset[SELDP_DTYPE_COUNT]; /* bytes used so far per dtype */
     size_t *param_offset;             /* per param: byte offset in its dtype's block */
+    size_t cap;                       /* entries of m->params and param_offset */
     size_t work_floats;
 } layout;
 
@@ -25,6 +28,9 @@ static seldp_status add_param(layout *lay, const char *path, seldp_dtype dtype, 
 {
     tm_model *m = lay->m;
     size_t i = m->n_params;
+    if (i == lay->cap)
+        return tm__fail(SELDP_ERR_INTERNAL, "rank %d: more than %zu parameters at %s", m->rank,
+                        lay->cap, path);
     tm_param_info *p = &m->params[i];
     char *copy = malloc(strlen(path) + 1);
     if (!copy)
@@ -129,6 +135,8 @@ static seldp_status build_layout(layout *lay)
     }
     if (part->embed && part->head) {
         /* The tied head: a second occurrence of embed's storage, allocated nothing. */
+        if (m->n_params == lay->cap)
+            TM_FAIL(SELDP_ERR_INTERNAL, "rank %d: more than %zu parameters", m->rank, lay->cap);
         tm_param_info *head = &m->params[m->n_params];
         char *head_path = malloc(sizeof "lm_head.weight");
         if (!head_path)
@@ -364,9 +372,12 @@ seldp_status tm_model_create_part(const tm_config *cfg, const tm_part *part, int
     m->experts = calloc((size_t)L * (size_t)E, sizeof *m->experts);
     m->seen = calloc((size_t)L * (size_t)E, sizeof *m->seen);
     m->cache = calloc((size_t)L, sizeof *m->cache);
-    size_t max_params = 4 + (size_t)L * (4 + (size_t)E * 10);
+    /* the parameters this rank holds: per layer a norm, a router, a shared expert's two, and
+     * per held expert at most 10 pieces (quantized bases, scales and adapters) */
+    size_t max_params = 6 + (size_t)L * (4 + (size_t)(n_experts < E ? n_experts : E) * 10);
     m->params = calloc(max_params, sizeof *m->params);
     lay.param_offset = calloc(max_params, sizeof *lay.param_offset);
+    lay.cap = max_params;
     lay.m = m;
     if (!m->owns || !m->norm || !m->router || !m->shared_w1 || !m->shared_w2 || !m->experts ||
         !m->seen || !m->cache || !m->params || !lay.param_offset)
@@ -533,9 +544,8 @@ static void effective_weight(const tm_model *m, const tm_linear *lin)
     }
     /* eff (out,in) += (alpha/r) * B (out,r) A (r,in) */
     const int r = m->cfg.lora_rank;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, lin->out, lin->in, r,
-                (float)(m->cfg.lora_alpha / r), m->work[lin->lora_b], r, m->work[lin->lora_a],
-                lin->in, 1.0f, lin->eff, lin->in);
+    tm__sgemm(CblasNoTrans, CblasNoTrans, lin->out, lin->in, r, (float)(m->cfg.lora_alpha / r),
+              m->work[lin->lora_b], r, m->work[lin->lora_a], lin->in, 1.0f, lin->eff, lin->in);
 }
 
 void tm_begin_step(tm_model *m)

@@ -21,6 +21,8 @@
 
 #include <cblas.h>
 
+#include "blas_gate.h"
+
 #include "reference_impl.h"
 #include "reference_router.h"
 #include "tm_error.h"
@@ -179,12 +181,10 @@ static void expert_forward(const tm_config *c, const ref_linear *w1, const ref_l
                            ref_work *w)
 {
     const int D = c->d_model, F = c->d_ff;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0,
-                w->A, F);
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
     for (size_t i = 0; i < n * (size_t)F; i++)
         w->S[i] = silu_d(w->A[i]);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, w->S, F, w2->w, F, 0.0,
-                w->YE, D);
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, w->S, F, w2->w, F, 0.0, w->YE, D);
 }
 
 /* Layer l forward: norm, router logits, top-K (following the model at near ties), gates,
@@ -203,8 +203,7 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     double router_loss = 0.0;
     for (size_t t = 0; t < N; t++)
         w->R[(size_t)l * N + t] = rms_row(Hin + t * D, p->norm[l]->w, D, c->eps, u + t * D);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, E, D, 1.0, u, D, p->router[l]->w,
-                D, 0.0, lg, E);
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)N, E, D, 1.0, u, D, p->router[l]->w, D, 0.0, lg, E);
     for (size_t t = 0, r = 0; t < N; t++) {
         const double *z = lg + t * E;
         while (t >= w->shard_begin[r + 1])
@@ -250,12 +249,11 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
         /* the shared expert: Hout += silu(u W1s^T) W2s^T, ungated */
         const size_t NF = N * (size_t)Fs;
         double *sa = w->SA + (size_t)l * NF;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, Fs, D, 1.0, u, D, p->sw1[l]->w,
-                    D, 0.0, sa, Fs);
+        tm__dgemm(CblasNoTrans, CblasTrans, (int)N, Fs, D, 1.0, u, D, p->sw1[l]->w, D, 0.0, sa, Fs);
         for (size_t i = 0; i < NF; i++)
             w->SS[i] = silu_d(sa[i]);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, w->SS, Fs,
-                    p->sw2[l]->w, Fs, 1.0, Hout, D);
+        tm__dgemm(CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, w->SS, Fs, p->sw2[l]->w, Fs, 1.0,
+                  Hout, D);
     }
     return router_loss;
 }
@@ -270,8 +268,7 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
     const double *Hf = w->H + (size_t)c->layers * N * (size_t)D;
     for (size_t t = 0; t < N; t++)
         w->RF[t] = rms_row(Hf + t * D, p->fnorm->w, D, c->eps, w->Z + t * D);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, V, D, 1.0, w->Z, D, p->emb->w, D,
-                0.0, w->LOG, V);
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)N, V, D, 1.0, w->Z, D, p->emb->w, D, 0.0, w->LOG, V);
     double loss = 0.0;
     for (size_t t = 0; t < N; t++) {
         double *row = w->LOG + t * V;
@@ -287,10 +284,9 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
             row[v] = exp(row[v] - lse) / (double)N;
         row[w->tgt[t]] -= 1.0 / (double)N;
     }
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)N, 1.0, w->LOG, V, w->Z, D, 1.0,
-                p->emb->g, D);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, p->emb->w,
-                D, 0.0, w->dZ, D);
+    tm__dgemm(CblasTrans, CblasNoTrans, V, D, (int)N, 1.0, w->LOG, V, w->Z, D, 1.0, p->emb->g, D);
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, p->emb->w, D, 0.0, w->dZ,
+              D);
     return loss / (double)N;
 }
 
@@ -307,10 +303,10 @@ static void add_linear_grad(const tm_config *c, ref_linear *li, const double *dW
     }
     const int r = c->lora_rank;
     const double lscale = c->lora_alpha / c->lora_rank;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, li->out, r, li->in, lscale, dW, li->in,
-                li->lora_a->w, li->in, 1.0, li->lora_b->g, r);
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, li->in, li->out, lscale, li->lora_b->w,
-                r, dW, li->in, 1.0, li->lora_a->g, li->in);
+    tm__dgemm(CblasNoTrans, CblasTrans, li->out, r, li->in, lscale, dW, li->in, li->lora_a->w,
+              li->in, 1.0, li->lora_b->g, r);
+    tm__dgemm(CblasTrans, CblasNoTrans, r, li->in, li->out, lscale, li->lora_b->w, r, dW, li->in,
+              1.0, li->lora_a->g, li->in);
 }
 
 /* Expert e of layer l backward: dgate of its slots, its weights' gradients and its rows'
@@ -328,12 +324,10 @@ static void expert_backward(tm_reference *ref, const ref_params *p, ref_work *w,
         return;
     for (size_t i = 0; i < n; i++)
         memcpy(w->dHr + i * D, w->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0,
-                w->A, F);
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
     for (size_t i = 0; i < n * (size_t)F; i++)
         w->S[i] = tm__ref_silu_slope(w->A[i], &w->dA[i]); /* dA holds silu'(A) for now */
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F,
-                0.0, w->P, F);
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F, 0.0, w->P, F);
     for (size_t i = 0; i < n; i++) {
         const double g = gate[rows[i]];
         double d = 0.0;
@@ -346,15 +340,12 @@ static void expert_backward(tm_reference *ref, const ref_params *p, ref_work *w,
             w->dYE[i * D + j] = g * w->dHr[i * D + j];
     }
     /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X */
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0,
-                w->dW, F);
+    tm__dgemm(CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0, w->dW, F);
     add_linear_grad(c, w2, w->dW);
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0,
-                w->dW, D);
+    tm__dgemm(CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0, w->dW, D);
     add_linear_grad(c, w1, w->dW);
     /* dX (n,D) = dA w1 */
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D,
-                0.0, w->dX, D);
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D, 0.0, w->dX, D);
     for (size_t i = 0; i < n; i++)
         for (int j = 0; j < D; j++)
             w->dU[(rows[i] / K) * D + j] += w->dX[i * D + j];
@@ -378,16 +369,16 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
         for (size_t i = 0; i < NF; i++)
             w->SS[i] = tm__ref_silu_slope(sa[i], &w->dSS[i]);
         /* W2s: dW (D,Fs) += dH^T S; dS = dH W2s; W1s: dW (Fs,D) += dA^T u; dU = dA W1s */
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fs, (int)N, 1.0, dH, D, w->SS, Fs,
-                    1.0, p->sw2[l]->g, Fs);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, dH, D,
-                    p->sw2[l]->w, Fs, 0.0, w->dSA, Fs);
+        tm__dgemm(CblasTrans, CblasNoTrans, D, Fs, (int)N, 1.0, dH, D, w->SS, Fs, 1.0, p->sw2[l]->g,
+                  Fs);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, dH, D, p->sw2[l]->w, Fs, 0.0,
+                  w->dSA, Fs);
         for (size_t i = 0; i < NF; i++)
             w->dSA[i] *= w->dSS[i];
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fs, D, (int)N, 1.0, w->dSA, Fs, u, D,
-                    1.0, p->sw1[l]->g, D);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, w->dSA, Fs,
-                    p->sw1[l]->w, D, 0.0, dU, D);
+        tm__dgemm(CblasTrans, CblasNoTrans, Fs, D, (int)N, 1.0, w->dSA, Fs, u, D, 1.0, p->sw1[l]->g,
+                  D);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, w->dSA, Fs, p->sw1[l]->w, D, 0.0,
+                  dU, D);
     }
     memset(w->dgate, 0, NK * sizeof(double)); /* a dropped slot adds nothing */
     for (int e = 0; e < E; e++)
@@ -412,10 +403,8 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
     /* the router losses reach every logit */
     if (w->DLR) {
         const double *dlr = w->DLR + (size_t)l * N * E;
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, D, (int)N, 1.0, dlr, E, u, D, 1.0,
-                    rg, D);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D,
-                    1.0, dU, D);
+        tm__dgemm(CblasTrans, CblasNoTrans, E, D, (int)N, 1.0, dlr, E, u, D, 1.0, rg, D);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D, 1.0, dU, D);
     }
     for (size_t t = 0; t < N; t++)
         rms_row_back(Hin + t * D, p->norm[l]->w, w->R[(size_t)l * N + t], D, dU + t * D, dH + t * D,

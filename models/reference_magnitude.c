@@ -25,8 +25,14 @@
 
 #include <cblas.h>
 
+#include "blas_gate.h"
+
 #include "reference_magnitude.h"
 #include "tm_error.h"
+
+/* The router is taken in blocks of this many tokens: its (tokens, E) arrays stay small at any
+ * world. */
+#define ROUTER_BLOCK 1024
 
 #define MAG_NOMEM() tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for the error scales")
 
@@ -79,7 +85,7 @@ bool tm__mag_var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, i
         return false;
     if (ta == CblasTrans) {
         const double drift = (double)k / 9.0;
-        cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, A, (int)ac, B, (int)bc, 0.0, tC, n);
+        tm__dgemm(ta, tb, m, n, k, 1.0, A, (int)ac, B, (int)bc, 0.0, tC, n);
         for (size_t i = 0; i < nc; i++)
             VC[i] = beta * VC[i] + drift * tC[i] * tC[i];
     } else if (beta != 1.0) {
@@ -88,16 +94,16 @@ bool tm__mag_var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, i
     }
     tm__mag_fill_abs(tA, A, na);
     tm__mag_fill_abs(tB, B, nb);
-    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, tA, (int)ac, tB, (int)bc, 0.0, tC, n);
+    tm__dgemm(ta, tb, m, n, k, 1.0, tA, (int)ac, tB, (int)bc, 0.0, tC, n);
     for (size_t i = 0; i < nc; i++)
         VC[i] += tC[i] * tC[i];
     if (VA) {
         tm__mag_fill_sq(tB, B, nb);
-        cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, VA, (int)ac, tB, (int)bc, 1.0, VC, n);
+        tm__dgemm(ta, tb, m, n, k, 1.0, VA, (int)ac, tB, (int)bc, 1.0, VC, n);
     }
     if (VB) {
         tm__mag_fill_sq(tA, A, na);
-        cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, tA, (int)ac, VB, (int)bc, 1.0, VC, n);
+        tm__dgemm(ta, tb, m, n, k, 1.0, tA, (int)ac, VB, (int)bc, 1.0, VC, n);
     }
     return true;
 }
@@ -109,13 +115,14 @@ static seldp_status pass_alloc(pass *s)
     tm_reference *ref = s->ref;
     const size_t N = s->N, D = (size_t)s->D, F = (size_t)s->F, E = (size_t)s->E;
     const size_t K = (size_t)s->K, L = (size_t)s->L, V = (size_t)s->V, Fs = (size_t)s->Fs;
-    const size_t NK = N * K, LE2 = L * E * 2;
+    const size_t NK = N * K, LE2 = L * E * 2, RB = N < ROUTER_BLOCK ? N : ROUTER_BLOCK;
     const bool losses = s->w->DLR != NULL;
 #define A(field, count) (s->field = tm__ref_calloc(ref, (count), sizeof(double)))
     if (!A(VH, (L + 1) * N * D) || !A(VU, L * N * D) || !A(VR, (L + 1) * N) || !A(VG, L * NK) ||
         !A(VSA, L * N * Fs) || !A(VZ, N * D) || !A(VLOG, N * V) || !A(AH, N * D) ||
         !A(VX, NK * D) || !A(VA, NK * F) || !A(VS, NK * F) || !A(VY, NK * D) || !A(VSL, NK * F) ||
-        !A(LG, N * E) || !A(VLG, N * E) || !A(PR, N * E) || !A(VPR, N * E) || !A(dH, N * D) ||
+        !A(LG, RB * E) || !A(VLG, RB * E) || !A(PR, RB * E) || !A(VPR, RB * E) ||
+        !A(F_AUX, (size_t)(s->w->n_shards > 1 ? s->w->n_shards : 1) * E) || !A(dH, N * D) ||
         !A(VdH, N * D) || !A(dU, N * D) || !A(VdU, N * D) || !A(VdHr, NK * D) || !A(VP, NK * F) ||
         !A(VdA, NK * F) || !A(VdYE, NK * D) || !A(VdX, NK * D) || !A(VdW, D * F) || !A(dgate, NK) ||
         !A(Vdgate, NK) || !A(VdSS, N * Fs) || !A(VdSA, N * Fs) || !A(SL, N * Fs) ||
@@ -139,8 +146,8 @@ static seldp_status pass_alloc(pass *s)
         tm__mag_fill_abs(aB, li->lora_b->w, li->lora_b->n);
         tm__mag_fill_abs(aA, li->lora_a->w, li->lora_a->n);
         tm__mag_fill_abs(s->VW[i], li->base, n);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, li->out, li->in, r,
-                    c->lora_alpha / r, aB, r, aA, li->in, 1.0, s->VW[i], li->in);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, li->out, li->in, r, c->lora_alpha / r, aB, r, aA,
+                  li->in, 1.0, s->VW[i], li->in);
         for (size_t k = 0; k < n; k++)
             s->VW[i][k] *= s->VW[i][k];
     }
@@ -252,20 +259,19 @@ void tm__mag_softmax_var(const double *p, const double *vz, int n, double *vp)
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-/* The router's probabilities of layer l's tokens over all experts and their variances (PR,
- * VPR), from logits recomputed with their variances (LG, VLG). */
-static bool router_var(pass *s, int l)
+/* The router's logits, probabilities and their variances (LG, VLG, PR, VPR: n rows) of layer
+ * l's tokens [t0, t0 + n). */
+static bool router_var(pass *s, int l, size_t t0, size_t n)
 {
     const int D = s->D, E = s->E;
-    const size_t N = s->N, ND = N * (size_t)D;
-    const double *u = s->w->U + (size_t)l * ND, *vu = s->VU + (size_t)l * ND;
+    const size_t ND = s->N * (size_t)D;
+    const double *u = s->w->U + (size_t)l * ND + t0 * D, *vu = s->VU + (size_t)l * ND + t0 * D;
     const double *rw = s->p->router[l]->w;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, E, D, 1.0, u, D, rw, D, 0.0, s->LG,
-                E);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, E, D, u, vu, N, (size_t)D, rw,
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, E, D, 1.0, u, D, rw, D, 0.0, s->LG, E);
+    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, E, D, u, vu, n, (size_t)D, rw,
                           NULL, (size_t)E, (size_t)D, 0.0, s->VLG))
         return false;
-    for (size_t t = 0; t < N; t++) {
+    for (size_t t = 0; t < n; t++) {
         const double *z = s->LG + t * E;
         double mx = z[0], se = 0.0;
         for (int e = 1; e < E; e++)
@@ -279,24 +285,39 @@ static bool router_var(pass *s, int l)
     return true;
 }
 
-/* The router losses' logit gradients' variances of layer l (the gradients reference_router.c
- * computes: aux (alpha E / N) p_j (f_j - sum_e f_e p_e), z (2 beta / N) lse p_j), and their
- * loss's variance into s->loss_var. PR, VPR and LG, VLG hold the layer's. */
-static void router_loss_var(pass *s, int l)
+/* The load-balancing loss's expert fractions f (E per data shard, one shard for the global
+ * scope) of layer l, into s->F_AUX: f_e = (assignments to e) / (tokens K). */
+static void aux_fractions(pass *s, int l, int shards, bool global)
 {
-    const tm_config *c = &s->ref->cfg;
     const int E = s->E, K = s->K;
     const size_t N = s->N;
     const int *sel = s->w->SEL + (size_t)l * N * (size_t)K;
+    memset(s->F_AUX, 0, (size_t)shards * (size_t)E * sizeof *s->F_AUX);
+    for (int r = 0; r < shards; r++) {
+        size_t first = global ? 0 : s->w->shard_begin[r];
+        size_t end = global ? N : s->w->shard_begin[r + 1];
+        double *f = s->F_AUX + (size_t)r * E;
+        for (size_t t = first; t < end; t++)
+            for (int k = 0; k < K; k++)
+                f[sel[t * K + k]] += 1.0 / ((double)(end - first) * K);
+    }
+}
+
+/* The router losses' logit gradients' variances of layer l's tokens [t0, t0 + n) (the
+ * gradients reference_router.c computes: aux (alpha E / N_s) p_j (f_j - sum_e f_e p_e), z
+ * (2 beta / N) lse p_j), and their loss's variance into s->loss_var. LG, VLG, PR and VPR hold
+ * the block's rows (router_var), F_AUX the fractions (aux_fractions); *shard is the data shard
+ * of token t0 on entry and of the block's last token on exit. */
+static void router_loss_var(pass *s, int l, size_t t0, size_t n, int *shard)
+{
+    const tm_config *c = &s->ref->cfg;
+    const int E = s->E;
+    const size_t N = s->N;
     double *vd = s->VDLR + (size_t)l * N * (size_t)E;
-    double *f = s->ar.buf[3] && s->ar.cap[3] >= (size_t)E ? s->ar.buf[3]
-                                                          : tm__mag_room(&s->ar, 3, (size_t)E);
-    if (!f)
-        return;
-    memset(vd, 0, N * (size_t)E * sizeof *vd);
-    for (size_t t = 0; t < N && c->z_loss_coeff > 0.0; t++) {
-        const double *p = s->PR + t * E, *vp = s->VPR + t * E, *vz = s->VLG + t * E;
-        const double *z = s->LG + t * E;
+    for (size_t i = 0; i < n && c->z_loss_coeff > 0.0; i++) {
+        const size_t t = t0 + i;
+        const double *p = s->PR + i * E, *vp = s->VPR + i * E, *vz = s->VLG + i * E;
+        const double *z = s->LG + i * E;
         double mx = z[0], se = 0.0, vlse = 0.0;
         for (int e = 1; e < E; e++)
             mx = fmax(mx, z[e]);
@@ -314,33 +335,71 @@ static void router_loss_var(pass *s, int l)
     if (c->aux_loss_coeff <= 0.0)
         return;
     const bool global = c->aux_loss_scope == TM_AUX_GLOBAL;
-    const int shards = global ? 1 : s->w->n_shards;
     const double a = c->aux_loss_coeff * E / (double)N;
-    for (int r = 0; r < shards; r++) {
-        size_t first = global ? 0 : s->w->shard_begin[r];
-        size_t end = global ? N : s->w->shard_begin[r + 1];
-        if (end == first)
-            continue;
-        memset(f, 0, (size_t)E * sizeof *f);
-        for (size_t t = first; t < end; t++)
-            for (int k = 0; k < K; k++)
-                f[sel[t * K + k]] += 1.0 / ((double)(end - first) * K);
-        for (size_t t = first; t < end; t++) {
-            const double *p = s->PR + t * E, *vp = s->VPR + t * E;
-            double fp = 0.0, vfp = 0.0;
-            for (int e = 0; e < E; e++) {
-                fp += f[e] * p[e];
-                vfp += f[e] * f[e] * vp[e];
-            }
-            for (int j = 0; j < E; j++) {
-                double d = f[j] - fp;
-                vd[t * E + j] +=
-                    a * a *
-                    (d * d * vp[j] + p[j] * p[j] * vfp + p[j] * p[j] * (f[j] + fp) * (f[j] + fp));
-            }
-            s->loss_var += a * a * vfp;
+    for (size_t i = 0; i < n; i++) {
+        const size_t t = t0 + i;
+        while (!global && t >= s->w->shard_begin[*shard + 1])
+            (*shard)++;
+        const double *f = s->F_AUX + (size_t)(global ? 0 : *shard) * E;
+        const double *p = s->PR + i * E, *vp = s->VPR + i * E;
+        double fp = 0.0, vfp = 0.0;
+        for (int e = 0; e < E; e++) {
+            fp += f[e] * p[e];
+            vfp += f[e] * f[e] * vp[e];
+        }
+        for (int j = 0; j < E; j++) {
+            double d = f[j] - fp;
+            vd[t * E + j] +=
+                a * a *
+                (d * d * vp[j] + p[j] * p[j] * vfp + p[j] * p[j] * (f[j] + fp) * (f[j] + fp));
+        }
+        s->loss_var += a * a * vfp;
+    }
+}
+
+/* The gates' variances of the block's tokens [t0, t0 + n): a softmax over the K selected
+ * logits (VLG holds the block's rows). */
+static void gates_var(pass *s, int l, size_t t0, size_t n)
+{
+    const int E = s->E, K = s->K;
+    const size_t NK = s->N * (size_t)K;
+    const int *sel = s->w->SEL + (size_t)l * NK;
+    const double *gate = s->w->GATE + (size_t)l * NK;
+    double *VG = s->VG + (size_t)l * NK;
+    for (size_t i = 0; i < n; i++) {
+        const size_t t = t0 + i;
+        double pz = 0.0;
+        for (int k = 0; k < K; k++)
+            pz += gate[t * K + k] * gate[t * K + k] * s->VLG[i * E + sel[t * K + k]];
+        for (int k = 0; k < K; k++) {
+            double g = gate[t * K + k];
+            VG[t * K + k] =
+                g * g * (s->VLG[i * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0);
         }
     }
+}
+
+/* Layer l's router in blocks of tokens: the gates' variances and the router losses'. */
+static bool router_layer_var(pass *s, int l)
+{
+    const tm_config *c = &s->ref->cfg;
+    const bool global = c->aux_loss_scope == TM_AUX_GLOBAL;
+    const int shards = global ? 1 : s->w->n_shards;
+    if (s->VDLR) {
+        memset(s->VDLR + (size_t)l * s->N * (size_t)s->E, 0, s->N * (size_t)s->E * sizeof(double));
+        if (c->aux_loss_coeff > 0.0)
+            aux_fractions(s, l, shards, global);
+    }
+    int shard = 0;
+    for (size_t t0 = 0; t0 < s->N; t0 += ROUTER_BLOCK) {
+        const size_t n = s->N - t0 < ROUTER_BLOCK ? s->N - t0 : ROUTER_BLOCK;
+        if (!router_var(s, l, t0, n))
+            return false;
+        gates_var(s, l, t0, n);
+        if (s->VDLR)
+            router_loss_var(s, l, t0, n, &shard);
+    }
+    return true;
 }
 
 /* Layer l's activations' variances: VU, VR, VG, VSA, VH of its output, the router losses'. */
@@ -352,27 +411,13 @@ static bool layer_forward_var(pass *s, int l)
     const double *H = w->H + (size_t)l * ND, *VH = s->VH + (size_t)l * ND;
     const double *u = w->U + (size_t)l * ND;
     double *VU = s->VU + (size_t)l * ND, *VHo = s->VH + (size_t)(l + 1) * ND;
-    const int *sel = w->SEL + (size_t)l * NK;
     const double *gate = w->GATE + (size_t)l * NK;
-    double *VG = s->VG + (size_t)l * NK;
+    const double *VG = s->VG + (size_t)l * NK;
     for (size_t t = 0; t < N; t++)
         s->VR[(size_t)l * N + t] = rms_row_var(H + t * D, VH + t * D, s->p->norm[l]->w,
                                                w->R[(size_t)l * N + t], D, VU + t * D);
-    if (!router_var(s, l))
+    if (!router_layer_var(s, l))
         return false;
-    /* the gates: a softmax over the K selected logits */
-    for (size_t t = 0; t < N; t++) {
-        double pz = 0.0;
-        for (int k = 0; k < K; k++)
-            pz += gate[t * K + k] * gate[t * K + k] * s->VLG[t * E + sel[t * K + k]];
-        for (int k = 0; k < K; k++) {
-            double g = gate[t * K + k];
-            VG[t * K + k] =
-                g * g * (s->VLG[t * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0);
-        }
-    }
-    if (s->VDLR)
-        router_loss_var(s, l);
     /* the residual and each expert's gated output; AH the magnitudes the sum rounds */
     memcpy(VHo, VH, ND * sizeof(double));
     tm__mag_fill_abs(s->AH, H, ND);
@@ -385,14 +430,12 @@ static bool layer_forward_var(pass *s, int l)
             continue;
         for (size_t i = 0; i < n; i++)
             memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D,
-                    0.0, w->A, F);
+        tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
         if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n,
                               (size_t)D, w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
             return false;
         tm__mag_silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, w->S, F, w2->w, F,
-                    0.0, w->YE, D);
+        tm__dgemm(CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, w->S, F, w2->w, F, 0.0, w->YE, D);
         if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, D, F, w->S, s->VS, n,
                               (size_t)F, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VY))
             return false;
@@ -424,8 +467,7 @@ static bool layer_forward_var(pass *s, int l)
             return false;
         tm__mag_fill_abs(aSS, w->SS, NF);
         tm__mag_fill_abs(aW, s->p->sw2[l]->w, (size_t)D * (size_t)Fs);
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, aSS, Fs, aW, Fs,
-                    1.0, s->AH, D);
+        tm__dgemm(CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, aSS, Fs, aW, Fs, 1.0, s->AH, D);
     }
     for (size_t i = 0; i < ND; i++)
         VHo[i] += s->AH[i] * s->AH[i];

@@ -41,7 +41,8 @@ typedef struct pass {
     double *AH;           /* (N,D) |terms| of one layer's residual sum */
     /* one expert's rows and the router's scratch */
     double *VX, *VA, *VS, *VY, *VSL; /* (n,D) (n,F) (n,F) (n,D) (n,F) silu' */
-    double *LG, *VLG, *PR, *VPR;     /* (N,E) logits, probabilities and their variances */
+    double *LG, *VLG, *PR, *VPR;     /* (block,E) logits, probabilities and their variances */
+    double *F_AUX;                   /* (shards,E) the load-balancing loss's expert fractions */
     /* backward */
     double *dH, *VdH, *dU, *VdU;                                 /* (N,D) */
     double *VdHr, *VP, *VdA, *VdYE, *VdX, *VdW, *dgate, *Vdgate; /* one expert */

@@ -6,6 +6,8 @@
 
 #include <cblas.h>
 
+#include "blas_gate.h"
+
 #include "reference_magnitude.h"
 
 /* ---- backward ---------------------------------------------------------------------------- */
@@ -63,15 +65,13 @@ static bool expert_backward_var(pass *s, int l, int e)
         memcpy(s->VdHr + i * D, s->VdH + (rows[i] / K) * D, (size_t)D * sizeof(double));
         memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
     }
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0,
-                w->A, F);
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
     if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n, (size_t)D,
                           w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
         return false;
     tm__mag_silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL); /* dA: silu'(A) */
     /* P = dH W2 (n,F) */
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F,
-                0.0, w->P, F);
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F, 0.0, w->P, F);
     if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, F, D, w->dHr, s->VdHr, n,
                           (size_t)D, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VP))
         return false;
@@ -99,20 +99,17 @@ static bool expert_backward_var(pass *s, int l, int e)
         }
     }
     /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X; dX = dA W1 */
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0,
-                w->dW, F);
+    tm__dgemm(CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0, w->dW, F);
     if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, F, (int)n, w->dYE, s->VdYE, n,
                           (size_t)D, w->S, s->VS, n, (size_t)F, 0.0, s->VdW) ||
         !add_linear_var(s, w2))
         return false;
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0,
-                w->dW, D);
+    tm__dgemm(CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0, w->dW, D);
     if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, F, D, (int)n, w->dA, s->VdA, n,
                           (size_t)F, w->X, s->VX, n, (size_t)D, 0.0, s->VdW) ||
         !add_linear_var(s, w1))
         return false;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D,
-                0.0, w->dX, D);
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D, 0.0, w->dX, D);
     if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, D, F, w->dA, s->VdA, n,
                           (size_t)F, w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VdX))
         return false;
@@ -146,8 +143,8 @@ bool tm__mag_layer_backward_var(pass *s, int l)
         if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, Fs, (int)N, s->dH, s->VdH, N,
                               (size_t)D, w->SS, s->VdSS, N, (size_t)Fs, 1.0, w2->m))
             return false;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, s->dH, D, w2->w,
-                    Fs, 0.0, w->dSA, Fs);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, Fs, D, 1.0, s->dH, D, w2->w, Fs, 0.0, w->dSA,
+                  Fs);
         if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, Fs, D, s->dH, s->VdH, N,
                               (size_t)D, w2->w, NULL, (size_t)D, (size_t)Fs, 0.0, s->VdSA))
             return false;
@@ -159,8 +156,8 @@ bool tm__mag_layer_backward_var(pass *s, int l)
         if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, Fs, D, (int)N, w->dSA, s->VdSA, N,
                               (size_t)Fs, u, VU, N, (size_t)D, 1.0, w1->m))
             return false;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, w->dSA, Fs,
-                    w1->w, D, 0.0, s->dU, D);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, Fs, 1.0, w->dSA, Fs, w1->w, D, 0.0, s->dU,
+                  D);
         if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, Fs, w->dSA, s->VdSA, N,
                               (size_t)Fs, w1->w, NULL, (size_t)Fs, (size_t)D, 0.0, s->VdU))
             return false;
@@ -207,8 +204,7 @@ bool tm__mag_layer_backward_var(pass *s, int l)
         if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, E, D, (int)N, dlr, vdlr, N,
                               (size_t)E, u, VU, N, (size_t)D, 1.0, rv))
             return false;
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D,
-                    1.0, s->dU, D);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D, 1.0, s->dU, D);
         double *v = tm__mag_room(&s->ar, 3, ND);
         if (!v || !tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, E, dlr, vdlr, N,
                                     (size_t)E, rw, NULL, (size_t)E, (size_t)D, 0.0, v))
@@ -255,8 +251,8 @@ bool tm__mag_head_backward_var(pass *s)
     if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, V, D, (int)N, w->LOG, VLOGd, N,
                           (size_t)V, w->Z, s->VZ, N, (size_t)D, 1.0, s->p->emb->m))
         return false;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V,
-                s->p->emb->w, D, 0.0, s->dU, D);
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, s->p->emb->w, D, 0.0, s->dU,
+              D);
     if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, V, w->LOG, VLOGd, N,
                           (size_t)V, s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VdU))
         return false;

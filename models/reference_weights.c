@@ -8,6 +8,8 @@
 
 #include <cblas.h>
 
+#include "blas_gate.h"
+
 #include "reference_weights.h"
 #include "tm_error.h"
 
@@ -302,9 +304,8 @@ seldp_status tm__ref_load_weights(tm_reference *ref, const seldp_model *weights,
         if (!li->w)
             TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory");
         memcpy(li->w, li->base, (size_t)li->out * (size_t)li->in * sizeof(double));
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, li->out, li->in, cfg->lora_rank,
-                    lscale, li->lora_b->w, cfg->lora_rank, li->lora_a->w, li->in, 1.0, li->w,
-                    li->in);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, li->out, li->in, cfg->lora_rank, lscale,
+                  li->lora_b->w, cfg->lora_rank, li->lora_a->w, li->in, 1.0, li->w, li->in);
     }
 fail:
     return st;

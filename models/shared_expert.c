@@ -7,6 +7,8 @@
 
 #include <cblas.h>
 
+#include "blas_gate.h"
+
 #include "tm_internal.h"
 
 // u (T,D), w1s (Fs,D), w2s (D,Fs); pre (T,Fs) cached; h (T,D) +=
@@ -24,13 +26,13 @@ seldp_status tm__shared_forward(tm_model *m, int l, float *h)
         return tm__fail(SELDP_ERR_NOMEM,
                         "rank %d: out of memory for layers.%d.shared_expert on %zu tokens", m->rank,
                         l, T);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, Fs, D, 1.0f, c->u, D,
-                m->work[m->shared_w1[l]], D, 0.0f, c->s_pre, Fs);
+    tm__sgemm(CblasNoTrans, CblasTrans, (int)T, Fs, D, 1.0f, c->u, D, m->work[m->shared_w1[l]], D,
+              0.0f, c->s_pre, Fs);
     for (size_t i = 0; i < T * (size_t)Fs; i++)
         act[i] = c->s_pre[i] * tm__sigmoid(c->s_pre[i]);
     // h (T,D) += act (T,Fs) . w2s^T (Fs,D)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, D, Fs, 1.0f, act, Fs,
-                m->work[m->shared_w2[l]], Fs, 1.0f, h, D);
+    tm__sgemm(CblasNoTrans, CblasTrans, (int)T, D, Fs, 1.0f, act, Fs, m->work[m->shared_w2[l]], Fs,
+              1.0f, h, D);
     free(act);
     return SELDP_OK;
 }
@@ -55,21 +57,21 @@ seldp_status tm__shared_backward(tm_model *m, int l, const float *dh)
     for (size_t i = 0; i < n; i++)
         act[i] = c->s_pre[i] * tm__sigmoid(c->s_pre[i]);
     // dw2s (D,Fs) += dh^T (D,T) . act (T,Fs)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fs, (int)T, 1.0f, dh, D, act, Fs, 1.0f,
-                m->grad[m->shared_w2[l]], Fs);
+    tm__sgemm(CblasTrans, CblasNoTrans, D, Fs, (int)T, 1.0f, dh, D, act, Fs, 1.0f,
+              m->grad[m->shared_w2[l]], Fs);
     // dact (T,Fs) = dh (T,D) . w2s (D,Fs), then through silu
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, Fs, D, 1.0f, dh, D,
-                m->work[m->shared_w2[l]], Fs, 0.0f, dpre, Fs);
+    tm__sgemm(CblasNoTrans, CblasNoTrans, (int)T, Fs, D, 1.0f, dh, D, m->work[m->shared_w2[l]], Fs,
+              0.0f, dpre, Fs);
     for (size_t i = 0; i < n; i++) {
         const float a = c->s_pre[i], sg = tm__sigmoid(a);
         dpre[i] *= sg * (1.0f + a * (1.0f - sg));
     }
     // dw1s (Fs,D) += dpre^T (Fs,T) . u (T,D)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fs, D, (int)T, 1.0f, dpre, Fs, c->u, D,
-                1.0f, m->grad[m->shared_w1[l]], D);
+    tm__sgemm(CblasTrans, CblasNoTrans, Fs, D, (int)T, 1.0f, dpre, Fs, c->u, D, 1.0f,
+              m->grad[m->shared_w1[l]], D);
     // s_du (T,D) = dpre (T,Fs) . w1s (Fs,D)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, D, Fs, 1.0f, dpre, Fs,
-                m->work[m->shared_w1[l]], D, 0.0f, c->s_du, D);
+    tm__sgemm(CblasNoTrans, CblasNoTrans, (int)T, D, Fs, 1.0f, dpre, Fs, m->work[m->shared_w1[l]],
+              D, 0.0f, c->s_du, D);
     free(act);
     return SELDP_OK;
 }

@@ -20,6 +20,8 @@
 
 #include <cblas.h>
 
+#include "blas_gate.h"
+
 #include "tm_internal.h"
 
 int tm__vocab(const tm_model *m)
@@ -169,8 +171,8 @@ seldp_status tm__tp_head(tm_model *m, const float *h, const int32_t *targets, do
     TM_CHECK(gather_rows(m, targets, sizeof *targets, 1, tgt, "the targets"));
     // logits (S,V/tp) = Z (S,D) . E^T (D,V/tp)
     if (S)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)Vl, (int)D, 1.0f, Z,
-                    (int)D, E, (int)D, 0.0f, logits, (int)Vl);
+        tm__sgemm(CblasNoTrans, CblasTrans, (int)S, (int)Vl, (int)D, 1.0f, Z, (int)D, E, (int)D,
+                  0.0f, logits, (int)Vl);
     /* the maximum of each token's logits over the whole vocabulary */
     for (size_t s = 0; s < S; s++) {
         float best = logits[s * Vl];
@@ -206,11 +208,11 @@ seldp_status tm__tp_head(tm_model *m, const float *h, const int32_t *targets, do
     }
     if (S) {
         // dZ (S,D) = dlogits (S,V/tp) . E (V/tp,D), a partial sum over the vocabulary
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)Vl, 1.0f,
-                    logits, (int)Vl, E, (int)D, 0.0f, dZ, (int)D);
+        tm__sgemm(CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)Vl, 1.0f, logits, (int)Vl, E,
+                  (int)D, 0.0f, dZ, (int)D);
         // dE (V/tp,D) += dlogits^T (V/tp,S) . Z (S,D)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)Vl, (int)D, (int)S, 1.0f, logits,
-                    (int)Vl, Z, (int)D, 1.0f, m->grad[m->embed], (int)D);
+        tm__sgemm(CblasTrans, CblasNoTrans, (int)Vl, (int)D, (int)S, 1.0f, logits, (int)Vl, Z,
+                  (int)D, 1.0f, m->grad[m->embed], (int)D);
     }
     TM_CHECK(scatter_rows(m, dZ, D, dz, false, "the head's input gradients"));
     memset(dh, 0, T * D * sizeof *dh);
@@ -259,13 +261,13 @@ seldp_status tm__tp_shared_forward(tm_model *m, int l, float *h)
     TM_CHECK(gather_rows(m, c->u, sizeof *c->u, D, c->tp_u, "the shared expert's input"));
     if (S) {
         // pre (S,Fs/tp) = U (S,D) . w1s^T (D,Fs/tp): the column-parallel w1
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)Fl, (int)D, 1.0f, c->tp_u,
-                    (int)D, m->work[m->shared_w1[l]], (int)D, 0.0f, c->tp_pre, (int)Fl);
+        tm__sgemm(CblasNoTrans, CblasTrans, (int)S, (int)Fl, (int)D, 1.0f, c->tp_u, (int)D,
+                  m->work[m->shared_w1[l]], (int)D, 0.0f, c->tp_pre, (int)Fl);
         for (size_t i = 0; i < S * Fl; i++)
             act[i] = c->tp_pre[i] * tm__sigmoid(c->tp_pre[i]);
         // partial (S,D) = act (S,Fs/tp) . w2s^T (Fs/tp,D): the row-parallel w2
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)D, (int)Fl, 1.0f, act,
-                    (int)Fl, m->work[m->shared_w2[l]], (int)Fl, 0.0f, partial, (int)D);
+        tm__sgemm(CblasNoTrans, CblasTrans, (int)S, (int)D, (int)Fl, 1.0f, act, (int)Fl,
+                  m->work[m->shared_w2[l]], (int)Fl, 0.0f, partial, (int)D);
     }
     TM_CHECK(scatter_rows(m, partial, D, h, true, "the shared expert's output"));
 fail:
@@ -290,21 +292,21 @@ seldp_status tm__tp_shared_backward(tm_model *m, int l, const float *dh)
         for (size_t i = 0; i < S * Fl; i++)
             act[i] = c->tp_pre[i] * tm__sigmoid(c->tp_pre[i]);
         // dw2s (D,Fs/tp) += dH^T (D,S) . act (S,Fs/tp)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)D, (int)Fl, (int)S, 1.0f, dH,
-                    (int)D, act, (int)Fl, 1.0f, m->grad[m->shared_w2[l]], (int)Fl);
+        tm__sgemm(CblasTrans, CblasNoTrans, (int)D, (int)Fl, (int)S, 1.0f, dH, (int)D, act, (int)Fl,
+                  1.0f, m->grad[m->shared_w2[l]], (int)Fl);
         // dact (S,Fs/tp) = dH (S,D) . w2s (D,Fs/tp), then through silu
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)Fl, (int)D, 1.0f, dH,
-                    (int)D, m->work[m->shared_w2[l]], (int)Fl, 0.0f, dpre, (int)Fl);
+        tm__sgemm(CblasNoTrans, CblasNoTrans, (int)S, (int)Fl, (int)D, 1.0f, dH, (int)D,
+                  m->work[m->shared_w2[l]], (int)Fl, 0.0f, dpre, (int)Fl);
         for (size_t i = 0; i < S * Fl; i++) {
             const float a = c->tp_pre[i], sg = tm__sigmoid(a);
             dpre[i] *= sg * (1.0f + a * (1.0f - sg));
         }
         // dw1s (Fs/tp,D) += dpre^T (Fs/tp,S) . U (S,D)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)Fl, (int)D, (int)S, 1.0f, dpre,
-                    (int)Fl, c->tp_u, (int)D, 1.0f, m->grad[m->shared_w1[l]], (int)D);
+        tm__sgemm(CblasTrans, CblasNoTrans, (int)Fl, (int)D, (int)S, 1.0f, dpre, (int)Fl, c->tp_u,
+                  (int)D, 1.0f, m->grad[m->shared_w1[l]], (int)D);
         // dU (S,D) = dpre (S,Fs/tp) . w1s (Fs/tp,D), a partial sum over Fs
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)Fl, 1.0f, dpre,
-                    (int)Fl, m->work[m->shared_w1[l]], (int)D, 0.0f, dU, (int)D);
+        tm__sgemm(CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)Fl, 1.0f, dpre, (int)Fl,
+                  m->work[m->shared_w1[l]], (int)D, 0.0f, dU, (int)D);
     }
     TM_CHECK(scatter_rows(m, dU, D, c->s_du, false, "the shared expert's input gradients"));
 fail:
