@@ -344,6 +344,11 @@ static hx_parse_result parse_pass(int argc, char **argv, hx_options *o, FILE *ou
             expected = "seconds > 0";
             o->timeout_s = x;
             break;
+        case OPT_REFERENCE_THREADS:
+            ok = parse_int(arg, 0, 64, &v);
+            expected = "an integer from 0 (the machine's cores) to 64";
+            o->reference_threads = (int)v;
+            break;
         case OPT_INJECT:
             expected = "none, grad, replica or absent (defects the checks must catch), fail (an "
                        "error that must stop every rank), or ep-scale, rank-mean, world-div, "

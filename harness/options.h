@@ -60,6 +60,7 @@ typedef struct hx_options {
     const char *summary;  /* NULL: none; else a file this run appends its table row to */
     bool quiet;
     double timeout_s;
+    int reference_threads; /* --reference-threads: the FP64 reference's threads; 0: the cores */
     hx_fault inject;
     bool inject_anywhere; /* a sweep's run: plant --inject even where it cannot show (the sweep
                              refuses it when no run of it can) */

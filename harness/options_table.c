@@ -109,6 +109,10 @@ const hx_option_doc hx_option_docs[] = {
     {{"timeout", required_argument, NULL, OPT_TIMEOUT},
      "S",
      "seconds a collective may wait for a rank"},
+    {{"reference-threads", required_argument, NULL, OPT_REFERENCE_THREADS},
+     "N",
+     "threads of the FP64 reference and its error scales (0: the machine's cores); the same "
+     "bits for any N (docs/harness.md, Reference threads)"},
     {{"inject", required_argument, NULL, OPT_INJECT},
      "FAULT",
      "self-test: grad, replica or absent plant a defect on the last rank; fail stops every "

@@ -4,6 +4,7 @@
 
 #include "run.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -400,6 +401,10 @@ static seldp_status main_step(hx_run *run, int step)
     hx_split_charge(&rec->split, HX_PHASE_OTHER);
     /* every replica set's root's values into the model the reference reads */
     HX_CHECK(hx_grid_assemble(run, run->global));
+    /* the ranks' step buffers are free now, scattered over the allocator's arenas: hand their
+     * pages back before the reference takes its own (at world 2048 about 1.5 GiB) */
+    malloc_trim(0);
+    tm_reference_set_threads(run->opts.reference_threads);
     HX_CHECK_LIB(tm_reference_compute_routed(&run->opts.model, tm_model_view(run->global), tokens,
                                              targets, counts, B, NULL, choices, &ref),
                  "the FP64 reference of step %d", step + 1);

@@ -22,6 +22,7 @@
 #include <cblas.h>
 
 #include "blas_gate.h"
+#include "ref_pool.h"
 
 #include "reference_impl.h"
 #include "reference_router.h"
@@ -36,6 +37,7 @@ void tm_reference_destroy(tm_reference *ref)
     free(ref->allocs);
     free(ref->entries);
     free(ref->routed);
+    pthread_mutex_destroy(&ref->alloc_lock);
     free(ref);
 }
 
@@ -111,6 +113,10 @@ static void group_by_expert(const int *sel, const unsigned char *kept, size_t NK
 
 /* ---- the computation ----------------------------------------------------------------- */
 
+/* Without router losses a layer's logits are taken this many tokens at a time: (N, E) of them
+ * would be a quarter of the reference's memory at world 2048. */
+#define REF_LOGIT_BLOCK 1024
+
 static seldp_status work_alloc(tm_reference *ref, ref_work *w)
 {
     const tm_config *c = &ref->cfg;
@@ -130,23 +136,32 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->DLR = losses ? tm__ref_calloc(r, L * N * E, sizeof(double)) : NULL;
     w->RW = losses ? tm__ref_calloc(r, N * E + 2 * E, sizeof(double)) : NULL;
     w->SA = tm__ref_calloc(r, L * NF, sizeof(double));
-    w->LG = tm__ref_calloc(r, N * E, sizeof(double));
+    w->LG = tm__ref_calloc(r, (losses || N < REF_LOGIT_BLOCK ? N : REF_LOGIT_BLOCK) * E,
+                           sizeof(double));
     w->next = tm__ref_calloc(r, E, sizeof(size_t));
     w->taken = tm__ref_calloc(r, E, sizeof(double));
-    w->X = tm__ref_calloc(r, NK * D, sizeof(double));
-    w->A = tm__ref_calloc(r, NK * F, sizeof(double));
-    w->S = tm__ref_calloc(r, NK * F, sizeof(double));
-    w->YE = tm__ref_calloc(r, NK * D, sizeof(double));
-    w->dYE = tm__ref_calloc(r, NK * D, sizeof(double));
-    w->dA = tm__ref_calloc(r, NK * F, sizeof(double));
-    w->dX = tm__ref_calloc(r, NK * D, sizeof(double));
-    w->dW = tm__ref_calloc(r, D * F, sizeof(double));
+    w->workers = tm__ref_workers();
+    w->rows = tm__ref_calloc(r, (size_t)w->workers, sizeof *w->rows);
+    for (int i = 0; w->rows && i < w->workers; i++) {
+        ref_rows *x = &w->rows[i];
+        x->X = tm__ref_calloc(r, N * D, sizeof(double));
+        x->A = tm__ref_calloc(r, N * F, sizeof(double));
+        x->S = tm__ref_calloc(r, N * F, sizeof(double));
+        x->YE = tm__ref_calloc(r, N * D, sizeof(double));
+        x->dYE = tm__ref_calloc(r, N * D, sizeof(double));
+        x->dA = tm__ref_calloc(r, N * F, sizeof(double));
+        x->dX = tm__ref_calloc(r, N * D, sizeof(double));
+        x->dHr = tm__ref_calloc(r, N * D, sizeof(double));
+        x->P = tm__ref_calloc(r, N * F, sizeof(double));
+        x->dW = tm__ref_calloc(r, D * F, sizeof(double));
+        if (!x->X || !x->A || !x->S || !x->YE || !x->dYE || !x->dA || !x->dX || !x->dHr || !x->P ||
+            !x->dW)
+            return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
+    }
     w->dgate = tm__ref_calloc(r, NK, sizeof(double));
     w->SS = tm__ref_calloc(r, NF, sizeof(double));
     w->dSA = tm__ref_calloc(r, NF, sizeof(double));
     w->dSS = tm__ref_calloc(r, NF, sizeof(double));
-    w->dHr = tm__ref_calloc(r, NK * D, sizeof(double));
-    w->P = tm__ref_calloc(r, NK * F, sizeof(double));
     w->Z = tm__ref_calloc(r, N * D, sizeof(double));
     w->RF = tm__ref_calloc(r, N, sizeof(double));
     w->LOG = tm__ref_calloc(r, N * V, sizeof(double));
@@ -154,16 +169,15 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->dH = tm__ref_calloc(r, N * D, sizeof(double));
     w->dU = tm__ref_calloc(r, N * D, sizeof(double));
     if (!w->H || !w->U || !w->R || !w->SEL || !w->GATE || !w->KEPT || !w->FIRST || !w->ORDER ||
-        (losses && (!w->DLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->taken || !w->X ||
-        !w->A || !w->S || !w->YE || !w->dYE || !w->dA || !w->dX || !w->dW || !w->dgate || !w->SS ||
-        !w->dSA || !w->dSS || !w->dHr || !w->P || !w->Z || !w->RF || !w->LOG || !w->dZ || !w->dH ||
-        !w->dU)
+        (losses && (!w->DLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->taken || !w->rows ||
+        !w->dgate || !w->SS || !w->dSA || !w->dSS || !w->Z || !w->RF || !w->LOG || !w->dZ ||
+        !w->dH || !w->dU)
         return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     return SELDP_OK;
 }
 
-/* Rows of expert e in layer l: copies the normed inputs of its slots into w->X, returns n. */
-size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, int e,
+/* Rows of expert e in layer l: copies the normed inputs of its slots into X, returns n. */
+size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, int e, double *X,
                            const size_t **rows)
 {
     const int D = ref->cfg.d_model, K = ref->cfg.top_k, E = ref->cfg.experts;
@@ -172,19 +186,56 @@ size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, in
     const size_t n = first[e + 1] - first[e];
     *rows = w->ORDER + (size_t)l * w->N * (size_t)K + first[e];
     for (size_t i = 0; i < n; i++)
-        memcpy(w->X + i * D, u + ((*rows)[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(X + i * D, u + ((*rows)[i] / K) * D, (size_t)D * sizeof(double));
     return n;
 }
 
 /* One expert's forward over its n gathered rows: A = X W1^T, S = silu(A), YE = S W2^T. */
 static void expert_forward(const tm_config *c, const ref_linear *w1, const ref_linear *w2, size_t n,
-                           ref_work *w)
+                           ref_rows *w)
 {
     const int D = c->d_model, F = c->d_ff;
     tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
     for (size_t i = 0; i < n * (size_t)F; i++)
         w->S[i] = silu_d(w->A[i]);
     tm__dgemm(CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, w->S, F, w2->w, F, 0.0, w->YE, D);
+}
+
+/* A layer's experts on the reference's workers (ref_pool.h). */
+typedef struct expert_loop {
+    tm_reference *ref;
+    const ref_params *p;
+    ref_work *w;
+    int l;
+} expert_loop;
+
+static bool expert_forward_rows(void *ctx, int worker, int e)
+{
+    expert_loop *lp = ctx;
+    const tm_config *c = &lp->ref->cfg;
+    ref_rows *x = &lp->w->rows[worker];
+    const ref_linear *w1 = &lp->p->lin[((size_t)lp->l * c->experts + e) * 2], *w2 = w1 + 1;
+    x->n = tm__ref_gather_rows(lp->ref, lp->w, lp->l, e, x->X, &x->slots);
+    lp->ref->routed[(size_t)lp->l * c->experts + e] = x->n;
+    if (x->n > 0)
+        expert_forward(c, w1, w2, x->n, x);
+    return true;
+}
+
+/* The expert's gated output into the rows it serves, in expert order. */
+static void expert_forward_commit(void *ctx, int worker, int e)
+{
+    (void)e;
+    expert_loop *lp = ctx;
+    const int D = lp->ref->cfg.d_model, K = lp->ref->cfg.top_k;
+    const ref_rows *x = &lp->w->rows[worker];
+    const double *gate = lp->w->GATE + (size_t)lp->l * lp->w->N * (size_t)K;
+    double *Hout = lp->w->H + (size_t)(lp->l + 1) * lp->w->N * (size_t)D;
+    for (size_t i = 0; i < x->n; i++) {
+        double *h = Hout + (x->slots[i] / K) * D;
+        for (int j = 0; j < D; j++)
+            h[j] += gate[x->slots[i]] * x->YE[i * D + j];
+    }
 }
 
 /* Layer l forward: norm, router logits, top-K (following the model at near ties), gates,
@@ -203,9 +254,15 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     double router_loss = 0.0;
     for (size_t t = 0; t < N; t++)
         w->R[(size_t)l * N + t] = rms_row(Hin + t * D, p->norm[l]->w, D, c->eps, u + t * D);
-    tm__dgemm(CblasNoTrans, CblasTrans, (int)N, E, D, 1.0, u, D, p->router[l]->w, D, 0.0, lg, E);
+    /* the logits: all of them where the router losses need them, else a block at a time */
+    const size_t block = w->DLR ? N : REF_LOGIT_BLOCK;
     for (size_t t = 0, r = 0; t < N; t++) {
-        const double *z = lg + t * E;
+        if (t % block == 0) {
+            const size_t n = N - t < block ? N - t : block;
+            tm__dgemm(CblasNoTrans, CblasTrans, (int)n, E, D, 1.0, u + t * D, D, p->router[l]->w, D,
+                      0.0, lg, E);
+        }
+        const double *z = lg + (t % block) * E;
         while (t >= w->shard_begin[r + 1])
             r++;
         top_k_ranked(z, E, K, sel + t * K);
@@ -231,20 +288,8 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     group_by_expert(sel, kept, NK, E, first, w->ORDER + (size_t)l * NK, w->next);
     /* the residual, then each expert adds its gated output to the rows it serves */
     memcpy(Hout, Hin, ND * sizeof(double));
-    for (int e = 0; e < E; e++) {
-        const ref_linear *w1 = &p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
-        const size_t *rows;
-        const size_t n = tm__ref_gather_rows(ref, w, l, e, &rows);
-        ref->routed[(size_t)l * E + e] = n;
-        if (n == 0)
-            continue;
-        expert_forward(c, w1, w2, n, w);
-        for (size_t i = 0; i < n; i++) {
-            double *h = Hout + (rows[i] / K) * D;
-            for (int j = 0; j < D; j++)
-                h[j] += gate[rows[i]] * w->YE[i * D + j];
-        }
-    }
+    expert_loop lp = {ref, p, w, l};
+    tm__ref_ordered_for(E, w->workers, expert_forward_rows, expert_forward_commit, &lp);
     if (Fs > 0) {
         /* the shared expert: Hout += silu(u W1s^T) W2s^T, ungated */
         const size_t NF = N * (size_t)Fs;
@@ -312,18 +357,24 @@ static void add_linear_grad(const tm_config *c, ref_linear *li, const double *dW
 /* Expert e of layer l backward: dgate of its slots, its weights' gradients and its rows'
  * part of dU. A and S are recomputed from X; the output y = S W2^T is not: with
  * P = dH W2 (n,F), the gate's gradient dH . y is P . S and dS is gate * P. */
-static void expert_backward(tm_reference *ref, const ref_params *p, ref_work *w, int l, int e)
+static bool expert_backward(void *ctx, int worker, int e)
 {
+    expert_loop *lp = ctx;
+    tm_reference *ref = lp->ref;
+    const ref_work *wk = lp->w;
+    const int l = lp->l;
     const tm_config *c = &ref->cfg;
     const int D = c->d_model, F = c->d_ff, E = c->experts, K = c->top_k;
-    const double *gate = w->GATE + (size_t)l * w->N * (size_t)K;
-    ref_linear *w1 = &p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
-    const size_t *rows;
-    const size_t n = tm__ref_gather_rows(ref, w, l, e, &rows);
+    const double *gate = wk->GATE + (size_t)l * wk->N * (size_t)K;
+    ref_linear *w1 = &lp->p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
+    ref_rows *w = &wk->rows[worker];
+    const size_t n = tm__ref_gather_rows(ref, wk, l, e, w->X, &w->slots);
+    const size_t *rows = w->slots;
+    w->n = n;
     if (n == 0)
-        return;
+        return true;
     for (size_t i = 0; i < n; i++)
-        memcpy(w->dHr + i * D, w->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(w->dHr + i * D, wk->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
     tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
     for (size_t i = 0; i < n * (size_t)F; i++)
         w->S[i] = tm__ref_silu_slope(w->A[i], &w->dA[i]); /* dA holds silu'(A) for now */
@@ -335,7 +386,7 @@ static void expert_backward(tm_reference *ref, const ref_params *p, ref_work *w,
             d += w->P[i * F + f] * w->S[i * F + f];
             w->dA[i * F + f] *= g * w->P[i * F + f];
         }
-        w->dgate[rows[i]] = d;
+        wk->dgate[rows[i]] = d;
         for (int j = 0; j < D; j++)
             w->dYE[i * D + j] = g * w->dHr[i * D + j];
     }
@@ -346,9 +397,19 @@ static void expert_backward(tm_reference *ref, const ref_params *p, ref_work *w,
     add_linear_grad(c, w1, w->dW);
     /* dX (n,D) = dA w1 */
     tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D, 0.0, w->dX, D);
-    for (size_t i = 0; i < n; i++)
+    return true;
+}
+
+/* The expert's rows' part of dU, in expert order. */
+static void expert_backward_commit(void *ctx, int worker, int e)
+{
+    (void)e;
+    expert_loop *lp = ctx;
+    const int D = lp->ref->cfg.d_model, K = lp->ref->cfg.top_k;
+    const ref_rows *x = &lp->w->rows[worker];
+    for (size_t i = 0; i < x->n; i++)
         for (int j = 0; j < D; j++)
-            w->dU[(rows[i] / K) * D + j] += w->dX[i * D + j];
+            lp->w->dU[(x->slots[i] / K) * D + j] += x->dX[i * D + j];
 }
 
 /* Layer l backward: dH holds the gradient of its output on entry and of its input on exit. */
@@ -381,8 +442,8 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
                   dU, D);
     }
     memset(w->dgate, 0, NK * sizeof(double)); /* a dropped slot adds nothing */
-    for (int e = 0; e < E; e++)
-        expert_backward(ref, p, w, l, e);
+    expert_loop lp = {ref, p, w, l};
+    tm__ref_ordered_for(E, w->workers, expert_backward, expert_backward_commit, &lp);
     /* Gates are a softmax over the selected logits: only the K selected logits of a token get
      * a gradient from them, added to the router's rows of those experts. */
     double *rg = p->router[l]->g;
@@ -437,6 +498,7 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
     ref = calloc(1, sizeof *ref);
     if (!ref)
         return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory");
+    pthread_mutex_init(&ref->alloc_lock, NULL);
     ref->cfg = *cfg;
     ref->routed = calloc((size_t)L * (size_t)E, sizeof *ref->routed);
     ref->cap_entries = 4 + (size_t)L * (4 + 4 * (size_t)E);

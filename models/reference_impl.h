@@ -16,25 +16,34 @@ typedef struct ref_work {
     size_t N;
     const size_t *shard_begin; /* (n_shards + 1) */
     int n_shards;
-    const int *tok, *tgt; /* (N) */
-    double *H;            /* (L+1,N,D) layer inputs, then the last layer's output */
-    double *U, *R;        /* (L,N,D) normed inputs, (L,N) their 1/rms */
-    int *SEL;             /* (L,N,K) top-K, slots in decreasing logit */
-    double *GATE;         /* (L,N,K) */
-    unsigned char *KEPT;  /* (L,N,K) 0 where the capacity dropped the slot */
-    size_t *FIRST;        /* (L,E+1) */
-    size_t *ORDER;        /* (L,N*K) kept slots grouped by expert (group_by_expert) */
-    double *DLR;          /* (L,N,E) router-loss logit gradients, or NULL */
-    double *RW;           /* (N*E + 2E) router-loss work, or NULL */
-    double *SA;           /* (L,N,Fs) shared expert pre-activations */
-    double *LG;           /* (N,E) one layer's router logits */
-    size_t *next;         /* (E) */
-    double *taken;        /* (E) */
-    double *X, *A, *S, *YE, *dYE, *dA, *dX; /* one expert: (n,D) (n,F) (n,F) (n,D) ... */
-    double *dHr, *P;                        /* one expert: (n,D) rows of dH, (n,F) dH W2 */
-    double *dW, *dgate, *SS, *dSS, *dSA;    /* (D*F) (N,K) (N,Fs) x3 */
-    double *Z, *RF, *LOG, *dZ, *dH, *dU;    /* head: (N,D) (N) (N,V); (N,D) x3 */
+    const int *tok, *tgt;           /* (N) */
+    double *H;                      /* (L+1,N,D) layer inputs, then the last layer's output */
+    double *U, *R;                  /* (L,N,D) normed inputs, (L,N) their 1/rms */
+    int *SEL;                       /* (L,N,K) top-K, slots in decreasing logit */
+    double *GATE;                   /* (L,N,K) */
+    unsigned char *KEPT;            /* (L,N,K) 0 where the capacity dropped the slot */
+    size_t *FIRST;                  /* (L,E+1) */
+    size_t *ORDER;                  /* (L,N*K) kept slots grouped by expert (group_by_expert) */
+    double *DLR;                    /* (L,N,E) router-loss logit gradients, or NULL */
+    double *RW;                     /* (N*E + 2E) router-loss work, or NULL */
+    double *SA;                     /* (L,N,Fs) shared expert pre-activations */
+    double *LG;                     /* (N,E) a layer's logits; (1024,E) without losses */
+    size_t *next;                   /* (E) */
+    double *taken;                  /* (E) */
+    struct ref_rows *rows;          /* (workers) each worker's buffers for one expert */
+    int workers;                    /* ref_pool.h */
+    double *dgate, *SS, *dSS, *dSA; /* (N,K) (N,Fs) x3 */
+    double *Z, *RF, *LOG, *dZ, *dH, *dU; /* head: (N,D) (N) (N,V); (N,D) x3 */
 } ref_work;
+
+/* One worker's buffers for the rows of the expert it is computing (n at most N: a token's K
+ * slots go to K different experts), and which rows they are until its commit. */
+typedef struct ref_rows {
+    double *X, *A, *S, *YE, *dYE, *dA, *dX; /* (n,D) (n,F) (n,F) (n,D) (n,D) (n,F) (n,D) */
+    double *dHr, *P, *dW;                   /* (n,D) rows of dH, (n,F) dH W2, (D*F) */
+    const size_t *slots;                    /* (n) the rows' slots (token * K + k) */
+    size_t n;
+} ref_rows;
 
 /* silu(a), and its derivative into *slope, from one exponential */
 static inline double tm__ref_silu_slope(double a, double *slope)
@@ -44,9 +53,9 @@ static inline double tm__ref_silu_slope(double a, double *slope)
     return a * s;
 }
 
-/* Rows of expert e in layer l: copies the normed inputs of its slots into w->X, returns n;
+/* Rows of expert e in layer l: copies the normed inputs of its slots into X, returns n;
  * *rows points at their slots (token * K + k). */
-size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, int e,
+size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, int e, double *X,
                            const size_t **rows);
 
 /* After the backward: the magnitude of every gradient element (ref_entry.m) and of the loss

@@ -26,6 +26,7 @@
 #include <cblas.h>
 
 #include "blas_gate.h"
+#include "ref_pool.h"
 
 #include "reference_magnitude.h"
 #include "tm_error.h"
@@ -79,14 +80,25 @@ bool tm__mag_var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, i
                       const double *A, const double *VA, size_t ar, size_t ac, const double *B,
                       const double *VB, size_t br, size_t bc, double beta, double *VC)
 {
+    return tm__mag_var_gemm_of(a, ta, tb, m, n, k, A, VA, ar, ac, B, VB, br, bc, NULL, beta, VC);
+}
+
+bool tm__mag_var_gemm_of(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+                         const double *A, const double *VA, size_t ar, size_t ac, const double *B,
+                         const double *VB, size_t br, size_t bc, const double *C, double beta,
+                         double *VC)
+{
     const size_t na = ar * ac, nb = br * bc, nc = (size_t)m * (size_t)n;
     double *tA = tm__mag_room(a, 0, na), *tB = tm__mag_room(a, 1, nb), *tC = tm__mag_room(a, 2, nc);
     if (!tA || !tB || !tC)
         return false;
     const double drift = (double)k / 9.0;
-    tm__dgemm(ta, tb, m, n, k, 1.0, A, (int)ac, B, (int)bc, 0.0, tC, n);
+    if (!C) {
+        tm__dgemm(ta, tb, m, n, k, 1.0, A, (int)ac, B, (int)bc, 0.0, tC, n);
+        C = tC;
+    }
     for (size_t i = 0; i < nc; i++)
-        VC[i] = beta * VC[i] + drift * tC[i] * tC[i];
+        VC[i] = beta * VC[i] + drift * C[i] * C[i];
     tm__mag_fill_abs(tA, A, na);
     tm__mag_fill_abs(tB, B, nb);
     tm__dgemm(ta, tb, m, n, k, 1.0, tA, (int)ac, tB, (int)bc, 0.0, tC, n);
@@ -115,15 +127,27 @@ static seldp_status pass_alloc(pass *s)
 #define A(field, count) (s->field = tm__ref_calloc(ref, (count), sizeof(double)))
     if (!A(VH, (L + 1) * N * D) || !A(VU, L * N * D) || !A(VR, (L + 1) * N) || !A(VG, L * NK) ||
         !A(VSA, L * N * Fs) || !A(VZ, N * D) || !A(VLOG, N * V) || !A(AH, N * D) ||
-        !A(VX, NK * D) || !A(VA, NK * F) || !A(VS, NK * F) || !A(VY, NK * D) || !A(VSL, NK * F) ||
-        !A(LG, RB * E) || !A(VLG, RB * E) || !A(PR, RB * E) || !A(VPR, RB * E) ||
         !A(F_AUX, (size_t)(s->w->n_shards > 1 ? s->w->n_shards : 1) * E) || !A(dH, N * D) ||
-        !A(VdH, N * D) || !A(dU, N * D) || !A(VdU, N * D) || !A(VdHr, NK * D) || !A(VP, NK * F) ||
-        !A(VdA, NK * F) || !A(VdYE, NK * D) || !A(VdX, NK * D) || !A(VdW, D * F) || !A(dgate, NK) ||
-        !A(Vdgate, NK) || !A(VdSS, N * Fs) || !A(VdSA, N * Fs) || !A(SL, N * Fs) ||
-        !A(VSLs, N * Fs) || (losses && !A(VDLR, L * N * E)))
+        !A(VdH, N * D) || !A(dU, N * D) || !A(VdU, N * D) || !A(dgate, NK) || !A(Vdgate, NK) ||
+        !A(VdSS, N * Fs) || !A(VdSA, N * Fs) || !A(SL, N * Fs) || !A(VSLs, N * Fs) ||
+        (losses && !A(VDLR, L * N * E)))
         return MAG_NOMEM();
 #undef A
+    /* each worker's: an expert has at most N rows */
+    s->mr = tm__ref_calloc(ref, (size_t)s->w->workers, sizeof *s->mr);
+    if (!s->mr)
+        return MAG_NOMEM();
+    for (int i = 0; i < s->w->workers; i++) {
+        mag_rows *m = &s->mr[i];
+        m->ar.ref = ref;
+#define A(field, count) (m->field = tm__ref_calloc(ref, (count), sizeof(double)))
+        if (!A(VX, N * D) || !A(VA, N * F) || !A(VS, N * F) || !A(VY, N * D) || !A(VSL, N * F) ||
+            !A(VdHr, N * D) || !A(VP, N * F) || !A(VdA, N * F) || !A(VdYE, N * D) ||
+            !A(VdX, N * D) || !A(VdW, D * F) || !A(LG, RB * E) || !A(VLG, RB * E) ||
+            !A(PR, RB * E) || !A(VPR, RB * E))
+            return MAG_NOMEM();
+#undef A
+    }
     s->VW = tm__ref_calloc(ref, LE2, sizeof *s->VW);
     if (!s->VW)
         return MAG_NOMEM();
@@ -254,28 +278,28 @@ void tm__mag_softmax_var(const double *p, const double *vz, int n, double *vp)
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-/* The router's logits, probabilities and their variances (LG, VLG, PR, VPR: n rows) of layer
- * l's tokens [t0, t0 + n). */
-static bool router_var(pass *s, int l, size_t t0, size_t n)
+/* The router's logits, probabilities and their variances (m's LG, VLG, PR, VPR: n rows) of
+ * layer l's tokens [t0, t0 + n). */
+static bool router_var(const pass *s, mag_rows *m, int l, size_t t0, size_t n)
 {
     const int D = s->D, E = s->E;
     const size_t ND = s->N * (size_t)D;
     const double *u = s->w->U + (size_t)l * ND + t0 * D, *vu = s->VU + (size_t)l * ND + t0 * D;
     const double *rw = s->p->router[l]->w;
-    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, E, D, 1.0, u, D, rw, D, 0.0, s->LG, E);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, E, D, u, vu, n, (size_t)D, rw,
-                          NULL, (size_t)E, (size_t)D, 0.0, s->VLG))
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, E, D, 1.0, u, D, rw, D, 0.0, m->LG, E);
+    if (!tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasTrans, (int)n, E, D, u, vu, n, (size_t)D,
+                             rw, NULL, (size_t)E, (size_t)D, m->LG, 0.0, m->VLG))
         return false;
     for (size_t t = 0; t < n; t++) {
-        const double *z = s->LG + t * E;
+        const double *z = m->LG + t * E;
         double mx = z[0], se = 0.0;
         for (int e = 1; e < E; e++)
             mx = fmax(mx, z[e]);
         for (int e = 0; e < E; e++)
             se += exp(z[e] - mx);
         for (int e = 0; e < E; e++)
-            s->PR[t * E + e] = exp(z[e] - mx) / se;
-        tm__mag_softmax_var(s->PR + t * E, s->VLG + t * E, E, s->VPR + t * E);
+            m->PR[t * E + e] = exp(z[e] - mx) / se;
+        tm__mag_softmax_var(m->PR + t * E, m->VLG + t * E, E, m->VPR + t * E);
     }
     return true;
 }
@@ -300,10 +324,9 @@ static void aux_fractions(pass *s, int l, int shards, bool global)
 
 /* The router losses' logit gradients' variances of layer l's tokens [t0, t0 + n) (the
  * gradients reference_router.c computes: aux (alpha E / N_s) p_j (f_j - sum_e f_e p_e), z
- * (2 beta / N) lse p_j), and their loss's variance into s->loss_var. LG, VLG, PR and VPR hold
- * the block's rows (router_var), F_AUX the fractions (aux_fractions); *shard is the data shard
- * of token t0 on entry and of the block's last token on exit. */
-static void router_loss_var(pass *s, int l, size_t t0, size_t n, int *shard)
+ * (2 beta / N) lse p_j), and their loss's variance into m->loss_var. m's LG, VLG, PR and VPR
+ * hold the block's rows (router_var), F_AUX the fractions (aux_fractions). */
+static void router_loss_var(const pass *s, mag_rows *m, int l, size_t t0, size_t n)
 {
     const tm_config *c = &s->ref->cfg;
     const int E = s->E;
@@ -311,8 +334,8 @@ static void router_loss_var(pass *s, int l, size_t t0, size_t n, int *shard)
     double *vd = s->VDLR + (size_t)l * N * (size_t)E;
     for (size_t i = 0; i < n && c->z_loss_coeff > 0.0; i++) {
         const size_t t = t0 + i;
-        const double *p = s->PR + i * E, *vp = s->VPR + i * E, *vz = s->VLG + i * E;
-        const double *z = s->LG + i * E;
+        const double *p = m->PR + i * E, *vp = m->VPR + i * E, *vz = m->VLG + i * E;
+        const double *z = m->LG + i * E;
         double mx = z[0], se = 0.0, vlse = 0.0;
         for (int e = 1; e < E; e++)
             mx = fmax(mx, z[e]);
@@ -325,18 +348,21 @@ static void router_loss_var(pass *s, int l, size_t t0, size_t n, int *shard)
         for (int e = 0; e < E; e++)
             vd[t * E + e] +=
                 b * b * (p[e] * p[e] * vlse + lse * lse * vp[e] + lse * lse * p[e] * p[e]);
-        s->loss_var += c->z_loss_coeff * c->z_loss_coeff * 4.0 * lse * lse * vlse / ((double)N * N);
+        m->loss_var += c->z_loss_coeff * c->z_loss_coeff * 4.0 * lse * lse * vlse / ((double)N * N);
     }
     if (c->aux_loss_coeff <= 0.0)
         return;
     const bool global = c->aux_loss_scope == TM_AUX_GLOBAL;
     const double a = c->aux_loss_coeff * E / (double)N;
+    int shard = 0; /* the data shard of token t0, then of t */
+    while (!global && t0 >= s->w->shard_begin[shard + 1])
+        shard++;
     for (size_t i = 0; i < n; i++) {
         const size_t t = t0 + i;
-        while (!global && t >= s->w->shard_begin[*shard + 1])
-            (*shard)++;
-        const double *f = s->F_AUX + (size_t)(global ? 0 : *shard) * E;
-        const double *p = s->PR + i * E, *vp = s->VPR + i * E;
+        while (!global && t >= s->w->shard_begin[shard + 1])
+            shard++;
+        const double *f = s->F_AUX + (size_t)(global ? 0 : shard) * E;
+        const double *p = m->PR + i * E, *vp = m->VPR + i * E;
         double fp = 0.0, vfp = 0.0;
         for (int e = 0; e < E; e++) {
             fp += f[e] * p[e];
@@ -348,13 +374,13 @@ static void router_loss_var(pass *s, int l, size_t t0, size_t n, int *shard)
                 a * a *
                 (d * d * vp[j] + p[j] * p[j] * vfp + p[j] * p[j] * (f[j] + fp) * (f[j] + fp));
         }
-        s->loss_var += a * a * vfp;
+        m->loss_var += a * a * vfp;
     }
 }
 
 /* The gates' variances of the block's tokens [t0, t0 + n): a softmax over the K selected
- * logits (VLG holds the block's rows). */
-static void gates_var(pass *s, int l, size_t t0, size_t n)
+ * logits (m->VLG holds the block's rows). */
+static void gates_var(const pass *s, const mag_rows *m, int l, size_t t0, size_t n)
 {
     const int E = s->E, K = s->K;
     const size_t NK = s->N * (size_t)K;
@@ -365,13 +391,43 @@ static void gates_var(pass *s, int l, size_t t0, size_t n)
         const size_t t = t0 + i;
         double pz = 0.0;
         for (int k = 0; k < K; k++)
-            pz += gate[t * K + k] * gate[t * K + k] * s->VLG[i * E + sel[t * K + k]];
+            pz += gate[t * K + k] * gate[t * K + k] * m->VLG[i * E + sel[t * K + k]];
         for (int k = 0; k < K; k++) {
             double g = gate[t * K + k];
             VG[t * K + k] =
-                g * g * (s->VLG[i * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0);
+                g * g * (m->VLG[i * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0);
         }
     }
+}
+
+/* A layer's router blocks or experts on the pass's workers (ref_pool.h). */
+typedef struct layer_loop {
+    pass *s;
+    int l;
+} layer_loop;
+
+static bool router_block_var(void *ctx, int worker, int block)
+{
+    layer_loop *lp = ctx;
+    const pass *s = lp->s;
+    mag_rows *m = &s->mr[worker];
+    const size_t t0 = (size_t)block * ROUTER_BLOCK;
+    const size_t n = s->N - t0 < ROUTER_BLOCK ? s->N - t0 : ROUTER_BLOCK;
+    m->loss_var = 0.0;
+    if (!router_var(s, m, lp->l, t0, n))
+        return false;
+    gates_var(s, m, lp->l, t0, n);
+    if (s->VDLR)
+        router_loss_var(s, m, lp->l, t0, n);
+    return true;
+}
+
+/* The block's part of the loss's variance, in block order. */
+static void router_block_commit(void *ctx, int worker, int block)
+{
+    (void)block;
+    layer_loop *lp = ctx;
+    lp->s->loss_var += lp->s->mr[worker].loss_var;
 }
 
 /* Layer l's router in blocks of tokens: the gates' variances and the router losses'. */
@@ -385,29 +441,74 @@ static bool router_layer_var(pass *s, int l)
         if (c->aux_loss_coeff > 0.0)
             aux_fractions(s, l, shards, global);
     }
-    int shard = 0;
-    for (size_t t0 = 0; t0 < s->N; t0 += ROUTER_BLOCK) {
-        const size_t n = s->N - t0 < ROUTER_BLOCK ? s->N - t0 : ROUTER_BLOCK;
-        if (!router_var(s, l, t0, n))
-            return false;
-        gates_var(s, l, t0, n);
-        if (s->VDLR)
-            router_loss_var(s, l, t0, n, &shard);
+    layer_loop lp = {s, l};
+    const int blocks = (int)((s->N + ROUTER_BLOCK - 1) / ROUTER_BLOCK);
+    return tm__ref_ordered_for(blocks, s->w->workers, router_block_var, router_block_commit, &lp);
+}
+
+/* One expert's output's variances (m->VY) and values (the worker's YE) over its rows. */
+static bool expert_forward_var(void *ctx, int worker, int e)
+{
+    layer_loop *lp = ctx;
+    const pass *s = lp->s;
+    const int l = lp->l, D = s->D, F = s->F, E = s->E, K = s->K;
+    const ref_work *w = s->w;
+    ref_rows *x = &w->rows[worker];
+    mag_rows *m = &s->mr[worker];
+    const double *VU = s->VU + (size_t)l * s->N * (size_t)D;
+    const size_t i1 = ((size_t)l * E + e) * 2;
+    const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
+    const size_t n = tm__ref_gather_rows(s->ref, w, l, e, x->X, &x->slots);
+    x->n = n;
+    if (n == 0)
+        return true;
+    for (size_t i = 0; i < n; i++)
+        memcpy(m->VX + i * D, VU + (x->slots[i] / K) * D, (size_t)D * sizeof(double));
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, x->X, D, w1->w, D, 0.0, x->A, F);
+    if (!tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasTrans, (int)n, F, D, x->X, m->VX, n,
+                             (size_t)D, w1->w, s->VW[i1], (size_t)F, (size_t)D, x->A, 0.0, m->VA))
+        return false;
+    tm__mag_silu_var(x->A, m->VA, n * (size_t)F, x->S, m->VS, x->dA, m->VSL);
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, x->S, F, w2->w, F, 0.0, x->YE, D);
+    return tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasTrans, (int)n, D, F, x->S, m->VS, n,
+                               (size_t)F, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, x->YE, 0.0,
+                               m->VY);
+}
+
+/* The expert's gated output into its rows' variances and the residual sum's magnitudes, in
+ * expert order. */
+static void expert_forward_var_commit(void *ctx, int worker, int e)
+{
+    (void)e;
+    layer_loop *lp = ctx;
+    const pass *s = lp->s;
+    const int l = lp->l, D = s->D, K = s->K;
+    const size_t N = s->N, NK = N * (size_t)K;
+    const ref_rows *x = &s->w->rows[worker];
+    const mag_rows *m = &s->mr[worker];
+    const double *gate = s->w->GATE + (size_t)l * NK, *VG = s->VG + (size_t)l * NK;
+    double *VHo = s->VH + (size_t)(l + 1) * N * (size_t)D;
+    for (size_t i = 0; i < x->n; i++) {
+        const size_t slot = x->slots[i];
+        const double g = gate[slot], vg = VG[slot];
+        double *vh = VHo + (slot / K) * D, *ah = s->AH + (slot / K) * D;
+        for (int j = 0; j < D; j++) {
+            double y = x->YE[i * D + j];
+            vh[j] += g * g * m->VY[i * D + j] + y * y * vg + g * g * y * y;
+            ah[j] += fabs(g * y);
+        }
     }
-    return true;
 }
 
 /* Layer l's activations' variances: VU, VR, VG, VSA, VH of its output, the router losses'. */
 static bool layer_forward_var(pass *s, int l)
 {
     const ref_work *w = s->w;
-    const int D = s->D, F = s->F, E = s->E, K = s->K, Fs = s->Fs;
-    const size_t N = s->N, ND = N * (size_t)D, NK = N * (size_t)K;
+    const int D = s->D, E = s->E, Fs = s->Fs;
+    const size_t N = s->N, ND = N * (size_t)D;
     const double *H = w->H + (size_t)l * ND, *VH = s->VH + (size_t)l * ND;
     const double *u = w->U + (size_t)l * ND;
     double *VU = s->VU + (size_t)l * ND, *VHo = s->VH + (size_t)(l + 1) * ND;
-    const double *gate = w->GATE + (size_t)l * NK;
-    const double *VG = s->VG + (size_t)l * NK;
     for (size_t t = 0; t < N; t++)
         s->VR[(size_t)l * N + t] = rms_row_var(H + t * D, VH + t * D, s->p->norm[l]->w,
                                                w->R[(size_t)l * N + t], D, VU + t * D);
@@ -416,34 +517,9 @@ static bool layer_forward_var(pass *s, int l)
     /* the residual and each expert's gated output; AH the magnitudes the sum rounds */
     memcpy(VHo, VH, ND * sizeof(double));
     tm__mag_fill_abs(s->AH, H, ND);
-    for (int e = 0; e < E; e++) {
-        const size_t i1 = ((size_t)l * E + e) * 2;
-        const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
-        const size_t *rows;
-        const size_t n = tm__ref_gather_rows(s->ref, w, l, e, &rows);
-        if (n == 0)
-            continue;
-        for (size_t i = 0; i < n; i++)
-            memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
-        tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
-        if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n,
-                              (size_t)D, w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
-            return false;
-        tm__mag_silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL);
-        tm__dgemm(CblasNoTrans, CblasTrans, (int)n, D, F, 1.0, w->S, F, w2->w, F, 0.0, w->YE, D);
-        if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, D, F, w->S, s->VS, n,
-                              (size_t)F, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VY))
-            return false;
-        for (size_t i = 0; i < n; i++) {
-            const double g = gate[rows[i]], vg = VG[rows[i]];
-            double *vh = VHo + (rows[i] / K) * D, *ah = s->AH + (rows[i] / K) * D;
-            for (int j = 0; j < D; j++) {
-                double y = w->YE[i * D + j];
-                vh[j] += g * g * s->VY[i * D + j] + y * y * vg + g * g * y * y;
-                ah[j] += fabs(g * y);
-            }
-        }
-    }
+    layer_loop lp = {s, l};
+    if (!tm__ref_ordered_for(E, w->workers, expert_forward_var, expert_forward_var_commit, &lp))
+        return false;
     if (Fs > 0) {
         const size_t NF = N * (size_t)Fs;
         const double *sa = w->SA + (size_t)l * NF;

@@ -24,6 +24,17 @@ typedef struct token_sum {
     double *abs, *value; /* (n) */
 } token_sum;
 
+/* One worker's buffers (ref_pool.h): the variances of the rows of the expert it computes, the
+ * arrays of a router block, its own arena, and a router block's part of the loss's variance
+ * until the block's commit. */
+typedef struct mag_rows {
+    arena ar;
+    double *VX, *VA, *VS, *VY, *VSL; /* (n,D) (n,F) (n,F) (n,D) (n,F) silu' */
+    double *VdHr, *VP, *VdA, *VdYE, *VdX, *VdW;
+    double *LG, *VLG, *PR, *VPR; /* (block,E) logits, probabilities and their variances */
+    double loss_var;
+} mag_rows;
+
 typedef struct pass {
     tm_reference *ref;
     const ref_params *p;
@@ -39,14 +50,12 @@ typedef struct pass {
     double *VZ, *VLOG;    /* (N,D) (N,V) */
     double *VDLR;         /* (L,N,E) router-loss logit gradients, or NULL */
     double *AH;           /* (N,D) |terms| of one layer's residual sum */
-    /* one expert's rows and the router's scratch */
-    double *VX, *VA, *VS, *VY, *VSL; /* (n,D) (n,F) (n,F) (n,D) (n,F) silu' */
-    double *LG, *VLG, *PR, *VPR;     /* (block,E) logits, probabilities and their variances */
-    double *F_AUX;                   /* (shards,E) the load-balancing loss's expert fractions */
+    mag_rows *mr;         /* (w->workers) */
+    double *F_AUX;        /* (shards,E) the load-balancing loss's expert fractions */
     /* backward */
-    double *dH, *VdH, *dU, *VdU;                                 /* (N,D) */
-    double *VdHr, *VP, *VdA, *VdYE, *VdX, *VdW, *dgate, *Vdgate; /* one expert */
-    double *VdSS, *VdSA, *SL, *VSLs;                             /* (N,Fs) shared expert */
+    double *dH, *VdH, *dU, *VdU;     /* (N,D) */
+    double *dgate, *Vdgate;          /* (N,K) */
+    double *VdSS, *VdSA, *SL, *VSLs; /* (N,Fs) shared expert */
     double loss_var;
 } pass;
 
@@ -57,7 +66,12 @@ double tm__mag_same_sign(size_t n);
 double *tm__mag_room(arena *a, int i, size_t n);
 void tm__mag_fill_abs(double *dst, const double *src, size_t n);
 void tm__mag_fill_sq(double *dst, const double *src, size_t n);
-/* The variance of C = op(A) op(B) (reference_magnitude.c says how). */
+/* The variance of C = op(A) op(B) (reference_magnitude.c says how); _of with C (m,n) already
+ * computed by the caller (NULL: computed here). */
+bool tm__mag_var_gemm_of(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+                         const double *A, const double *VA, size_t ar, size_t ac, const double *B,
+                         const double *VB, size_t br, size_t bc, const double *C, double beta,
+                         double *VC);
 bool tm__mag_var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
                       const double *A, const double *VA, size_t ar, size_t ac, const double *B,
                       const double *VB, size_t br, size_t bc, double beta, double *VC);

@@ -7,37 +7,38 @@
 #include <cblas.h>
 
 #include "blas_gate.h"
+#include "ref_pool.h"
 
 #include "reference_magnitude.h"
 
 /* ---- backward ---------------------------------------------------------------------------- */
 
-/* Distribute an expert linear's dW (values w->dW) and its variance VdW into its trainable
+/* Distribute an expert linear's dW (values x->dW) and its variance m->VdW into its trainable
  * tensors' variances: the dense weight, or LoRA's B and A (dB = c dW A^T, dA = c B^T dW). */
-static bool add_linear_var(pass *s, const ref_linear *li)
+static bool add_linear_var(const pass *s, const ref_rows *x, mag_rows *m, const ref_linear *li)
 {
     const tm_config *c = &s->ref->cfg;
     const size_t nw = (size_t)li->out * (size_t)li->in;
     if (c->quant == TM_QUANT_NONE) {
         for (size_t k = 0; k < nw; k++)
-            li->dense->m[k] += s->VdW[k];
+            li->dense->m[k] += m->VdW[k];
         return true;
     }
     const int r = c->lora_rank;
     const double c2 = (c->lora_alpha / r) * (c->lora_alpha / r);
-    double *vb = tm__mag_room(&s->ar, 3, li->lora_b->n),
-           *va = tm__mag_room(&s->ar, 4, li->lora_a->n);
+    double *vb = tm__mag_room(&m->ar, 3, li->lora_b->n),
+           *va = tm__mag_room(&m->ar, 4, li->lora_a->n);
     if (!vb || !va)
         return false;
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, li->out, r, li->in, s->w->dW, s->VdW,
+    if (!tm__mag_var_gemm(&m->ar, CblasNoTrans, CblasTrans, li->out, r, li->in, x->dW, m->VdW,
                           (size_t)li->out, (size_t)li->in, li->lora_a->w, NULL, (size_t)r,
                           (size_t)li->in, 0.0, vb))
         return false;
     for (size_t k = 0; k < li->lora_b->n; k++)
         li->lora_b->m[k] += c2 * vb[k];
-    va = tm__mag_room(&s->ar, 4, li->lora_a->n);
-    if (!va || !tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, r, li->in, li->out,
-                                 li->lora_b->w, NULL, (size_t)li->out, (size_t)r, s->w->dW, s->VdW,
+    va = tm__mag_room(&m->ar, 4, li->lora_a->n);
+    if (!va || !tm__mag_var_gemm(&m->ar, CblasTrans, CblasNoTrans, r, li->in, li->out,
+                                 li->lora_b->w, NULL, (size_t)li->out, (size_t)r, x->dW, m->VdW,
                                  (size_t)li->out, (size_t)li->in, 0.0, va))
         return false;
     for (size_t k = 0; k < li->lora_a->n; k++)
@@ -45,35 +46,49 @@ static bool add_linear_var(pass *s, const ref_linear *li)
     return true;
 }
 
+/* A layer's experts on the pass's workers (ref_pool.h). */
+typedef struct layer_loop {
+    pass *s;
+    int l;
+} layer_loop;
+
 /* expert_backward with variances: the gates' values and variances (dgate, Vdgate), the
- * weights' variances, the rows' part of dU and VdU. */
-static bool expert_backward_var(pass *s, int l, int e)
+ * weights' variances, and (in the worker's buffers, until the commit) the rows' part of dU
+ * and VdU. */
+static bool expert_backward_var(void *ctx, int worker, int e)
 {
-    ref_work *w = s->w;
+    layer_loop *lp = ctx;
+    pass *s = lp->s;
+    const int l = lp->l;
+    const ref_work *w = s->w;
+    ref_rows *x = &w->rows[worker];
+    mag_rows *m = &s->mr[worker];
     const int D = s->D, F = s->F, E = s->E, K = s->K;
     const size_t N = s->N, ND = N * (size_t)D;
     const double *gate = w->GATE + (size_t)l * N * (size_t)K, *VG = s->VG + (size_t)l * N * K;
     const size_t i1 = ((size_t)l * E + e) * 2;
     const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
-    const size_t *rows;
-    const size_t n = tm__ref_gather_rows(s->ref, w, l, e, &rows);
+    const size_t n = tm__ref_gather_rows(s->ref, w, l, e, x->X, &x->slots);
+    const size_t *rows = x->slots;
+    x->n = n;
     if (n == 0)
         return true;
     const double *VU = s->VU + (size_t)l * ND;
     for (size_t i = 0; i < n; i++) {
-        memcpy(w->dHr + i * D, s->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
-        memcpy(s->VdHr + i * D, s->VdH + (rows[i] / K) * D, (size_t)D * sizeof(double));
-        memcpy(s->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(x->dHr + i * D, s->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(m->VdHr + i * D, s->VdH + (rows[i] / K) * D, (size_t)D * sizeof(double));
+        memcpy(m->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
     }
-    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)n, F, D, w->X, s->VX, n, (size_t)D,
-                          w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VA))
+    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, x->X, D, w1->w, D, 0.0, x->A, F);
+    if (!tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasTrans, (int)n, F, D, x->X, m->VX, n,
+                             (size_t)D, w1->w, s->VW[i1], (size_t)F, (size_t)D, x->A, 0.0, m->VA))
         return false;
-    tm__mag_silu_var(w->A, s->VA, n * (size_t)F, w->S, s->VS, w->dA, s->VSL); /* dA: silu'(A) */
+    tm__mag_silu_var(x->A, m->VA, n * (size_t)F, x->S, m->VS, x->dA, m->VSL); /* dA: silu'(A) */
     /* P = dH W2 (n,F) */
-    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, w->dHr, D, w2->w, F, 0.0, w->P, F);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, F, D, w->dHr, s->VdHr, n,
-                          (size_t)D, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, 0.0, s->VP))
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, x->dHr, D, w2->w, F, 0.0, x->P, F);
+    if (!tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasNoTrans, (int)n, F, D, x->dHr, m->VdHr, n,
+                             (size_t)D, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, x->P, 0.0,
+                             m->VP))
         return false;
     for (size_t i = 0; i < n; i++) {
         const size_t slot = rows[i];
@@ -81,44 +96,54 @@ static bool expert_backward_var(pass *s, int l, int e)
         double d = 0.0, vd = 0.0, ad = 0.0;
         for (int f = 0; f < F; f++) {
             const size_t k = i * F + f;
-            const double P = w->P[k], S = w->S[k], sl = w->dA[k];
+            const double P = x->P[k], S = x->S[k], sl = x->dA[k];
             d += P * S;
             ad += fabs(P * S);
-            vd += S * S * s->VP[k] + P * P * s->VS[k];
+            vd += S * S * m->VP[k] + P * P * m->VS[k];
             const double da = g * P * sl;
-            s->VdA[k] = P * P * sl * sl * vg + g * g * sl * sl * s->VP[k] +
-                        g * g * P * P * s->VSL[k] + 2.0 * da * da;
-            w->dA[k] = da;
+            m->VdA[k] = P * P * sl * sl * vg + g * g * sl * sl * m->VP[k] +
+                        g * g * P * P * m->VSL[k] + 2.0 * da * da;
+            x->dA[k] = da;
         }
         s->dgate[slot] = d;
         s->Vdgate[slot] = vd + ad * ad;
         for (int j = 0; j < D; j++) {
-            const double dh = w->dHr[i * D + j], dy = g * dh;
-            w->dYE[i * D + j] = dy;
-            s->VdYE[i * D + j] = dh * dh * vg + g * g * s->VdHr[i * D + j] + dy * dy;
+            const double dh = x->dHr[i * D + j], dy = g * dh;
+            x->dYE[i * D + j] = dy;
+            m->VdYE[i * D + j] = dh * dh * vg + g * g * m->VdHr[i * D + j] + dy * dy;
         }
     }
     /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X; dX = dA W1 */
-    tm__dgemm(CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0, w->dW, F);
-    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, D, F, (int)n, w->dYE, s->VdYE, n,
-                          (size_t)D, w->S, s->VS, n, (size_t)F, 0.0, s->VdW) ||
-        !add_linear_var(s, w2))
+    tm__dgemm(CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, x->dYE, D, x->S, F, 0.0, x->dW, F);
+    if (!tm__mag_var_gemm_of(&m->ar, CblasTrans, CblasNoTrans, D, F, (int)n, x->dYE, m->VdYE, n,
+                             (size_t)D, x->S, m->VS, n, (size_t)F, x->dW, 0.0, m->VdW) ||
+        !add_linear_var(s, x, m, w2))
         return false;
-    tm__dgemm(CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0, w->dW, D);
-    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, F, D, (int)n, w->dA, s->VdA, n,
-                          (size_t)F, w->X, s->VX, n, (size_t)D, 0.0, s->VdW) ||
-        !add_linear_var(s, w1))
+    tm__dgemm(CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, x->dA, F, x->X, D, 0.0, x->dW, D);
+    if (!tm__mag_var_gemm_of(&m->ar, CblasTrans, CblasNoTrans, F, D, (int)n, x->dA, m->VdA, n,
+                             (size_t)F, x->X, m->VX, n, (size_t)D, x->dW, 0.0, m->VdW) ||
+        !add_linear_var(s, x, m, w1))
         return false;
-    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D, 0.0, w->dX, D);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)n, D, F, w->dA, s->VdA, n,
-                          (size_t)F, w1->w, s->VW[i1], (size_t)F, (size_t)D, 0.0, s->VdX))
-        return false;
-    for (size_t i = 0; i < n; i++)
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, x->dA, F, w1->w, D, 0.0, x->dX, D);
+    return tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasNoTrans, (int)n, D, F, x->dA, m->VdA, n,
+                               (size_t)F, w1->w, s->VW[i1], (size_t)F, (size_t)D, x->dX, 0.0,
+                               m->VdX);
+}
+
+/* The expert's rows' part of dU and VdU, in expert order. */
+static void expert_backward_var_commit(void *ctx, int worker, int e)
+{
+    (void)e;
+    layer_loop *lp = ctx;
+    pass *s = lp->s;
+    const int D = s->D, K = s->K;
+    const ref_rows *x = &s->w->rows[worker];
+    const mag_rows *m = &s->mr[worker];
+    for (size_t i = 0; i < x->n; i++)
         for (int j = 0; j < D; j++) {
-            s->dU[(rows[i] / K) * D + j] += w->dX[i * D + j];
-            s->VdU[(rows[i] / K) * D + j] += s->VdX[i * D + j];
+            s->dU[(x->slots[i] / K) * D + j] += x->dX[i * D + j];
+            s->VdU[(x->slots[i] / K) * D + j] += m->VdX[i * D + j];
         }
-    return true;
 }
 
 /* backward_layer with variances: s->dH, s->VdH hold the layer output's gradient on entry and
@@ -164,9 +189,9 @@ bool tm__mag_layer_backward_var(pass *s, int l)
     }
     memset(s->dgate, 0, NK * sizeof(double));
     memset(s->Vdgate, 0, NK * sizeof(double));
-    for (int e = 0; e < E; e++)
-        if (!expert_backward_var(s, l, e))
-            return false;
+    layer_loop lp = {s, l};
+    if (!tm__ref_ordered_for(E, w->workers, expert_backward_var, expert_backward_var_commit, &lp))
+        return false;
     /* the gates' softmax: dz_k = gate_k (dgate_k - sum_j gate_j dgate_j) */
     const double *rw = s->p->router[l]->w;
     double *rv = s->p->router[l]->m;

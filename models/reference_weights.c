@@ -15,17 +15,23 @@
 
 void *tm__ref_calloc(tm_reference *ref, size_t count, size_t size)
 {
+    void *p = calloc(count ? count : 1, size);
+    if (!p)
+        return NULL;
+    pthread_mutex_lock(&ref->alloc_lock);
     if (ref->n_allocs == ref->cap_allocs) {
         size_t cap = ref->cap_allocs ? 2 * ref->cap_allocs : 64;
         void **grown = realloc(ref->allocs, cap * sizeof *grown);
-        if (!grown)
+        if (!grown) {
+            pthread_mutex_unlock(&ref->alloc_lock);
+            free(p);
             return NULL;
+        }
         ref->allocs = grown;
         ref->cap_allocs = cap;
     }
-    void *p = calloc(count ? count : 1, size);
-    if (p)
-        ref->allocs[ref->n_allocs++] = p;
+    ref->allocs[ref->n_allocs++] = p;
+    pthread_mutex_unlock(&ref->alloc_lock);
     return p;
 }
 

@@ -5,6 +5,7 @@
 #ifndef TM_REFERENCE_WEIGHTS_H
 #define TM_REFERENCE_WEIGHTS_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "tinymoe.h"
@@ -51,10 +52,11 @@ struct tm_reference {
     size_t n_slots;
     void **allocs;
     size_t n_allocs, cap_allocs;
+    pthread_mutex_t alloc_lock; /* the reference's workers grow their arenas concurrently */
 };
 
 /* calloc of count * size bytes (one byte at least) that ref frees in tm_reference_destroy;
- * NULL when out of memory. */
+ * NULL when out of memory. Safe to call from the reference's workers. */
 void *tm__ref_calloc(tm_reference *ref, size_t count, size_t size);
 
 /* The entry of `path` (lm_head.weight: the tied embed.weight), or NULL. */

@@ -507,7 +507,15 @@ typedef struct tm_ref_perturb {
     double delta;
 } tm_ref_perturb;
 
-/** The global objective on one thread in FP64 (cblas_dgemm), by code independent of the
+/** The threads the reference runs on (process-wide; `threads` <= 0: the online cores, the
+ * default; at most 64). The experts of a layer and the router's token blocks are computed on
+ * any of them and their shared sums committed in a fixed order, so every result is the same
+ * bits whatever the count. Call it between references, not during one. */
+void tm_reference_set_threads(int threads);
+/** The thread count the next reference will use. */
+int tm_reference_threads(void);
+
+/** The global objective in FP64 (cblas_dgemm), by code independent of the
  * FP32 path: the mean over all tokens of all ranks of the token loss, plus the router losses
  * the config enables (docs/model.md, Routing extensions), and its gradient for every trainable
  * parameter. Each of the n_ranks token lists is one data shard (capacity and the local-scope

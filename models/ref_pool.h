@@ -1,0 +1,25 @@
+/* The FP64 reference's pool of threads (tm_reference_set_threads): a loop over items (the
+ * experts of a layer, the router's token blocks) whose computations run on any worker, in any
+ * order, and whose commits (the sums the items share) run one at a time in item order, each on
+ * the worker that computed it. Which worker computes an item never changes what it computes,
+ * and the shared sums see the items in the same order whatever the number of workers: the
+ * results are the same bits for any thread count. */
+#ifndef TM_REF_POOL_H
+#define TM_REF_POOL_H
+
+#include <stdbool.h>
+
+/* compute(ctx, worker, item): false stops the loop (the later items are neither computed nor
+ * committed); commit(ctx, worker, item), or NULL: after item - 1's commit. */
+typedef bool (*tm__ref_compute_fn)(void *ctx, int worker, int item);
+typedef void (*tm__ref_commit_fn)(void *ctx, int worker, int item);
+
+/* Items 0 to items - 1 on `workers` threads (the caller's among them; 1: in the caller, in
+ * order). Returns false when a compute did. */
+bool tm__ref_ordered_for(int items, int workers, tm__ref_compute_fn compute,
+                         tm__ref_commit_fn commit, void *ctx);
+
+/* The reference's worker count: tm_reference_set_threads's, or the online cores (1 to 64). */
+int tm__ref_workers(void);
+
+#endif
