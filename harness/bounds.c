@@ -84,6 +84,10 @@ void hx_fit_add(hx_fit *f, double got, double want, double mag, double abs)
     f->mag_dot += fabs(want) * mag;
     f->round2 += want * want * ra * ra;
     f->round1 += want * want * ra;
+    if (ra < 0x1p-14)
+        f->sub_half1 += fabs(want);
+    if (ra < 0x1p-126)
+        f->sub_single1 += fabs(want);
 }
 
 double hx_fit_bound(const hx_tolerance *t, const hx_fit *f, int contributors, bool rounded)
@@ -113,7 +117,9 @@ double hx_fit_scale_bound(const hx_tolerance *t, const hx_fit *f, int contributo
         /* sum want_i^2 b_i^2, b_i = u_r a_i + k eta_r */
         double k = ((contributors > 0 ? contributors : 1) + 1.0) * t->eta_r, u = t->u_r;
         double v = u * u * f->round2 + 2.0 * u * k * f->round1 + k * k * f->want2;
-        rounding = 6.0 * sqrt(v);
+        /* elements in the subnormal range may all err one way: their bias in full */
+        double sub = t->result == SELDP_F16 ? f->sub_half1 : f->sub_single1;
+        rounding = 6.0 * sqrt(v) + k * sub;
     }
     return (model + rounding) / f->want2;
 }

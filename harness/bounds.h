@@ -57,6 +57,11 @@ typedef struct hx_fit {
     double mag_dot; /* sum |want_i| mag_i */
     double round2;  /* sum want_i^2 (abs_i + |got_i|)^2, the rounding statistic's variance scale */
     double round1;  /* sum want_i^2 (abs_i + |got_i|) */
+    /* sum |want_i| over the elements whose abs_i + |got_i| is below F16's smallest normal
+     * (2^-14) and below FP32's and BF16's (2^-126): there a rounding errs by up to the
+     * dtype's subnormal spacing whatever the value, and all in one direction (values far
+     * below it round to 0), so their part of the best-fit scale is a bias, not noise */
+    double sub_half1, sub_single1;
 } hx_fit;
 
 void hx_fit_add(hx_fit *f, double got, double want, double mag, double abs);
@@ -70,7 +75,9 @@ double hx_fit_bound(const hx_tolerance *t, const hx_fit *f, int contributors, bo
 /* The best-fit scale <got, want> / <want, want> (1 when want is 0) and the bound of its
  * distance from 1 under the tolerance model: the model's error taken whole, the roundings
  * (independent, zero-mean, each bounded by u_r (abs_i + |got_i|) + (contributors + 1) eta_r: a
- * subnormal's error is absolute) by Hoeffding's inequality at six of their scales. */
+ * subnormal's error is absolute) by Hoeffding's inequality at six of their scales, plus the
+ * worst case of the elements in the result dtype's subnormal range, whose roundings need not
+ * be zero-mean (a value far below the smallest subnormal always rounds to 0). */
 double hx_fit_scale(const hx_fit *f);
 double hx_fit_scale_bound(const hx_tolerance *t, const hx_fit *f, int contributors, bool rounded);
 

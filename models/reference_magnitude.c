@@ -379,7 +379,11 @@ static void router_loss_var(const pass *s, mag_rows *m, int l, size_t t0, size_t
 }
 
 /* The gates' variances of the block's tokens [t0, t0 + n): a softmax over the K selected
- * logits (m->VLG holds the block's rows). */
+ * logits (m->VLG holds the block's rows). The FP32 model takes them from its probabilities
+ * over all E experts, which underflow far below the largest logit: each gate also errs by up
+ * to E times two roundings at half FP32's smallest subnormal (the exponential's and the
+ * division's), whatever its value, a floor that matters only to gates near 1e-38 and below
+ * (an expert a near tie in underflow sent a token to; reference_router.c). */
 static void gates_var(const pass *s, const mag_rows *m, int l, size_t t0, size_t n)
 {
     const int E = s->E, K = s->K;
@@ -387,6 +391,7 @@ static void gates_var(const pass *s, const mag_rows *m, int l, size_t t0, size_t
     const int *sel = s->w->SEL + (size_t)l * NK;
     const double *gate = s->w->GATE + (size_t)l * NK;
     double *VG = s->VG + (size_t)l * NK;
+    const double floor = 3.0 * E * 0x1p-126; /* 3 E 2^-150 in units of u = 2^-24 */
     for (size_t i = 0; i < n; i++) {
         const size_t t = t0 + i;
         double pz = 0.0;
@@ -395,7 +400,8 @@ static void gates_var(const pass *s, const mag_rows *m, int l, size_t t0, size_t
         for (int k = 0; k < K; k++) {
             double g = gate[t * K + k];
             VG[t * K + k] =
-                g * g * (m->VLG[i * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0);
+                g * g * (m->VLG[i * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0) +
+                floor * floor;
         }
     }
 }

@@ -11,11 +11,11 @@
 #include "reference_impl.h"
 
 /* A scratch arena for the products' absolute and squared copies: slots 0 to 2 belong to
- * tm__mag_var_gemm, 3 and 4 to its callers. */
+ * tm__mag_var_gemm, 3 to 6 to its callers. */
 typedef struct arena {
     tm_reference *ref;
-    double *buf[5];
-    size_t cap[5];
+    double *buf[7];
+    size_t cap[7];
 } arena;
 
 /* A sum over tokens accumulated term by term (a norm's or the router's weight gradient): the

@@ -108,6 +108,24 @@ static bool has_expert(const int *set, int K, int e)
     return false;
 }
 
+/* The FP32 model ranks the probabilities softmax(z) in FP32, not the logits: far below the
+ * largest logit (about 87 at FP32's smallest normal, 104 at its smallest subnormal) they
+ * underflow, to subnormals of a few bits or to 0, and experts whose logits differ by whole
+ * units tie there. True when the lowest chosen and the highest unchosen logit have FP32
+ * probabilities within REF_TIE_TOL of each other (relative), or one subnormal step apart. */
+static bool fp32_probability_tie(const double *z, int E, double lowest_in, double highest_out)
+{
+    double mx = -INFINITY, se = 0.0;
+    for (int e = 0; e < E; e++)
+        mx = fmax(mx, z[e]);
+    for (int e = 0; e < E; e++)
+        se += exp(z[e] - mx);
+    const float p_in = (float)(exp(lowest_in - mx) / se);
+    const float p_out = (float)(exp(highest_out - mx) / se);
+    const double subnormal = ldexp(1.0, -149);
+    return (double)p_in >= (double)p_out * (1.0 - REF_TIE_TOL) - subnormal;
+}
+
 bool tm__ref_follow_tie(const double *z, int E, int K, const int *choice, int *sel)
 {
     bool same = true;
@@ -126,7 +144,8 @@ bool tm__ref_follow_tie(const double *z, int E, int K, const int *choice, int *s
         else
             highest_out = fmax(highest_out, z[e]);
     }
-    if (lowest_in < highest_out - REF_TIE_TOL * (1.0 + scale))
+    if (lowest_in < highest_out - REF_TIE_TOL * (1.0 + scale) &&
+        !fp32_probability_tie(z, E, lowest_in, highest_out))
         return false;
     /* the chosen set in decreasing logit order, ties by index */
     for (int k = 0, e = 0; e < E; e++) {

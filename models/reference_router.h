@@ -29,7 +29,9 @@ double tm__ref_router_losses(const tm_config *cfg, const double *logits, const i
 /* A near tie of one token (z (E) its FP64 router logits, sel (K) the reference's top-K): when
  * `choice` (K), the experts the FP32 model chose, is a different set that is still a top-K
  * within REF_TIE_TOL (each chosen logit at least the largest unchosen one minus the
- * tolerance), sel becomes that set in decreasing logit order and true is returned; otherwise
+ * tolerance, or whose FP32 probabilities, which the model ranks, are equal within it: far
+ * below the largest logit they underflow and tie), sel becomes that set in decreasing logit
+ * order and true is returned; otherwise
  * sel is kept (a real routing difference stays visible to the checks). */
 bool tm__ref_follow_tie(const double *z, int E, int K, const int *choice, int *sel);
 
