@@ -47,6 +47,23 @@ static void larger_models(void **state)
     passes("--world 2 --ep 2 --dtype %s --d-model 256 --d-ff 512 --steps 30 --lr 0.3", "bf16");
 }
 
+/* At the edges: a high learning rate on wide models. Router probabilities underflow in FP32
+ * (the model's top-K ties at 0 where the logits differ by units), gates near 1e-38, adapters
+ * aligned with their gradient, f16 gradients below its subnormals. */
+static void edges(void **state)
+{
+    (void)state;
+    passes("--world 8 --ep 8 --d-model 256 --d-ff 256 --dtype %s --lr 1.0 --steps 8 --seed 644 "
+           "--aux-loss-coeff 0.01",
+           "f32");
+    passes("--world 1 --ep 1 --d-model 256 --d-ff 256 --dtype %s --lr 1.0 --steps 10 --seed 458 "
+           "--z-loss-coeff 0.001",
+           "f16");
+    passes("--world 2 --ep 1 --d-model 256 --d-ff 512 --dtype %s --lr 1.0 --steps 20 --seed 850 "
+           "--quant nf4",
+           "f32");
+}
+
 static void options_for_100_steps(void **state)
 {
     (void)state;
@@ -97,11 +114,9 @@ static void sweeps(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(long_runs),
-        cmocka_unit_test(larger_models),
-        cmocka_unit_test(options_for_100_steps),
-        cmocka_unit_test(grid_for_50_steps),
-        cmocka_unit_test(sweeps),
+        cmocka_unit_test(long_runs),         cmocka_unit_test(edges),
+        cmocka_unit_test(larger_models),     cmocka_unit_test(options_for_100_steps),
+        cmocka_unit_test(grid_for_50_steps), cmocka_unit_test(sweeps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
