@@ -111,7 +111,8 @@ double hx_fit_scale_bound(const hx_tolerance *t, const hx_fit *f, int contributo
 {
     if (!(f->want2 > 0))
         return INFINITY;
-    double model = t->c * t->u_c * f->mag_dot;
+    /* FP32's own floor: a value below its subnormals is computed as 0 (all one way) */
+    double model = t->c * t->u_c * f->mag_dot + 0x1p-149 * f->sub_single1;
     double rounding = 0.0;
     if (rounded) {
         /* sum want_i^2 b_i^2, b_i = u_r a_i + k eta_r */

@@ -55,6 +55,11 @@ int hx_main(int argc, char **argv, FILE *out, FILE *err)
         hx_report_print_checks(run, out);
     if (root && run->diagnosis[0])
         fprintf(out, "diagnosis: %s\n", run->diagnosis);
+    if (root && run->diverged_step)
+        fprintf(out,
+                "diverged: step %d: %s; steps %d to %d were not checked (a smaller --lr keeps "
+                "the run in range)\n",
+                run->diverged_step, run->diverged_why, run->diverged_step, run->steps_done);
     if (st != SELDP_OK)
         fprintf(err, "seldp-harness: the run stopped: %s\n", run->error);
     int status = hx_run_passed(run) ? HX_EXIT_PASS : HX_EXIT_FAIL;

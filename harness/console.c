@@ -207,6 +207,10 @@ void hx_print_progress(const hx_run *run, int step, double t_step)
             "worst rel %.2e%s  %s  %.1f ms (%s)\n",
             step + 1, run->opts.steps, rec->loss, rec->ref_loss, rec->tokens, rec->ratio,
             rec->ratio_check ? rec->ratio_check : "-", rec->ratio_path[0] ? rec->ratio_path : "-",
-            rec->ratio_rank, rec->worst, ties, rec->failures ? "FAIL" : "ok", 1e3 * t_step, split);
+            rec->ratio_rank, rec->worst, ties,
+            rec->diverged   ? "diverged, not checked"
+            : rec->failures ? "FAIL"
+                            : "ok",
+            1e3 * t_step, split);
     fflush(run->out);
 }

@@ -205,6 +205,15 @@ static void report_json(const hx_run *run, hx_buf *b)
         hx_buf_json_string(b, run->diagnosis);
     else
         hx_buf_puts(b, "null");
+    /* the first step that left the dtypes' range (diverge.h), null when none */
+    hx_buf_puts(b, ",\n  \"diverged\": ");
+    if (run->diverged_step) {
+        hx_buf_printf(b, "{\"step\": %d, \"why\": ", run->diverged_step);
+        hx_buf_json_string(b, run->diverged_why);
+        hx_buf_puts(b, "}");
+    } else {
+        hx_buf_puts(b, "null");
+    }
     hx_buf_puts(b, ",\n  \"tensor_classes\": [");
     bool first = true;
     for (int c = 0; c < HX_CLASS_COUNT; c++) {
@@ -248,9 +257,9 @@ static void report_json(const hx_run *run, hx_buf *b)
         hx_buf_printf(b,
                       ", \"worst_rank\": %d, \"failures\": %lld, \"absent_experts\": %d, "
                       "\"near_ties_followed\": %zu, \"dropped_assignments\": %zu, "
-                      "\"error_to_bound\": ",
+                      "\"diverged\": %s, \"error_to_bound\": ",
                       r->worst_rank, (long long)r->failures, r->absent, r->ties_followed,
-                      r->dropped);
+                      r->dropped, r->diverged ? "true" : "false");
         hx_buf_json_number(b, r->ratio);
         hx_buf_puts(b, ", \"error_to_bound_check\": ");
         hx_buf_json_string(b, r->ratio_check ? r->ratio_check : "");
@@ -313,6 +322,9 @@ static void report_md(const hx_run *run, hx_buf *b)
                   hx_run_passed(run) ? "PASS" : "FAIL");
     if (run->status != SELDP_OK)
         hx_buf_printf(b, " (the run stopped: %s)", run->error);
+    if (run->diverged_step)
+        hx_buf_printf(b, "\n\nThe run diverged at step %d (%s): steps %d to %d were not checked.",
+                      run->diverged_step, run->diverged_why, run->diverged_step, run->steps_done);
     hx_buf_printf(b, "\n\n| setting | value |\n|---|---|\n");
     hx_buf_printf(b, "| world | %d ranks, transport %s |\n", o->world,
                   hx_backend_transport(run->backend));

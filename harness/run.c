@@ -18,6 +18,7 @@
 #include "inject.h"
 #include "capture.h"
 #include "diagnose.h"
+#include "diverge.h"
 #include "lockstep.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
@@ -412,10 +413,12 @@ static seldp_status main_step(hx_run *run, int step)
     rec->dropped = tm_reference_dropped(ref);
     rec->t_reference = hx_split_charge(&rec->split, HX_PHASE_REFERENCE);
     rec->ref_loss = tm_reference_loss(ref);
-    HX_CHECK(hx_check_step(run, step, ref));
-    if (run->opts.clip_grad > 0)
-        hx_clip_check(run, step, ref);
-    hx_diagnose(run, step);
+    if (!hx_step_diverged(run, step, ref)) {
+        HX_CHECK(hx_check_step(run, step, ref));
+        if (run->opts.clip_grad > 0)
+            hx_clip_check(run, step, ref);
+        hx_diagnose(run, step);
+    }
     if (run->lockstep)
         HX_CHECK(hx_lockstep_step(run, step));
     hx_capture_reset(run); /* the next step's inputs */

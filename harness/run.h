@@ -124,6 +124,7 @@ typedef struct hx_step_record {
     int absent;              /* (layer, expert) pairs no token reached */
     size_t ties_followed;    /* tokens x layers whose near tie the reference took as routed */
     size_t dropped;          /* assignments the capacity dropped (the reference's count) */
+    bool diverged;           /* left unchecked: the run had left its dtypes' range (diverge.h) */
     double t_step;           /* wall time of the step, checks included */
     double t_compute;        /* slowest rank: forward + backward, dispatch included */
     double t_dispatch;
@@ -188,6 +189,11 @@ typedef struct hx_run {
     /* a run that could not finish: the first failing rank's message */
     seldp_status status;
     char error[1024];
+
+    /* the first step (1-based; 0: none) whose loss or reference gradient left the range of
+     * the dtypes the model computes in, and why (diverge.h) */
+    int diverged_step;
+    char diverged_why[256];
 
     /* the likely cause of the first failed gradient check (diagnose.c); "" when none */
     char diagnosis[400];

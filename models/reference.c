@@ -113,6 +113,14 @@ static void group_by_expert(const int *sel, const unsigned char *kept, size_t NK
 
 /* ---- the computation ----------------------------------------------------------------- */
 
+/* The norms' sums of squares D (1/r^2 - eps) of n rows into ref->largest: the FP32 model forms
+ * them, and past FP32's range it overflows where the reference does not. */
+static void note_norms(tm_reference *ref, const double *r, size_t n, int D)
+{
+    for (size_t t = 0; t < n; t++)
+        ref->largest = fmax(ref->largest, (double)D / (r[t] * r[t]));
+}
+
 /* Without router losses a layer's logits are taken this many tokens at a time: (N, E) of them
  * would be a quarter of the reference's memory at world 2048. */
 #define REF_LOGIT_BLOCK 1024
@@ -254,6 +262,7 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     double router_loss = 0.0;
     for (size_t t = 0; t < N; t++)
         w->R[(size_t)l * N + t] = rms_row(Hin + t * D, p->norm[l]->w, D, c->eps, u + t * D);
+    note_norms(ref, w->R + (size_t)l * N, N, D);
     /* the logits: all of them where the router losses need them, else a block at a time */
     const size_t block = w->DLR ? N : REF_LOGIT_BLOCK;
     for (size_t t = 0, r = 0; t < N; t++) {
@@ -313,6 +322,7 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
     const double *Hf = w->H + (size_t)c->layers * N * (size_t)D;
     for (size_t t = 0; t < N; t++)
         w->RF[t] = rms_row(Hf + t * D, p->fnorm->w, D, c->eps, w->Z + t * D);
+    note_norms(ref, w->RF, N, D);
     tm__dgemm(CblasNoTrans, CblasTrans, (int)N, V, D, 1.0, w->Z, D, p->emb->w, D, 0.0, w->LOG, V);
     double loss = 0.0;
     for (size_t t = 0; t < N; t++) {
@@ -325,6 +335,7 @@ static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_
             se += exp(row[v] - mx);
         const double lse = mx + log(se);
         loss += lse - row[w->tgt[t]];
+        ref->largest = fmax(ref->largest, fmax(fabs(mx), fabs(lse)));
         for (int v = 0; v < V; v++)
             row[v] = exp(row[v] - lse) / (double)N;
         row[w->tgt[t]] -= 1.0 / (double)N;
@@ -574,6 +585,11 @@ double tm_reference_loss(const tm_reference *ref)
 size_t tm_reference_tokens(const tm_reference *ref)
 {
     return ref->N;
+}
+
+double tm_reference_largest(const tm_reference *ref)
+{
+    return ref->largest;
 }
 
 size_t tm_reference_dropped(const tm_reference *ref)

@@ -46,6 +46,7 @@ struct tm_reference {
     size_t *routed; /* (L,E) */
     size_t ties_followed;
     size_t dropped; /* assignments the capacity dropped */
+    double largest; /* the largest of the FP32 model's norm sums of squares and logits */
     ref_entry *entries;
     size_t n_entries, cap_entries;
     size_t *slots; /* (n_slots, a power of two) open-addressing index by path: entry + 1 */

@@ -579,6 +579,11 @@ const double *tm_reference_magnitude(const tm_reference *ref, const char *path, 
  * same variance propagation as tm_reference_magnitude. */
 double tm_reference_loss_magnitude(const tm_reference *ref);
 
+/** The largest value among the FP32 model's intermediates the reference formed: a norm's sum
+ * of squares, the head's largest logit and log-sum-exp. Beyond FLT_MAX the FP32 model has
+ * overflowed where the FP64 reference did not (the run diverged). */
+double tm_reference_largest(const tm_reference *ref);
+
 /** Number of tokens (over all ranks, counting each of the K slots) that layer l routed to
  * expert e and that expert e processed (assignments dropped by the capacity not counted). */
 size_t tm_reference_routed(const tm_reference *ref, int l, int e);

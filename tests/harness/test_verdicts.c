@@ -133,6 +133,31 @@ static void wide_model_bf16(void **state)
         fail_msg("wide bf16 run: exit %d\n%s%s", run.status, run.err, run.out);
 }
 
+/* A run that leaves f16's range (lr 1 on a wide model): the step where the members' f16 parts
+ * overflow and every later one are left unchecked and said to be, the steps before keep their
+ * verdict, and the run is not reported as a failure of its layout. */
+static void diverged_run(void **state)
+{
+    (void)state;
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", hx_test_dir("diverged"));
+    hx_test_run run;
+    hx_test_harness(&run,
+                    "--world 8 --ep 8 --d-model 256 --d-ff 256 --dtype f16 --lr 1.0 --steps 9 "
+                    "--seed 317 --out %s",
+                    dir);
+    if (run.status != HX_EXIT_PASS || !strstr(run.out, "diverged: step 7: "))
+        fail_msg("diverging f16 run: exit %d\n%s%s", run.status, run.err, run.out);
+    hx_json *r = hx_test_report(dir);
+    const hx_json *d = hx_json_get(r, "diverged");
+    assert_non_null(d);
+    assert_int_equal(hx_test_int(d, "step"), 7);
+    const hx_json *steps = hx_json_get(r, "steps");
+    for (size_t i = 0; i < steps->count; i++)
+        assert_int_equal(hx_json_get(&steps->items[i], "diverged")->boolean, i >= 6);
+    hx_json_free(r);
+}
+
 /* ---- no miss ------------------------------------------------------------------------------- */
 
 /* Every planted framework bug fails a check at step 1 in f32, bf16 and f16, and is named. */
@@ -325,17 +350,12 @@ static void unwritable_outputs_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(ulps_and_rounding),
-        cmocka_unit_test(fit_bounds),
-        cmocka_unit_test(long_run_f32),
-        cmocka_unit_test(long_run_bf16),
-        cmocka_unit_test(long_run_f16),
-        cmocka_unit_test(wide_model_bf16),
-        cmocka_unit_test(bugs_caught_at_step_one),
-        cmocka_unit_test(bf16_resolution),
-        cmocka_unit_test(group_table_is_the_layout),
-        cmocka_unit_test(roots_on_grids),
-        cmocka_unit_test(unwritable_outputs_refused),
+        cmocka_unit_test(ulps_and_rounding), cmocka_unit_test(fit_bounds),
+        cmocka_unit_test(long_run_f32),      cmocka_unit_test(long_run_bf16),
+        cmocka_unit_test(long_run_f16),      cmocka_unit_test(wide_model_bf16),
+        cmocka_unit_test(diverged_run),      cmocka_unit_test(bugs_caught_at_step_one),
+        cmocka_unit_test(bf16_resolution),   cmocka_unit_test(group_table_is_the_layout),
+        cmocka_unit_test(roots_on_grids),    cmocka_unit_test(unwritable_outputs_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
