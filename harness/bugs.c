@@ -160,9 +160,9 @@ bool hx_bug_refuse_options(const hx_options *o, FILE *err)
     if (!bug || !bug->pending)
         return false;
     fprintf(err,
-            "seldp-harness: --inject %s: needs %s, which this build of the step does not have "
-            "yet (the bug needs %s)\n",
-            bug->name, bug->pending, bug->needs);
+            "seldp-harness: --inject %s: needs %s (%s does not exist in this build of the step "
+            "yet)\n",
+            bug->name, bug->needs, bug->pending);
     return true;
 }
 

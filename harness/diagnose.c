@@ -345,11 +345,12 @@ void hx_diagnose(hx_run *run, int step, const hx_diag_inputs *in)
                 : em->model_failed ? HX_DIAG_EMBED
                 : sh->model_failed ? HX_DIAG_SHARED
                                    : HX_DIAG_SHARED_EXPERT;
-        snprintf(out, size,
-                 "step %d: the ranks' own FP32 %s deviate from the reference before any "
-                 "reduction (relative error %.3g): the model's computation, not the reduction; "
-                 "no known bug matches",
-                 step + 1, class_names[c], model_error(&d[c]));
+        snprintf(
+            out, size,
+            "step %d: the ranks' own FP32 gradients of %s deviate from the reference before any "
+            "reduction (relative error %.3g): the model's computation, not the reduction; "
+            "no known bug matches",
+            step + 1, class_names[c], model_error(&d[c]));
     } else {
         int c = failed(ex)   ? HX_DIAG_EXPERT
                 : failed(em) ? HX_DIAG_EMBED
