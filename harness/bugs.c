@@ -81,11 +81,11 @@ static const hx_bug table[] = {
      "expert gradients left unnormalized when the expert-data group has one rank (the skipped "
      "reduction skips the division by the data-parallel size too)",
      "PyTorch PR #167178",
-     "an expert-data group of one rank, a dense data-parallel group of 2 or "
-     "more (ep = world)",
+     "an expert-data group of one rank (ep \xc3\x97 etp \xc3\x97 pp = world), a dense "
+     "data-parallel group of 2 or more",
      "expert gradients dp\xc3\x97 too large (dp the dense group's size), every other class "
-     "right",
-     NULL, "--world 4 --ep 4"},
+     "right; where dp is the EP size (every replicated layout) ep-scale is named beside it",
+     NULL, "--world 4 --tp 2 --etp 1 --ep 4"},
     {HX_FAULT_SHARED_EXPERT_TP, "shared-expert-tp",
      "the shared expert's gradients all-reduced over the TP group a second time",
      "Pai-Megatron-Patch #397 (PR #402)", "tp > 1, --shared-expert-ff > 0",

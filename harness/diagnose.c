@@ -319,19 +319,21 @@ void hx_diagnose(hx_run *run, int step, const hx_diag_inputs *in)
                  "(tp %d) before the data-parallel one",
                  class_names[HX_DIAG_SHARED_EXPERT], fit_scale(sx), fit_residual(sx), tp);
         name_bug(run, step, seen, HX_FAULT_SHARED_EXPERT_TP, HX_FAULT_NONE);
-    } else if (scaled_ex && !failed(em) && !sh_bad && edp == 1 && dense > 1 && near(se, dense)) {
-        snprintf(seen, sizeof seen,
-                 "%s are %d\xc3\x97 too large (the dense data-parallel size %d; expert-data "
-                 "groups of one rank) while the shared gradients agree",
-                 class_names[HX_DIAG_EXPERT], dense, dense);
-        name_bug(run, step, seen, HX_FAULT_EDP1_SKIP,
-                 near(se, ep) ? HX_FAULT_EP_SCALE : HX_FAULT_NONE);
     } else if (scaled_ex && !failed(em) && !sh_bad && ep > 1 && near(se, ep)) {
         snprintf(seen, sizeof seen,
                  "%s are %d\xc3\x97 too large (EP size %d) while the shared gradients agree: "
                  "expert grads scaled by the EP size? (DeepSpeed #6545)",
                  class_names[HX_DIAG_EXPERT], ep, ep);
-        name_bug(run, step, seen, HX_FAULT_EP_SCALE, HX_FAULT_NONE);
+        /* with expert-data groups of one rank and a dense group of the EP size, the skipped
+         * normalization gives the same factor */
+        name_bug(run, step, seen, HX_FAULT_EP_SCALE,
+                 edp == 1 && dense > 1 && near(se, dense) ? HX_FAULT_EDP1_SKIP : HX_FAULT_NONE);
+    } else if (scaled_ex && !failed(em) && !sh_bad && edp == 1 && dense > 1 && near(se, dense)) {
+        snprintf(seen, sizeof seen,
+                 "%s are %d\xc3\x97 too large (the dense data-parallel size %d; expert-data "
+                 "groups of one rank) while the shared gradients agree",
+                 class_names[HX_DIAG_EXPERT], dense, dense);
+        name_bug(run, step, seen, HX_FAULT_EDP1_SKIP, HX_FAULT_NONE);
     } else if (scaled_ex && !failed(em) && !sh_bad && ep > 1 && near(se * ep, 1.0)) {
         snprintf(seen, sizeof seen,
                  "%s are %d\xc3\x97 too small (EP size %d) while the shared gradients agree: "

@@ -40,8 +40,10 @@ static const case_t cases[] = {
      "global gradient norm vs the FP64 reference",
      "the global gradient norm differs from the FP64 reference's while every reduced gradient "
      "agrees"},
-    {"edp1-skip", "--world 4 --tp 2 --etp 1 --ep 4", "reduced gradients vs the FP64 reference",
-     "are 4\xc3\x97 too large (the dense data-parallel size 4; expert-data groups of one rank)"},
+    /* replicated, the dense group is the EP group's size: ep-scale is named first, edp1-skip
+     * beside it */
+    {"edp1-skip", "--world 4 --ep 4", "reduced gradients vs the FP64 reference",
+     "are 2\xc3\x97 too large (the dense data-parallel size 2; expert-data groups of one rank)"},
     {"shared-expert-tp", "--world 8 --tp 2 --pp 2 --ep 2 --shared-expert-ff 32",
      "reduced gradients vs the FP64 reference",
      "what the ranks passed was already off, a reduction over the TP group (tp 2)"},
