@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "clip.h"
+#include "inject.h"
 #include "verdict.h"
 #include "util.h"
 
@@ -20,6 +21,8 @@ seldp_status hx_clip_norm(hx_rank *rk, seldp_grads *grads)
 {
     seldp_status st = SELDP_OK;
     seldp_grad_norm_result res;
+    if (rk->run->opts.inject == HX_FAULT_NORM_PER_GROUP)
+        return hx_inject_norm(rk, grads, &rk->grad_norm);
     seldp_norm_part *parts = hx_calloc((size_t)rk->n_sets + 1, sizeof *parts);
     if (!parts)
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
@@ -100,6 +103,8 @@ seldp_status hx_clip_apply(hx_rank *rk, bool *skip)
     seldp_status st = SELDP_OK;
     seldp_grad_norm_result res;
     seldp_grads *grads = rk->gpu ? rk->device_grads : rk->grads;
+    if (rk->run->opts.inject == HX_FAULT_NORM_PER_GROUP)
+        return hx_inject_clip(rk, grads, skip);
     seldp_norm_part *parts = hx_calloc((size_t)rk->n_sets + 1, sizeof *parts);
     if (!parts)
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);

@@ -1,14 +1,24 @@
 /* The diagnosis of a failed step (diagnose.c): from what the checks saw of each class of
  * tensors — which checks failed, by what factor the reduced gradients are off — the likely
- * cause, a known framework bug named with its citation, or none. */
+ * cause, a known framework bug (bugs.h) named with its citation, or "no known bug". */
 #ifndef HX_DIAGNOSE_H
 #define HX_DIAGNOSE_H
 
 #include "run.h"
 
+/* The step's global batch as the FP64 reference read it (run.c), for the diagnosis to test a
+ * hypothesis against another reference of the same tokens. */
+typedef struct hx_diag_inputs {
+    const int32_t **tokens;
+    const int32_t **targets;
+    const int **choices;
+    const size_t *counts;
+    int n;
+} hx_diag_inputs;
+
 /* Main thread, after the checks of `step`: when a check failed in this step and no diagnosis
  * is recorded yet, write the likely cause into run->diagnosis (run->diag holds the step's
- * classes, filled by verdict.c). */
-void hx_diagnose(hx_run *run, int step);
+ * classes, filled by verdict.c). Nothing when every check passed. */
+void hx_diagnose(hx_run *run, int step, const hx_diag_inputs *in);
 
 #endif

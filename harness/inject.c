@@ -1,40 +1,27 @@
-/* Planted framework bugs (--inject ep-scale|rank-mean|world-div|tied-twice|local-aux) and their
- * diagnosis from the gradients and the FP64 reference. */
+/* Planted framework bugs (--inject, the rows of bugs.c): where each applies on the run's layout
+ * (refused where it cannot show), and the places a framework made it: the export scale, the
+ * weights of the reductions, the groups, a second reduction, the router losses' gradient scale.
+ * The half-precision reduction, the norm and the second TP reduction are in inject_reduce.c. */
 #include "inject.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bugs.h"
 #include "grid.h"
+#include "router.h"
 #include "util.h"
 
 bool hx_inject_is_framework_bug(hx_fault fault)
 {
-    return fault == HX_FAULT_EP_SCALE || fault == HX_FAULT_RANK_MEAN ||
-           fault == HX_FAULT_WORLD_DIV || fault == HX_FAULT_TIED_TWICE ||
-           fault == HX_FAULT_LOCAL_AUX;
+    return hx_bug_is_framework(fault);
 }
 
 const char *hx_inject_describe(hx_fault fault)
 {
-    switch (fault) {
-    case HX_FAULT_EP_SCALE:
-        return "expert gradients scaled by the EP size (DeepSpeed #6545)";
-    case HX_FAULT_RANK_MEAN:
-        return "each rank's token mean averaged over the ranks instead of the global token mean "
-               "(torchtitan #1842)";
-    case HX_FAULT_WORLD_DIV:
-        return "expert gradients divided by the world size instead of the expert-data size";
-    case HX_FAULT_TIED_TWICE:
-        return "the tied embedding's gradient reduced a second time, as a sum over the "
-               "embedding group";
-    case HX_FAULT_LOCAL_AUX:
-        return "the global-scope load-balancing loss normalized by each data shard's own tokens "
-               "(f_e from the shard's counts over its token count; the counts never combined)";
-    default:
-        return "";
-    }
+    const hx_bug *bug = hx_bug_of(fault);
+    return bug ? bug->mistake : "";
 }
 
 /* The largest EP group of the layout. */
@@ -64,6 +51,180 @@ static int data_shards(const hx_run *run)
     free(ranks);
     free(seen);
     return n;
+}
+
+/* The grid's sizes (1 for a layout file, which has no grid). */
+static seldp_layout_config grid_sizes(const hx_run *run)
+{
+    seldp_layout_config c = SELDP_LAYOUT_CONFIG_INIT;
+    if (run->layout->grid)
+        c = seldp_layout_get_config(run->layout->grid);
+    c.world = run->opts.world;
+    if (c.tp < 1)
+        c.tp = 1;
+    if (c.pp < 1)
+        c.pp = 1;
+    if (c.cp < 1)
+        c.cp = 1;
+    return c;
+}
+
+int hx_inject_cp(const hx_run *run)
+{
+    return grid_sizes(run).cp;
+}
+
+int hx_inject_tp(const hx_run *run)
+{
+    return grid_sizes(run).tp;
+}
+
+int hx_inject_dp(const hx_run *run)
+{
+    seldp_layout_config c = grid_sizes(run);
+    int d = c.tp * c.pp * c.cp;
+    return d > 0 ? run->opts.world / d : 1;
+}
+
+/* The largest and the smallest replica set of a kind (0 when the run has none). */
+static int set_size(const hx_run *run, bool (*kind)(const hx_set *), bool largest)
+{
+    int n = 0;
+    for (int i = 0; i < run->sets.n; i++) {
+        const hx_set *s = &run->sets.sets[i];
+        if (!kind(s))
+            continue;
+        if (n == 0 || (largest ? s->size > n : s->size < n))
+            n = s->size;
+    }
+    return n;
+}
+
+static bool any_set(const hx_set *s)
+{
+    (void)s;
+    return true;
+}
+
+static bool expert_kind(const hx_set *s)
+{
+    return s->kind == HX_SET_DATA || s->kind == HX_SET_EXPERT;
+}
+
+static bool dense_kind(const hx_set *s)
+{
+    return s->kind == HX_SET_SHARED || s->kind == HX_SET_DENSE;
+}
+
+static bool host_ranks(const hx_run *run)
+{
+    for (int r = 0; r < run->opts.world; r++)
+        if (hx_backend_device(run->backend, r).kind != SELDP_DEVICE_HOST)
+            return false;
+    return true;
+}
+
+/* The refusals of the second set: what each needs of the layout and the options. */
+static seldp_status check_second(const hx_run *run)
+{
+    const hx_options *o = &run->opts;
+    const tm_config *m = &o->model;
+    const char *name = hx_fault_name(o->inject);
+    switch (o->inject) {
+    case HX_FAULT_ROUTER_TP:
+        if (hx_inject_tp(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject router-tp: needs tensor parallelism (--tp 2 or more): "
+                           "without sequence parallelism every rank's router and norm "
+                           "gradients cover all of its tokens");
+        if (o->overlap || !host_ranks(run))
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject router-tp: needs host ranks and the blocking reductions "
+                           "(--backend host, without --overlap)");
+        return SELDP_OK;
+    case HX_FAULT_AUX_CP:
+        if (hx_inject_cp(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject aux-cp: needs context parallelism (--cp 2 or more): at cp "
+                           "1 the missing factor is 1");
+        if (!(m->aux_loss_coeff > 0.0) && !(m->z_loss_coeff > 0.0))
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject aux-cp: needs a router loss (--aux-loss-coeff or "
+                           "--z-loss-coeff > 0): it scales their gradient");
+        return SELDP_OK;
+    case HX_FAULT_AUX_DP:
+        if (hx_inject_dp(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject aux-dp: needs data parallelism (dp 2 or more; this layout "
+                           "has dp 1): at dp 1 the missing factor is 1");
+        if (!(m->aux_loss_coeff > 0.0) || m->aux_loss_scope != TM_AUX_GLOBAL)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject aux-dp: needs --aux-loss-coeff > 0 with --aux-loss-scope "
+                           "global (the bug is in the global-scope loss's scale)");
+        return SELDP_OK;
+    case HX_FAULT_NORM_PER_GROUP:
+        if (!(o->clip_grad > 0))
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject norm-per-group: needs --clip-grad X: the bug is in the "
+                           "global gradient norm that clipping computes");
+        if (largest_ep(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject norm-per-group: needs expert parallelism (an EP group of "
+                           "2 ranks or more): with every expert on every rank the rank-local "
+                           "norms are the global one");
+        if (!host_ranks(run))
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject norm-per-group: needs host ranks (--backend host): the "
+                           "rank-local norm is taken from host gradients");
+        return SELDP_OK;
+    case HX_FAULT_EDP1_SKIP:
+        if (set_size(run, expert_kind, true) != 1)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject edp1-skip: needs expert-data groups of one rank (ep = "
+                           "world, e.g. --world 4 --ep 4): this layout's largest has %d, whose "
+                           "reduction divides as it should",
+                           set_size(run, expert_kind, true));
+        if (set_size(run, dense_kind, false) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject edp1-skip: needs a dense data-parallel group of 2 ranks or "
+                           "more: with one the skipped division is by 1");
+        return SELDP_OK;
+    case HX_FAULT_SHARED_EXPERT_TP:
+        if (hx_inject_tp(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject shared-expert-tp: needs tensor parallelism (--tp 2 or "
+                           "more): the second reduction is over the TP group");
+        if (m->d_ff_shared <= 0)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject shared-expert-tp: needs a shared expert "
+                           "(--shared-expert-ff N)");
+        if (o->overlap)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject shared-expert-tp: needs the blocking reductions (without "
+                           "--overlap)");
+        return SELDP_OK;
+    case HX_FAULT_HALF_ACCUM:
+        if (o->fp32_master || o->model.dtype == SELDP_F32)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject half-accum: needs half-precision gradients (--dtype bf16 or "
+                           "f16, without --fp32-master): an FP32 reduction has no half dtype to "
+                           "accumulate in");
+        if (set_size(run, any_set, true) < HX_HALF_ACCUM_MIN_RANKS)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject half-accum: needs a replica set of %d ranks or more (e.g. "
+                           "--world 4 --ep 2): this layout's largest has %d, and a sum of two "
+                           "half values rounded once is what an FP32 accumulation's rounding "
+                           "of the result already allows (one ulp of the half result)",
+                           HX_HALF_ACCUM_MIN_RANKS, set_size(run, any_set, true));
+        if (o->overlap || !host_ranks(run))
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject half-accum: needs host ranks and the blocking reductions "
+                           "(--backend host, without --overlap)");
+        return SELDP_OK;
+    default:
+        (void)name;
+        return SELDP_OK;
+    }
 }
 
 seldp_status hx_inject_check(const hx_run *run)
@@ -121,7 +282,7 @@ seldp_status hx_inject_check(const hx_run *run)
                            "its root)");
         return SELDP_OK;
     default:
-        return SELDP_OK;
+        return check_second(run);
     }
 }
 
@@ -154,6 +315,15 @@ double hx_inject_scale(const hx_rank *rk, const hx_set *s)
         /* a mean over the expert-data group divides by world / ep; dividing by the world
          * size instead makes the expert grads ep times too small */
         return expert_set(s) ? 1.0 / (double)ep_size(rk) : 1.0;
+    case HX_FAULT_EDP1_SKIP: {
+        /* PyTorch PR #167178: with an expert-data group of one rank the reduction is skipped,
+         * and with it the division by the data-parallel size the gradients were scaled up
+         * for: the experts keep dp times their share (dp the dense group's size) */
+        const hx_set *d = hx_set_member(run, rk->rank, HX_SET_SHARED);
+        if (!d)
+            d = hx_set_member(run, rk->rank, HX_SET_DENSE);
+        return expert_set(s) && s->size == 1 && d ? (double)d->size : 1.0;
+    }
     case HX_FAULT_RANK_MEAN:
         /* torchtitan #1842: each rank's loss sum over its own tokens, then the mean over the
          * ranks with equal weights. The dense sets' weights become 1 (hx_inject_weight); in
@@ -176,6 +346,29 @@ uint64_t hx_inject_weight(const hx_rank *rk, const hx_set *s, uint64_t weight)
     if (rk->run->opts.inject == HX_FAULT_RANK_MEAN && dense_set(s))
         return rk->T > 0 ? 1 : 0;
     return weight;
+}
+
+seldp_status hx_inject_rank_model(hx_rank *rk)
+{
+    const hx_run *run = rk->run;
+    double aux = 1.0, z = 1.0;
+    if (run->opts.inject == HX_FAULT_AUX_CP) {
+        /* Megatron-LM #1652: the language-model loss is scaled for CP and the router losses
+         * are not, so their gradient is 1/cp of its share (both the load-balancing and the
+         * z-loss) */
+        aux = z = 1.0 / (double)hx_inject_cp(run);
+    } else if (run->opts.inject == HX_FAULT_AUX_DP) {
+        /* Megatron-LM #3672: the global-scope load-balancing loss takes the global counts
+         * but each rank's own probabilities, and its gradient misses the x dp that would
+         * make up for the mean over the data-parallel group */
+        aux = 1.0 / (double)hx_inject_dp(run);
+    } else {
+        return SELDP_OK;
+    }
+    seldp_status st = tm_set_router_loss_grad_scale(rk->model, aux, z);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: --inject %s", rk->rank, hx_fault_name(run->opts.inject));
+    return SELDP_OK;
 }
 
 static void tensor_to_f32(const seldp_tensor *t, float *out)

@@ -9,8 +9,11 @@
 
 #include "run.h"
 
-/* True for the faults that are framework bugs (ep-scale, rank-mean, world-div, tied-twice,
- * local-aux). */
+/* The smallest replica set on which --inject half-accum's roundings exceed an FP32
+ * accumulation's bound (docs/harness.md, Planted bugs). */
+#define HX_HALF_ACCUM_MIN_RANKS 3
+
+/* True for the faults that are framework bugs (the rows of bugs.c). */
 bool hx_inject_is_framework_bug(hx_fault fault);
 
 /* Whether --inject can show on the run's layout: a fault whose effect is nil there (ep-scale
@@ -31,5 +34,33 @@ uint64_t hx_inject_weight(const hx_rank *rk, const hx_set *s, uint64_t weight);
  * embedding's gradient a second time, summed over the shared group as an embedding group
  * does. Collective over the shared group; a no-op for the other faults. */
 seldp_status hx_inject_after_reduce(hx_rank *rk);
+
+/* The grid's context-parallel, tensor-parallel and data-parallel sizes (1 without a grid). */
+int hx_inject_cp(const hx_run *run);
+int hx_inject_tp(const hx_run *run);
+int hx_inject_dp(const hx_run *run);
+
+/* After the rank's model exists: --inject aux-cp / aux-dp give the router losses' gradient
+ * the scale the framework gave it (tm_set_router_loss_grad_scale). */
+seldp_status hx_inject_rank_model(hx_rank *rk);
+
+/* inject_reduce.c. After the export of occurrence p into grads, before its capture:
+ * --inject shared-expert-tp sums the shared expert's exported gradient over the TP group, a
+ * second time (collective over the TP group, in the export's order). */
+seldp_status hx_inject_exported(hx_rank *rk, const tm_param_info *p, seldp_grads *grads);
+
+/* Whether a planted bug replaces set rs's reduction (--inject half-accum: every set;
+ * router-tp: the sequence-parallel set), and that reduction: half-accum accumulates in the
+ * gradients' half dtype member after member; router-tp sums only the members of the rank's
+ * own TP rank (the data-parallel group), divided by the set's whole weight as before.
+ * Collective over the set. */
+bool hx_inject_replaces_reduction(const hx_rank *rk, const hx_rank_set *rs);
+seldp_status hx_inject_reduce(hx_rank *rk, hx_rank_set *rs, seldp_grads *grads);
+
+/* --inject norm-per-group: the global norm as the framework took it, each rank's norm of the
+ * gradients it holds averaged over the world (collective over the world); and clipping by it,
+ * *skip set when it is not finite. */
+seldp_status hx_inject_norm(hx_rank *rk, seldp_grads *grads, double *norm);
+seldp_status hx_inject_clip(hx_rank *rk, seldp_grads *grads, bool *skip);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "seldp/version.h"
 
+#include "bugs.h"
 #include "import.h"
 #include "options_impl.h"
 
@@ -64,10 +65,11 @@ const char *hx_order_name(hx_order order)
 
 const char *hx_fault_name(hx_fault fault)
 {
-    static const char *const names[HX_FAULT_COUNT] = {
-        "none",     "grad",      "replica",   "absent",     "fail",
-        "ep-scale", "rank-mean", "world-div", "tied-twice", "local-aux"};
-    return (unsigned)fault < HX_FAULT_COUNT ? names[fault] : "invalid";
+    static const char *const self_tests[] = {"none", "grad", "replica", "absent", "fail"};
+    if ((unsigned)fault < sizeof self_tests / sizeof self_tests[0])
+        return self_tests[fault];
+    const hx_bug *bug = hx_bug_of(fault);
+    return bug ? bug->name : "invalid";
 }
 
 const char *hx_roots_name(hx_roots roots)
@@ -350,9 +352,7 @@ static hx_parse_result parse_pass(int argc, char **argv, hx_options *o, FILE *ou
             o->reference_threads = (int)v;
             break;
         case OPT_INJECT:
-            expected = "none, grad, replica or absent (defects the checks must catch), fail (an "
-                       "error that must stop every rank), or ep-scale, rank-mean, world-div, "
-                       "tied-twice or local-aux (framework bugs)";
+            expected = hx_bug_expected_names();
             ok = false;
             for (int f = 0; f < HX_FAULT_COUNT; f++) {
                 if (strcasecmp(arg, hx_fault_name((hx_fault)f)) == 0) {
@@ -504,6 +504,8 @@ static hx_parse_result check_combinations(const hx_options *o, const bool *given
                 "other: the layout file lists the groups\n");
         return HX_PARSE_ERROR;
     }
+    if (hx_bug_refuse_options(o, err))
+        return HX_PARSE_ERROR;
     if (o->inject == HX_FAULT_LOCAL_AUX &&
         (!(o->model.aux_loss_coeff > 0.0) || o->model.aux_loss_scope != TM_AUX_GLOBAL)) {
         fprintf(err,

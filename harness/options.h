@@ -32,6 +32,18 @@ typedef enum hx_fault {
     HX_FAULT_WORLD_DIV = 7,  /* expert grads divided by the world, not the expert-data size */
     HX_FAULT_TIED_TWICE = 8, /* the tied embedding reduced twice */
     HX_FAULT_LOCAL_AUX = 9,  /* load-balancing statistics of each data shard's own tokens */
+    /* the second set (bugs.c holds every framework bug's name, mistake and citation) */
+    HX_FAULT_ROUTER_TP = 10,        /* SP norms and routers reduced over DP only, not TP */
+    HX_FAULT_AUX_CP = 11,           /* router losses' gradient not scaled for CP (x 1/cp) */
+    HX_FAULT_AUX_DP = 12,           /* global aux loss's gradient without x dp (x 1/dp) */
+    HX_FAULT_AUX_MICROBATCH = 13,   /* router losses not divided by the micro-batches */
+    HX_FAULT_LAST_MICROBATCH = 14,  /* the last micro-batch's token count as the step's */
+    HX_FAULT_NORM_PER_GROUP = 15,   /* the clipping norm from rank-local norms averaged */
+    HX_FAULT_EDP1_SKIP = 16,        /* experts unnormalized when their edp group has one rank */
+    HX_FAULT_SHARED_EXPERT_TP = 17, /* the shared expert's gradients summed over TP again */
+    HX_FAULT_TIED_ZERO = 18,        /* tied embedding's stage sum after the reduce-scatter */
+    HX_FAULT_HALF_ACCUM = 19,       /* the reduction accumulated in the half dtype */
+    HX_FAULT_FOUND_INF_LOCAL = 20,  /* found_inf not agreed over the optimizers' groups */
     HX_FAULT_COUNT
 } hx_fault;
 

@@ -116,8 +116,8 @@ const hx_option_doc hx_option_docs[] = {
     {{"inject", required_argument, NULL, OPT_INJECT},
      "FAULT",
      "self-test: grad, replica or absent plant a defect on the last rank; fail stops every "
-     "rank in step 1; ep-scale, rank-mean, world-div, tied-twice or local-aux a framework bug "
-     "on every rank (docs/harness.md, Planted bugs); refused where it cannot show"},
+     "rank in step 1; ep-scale, rank-mean, router-tp, half-accum or another of docs/harness.md's "
+     "known framework bugs (seldp-bugs --names) on every rank; refused where it cannot show"},
     {{"vocab", required_argument, NULL, OPT_VOCAB}, "N", "model: vocabulary V"},
     {{"d-model", required_argument, NULL, OPT_D_MODEL}, "N", "model: d_model D"},
     {{"d-ff", required_argument, NULL, OPT_D_FF}, "N", "model: d_ff F"},

@@ -9,6 +9,7 @@
 #include "checkpoint.h"
 #include "gpu.h"
 #include "grid.h"
+#include "inject.h"
 #include "overlap.h"
 #include "run.h"
 
@@ -160,6 +161,7 @@ seldp_status hx_rank_setup(hx_rank *rk)
             "rank %d: creating its model", rk->rank);
     HX_CHECK(hx_rank_sets_split(rk));
     HX_CHECK(rank_initial_values(rk));
+    HX_CHECK(hx_inject_rank_model(rk)); /* a planted router-loss gradient scale */
 
     rk->n_params = tm_param_count(rk->model);
     rk->pre_init = hx_calloc(rk->n_params, sizeof *rk->pre_init);

@@ -94,6 +94,7 @@ seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads)
                                            rk->run->opts.fp32_master, grads);
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: exporting the gradient of %s", rk->rank, p->path);
+    HX_CHECK(hx_inject_exported(rk, p, grads)); /* a planted second reduction (inject.h) */
     const seldp_tensor *input = seldp_grads_get(grads, p->id);
     bool owed = false;
     if (!input && rk->run->opts.policy == SELDP_MISSING_ERROR && hx_zero_owed(rk, p)) {
@@ -253,6 +254,12 @@ static seldp_status reduce_sets(hx_rank *rk, seldp_grads *grads)
     }
     for (int i = 0; i < rk->n_sets; i++) {
         hx_rank_set *rs = &rk->sets[i];
+        if (hx_inject_replaces_reduction(rk, rs)) {
+            seldp_status st = hx_inject_reduce(rk, rs, grads);
+            if (st != SELDP_OK)
+                return st;
+            continue;
+        }
         seldp_status st = hx_reduce_session(
             rk, rs->session, rs->set->label, rs->set->sums ? HX_REDUCE_SUM : HX_REDUCE_MEAN,
             hx_set_weight_of(rk, rs->set), grads, &rs->global_weight);

@@ -417,7 +417,7 @@ static seldp_status main_step(hx_run *run, int step)
         HX_CHECK(hx_check_step(run, step, ref));
         if (run->opts.clip_grad > 0)
             hx_clip_check(run, step, ref);
-        hx_diagnose(run, step);
+        hx_diagnose(run, step, &(hx_diag_inputs){tokens, targets, choices, counts, B});
     }
     if (run->lockstep)
         HX_CHECK(hx_lockstep_step(run, step));

@@ -142,6 +142,7 @@ typedef enum hx_diag_class {
     HX_DIAG_EMBED,
     HX_DIAG_ROUTER,
     HX_DIAG_SHARED,
+    HX_DIAG_SHARED_EXPERT,
     HX_DIAG_CLASSES
 } hx_diag_class;
 
@@ -196,7 +197,7 @@ typedef struct hx_run {
     char diverged_why[256];
 
     /* the likely cause of the first failed gradient check (diagnose.c); "" when none */
-    char diagnosis[400];
+    char diagnosis[1024];
     hx_diag_fit diag[HX_DIAG_CLASSES]; /* this step's, for it */
 
     bool absent_planted; /* --inject absent found an expert no token reached to plant it on */

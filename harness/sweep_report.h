@@ -56,7 +56,7 @@ typedef struct hx_sweep_result {
     double seconds;
     double objective_dev; /* a run of another objective than run 1's: its largest relative loss
                            * difference from run 1 (reported, not a deviation); else 0 */
-    char diagnosis[400];
+    char diagnosis[1024];
     char error[1024];
 } hx_sweep_result;
 

@@ -96,6 +96,8 @@ hx_diag_class hx_diag_class_of(const tm_param_info *p)
         return HX_DIAG_EMBED;
     if (strstr(p->path, ".router."))
         return HX_DIAG_ROUTER;
+    if (strstr(p->path, ".shared_expert."))
+        return HX_DIAG_SHARED_EXPERT;
     return HX_DIAG_SHARED;
 }
 

@@ -60,7 +60,11 @@ void tm__router_loss_backward(const tm_model *m, const tm_layer_cache *c, size_t
 {
     const int E = m->cfg.experts;
     const float *p = c->probs + t * (size_t)E;
-    const double alpha = m->cfg.aux_loss_coeff, beta = m->cfg.z_loss_coeff;
+    double alpha = m->cfg.aux_loss_coeff, beta = m->cfg.z_loss_coeff;
+    if (m->router_grad_scaled) {
+        alpha *= m->aux_grad_scale;
+        beta *= m->z_grad_scale;
+    }
     if (alpha > 0.0) {
         for (int e = 0; e < E; e++)
             dl[e] += (float)(alpha * E * balance_fraction(m, c, e));
@@ -165,4 +169,15 @@ double tm_router_loss_sum(const tm_model *m)
         }
     }
     return sum;
+}
+
+seldp_status tm_set_router_loss_grad_scale(tm_model *m, double aux, double z)
+{
+    if (!m || !isfinite(aux) || !isfinite(z) || aux < 0.0 || z < 0.0)
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "tm_set_router_loss_grad_scale: expected a model and finite scales >= 0");
+    m->router_grad_scaled = true;
+    m->aux_grad_scale = aux;
+    m->z_grad_scale = z;
+    return SELDP_OK;
 }

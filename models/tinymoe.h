@@ -383,6 +383,12 @@ seldp_status tm_route_set_balance(tm_model *m, int l, const int64_t *counts, uin
  * losses off; valid after every layer was routed (and given its balance). */
 double tm_router_loss_sum(const tm_model *m);
 
+/** The scale the backward gives the router losses' gradient, the load-balancing loss's and the
+ * z-loss's apart (1 and 1 until called), as a framework's loss scaler of the auxiliary losses
+ * sets it; the losses' values (tm_router_loss_sum) keep their coefficients. Returns
+ * INVALID_ARGUMENT for a scale that is negative or not finite. */
+seldp_status tm_set_router_loss_grad_scale(tm_model *m, double aux, double z);
+
 /** The routing layer l's tm_route_forward produced in this step (pointers as above), for the
  * backward's dispatch. Returns INVALID_ARGUMENT when layer l was not routed in this step. */
 seldp_status tm_route_get(const tm_model *m, int l, tm_route *route);

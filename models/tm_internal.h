@@ -82,6 +82,10 @@ struct tm_model {
     size_t S, S_offset;
     int32_t *tp_tokens;
 
+    /* The scale of the router losses' gradient (tm_set_router_loss_grad_scale); unset: 1. */
+    bool router_grad_scaled;
+    double aux_grad_scale, z_grad_scale;
+
     /* Step caches. */
     size_t T, T_capacity;
     int32_t *tokens;       /* (T) */

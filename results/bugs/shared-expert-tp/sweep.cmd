@@ -1,0 +1,1 @@
+seldp-harness --sweep results/bugs/sweeps/tp.json --dtype f32 --shared-expert-ff 32 --global-batch 255 --steps 3 --seed 1234 --inject shared-expert-tp
