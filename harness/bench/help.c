@@ -58,7 +58,15 @@ void bench_usage(FILE *f, bool mpi)
         "                        of 3 runs of the default session), for each R in the list\n"
         "                        (0.5,1,2)\n",
         f);
-    fputs("  -r, --ranks LIST      simulated ranks: 2, or 2,4, or 1-16 (default 2)\n"
+    fputs("      --ranks LIST      simulated ranks: 2, or 2,4, or 1-16 (default 2; long only: -r\n"
+          "                        is --repeat)\n"
+          "  -r, --repeat N        the whole measurement N times (1 to 1000, default 1): each row\n"
+          "                        is the median of the N repetitions' times, its bound fraction\n"
+          "                        the median of theirs (each against its own B), with the\n"
+          "                        spread (slowest - fastest) / median, the fastest and slowest\n"
+          "                        time and the range of the fractions (table note; JSON\n"
+          "                        repeats, time_min_us, time_max_us, spread,\n"
+          "                        bound_fraction_min, bound_fraction_max; CSV the same)\n"
           "  -d, --dtype DTYPE     allreduce: f32; reduce: mixed | f32 | bf16 | f16 (default\n"
           "                        mixed: half the tensors BF16, half F32)\n"
           "      --bucket LIST     reduce: session bucket sizes, e.g. 25M or 1M-256M (doubling);\n"

@@ -14,9 +14,10 @@
  *   comm_in_place, in_place  comm and overlap with cfg.overlap_in_place (a second session):
  *            each bucket's results written into the gradients as it completes, after a copy
  *            of them is kept, and nothing left to copy at finish.
- * The overlap rows' notes give their time over max(compute, comm) (their own mode's comm),
- * the time a perfect overlap would take (1.00), and over compute + comm, the time of no
- * overlap at all. (The serial row
+ * The overlap rows' notes (and over_max) give their time over max(compute, the fastest
+ * communication of the same bytes and bucket: the least of every comm and comm_in_place row
+ * of every ratio), the time a perfect overlap would take (1.00), and over compute + comm
+ * (their own mode's), the time of no overlap at all. (The serial row
  * is what a blocking reduce after backward costs: on the host-staged transport its fused
  * path writes in place without staging, so its comm part is cheaper than the overlapped
  * reduction's, which always stages in F32 and commits after a final agreement, as
@@ -246,15 +247,47 @@ static void add_rows(overlap_ctx *c, int P)
                      c->compute_us, c->ratio);
         else if (m == ROW_COMPUTE)
             snprintf(row.note, sizeof row.note, "%d layers x %.0f us", c->layers, c->compute_us);
-        if (m == ROW_OVERLAP || m == ROW_IN_PLACE) {
-            double comm = t[m == ROW_OVERLAP ? ROW_COMM : ROW_COMM_IN_PLACE];
-            double best = fmax(t[ROW_COMPUTE], comm);
-            row.wrong = atomic_load(&c->wrong);
-            snprintf(row.note, sizeof row.note, "%.2f x max(compute,comm), %.2f x sum", t[m] / best,
-                     t[m] / (t[ROW_COMPUTE] + comm));
-        }
+        if (m == ROW_OVERLAP || m == ROW_IN_PLACE)
+            row.wrong = atomic_load(&c->wrong); /* notes: bench_overlap_notes */
         bench_row_finish(&row, 0);
         bench_rows_add(c->rows, &row);
+    }
+}
+
+static bool is_impl(const bench_row *r, int m)
+{
+    return strcmp(r->op, "overlap") == 0 && strcmp(r->impl, ROW_IMPL[m]) == 0;
+}
+
+void bench_overlap_notes(bench_rows *rows, int from)
+{
+    for (int i = from; i + N_ROWS <= rows->n; i++) {
+        bench_row *g = &rows->at[i];
+        if (!is_impl(g, ROW_COMPUTE))
+            continue;
+        bool whole = true;
+        for (int m = 0; m < N_ROWS; m++)
+            whole = whole && is_impl(&g[m], m) && g[m].bytes == g->bytes &&
+                    g[m].bucket_bytes == g->bucket_bytes;
+        if (!whole)
+            continue;
+        /* the fastest communication of these bytes and bucket, over every ratio's rows */
+        double fastest = INFINITY;
+        for (int j = from; j < rows->n; j++) {
+            const bench_row *x = &rows->at[j];
+            if ((is_impl(x, ROW_COMM) || is_impl(x, ROW_COMM_IN_PLACE)) && x->bytes == g->bytes &&
+                x->bucket_bytes == g->bucket_bytes)
+                fastest = fmin(fastest, x->time_us);
+        }
+        const int modes[2] = {ROW_OVERLAP, ROW_IN_PLACE};
+        for (int k = 0; k < 2; k++) {
+            bench_row *o = &g[modes[k]];
+            double own = g[modes[k] == ROW_OVERLAP ? ROW_COMM : ROW_COMM_IN_PLACE].time_us;
+            o->over_max = o->time_us / fmax(g[ROW_COMPUTE].time_us, fastest);
+            snprintf(o->note, sizeof o->note, "%.2f x max(compute; best comm); %.2f x sum",
+                     o->over_max, o->time_us / (g[ROW_COMPUTE].time_us + own));
+        }
+        i += N_ROWS - 1;
     }
 }
 
