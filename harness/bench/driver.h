@@ -76,8 +76,10 @@ int bench_overlap_rows(const bench_opts *o, int P, bench_rows *rows);
 
 /* The notes of the overlap rows [from, n): each overlap and in_place row's time over
  * max(compute, the fastest communication of the same bytes and bucket: the comm and
- * comm_in_place rows of every ratio), in its note and in over_max. Rows in the order
- * bench_overlap_rows adds them (six per ratio and bucket, compute first). */
+ * comm_staged rows of every ratio), in its note and in over_max. Rows in the order
+ * bench_overlap_rows adds them (six per ratio and bucket, compute first). Called on each
+ * repetition's rows, then on the merged ones, whose over_max (the median of the
+ * repetitions') it keeps. */
 void bench_overlap_notes(bench_rows *rows, int from);
 
 /* -r N (repeat.c): merge N repetitions of the same rows into `out`, row by row: the median

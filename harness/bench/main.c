@@ -211,6 +211,8 @@ int main(int argc, char **argv)
             int start = into->n;
             failed = measure(&o, dir, o.gpu ? 0 : o.ranks[p], into);
             sort_rows(into, start);
+            if (o.op == BENCH_OVERLAP && !o.gpu)
+                bench_overlap_notes(into, start);
             if (reps && !o.json)
                 printf("# %d ranks: repetition %d of %d done, load average %.2f\n",
                        o.gpu ? 0 : o.ranks[p], k + 1, o.repeat, load_average());

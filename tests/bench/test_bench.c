@@ -107,7 +107,7 @@ static void check_row(const char *line, run_result *res)
         strcmp(op, "overlap"))
         fail_msg("unknown op: %s", line);
     if (strcmp(op, "overlap") == 0 &&
-        (strcmp(impl, "overlap") == 0 || strcmp(impl, "in_place") == 0) &&
+        (strcmp(impl, "overlap") == 0 || strcmp(impl, "staged") == 0) &&
         !(member(row, "over_max", HX_JSON_NUMBER, line)->number > 0))
         fail_msg("an overlapped row without its time over max(compute, comm): %s", line);
     if (!ranks->is_integer || ranks->integer < 1 || !bytes->is_integer || bytes->integer < 1)
