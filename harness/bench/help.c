@@ -112,6 +112,9 @@ void bench_usage(FILE *f, bool mpi)
         "wrong, bound_GBps, memcpy_GBps and stream_GBps (rows with a bound), and for reduce rows\n"
         "dtype, bucket_bytes, tensors, raw_time_us, peak_rss, rss_extra_per_rank,\n"
         "rss_budget_per_rank.\n"
+        "The rank threads are pinned one per core when they fit; SELDP_BENCH_PIN=0 leaves them\n"
+        "to the scheduler (a machine shared with other work: a pinned rank cannot leave a core\n"
+        "another process holds).\n"
         "With SELDP_DEBUG_COLLECTIVES=1 in the environment every seldp collective first agrees\n"
         "on its fingerprint (the debug mode of seldp/comm.h), and the seldp rows say \"debug\":\n"
         "run twice, with and without, to measure what the mode costs.\n",
