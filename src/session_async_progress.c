@@ -57,7 +57,8 @@ fail:
  * rank's gradients where they are and writes the scaled sums in the result dtype, the bits
  * pack, allreduce, scale and the commit's conversion give. Each slot's part in the bucket is
  * one segment; its results go into the slot's room in the staging buffer (element i at byte
- * i * the result's size), for the commit. Under cfg.overlap_in_place, where this rank's
+ * i * the result's size), for the commit. Under cfg.overlap_in_place (the default; not with
+ * cfg.staged_commit), where this rank's
  * gradient has the result's dtype, they go into the gradient itself instead, once its bytes
  * have been copied into that room (seldp__session_async_restore puts them back). */
 static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *first)
@@ -88,7 +89,8 @@ static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *firs
         seldp_dtype dtype = seldp__reduce_result_dtype(c, g);
         size_t size = seldp_dtype_size(dtype);
         bool contributes = c->weight > 0 && slot->has_grad;
-        bool in_place = s->cfg.overlap_in_place && slot->has_grad && slot->grad.dtype == dtype;
+        bool in_place = s->cfg.overlap_in_place && !s->cfg.staged_commit && slot->has_grad &&
+                        slot->grad.dtype == dtype;
         char *room = (char *)(s->staging + off) + (from - off) * size;
         char *grad = in_place ? (char *)slot->grad.data + (from - off) * size : NULL;
         if (in_place) {

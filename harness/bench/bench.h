@@ -57,6 +57,8 @@ typedef struct bench_opts {
     double ratios[BENCH_MAX_LIST]; /* --compute-ratio: overlap, backward time over the
                                       communication's, each its own rows (0: --compute-us) */
     int n_ratios;
+    int repeat; /* -r, --repeat: the whole measurement this many times, each row the median
+                   of the repetitions with their spread (repeat.c); 1: once */
 } bench_opts;
 
 /* One measurement: a line of the table, a JSON object, a CSV row. */
@@ -81,6 +83,14 @@ typedef struct bench_row {
     long long rss_extra_per_rank;  /* reduce: peak minus the RSS before the reductions, per rank */
     long long rss_budget_per_rank; /* reduce: one bucket plus FP32 staging of the half inputs */
     char note[48];
+    /* -r N: the repetitions the row is the median of (1: a single run), the fastest and
+     * slowest of their times and the range of their bound fractions (NAN: none) */
+    int repeats;
+    double time_min_us, time_max_us;
+    double bound_min, bound_max;
+    /* overlap and in_place rows: time over max(compute, the fastest communication of the same
+     * bytes and bucket), NAN elsewhere */
+    double over_max;
 } bench_row;
 
 /* Parse argv into opts. Returns 0 to run, 1 when --help was printed, 2 on an error (printed
@@ -154,6 +164,10 @@ void bench_stream_copy(void *dst, const void *src, size_t bytes);
 
 /* A row with its identity filled and the rest empty. */
 bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t bytes);
+
+/* A repeated row's spread: (slowest - fastest) / median of its repetitions' times; 0 for a
+ * single run. */
+double bench_spread(const bench_row *r);
 
 /* Output. */
 void bench_print_header(FILE *f, const char *title);

@@ -150,7 +150,8 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         OPT_JSON,
         OPT_OUT,
         OPT_COMPUTE_US,
-        OPT_COMPUTE_RATIO
+        OPT_COMPUTE_RATIO,
+        OPT_RANKS
     };
     static const struct option longs[] = {
         {"minbytes", required_argument, NULL, 'b'},
@@ -159,7 +160,8 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
         {"iters", required_argument, NULL, 'n'},
         {"warmup", required_argument, NULL, 'w'},
         {"op", required_argument, NULL, 'o'},
-        {"ranks", required_argument, NULL, 'r'},
+        {"ranks", required_argument, NULL, OPT_RANKS},
+        {"repeat", required_argument, NULL, 'r'},
         {"dtype", required_argument, NULL, 'd'},
         {"bucket", required_argument, NULL, OPT_BUCKET},
         {"tensors", required_argument, NULL, OPT_TENSORS},
@@ -197,6 +199,7 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
     o->mpirun = "mpirun";
     o->python = NULL; /* python3, then /usr/bin/python3 (compare.c) */
     o->compute_us = 1000;
+    o->repeat = 1;
     strcpy(o->dtype, "");
 
     optind = 1;
@@ -254,7 +257,20 @@ int bench_parse(int argc, char **argv, bench_opts *o, bool mpi)
                 return 2;
             }
             break;
-        case 'r':
+        case 'r': {
+            char *end = NULL;
+            long v = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || v < 1 || v > 1000) {
+                fprintf(stderr,
+                        "%s: -r %s: expected a repeat count from 1 to 1000 (the ranks are "
+                        "--ranks)\n",
+                        prog, optarg);
+                return 2;
+            }
+            o->repeat = (int)v;
+            break;
+        }
+        case OPT_RANKS:
             o->ranks_given = true;
             if (!parse_ranks(optarg, o->ranks, &o->n_ranks)) {
                 fprintf(stderr, "%s: --ranks %s: expected 2, 2,4 or 1-16 (1 to 1024 ranks)\n", prog,
@@ -439,6 +455,8 @@ bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t byt
     row.raw_time_us = NAN;
     row.memcpy_GBps = row.stream_GBps = row.bound_GBps = NAN;
     row.peak_rss = row.rss_extra_per_rank = row.rss_budget_per_rank = -1;
+    row.repeats = 1;
+    row.time_min_us = row.time_max_us = row.bound_min = row.bound_max = row.over_max = NAN;
     /* the rows of seldp's communicators, in the debug mode of the collectives */
     const char *debug = getenv("SELDP_DEBUG_COLLECTIVES");
     if (strncmp(impl, "seldp", 5) == 0 && debug && *debug && strcmp(debug, "0") != 0)
@@ -527,7 +545,7 @@ void bench_print_header(FILE *f, const char *title)
 
 void bench_print_row(FILE *f, const bench_row *r)
 {
-    char size[32], bound[16], B[16] = "-", note[160] = "";
+    char size[32], bound[16], B[16] = "-", note[256] = "";
     bench_size_str(r->bytes, size, sizeof size);
     if (isnan(r->bound_fraction))
         snprintf(bound, sizeof bound, "%s", "-");
@@ -544,12 +562,29 @@ void bench_print_row(FILE *f, const bench_row *r)
     if (!isnan(r->raw_time_us) && used < sizeof note)
         used += (size_t)snprintf(note + used, sizeof note - used, "%.2fx raw ",
                                  r->time_us / r->raw_time_us);
+    if (r->repeats > 1 && used < sizeof note) {
+        used += (size_t)snprintf(note + used, sizeof note - used,
+                                 "median of %d, spread %.1f%% (%.1f-%.1f us", r->repeats,
+                                 100.0 * bench_spread(r), r->time_min_us, r->time_max_us);
+        if (!isnan(r->bound_min) && used < sizeof note)
+            used += (size_t)snprintf(note + used, sizeof note - used, ", bound %.1f-%.1f%%",
+                                     100.0 * r->bound_min, 100.0 * r->bound_max);
+        if (used < sizeof note)
+            used += (size_t)snprintf(note + used, sizeof note - used, ") ");
+    }
     if (r->rss_extra_per_rank >= 0 && used < sizeof note)
         snprintf(note + used, sizeof note - used, "+%.1f MiB/rank (budget %.1f)",
                  (double)r->rss_extra_per_rank / 1048576.0,
                  (double)r->rss_budget_per_rank / 1048576.0);
     fprintf(f, "  %-9s %5d %11s %-11s %11.1f %11.2f %11.2f %7s %8s %7lld  %s\n", r->op, r->ranks,
             size, r->impl, r->time_us, r->algbw, r->busbw, bound, B, r->wrong, note);
+}
+
+double bench_spread(const bench_row *r)
+{
+    if (r->repeats <= 1 || !(r->time_us > 0))
+        return 0;
+    return (r->time_max_us - r->time_min_us) / r->time_us;
 }
 
 static void json_number(FILE *f, const char *key, double v)
@@ -589,6 +624,18 @@ void bench_print_json(FILE *f, const bench_row *r)
                 r->rss_extra_per_rank, r->rss_budget_per_rank);
     if (r->note[0])
         fprintf(f, ",\"note\":\"%s\"", r->note);
+    if (!isnan(r->over_max))
+        json_number(f, "over_max", r->over_max);
+    if (r->repeats > 1) {
+        fprintf(f, ",\"repeats\":%d", r->repeats);
+        json_number(f, "time_min_us", r->time_min_us);
+        json_number(f, "time_max_us", r->time_max_us);
+        json_number(f, "spread", bench_spread(r));
+        if (!isnan(r->bound_min)) {
+            json_number(f, "bound_fraction_min", r->bound_min);
+            json_number(f, "bound_fraction_max", r->bound_max);
+        }
+    }
     fputs("}\n", f);
 }
 
@@ -596,7 +643,8 @@ void bench_print_csv_header(FILE *f)
 {
     fputs("op,impl,ranks,bytes,time_us,algbw_GBps,busbw_GBps,bound_fraction,wrong,dtype,"
           "bucket_bytes,tensors,raw_time_us,peak_rss,rss_extra_per_rank,rss_budget_per_rank,"
-          "note,bound_GBps,memcpy_GBps,stream_GBps\n",
+          "note,bound_GBps,memcpy_GBps,stream_GBps,repeats,time_min_us,time_max_us,spread,"
+          "bound_fraction_min,bound_fraction_max,over_max\n",
           f);
 }
 
@@ -628,10 +676,20 @@ void bench_print_csv(FILE *f, const bench_row *r)
     csv_count(f, r->peak_rss);
     csv_count(f, r->rss_extra_per_rank);
     csv_count(f, r->rss_budget_per_rank);
-    fprintf(f, "%s,", r->note);
+    for (const char *c = r->note; *c; c++) /* a note never splits the row's columns */
+        fputc(*c == ',' ? ';' : *c, f);
+    fputc(',', f);
     csv_number(f, r->bound_GBps);
     csv_number(f, r->memcpy_GBps);
-    if (!isnan(r->stream_GBps))
-        fprintf(f, "%.6g", r->stream_GBps);
+    csv_number(f, r->stream_GBps);
+    fprintf(f, "%d,", r->repeats);
+    bool repeated = r->repeats > 1;
+    csv_number(f, repeated ? r->time_min_us : r->time_us);
+    csv_number(f, repeated ? r->time_max_us : r->time_us);
+    csv_number(f, repeated ? bench_spread(r) : 0.0);
+    csv_number(f, repeated ? r->bound_min : r->bound_fraction);
+    csv_number(f, repeated ? r->bound_max : r->bound_fraction);
+    if (!isnan(r->over_max))
+        fprintf(f, "%.6g", r->over_max);
     fputc('\n', f);
 }

@@ -82,9 +82,9 @@ static int gloo_run(const bench_opts *o, const char *python, const char *self_di
         snprintf(script, sizeof script, "%s", o->gloo_script);
     else
         snprintf(script, sizeof script, "%s/seldp-bench-gloo.py", self_dir);
-    snprintf(cmd, sizeof cmd, "'%s' '%s' -o %s -r %d -b %zu -e %zu -f %g -n %d -w %d 2>&1", python,
-             script, bench_op_name(o->op), P, o->min_bytes, o->max_bytes, o->factor, o->iters,
-             o->warmup);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' -o %s --ranks %d -b %zu -e %zu -f %g -n %d -w %d 2>&1",
+             python, script, bench_op_name(o->op), P, o->min_bytes, o->max_bytes, o->factor,
+             o->iters, o->warmup);
     FILE *p = popen(cmd, "r");
     if (!p) {
         fprintf(stderr, "seldp-bench: cannot run %s\n", cmd);

@@ -74,6 +74,19 @@ int bench_reduce_rows(const bench_opts *o, int P, bench_rows *rows);
  * communication alone, both in series and overlapped, for every size and bucket of o. */
 int bench_overlap_rows(const bench_opts *o, int P, bench_rows *rows);
 
+/* The notes of the overlap rows [from, n): each overlap and in_place row's time over
+ * max(compute, the fastest communication of the same bytes and bucket: the comm and
+ * comm_staged rows of every ratio), in its note and in over_max. Rows in the order
+ * bench_overlap_rows adds them (six per ratio and bucket, compute first). Called on each
+ * repetition's rows, then on the merged ones, whose over_max (the median of the
+ * repetitions') it keeps. */
+void bench_overlap_notes(bench_rows *rows, int from);
+
+/* -r N (repeat.c): merge N repetitions of the same rows into `out`, row by row: the median
+ * time with the fastest and slowest, the median bound fraction with its range (each against
+ * its own repetition's B). Returns 0, or 1 (printed) when the repetitions' rows differ. */
+int bench_repeat_merge(const bench_rows *reps, int n, bench_rows *out);
+
 /* Run seldp-bench-mpi under mpirun with P processes over the sizes of o; its rows are
  * appended with bound fractions from the copy rows already in `rows`. */
 int bench_mpi_rows(const bench_opts *o, const char *self_dir, int P, bench_rows *rows);

@@ -2,7 +2,7 @@
 """seldp-bench --compare gloo: torch.distributed's gloo backend, timed and validated with
 seldp-bench's rule (harness/bench/bench.h), for the gloo column beside seldp and Open MPI.
 
-    python3 seldp-bench-gloo.py -o allreduce -r 2 -b 1048576 -e 67108864 -f 2 -n 10 -w 2
+    python3 seldp-bench-gloo.py -o allreduce --ranks 2 -b 1048576 -e 67108864 -f 2 -n 10 -w 2
 
 P processes (torch.multiprocessing, a file:// rendezvous in a temporary directory) each hold
 the same input pattern as seldp-bench's ranks (bench_pattern: small integers, exact in F32)

@@ -121,6 +121,35 @@ static void print_comparison(const bench_rows *rows, int from)
     }
 }
 
+/* One complete measurement of P ranks (or the GPU rows) into rows: seldp's rows and the
+ * comparisons asked for. Returns 0, or 1 after a failure. */
+static int measure(const bench_opts *o, const char *dir, int P, bench_rows *rows)
+{
+    int failed;
+    if (o->gpu)
+        return bench_gpu_rows(o, rows);
+    if (o->op == BENCH_REDUCE)
+        failed = bench_reduce_rows(o, P, rows);
+    else if (o->op == BENCH_OVERLAP)
+        failed = bench_overlap_rows(o, P, rows);
+    else
+        failed = bench_host_rows(o, P, rows);
+    if (!failed && (o->compare_mpi || o->compare_gloo)) {
+        bool skipped = false;
+        if (o->op == BENCH_REDUCE || o->op == BENCH_OVERLAP)
+            fprintf(stderr, "seldp-bench: --compare has no reduce; compare the raw "
+                            "allreduce rows with --op allreduce\n");
+        else if (o->compare_mpi)
+            failed = bench_mpi_rows(o, dir, P, rows);
+        if (o->compare_gloo && (o->op == BENCH_REDUCE_SCATTER || o->op == BENCH_ALLGATHER))
+            fprintf(o->json ? stderr : stdout,
+                    "# no gloo column: the gloo program times allreduce and broadcast only\n");
+        else if (!failed && o->compare_gloo && o->op != BENCH_REDUCE && o->op != BENCH_OVERLAP)
+            failed = bench_gloo_rows(o, dir, P, rows, &skipped);
+    }
+    return failed;
+}
+
 int main(int argc, char **argv)
 {
     bench_opts o;
@@ -148,45 +177,56 @@ int main(int argc, char **argv)
     long long wrong = 0;
     double load = load_average();
     if (!o.json) {
-        char title[512];
+        char title[768], repeat[160] = "";
+        if (o.repeat > 1)
+            snprintf(repeat, sizeof repeat,
+                     "; each row the median of %d repetitions of the whole measurement "
+                     "(spread = (slowest - fastest) / median)",
+                     o.repeat);
         if (o.gpu)
             snprintf(title, sizeof title, "seldp-bench --gpu: %s", seldp_version());
         else
             snprintf(title, sizeof title,
                      "seldp-bench: %s %s, host-staged (a thread per rank, one per core when they "
                      "fit, as mpirun binds), %ld CPUs, load average "
-                     "%.2f at start, %s; time = median of %d samples after %d warm-up; B = the "
+                     "%.2f at start, %s; time = median of %d samples after %d warm-up%s; B = the "
                      "better of memcpy and a streaming copy (%s)",
                      bench_op_name(o.op), o.op == BENCH_REDUCE ? o.dtype : "f32 sum",
                      sysconf(_SC_NPROCESSORS_ONLN), load, seldp_version(), o.iters, o.warmup,
-                     bench_stream_name());
+                     repeat, bench_stream_name());
         bench_print_header(stdout, title);
         fflush(stdout);
     }
     for (int p = 0; p < (o.gpu ? 1 : o.n_ranks) && !failed; p++) {
         int from = rows.n;
-        if (o.gpu)
-            failed = bench_gpu_rows(&o, &rows);
-        else if (o.op == BENCH_REDUCE)
-            failed = bench_reduce_rows(&o, o.ranks[p], &rows);
-        else if (o.op == BENCH_OVERLAP)
-            failed = bench_overlap_rows(&o, o.ranks[p], &rows);
-        else
-            failed = bench_host_rows(&o, o.ranks[p], &rows);
-        if (!failed && (o.compare_mpi || o.compare_gloo) && !o.gpu) {
-            bool skipped = false;
-            if (o.op == BENCH_REDUCE || o.op == BENCH_OVERLAP)
-                fprintf(stderr, "seldp-bench: --compare has no reduce; compare the raw "
-                                "allreduce rows with --op allreduce\n");
-            else if (o.compare_mpi)
-                failed = bench_mpi_rows(&o, dir, o.ranks[p], &rows);
-            if (o.compare_gloo && (o.op == BENCH_REDUCE_SCATTER || o.op == BENCH_ALLGATHER))
-                fprintf(o.json ? stderr : stdout,
-                        "# no gloo column: the gloo program times allreduce and broadcast only\n");
-            else if (!failed && o.compare_gloo && o.op != BENCH_REDUCE && o.op != BENCH_OVERLAP)
-                failed = bench_gloo_rows(&o, dir, o.ranks[p], &rows, &skipped);
+        /* -r N: N complete repetitions, each into its own list, then merged row by row */
+        bench_rows *reps = o.repeat > 1 ? calloc((size_t)o.repeat, sizeof *reps) : NULL;
+        if (o.repeat > 1 && !reps) {
+            fprintf(stderr, "seldp-bench: out of memory for %d repetitions\n", o.repeat);
+            failed = 1;
+            break;
         }
-        sort_rows(&rows, from);
+        for (int k = 0; k < o.repeat && !failed; k++) {
+            bench_rows *into = reps ? &reps[k] : &rows;
+            int start = into->n;
+            failed = measure(&o, dir, o.gpu ? 0 : o.ranks[p], into);
+            sort_rows(into, start);
+            if (o.op == BENCH_OVERLAP && !o.gpu)
+                bench_overlap_notes(into, start);
+            if (reps && !o.json)
+                printf("# %d ranks: repetition %d of %d done, load average %.2f\n",
+                       o.gpu ? 0 : o.ranks[p], k + 1, o.repeat, load_average());
+            fflush(stdout);
+        }
+        if (reps) {
+            if (!failed)
+                failed = bench_repeat_merge(reps, o.repeat, &rows);
+            for (int k = 0; k < o.repeat; k++)
+                bench_rows_free(&reps[k]);
+            free(reps);
+        }
+        if (o.op == BENCH_OVERLAP && !o.gpu)
+            bench_overlap_notes(&rows, from);
         for (int i = from; i < rows.n; i++) {
             const bench_row *r = &rows.at[i];
             wrong += r->wrong;

@@ -8,15 +8,18 @@
  * does). Four rows per size and bucket, each the median of the samples on rank 0 between
  * barriers:
  *   compute  the backward alone: the layers' sleeps, no reduction;
- *   comm     the overlapped reduction alone: start, every mark at once, finish;
+ *   comm     the overlapped reduction of the default session alone: start, every mark at
+ *            once, finish (in place: each bucket's results written into the gradients as it
+ *            completes, after a copy of them is kept, and nothing left to copy at finish);
  *   serial   the backward, then the blocking seldp_session_reduce: compute + comm;
  *   overlap  start, the backward marking each layer as it ends, finish;
- *   comm_in_place, in_place  comm and overlap with cfg.overlap_in_place (a second session):
- *            each bucket's results written into the gradients as it completes, after a copy
- *            of them is kept, and nothing left to copy at finish.
- * The overlap rows' notes give their time over max(compute, comm) (their own mode's comm),
- * the time a perfect overlap would take (1.00), and over compute + comm, the time of no
- * overlap at all. (The serial row
+ *   comm_staged, staged  comm and overlap with cfg.overlap_in_place = false (a second
+ *            session): every result staged until finish's final agreement, then copied
+ *            into the gradients.
+ * The overlap rows' notes (and over_max) give their time over max(compute, the fastest
+ * communication of the same bytes and bucket: the least of every comm and comm_staged row
+ * of every ratio), the time a perfect overlap would take (1.00), and over compute + comm
+ * (their own mode's), the time of no overlap at all. (The serial row
  * is what a blocking reduce after backward costs: on the host-staged transport its fused
  * path writes in place without staging, so its comm part is cheaper than the overlapped
  * reduction's, which always stages in F32 and commits after a final agreement, as
@@ -35,9 +38,9 @@
 
 #include "driver.h"
 
-enum { ROW_COMPUTE, ROW_COMM, ROW_SERIAL, ROW_OVERLAP, ROW_COMM_IN_PLACE, ROW_IN_PLACE, N_ROWS };
-static const char *const ROW_IMPL[N_ROWS] = {"compute", "comm",          "serial",
-                                             "overlap", "comm_in_place", "in_place"};
+enum { ROW_COMPUTE, ROW_COMM, ROW_SERIAL, ROW_OVERLAP, ROW_COMM_STAGED, ROW_STAGED, N_ROWS };
+static const char *const ROW_IMPL[N_ROWS] = {"compute", "comm",        "serial",
+                                             "overlap", "comm_staged", "staged"};
 
 typedef struct overlap_ctx {
     const bench_opts *o;
@@ -54,7 +57,7 @@ typedef struct overlap_ctx {
 typedef struct overlap_rank {
     overlap_ctx *c;
     seldp_session *session;
-    seldp_session *in_place; /* cfg.overlap_in_place */
+    seldp_session *staged; /* cfg.overlap_in_place = false */
     seldp_grads *grads;
     seldp_param_id *ids; /* by layer */
     uint64_t weight;
@@ -91,9 +94,9 @@ static int step(bench_rank *r, void *arg)
         return st == SELDP_OK ? 0
                               : bench_team_fail(r, "seldp_session_reduce: %s", seldp_last_error());
     }
-    bool in_place = k->mode == ROW_IN_PLACE || k->mode == ROW_COMM_IN_PLACE;
-    bool sleeps = (k->mode == ROW_OVERLAP || k->mode == ROW_IN_PLACE) && !k->checking;
-    seldp_session *s = in_place ? k->in_place : k->session;
+    bool staged = k->mode == ROW_STAGED || k->mode == ROW_COMM_STAGED;
+    bool sleeps = (k->mode == ROW_OVERLAP || k->mode == ROW_STAGED) && !k->checking;
+    seldp_session *s = staged ? k->staged : k->session;
     st = seldp_session_reduce_start(s, k->grads, k->weight, SELDP_MISSING_ERROR);
     for (int l = c->layers - 1; l >= 0 && st == SELDP_OK; l--) {
         if (sleeps)
@@ -107,8 +110,8 @@ static int step(bench_rank *r, void *arg)
     return st == SELDP_OK ? 0 : bench_team_fail(r, "overlapped reduction: %s", seldp_last_error());
 }
 
-/* Elements where the overlapped result (mode ROW_COMM: the default session; ROW_IN_PLACE:
- * the in-place one) differs from the blocking one, same inputs. */
+/* Elements where the overlapped result (mode ROW_COMM: the default session; ROW_STAGED:
+ * the staged one) differs from the blocking one, same inputs. */
 static int check(bench_rank *r, overlap_rank *k, int mode, float *grads, float *copy,
                  seldp_grads *blocking, size_t count)
 {
@@ -177,14 +180,14 @@ static int overlap_rank_main(bench_rank *r)
         failed = bench_team_fail(r, "seldp_session_initialize: %s", seldp_last_error());
         goto out;
     }
-    cfg.overlap_in_place = true;
-    if (seldp_session_initialize(r->comm, model, 0, k.ids, (size_t)c->layers, &cfg, &k.in_place) !=
+    cfg.overlap_in_place = false;
+    if (seldp_session_initialize(r->comm, model, 0, k.ids, (size_t)c->layers, &cfg, &k.staged) !=
         SELDP_OK) {
         failed = bench_team_fail(r, "seldp_session_initialize: %s", seldp_last_error());
         goto out;
     }
     if ((failed = check(r, &k, ROW_COMM, grads, copy, blocking, count)) != 0 ||
-        (failed = check(r, &k, ROW_IN_PLACE, grads, copy, blocking, count)) != 0)
+        (failed = check(r, &k, ROW_STAGED, grads, copy, blocking, count)) != 0)
         goto out;
     /* --compute-ratio: the communication alone timed first, the backward made `ratio` times it */
     if (c->ratio > 0) {
@@ -220,7 +223,7 @@ static int overlap_rank_main(bench_rank *r)
 out:
     bench_team_barrier(r); /* nobody destroys a session another rank still reduces through */
     seldp_session_destroy(k.session);
-    seldp_session_destroy(k.in_place);
+    seldp_session_destroy(k.staged);
     seldp_grads_destroy(blocking);
     seldp_grads_destroy(k.grads);
     seldp_model_destroy(model);
@@ -246,15 +249,49 @@ static void add_rows(overlap_ctx *c, int P)
                      c->compute_us, c->ratio);
         else if (m == ROW_COMPUTE)
             snprintf(row.note, sizeof row.note, "%d layers x %.0f us", c->layers, c->compute_us);
-        if (m == ROW_OVERLAP || m == ROW_IN_PLACE) {
-            double comm = t[m == ROW_OVERLAP ? ROW_COMM : ROW_COMM_IN_PLACE];
-            double best = fmax(t[ROW_COMPUTE], comm);
-            row.wrong = atomic_load(&c->wrong);
-            snprintf(row.note, sizeof row.note, "%.2f x max(compute,comm), %.2f x sum", t[m] / best,
-                     t[m] / (t[ROW_COMPUTE] + comm));
-        }
+        if (m == ROW_OVERLAP || m == ROW_STAGED)
+            row.wrong = atomic_load(&c->wrong); /* notes: bench_overlap_notes */
         bench_row_finish(&row, 0);
         bench_rows_add(c->rows, &row);
+    }
+}
+
+static bool is_impl(const bench_row *r, int m)
+{
+    return strcmp(r->op, "overlap") == 0 && strcmp(r->impl, ROW_IMPL[m]) == 0;
+}
+
+void bench_overlap_notes(bench_rows *rows, int from)
+{
+    for (int i = from; i + N_ROWS <= rows->n; i++) {
+        bench_row *g = &rows->at[i];
+        if (!is_impl(g, ROW_COMPUTE))
+            continue;
+        bool whole = true;
+        for (int m = 0; m < N_ROWS; m++)
+            whole = whole && is_impl(&g[m], m) && g[m].bytes == g->bytes &&
+                    g[m].bucket_bytes == g->bucket_bytes;
+        if (!whole)
+            continue;
+        /* the fastest communication of these bytes and bucket, over every ratio's rows */
+        double fastest = INFINITY;
+        for (int j = from; j < rows->n; j++) {
+            const bench_row *x = &rows->at[j];
+            if ((is_impl(x, ROW_COMM) || is_impl(x, ROW_COMM_STAGED)) && x->bytes == g->bytes &&
+                x->bucket_bytes == g->bucket_bytes)
+                fastest = fmin(fastest, x->time_us);
+        }
+        const int modes[2] = {ROW_OVERLAP, ROW_STAGED};
+        for (int k = 0; k < 2; k++) {
+            bench_row *o = &g[modes[k]];
+            double own = g[modes[k] == ROW_OVERLAP ? ROW_COMM : ROW_COMM_STAGED].time_us;
+            /* merged repetitions keep the median of each repetition's own figure */
+            if (!(o->repeats > 1 && !isnan(o->over_max)))
+                o->over_max = o->time_us / fmax(g[ROW_COMPUTE].time_us, fastest);
+            snprintf(o->note, sizeof o->note, "%.2f x max(compute; best comm); %.2f x sum",
+                     o->over_max, o->time_us / (g[ROW_COMPUTE].time_us + own));
+        }
+        i += N_ROWS - 1;
     }
 }
 

@@ -125,22 +125,25 @@ typedef struct seldp_session_config {
                                         fused path only when every rank can */
     bool staged_commit;            /**< keep the full guarantee on every path: results are staged in
                                         FP32 and committed only after a final agreement that every
-                                        rank's reduction succeeded; the same on every rank */
+                                        rank's reduction succeeded (overlapped reductions too,
+                                        whatever overlap_in_place says); the same on every rank */
     bool overlap_in_place;         /**< overlapped reductions on the fused path write each bucket's
                                         results into this rank's gradients as the bucket completes
                                         (as DDP does), after copying the gradients' bytes into the
                                         staging buffer, and put them back from there on any failure:
                                         finish has nothing left to commit, but the marked gradients
-                                        change before it returns (see seldp_session_reduce_start);
-                                        may differ between ranks; ignored elsewhere */
+                                        change before it returns (see seldp_session_reduce_start).
+                                        True by default; false (or cfg.staged_commit) stages the
+                                        results until finish's final agreement. May differ between
+                                        ranks; ignored elsewhere */
 } seldp_session_config;
 
 /** Initializer of seldp_session_config with the defaults: 25 MiB buckets, no finiteness
- * check, the reduce path chosen by SELDP_REDUCE_PATH or the transport. */
+ * check, the reduce path chosen by SELDP_REDUCE_PATH or the transport, no staged commit,
+ * overlapped reductions in place. */
 #define SELDP_SESSION_CONFIG_INIT                                                                  \
     {                                                                                              \
-        sizeof(seldp_session_config), (size_t)25 << 20, false, SELDP_REDUCE_PATH_AUTO, false,      \
-            false                                                                                  \
+        sizeof(seldp_session_config), (size_t)25 << 20, false, SELDP_REDUCE_PATH_AUTO, false, true \
     }
 
 /** Collective: validate the selection on every rank of `comm`, then broadcast every
@@ -242,27 +245,30 @@ SELDP_API seldp_status seldp_session_sum_fp32(seldp_session *session, seldp_grad
  *   call: SELDP_ERR_DISAGREE); finish agrees once more on every rank's status, presence of
  *   gradients and first non-finite input, and decides the missing-gradient policy and
  *   cfg.check_finite as the blocking call does.
- * - Nothing is written into the caller's container before finish has seen, in its final
- *   agreement, that every rank's every bucket succeeded (cfg.staged_commit's guarantee,
- *   always): any failure, on any rank, leaves every rank's container unchanged, and
- *   finish returns the failure on every rank (the first failing rank's status and message;
- *   a transport failure that leaves the ranks unable to exchange it: each rank's own).
- *   The price is the commit after the final agreement: every result copied from the
- *   staging buffer into the gradients, after the last bucket, on the step's critical path
- *   (on the host-staged transport the reduction is itself memory traffic on the same cores,
- *   so the copy is a sizeable part of it: seldp-bench --op overlap, results/bench/README.md,
- *   section 7).
- * - cfg.overlap_in_place (fused sessions: the host-staged transport on host memory, NCCL
- *   on its GPU) moves that copy off the critical path: before a bucket's reduction, this
- *   rank's gradients in it are copied into the staging buffer, and the bucket's results are
- *   written straight into the gradients (a gradient of another dtype than the result, or
- *   none, still goes through the staging buffer). The results are the same bits. Any failure
- *   (a bucket, the final agreement: a rank's local error, the missing-gradient policy, a
- *   non-finite input) puts every gradient written back from its copy before finish returns,
- *   so the container is unchanged, as above; but between the bucket and finish a marked
- *   gradient holds results, not what the caller wrote; and a parameter that turns out
- *   absent on every active rank gets its bytes back before its entry is removed. When
- *   putting back fails (a device copy), finish returns SELDP_ERR_GRADS_UNDEFINED.
+ * - The guarantee, on every path: any failure, on any rank (a bucket, the final agreement:
+ *   a rank's local error, the missing-gradient policy, a non-finite input), leaves every
+ *   rank's container as it was when finish returns, and finish returns the failure on every
+ *   rank (the first failing rank's status and message; a transport failure that leaves the
+ *   ranks unable to exchange it: each rank's own). How it is kept:
+ * - By default (cfg.overlap_in_place, true in SELDP_SESSION_CONFIG_INIT) on fused sessions
+ *   (the host-staged transport on host memory), in place, as DDP does: before a bucket's
+ *   reduction, this rank's gradients in it are copied into the staging buffer, and the
+ *   bucket's results are written straight into the gradients (a gradient of another dtype
+ *   than the result, or none, still goes through the staging buffer). The results are the
+ *   same bits. Any failure puts every gradient written back from its copy before finish
+ *   returns; a parameter that turns out absent on every active rank gets its bytes back
+ *   before its entry is removed. So finish has nothing left to copy after the last bucket
+ *   and the step's critical path ends with it, but between a bucket and finish a marked
+ *   gradient holds results, not what the caller wrote. When putting back fails (a device
+ *   copy), finish returns SELDP_ERR_GRADS_UNDEFINED; on host memory it cannot fail.
+ * - Staged (cfg.overlap_in_place = false, or cfg.staged_commit, and every session that is
+ *   not fused): nothing is written into the caller's container before finish has seen, in
+ *   its final agreement, that every rank's every bucket succeeded; marked gradients keep
+ *   what the caller wrote until then. The price is the commit after the final agreement:
+ *   every result copied from the staging buffer into the gradients, after the last bucket,
+ *   on the step's critical path (on the host-staged transport the reduction is itself
+ *   memory traffic on the same cores, so the copy is a sizeable part of it: seldp-bench
+ *   --op overlap, results/bench/README.md, section 7).
  * - Timeouts and seldp_comm_abort (from any thread) interrupt the bucket in flight; finish
  *   then returns SELDP_ERR_TIMEOUT or SELDP_ERR_ABORTED.
  *

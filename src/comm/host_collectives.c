@@ -26,6 +26,27 @@ static size_t slice_elems(size_t count, int size, size_t esize)
     return (share + line - 1) / line * line;
 }
 
+/* The ranks that move a collective's payload: every rank when each has a core, else as
+ * many as the machine has cores, ranks 0..workers-1 (the others only arrive and wait).
+ * Ranks that time-share a core interleave their streams through its caches and are switched
+ * out halfway through them, and the last one scheduled finishes alone on an idle machine;
+ * as many streaming threads as cores keep the memory busy instead. Who computes an element
+ * never changes its bits: every sum is taken in rank order. */
+static int payload_workers(const seldp_comm *comm)
+{
+    int size = impl_of(comm)->group->size, cores = impl_of(comm)->world->spin_size;
+    return cores < 1 ? 1 : size < cores ? size : cores;
+}
+
+/* The share of a rank that moves no payload: a stall that a fault armed for this rank
+ * holds it here as it would inside a share, and it stops there once the world is aborted,
+ * as seldp__host_pace does. False when it stopped. */
+static bool idle_share(const seldp_comm *comm)
+{
+    seldp__host_stall_inside(comm);
+    return !atomic_load_explicit(&impl_of(comm)->world->aborted, memory_order_relaxed);
+}
+
 /* Copy with non-temporal stores when `stream` (host_copy.h), else memcpy. Call stream_fence
  * before the collective's "leave" so that the data is visible. */
 static void stream_copy(const seldp_comm *comm, void *dst, const void *src, size_t bytes,
@@ -221,8 +242,11 @@ static bool allreduce_execute(const seldp_comm *comm, void *arg)
     size_t count = (size_t)s[comm->rank].call.count;
     seldp_dtype dtype = (seldp_dtype)s[comm->rank].call.dtype;
     size_t esize = seldp_dtype_size(dtype);
-    size_t slice = slice_elems(count, g->size, esize);
+    int workers = payload_workers(comm);
+    size_t slice = slice_elems(count, workers, esize);
     size_t begin = slice * (size_t)comm->rank;
+    if (comm->rank >= workers)
+        return idle_share(comm);
     if (begin >= count)
         return true;
     size_t end = count - begin < slice ? count : begin + slice;
@@ -377,10 +401,13 @@ static bool fused_execute(const seldp_comm *comm, void *arg)
     size_t piece = seldp__host_pace_elems(sizeof(float), g->size);
     exec_pace p = {comm, 0};
     bool going = true;
+    int workers = payload_workers(comm);
+    if (comm->rank >= workers)
+        going = idle_share(comm);
 
-    for (size_t b0 = 0; b0 < total && going; b0 += bucket) {
+    for (size_t b0 = 0; b0 < total && going && comm->rank < workers; b0 += bucket) {
         size_t len = total - b0 < bucket ? total - b0 : bucket;
-        size_t slice = slice_elems(len, g->size, sizeof(float));
+        size_t slice = slice_elems(len, workers, sizeof(float));
         size_t lo = slice * (size_t)comm->rank;
         if (lo >= len)
             continue;

@@ -2,7 +2,9 @@
  * publish them: the reduce-scatter and the all-gather of uneven blocks (seldp_comm.h), and
  * the fused reduce-scatter and all-gather of sharded sessions (comm_impl.h).
  *
- * Each rank works on its own block (its range) alone, so every byte moves once:
+ * Each block (a rank's range) is worked on by one rank alone, so every byte moves once; with
+ * more ranks than cores only as many ranks as cores do the work, rank w the blocks of ranks
+ * w, w + cores, ... (payload_workers):
  *   reduce-scatter  rank r reads block r of every rank's input, sums it in rank order and
  *                   writes it into its own output: P*N bytes read, N written by the group;
  *   all-gather      rank r reads its block once, a chunk at a time, and writes the chunk
@@ -87,6 +89,27 @@ static void stream_fence(bool stream)
         seldp__stream_fence();
 }
 
+/* The ranks that move a collective's payload (as host_collectives.c's allreduce): every rank
+ * when each has a core, else as many as there are cores, rank w doing the blocks of ranks
+ * w, w + workers, ... (the others only arrive and wait). Ranks that time-share a core
+ * interleave their streams and are switched out halfway through them; as many streaming
+ * threads as cores keep the memory busy instead. The bits do not depend on who moves a
+ * block: every sum is taken in rank order. */
+static int payload_workers(const seldp_comm *comm)
+{
+    int size = impl_of(comm)->group->size, cores = impl_of(comm)->world->spin_size;
+    return cores < 1 ? 1 : size < cores ? size : cores;
+}
+
+/* The share of a rank that moves no payload: a stall that a fault armed for this rank
+ * holds it here as it would inside a share, and it stops there once the world is aborted,
+ * as seldp__host_pace does. False when it stopped. */
+static bool idle_share(const seldp_comm *comm)
+{
+    seldp__host_stall_inside(comm);
+    return !atomic_load_explicit(&impl_of(comm)->world->aborted, memory_order_relaxed);
+}
+
 /* ---- reduce-scatter ------------------------------------------------------------------ */
 
 static bool reduce_scatter_execute(const seldp_comm *comm, void *arg)
@@ -95,21 +118,27 @@ static bool reduce_scatter_execute(const seldp_comm *comm, void *arg)
     const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
     const host_slot *mine = &s[comm->rank];
-    size_t begin = block_start(mine->counts, comm->rank), n = mine->counts[comm->rank];
     size_t total = (size_t)mine->call.count;
     seldp__sum_mode m = {false, 1.0, total * sizeof(float) >= STREAM_MIN_BYTES,
                          impl_of(comm)->world->simd};
     size_t piece = seldp__host_pace_elems(sizeof(float), g->size);
     exec_pace p = {comm, 0};
     bool going = true;
+    int workers = payload_workers(comm);
+    if (comm->rank >= workers)
+        return idle_share(comm);
     for (int q = 0; q < g->size; q++)
         x->in_dtype[q] = SELDP_F32;
-    for (size_t at = 0; at < n && going; at += piece) {
-        size_t len = n - at < piece ? n - at : piece;
-        for (int q = 0; q < g->size; q++)
-            x->in[q] = (const float *)s[q].send + begin + at;
-        sum_into(g->size, x, (float *)mine->recv + at, len, &m);
-        going = seldp__host_pace(&p, len * sizeof(float) * (size_t)g->size);
+    /* block o of every input, summed into rank o's output */
+    for (int o = comm->rank; o < g->size && going; o += workers) {
+        size_t begin = block_start(mine->counts, o), n = mine->counts[o];
+        for (size_t at = 0; at < n && going; at += piece) {
+            size_t len = n - at < piece ? n - at : piece;
+            for (int q = 0; q < g->size; q++)
+                x->in[q] = (const float *)s[q].send + begin + at;
+            sum_into(g->size, x, (float *)s[o].recv + at, len, &m);
+            going = seldp__host_pace(&p, len * sizeof(float) * (size_t)g->size);
+        }
     }
     stream_fence(m.stream);
     return going;
@@ -149,25 +178,31 @@ static bool allgather_counts_execute(const seldp_comm *comm, void *arg)
     const host_slot *s = slots_of(comm);
     const host_slot *mine = &s[comm->rank];
     size_t esize = seldp_dtype_size((seldp_dtype)mine->call.dtype);
-    size_t at0 = block_start(mine->counts, comm->rank) * esize;
-    size_t bytes = mine->counts[comm->rank] * esize;
     size_t total = (size_t)mine->call.count * esize;
     bool stream = total * (size_t)g->size >= STREAM_MIN_BYTES, going = true;
     seldp__simd_width simd = impl_of(comm)->world->simd;
-    const char *src = mine->send;
     exec_pace p = {comm, 0};
-    for (size_t at = 0; at < bytes && going; at += GATHER_CHUNK) {
-        size_t n = bytes - at < GATHER_CHUNK ? bytes - at : GATHER_CHUNK;
-        for (int q = 0; q < g->size; q++) {
-            char *dst = (char *)s[q].recv + at0 + at;
-            if (dst == src + at)
-                continue; /* in place: the block is already there */
-            if (stream)
-                seldp__stream_copy(dst, src + at, n, simd);
-            else
-                memcpy(dst, src + at, n);
+    int workers = payload_workers(comm);
+    if (comm->rank >= workers)
+        return idle_share(comm);
+    /* rank o's block, read once and written into every output */
+    for (int o = comm->rank; o < g->size && going; o += workers) {
+        size_t at0 = block_start(mine->counts, o) * esize;
+        size_t bytes = mine->counts[o] * esize;
+        const char *src = s[o].send;
+        for (size_t at = 0; at < bytes && going; at += GATHER_CHUNK) {
+            size_t n = bytes - at < GATHER_CHUNK ? bytes - at : GATHER_CHUNK;
+            for (int q = 0; q < g->size; q++) {
+                char *dst = (char *)s[q].recv + at0 + at;
+                if (dst == src + at)
+                    continue; /* in place: the block is already there */
+                if (stream)
+                    seldp__stream_copy(dst, src + at, n, simd);
+                else
+                    memcpy(dst, src + at, n);
+            }
+            going = seldp__host_pace(&p, n * (size_t)g->size);
         }
-        going = seldp__host_pace(&p, n * (size_t)g->size);
     }
     stream_fence(stream);
     return going;
@@ -214,30 +249,36 @@ static bool scatter_fused_execute(const seldp_comm *comm, void *arg)
     sum_inputs *x = arg;
     const host_group *g = impl_of(comm)->group;
     const host_slot *s = slots_of(comm);
-    const seldp__scatter_fused_args *f = s[comm->rank].scatter;
     size_t total = (size_t)s[comm->rank].call.count;
-    seldp__sum_mode m = {f->scale != 1.0, f->scale, total * sizeof(float) >= STREAM_MIN_BYTES,
-                         impl_of(comm)->world->simd};
+    seldp__sum_mode m = {s[comm->rank].scatter->scale != 1.0, s[comm->rank].scatter->scale,
+                         total * sizeof(float) >= STREAM_MIN_BYTES, impl_of(comm)->world->simd};
     size_t piece = seldp__host_pace_elems(sizeof(float), g->size);
     exec_pace p = {comm, 0};
     bool going = true;
-    if (f->written)
-        *f->written = true;
-    for (size_t j = first_segment_after(f->segs, f->n_segs, f->begin);
-         j < f->n_segs && f->segs[j].offset < f->end && going; j++) {
-        size_t off = f->segs[j].offset, end = off + f->segs[j].count;
-        size_t from = off > f->begin ? off : f->begin, to = end < f->end ? end : f->end;
-        for (size_t at = from; at < to && going; at += piece) {
-            size_t len = to - at < piece ? to - at : piece;
-            for (int q = 0; q < g->size; q++) {
-                const seldp__shard_seg *seg = &s[q].scatter->segs[j];
-                x->in_dtype[q] = seg->in ? seg->in_dtype : SELDP_F32;
-                x->in[q] =
-                    seg->in ? (const char *)seg->in + (at - off) * seldp_dtype_size(seg->in_dtype)
-                            : NULL;
+    int workers = payload_workers(comm);
+    if (s[comm->rank].scatter->written)
+        *s[comm->rank].scatter->written = true;
+    if (comm->rank >= workers)
+        return idle_share(comm);
+    /* rank o's range of every rank's segments, summed into rank o's output */
+    for (int o = comm->rank; o < g->size && going; o += workers) {
+        const seldp__scatter_fused_args *f = s[o].scatter;
+        for (size_t j = first_segment_after(f->segs, f->n_segs, f->begin);
+             j < f->n_segs && f->segs[j].offset < f->end && going; j++) {
+            size_t off = f->segs[j].offset, end = off + f->segs[j].count;
+            size_t from = off > f->begin ? off : f->begin, to = end < f->end ? end : f->end;
+            for (size_t at = from; at < to && going; at += piece) {
+                size_t len = to - at < piece ? to - at : piece;
+                for (int q = 0; q < g->size; q++) {
+                    const seldp__shard_seg *seg = &s[q].scatter->segs[j];
+                    x->in_dtype[q] = seg->in ? seg->in_dtype : SELDP_F32;
+                    x->in[q] = seg->in ? (const char *)seg->in +
+                                             (at - off) * seldp_dtype_size(seg->in_dtype)
+                                       : NULL;
+                }
+                sum_into(g->size, x, f->out + (at - f->begin), len, &m);
+                going = seldp__host_pace(&p, len * sizeof(float) * (size_t)g->size);
             }
-            sum_into(g->size, x, f->out + (at - f->begin), len, &m);
-            going = seldp__host_pace(&p, len * sizeof(float) * (size_t)g->size);
         }
     }
     stream_fence(m.stream);
@@ -296,32 +337,40 @@ static bool gather_fused_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_slot *s = slots_of(comm);
-    const seldp__gather_fused_args *f = s[comm->rank].gather;
-    size_t in_size = seldp_dtype_size(f->in_dtype), out_bytes = 0;
-    for (size_t j = 0; j < f->n_segs; j++)
-        out_bytes += f->segs[j].count * seldp_dtype_size(f->segs[j].out_dtype);
+    size_t out_bytes = 0;
+    const seldp__gather_fused_args *own = s[comm->rank].gather;
+    for (size_t j = 0; j < own->n_segs; j++)
+        out_bytes += own->segs[j].count * seldp_dtype_size(own->segs[j].out_dtype);
     bool stream = out_bytes * (size_t)comm->size >= STREAM_MIN_BYTES, going = true;
     exec_pace p = {comm, 0};
+    int workers = payload_workers(comm);
     /* 8 KiB, of F32 or half elements */
     _Alignas(64) unsigned char converted[CONVERT_CHUNK * sizeof(float)];
-    if (f->written)
-        *f->written = true;
-    for (size_t j = first_segment_after(f->segs, f->n_segs, f->begin);
-         j < f->n_segs && f->segs[j].offset < f->end && going; j++) {
-        seldp_dtype out_dtype = f->segs[j].out_dtype;
-        size_t off = f->segs[j].offset, end = off + f->segs[j].count;
-        size_t from = off > f->begin ? off : f->begin, to = end < f->end ? end : f->end;
-        bool same = out_dtype == f->in_dtype;
-        size_t chunk = same ? GATHER_CHUNK / in_size : CONVERT_CHUNK;
-        for (size_t at = from; at < to && going; at += chunk) {
-            size_t n = to - at < chunk ? to - at : chunk;
-            const char *src = (const char *)f->in + (at - f->begin) * in_size;
-            if (!same) {
-                convert_into(converted, out_dtype, src, f->in_dtype, n);
-                src = (const char *)converted;
+    if (own->written)
+        *own->written = true;
+    if (comm->rank >= workers)
+        return idle_share(comm);
+    /* rank o's range, converted once and written into every rank's segments */
+    for (int o = comm->rank; o < comm->size && going; o += workers) {
+        const seldp__gather_fused_args *f = s[o].gather;
+        size_t in_size = seldp_dtype_size(f->in_dtype);
+        for (size_t j = first_segment_after(f->segs, f->n_segs, f->begin);
+             j < f->n_segs && f->segs[j].offset < f->end && going; j++) {
+            seldp_dtype out_dtype = f->segs[j].out_dtype;
+            size_t off = f->segs[j].offset, end = off + f->segs[j].count;
+            size_t from = off > f->begin ? off : f->begin, to = end < f->end ? end : f->end;
+            bool same = out_dtype == f->in_dtype;
+            size_t chunk = same ? GATHER_CHUNK / in_size : CONVERT_CHUNK;
+            for (size_t at = from; at < to && going; at += chunk) {
+                size_t n = to - at < chunk ? to - at : chunk;
+                const char *src = (const char *)f->in + (at - f->begin) * in_size;
+                if (!same) {
+                    convert_into(converted, out_dtype, src, f->in_dtype, n);
+                    src = (const char *)converted;
+                }
+                write_everywhere(comm, j, at, src, out_dtype, n, stream);
+                going = seldp__host_pace(&p, n * seldp_dtype_size(out_dtype) * (size_t)comm->size);
             }
-            write_everywhere(comm, j, at, src, out_dtype, n, stream);
-            going = seldp__host_pace(&p, n * seldp_dtype_size(out_dtype) * (size_t)comm->size);
         }
     }
     stream_fence(stream);

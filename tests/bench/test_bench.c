@@ -33,6 +33,7 @@ typedef struct kept_row {
     long long ranks, bytes;
     double time_us, busbw, bound_fraction, bound_GBps;
     bool has_bound;
+    int repeats; /* 0: a single run */
 } kept_row;
 
 typedef struct run_result {
@@ -62,6 +63,31 @@ static const hx_json *member(const hx_json *row, const char *key, hx_json_type t
     return v;
 }
 
+/* A row of -r N (docs/benchmarks.md, Repeat mode): the median time between the fastest and the
+ * slowest repetition, the spread their difference over the median, the median bound fraction
+ * within the repetitions' range. */
+static void check_repeated(const hx_json *row, const char *line, double time_us,
+                           const hx_json *bound)
+{
+    const hx_json *repeats = member(row, "repeats", HX_JSON_NUMBER, line);
+    double lo = member(row, "time_min_us", HX_JSON_NUMBER, line)->number;
+    double hi = member(row, "time_max_us", HX_JSON_NUMBER, line)->number;
+    double spread = member(row, "spread", HX_JSON_NUMBER, line)->number;
+    if (!repeats->is_integer || repeats->integer < 2)
+        fail_msg("repeats must be an integer >= 2 where it is given: %s", line);
+    if (!(lo <= time_us * (1 + 1e-5) && time_us <= hi * (1 + 1e-5) && lo > 0))
+        fail_msg("the median time is not between the fastest and the slowest: %s", line);
+    if (fabs(spread - (hi - lo) / time_us) > 1e-4 * (1 + spread))
+        fail_msg("spread is not (slowest - fastest) / median: %s", line);
+    if (bound->type == HX_JSON_NUMBER) {
+        double flo = member(row, "bound_fraction_min", HX_JSON_NUMBER, line)->number;
+        double fhi = member(row, "bound_fraction_max", HX_JSON_NUMBER, line)->number;
+        double f = bound->number;
+        if (!(flo <= f * (1 + 1e-5) && f <= fhi * (1 + 1e-5)))
+            fail_msg("the median bound fraction is not within its range: %s", line);
+    }
+}
+
 /* Check one JSON row; fails the test on anything wrong. */
 static void check_row(const char *line, run_result *res)
 {
@@ -77,8 +103,13 @@ static void check_row(const char *line, run_result *res)
     double busbw = member(row, "busbw_GBps", HX_JSON_NUMBER, line)->number;
     const hx_json *bound = hx_json_get(row, "bound_fraction");
     const hx_json *wrong = member(row, "wrong", HX_JSON_NUMBER, line);
-    if (strcmp(op, "allreduce") && strcmp(op, "broadcast") && strcmp(op, "reduce"))
+    if (strcmp(op, "allreduce") && strcmp(op, "broadcast") && strcmp(op, "reduce") &&
+        strcmp(op, "overlap"))
         fail_msg("unknown op: %s", line);
+    if (strcmp(op, "overlap") == 0 &&
+        (strcmp(impl, "overlap") == 0 || strcmp(impl, "staged") == 0) &&
+        !(member(row, "over_max", HX_JSON_NUMBER, line)->number > 0))
+        fail_msg("an overlapped row without its time over max(compute, comm): %s", line);
     if (!ranks->is_integer || ranks->integer < 1 || !bytes->is_integer || bytes->integer < 1)
         fail_msg("ranks and bytes must be positive integers: %s", line);
     if (!(time_us > 0) || !(algbw >= 0) || !(busbw >= 0))
@@ -89,7 +120,10 @@ static void check_row(const char *line, run_result *res)
     if (copy && bound->type != HX_JSON_NULL)
         fail_msg("a copy row has no bound fraction: %s", line);
     const hx_json *B = hx_json_get(row, "bound_GBps");
-    if (bound->type == HX_JSON_NUMBER) {
+    const hx_json *repeats = hx_json_get(row, "repeats");
+    if (repeats)
+        check_repeated(row, line, time_us, bound);
+    if (bound->type == HX_JSON_NUMBER && !repeats) {
         /* B and the two copies it is the better of */
         double b = member(row, "bound_GBps", HX_JSON_NUMBER, line)->number;
         const hx_json *m = hx_json_get(row, "memcpy_GBps"), *st = hx_json_get(row, "stream_GBps");
@@ -115,6 +149,7 @@ static void check_row(const char *line, run_result *res)
         k->has_bound = bound->type == HX_JSON_NUMBER;
         k->bound_fraction = k->has_bound ? bound->number : 0;
         k->bound_GBps = k->has_bound ? B->number : 0;
+        k->repeats = repeats && repeats->is_integer ? (int)repeats->integer : 0;
     }
     if (!wrong->is_integer || wrong->integer != 0)
         fail_msg("wrong results: %s", line);
@@ -206,7 +241,7 @@ static void allreduce_rows_validate(void **state)
     (void)state;
     /* sizes 8, 256 and 8192 bytes on 1, 2 and 3 ranks: a memcpy, a stream and a seldp row
      * each */
-    run_result *r = run("-b 8 -e 8K -f 32 -n 2 -w 1 -r 1-3 --json");
+    run_result *r = run("-b 8 -e 8K -f 32 -n 2 -w 1 --ranks 1-3 --json");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->rows, 27);
     assert_int_equal(r->by_impl[0], 9);
@@ -214,7 +249,7 @@ static void allreduce_rows_validate(void **state)
     assert_int_equal(r->by_impl[1], 9);
     check_bounds(r, "seldp-host");
     /* sizes where the streaming path runs (past its 256-byte memcpy cut), and a broadcast */
-    r = run("-o broadcast -b 64K -e 1M -f 4 -n 2 -w 1 -r 2 --json");
+    r = run("-o broadcast -b 64K -e 1M -f 4 -n 2 -w 1 --ranks 2 --json");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->by_impl[5], 3);
     check_bounds(r, "seldp-host");
@@ -223,7 +258,7 @@ static void allreduce_rows_validate(void **state)
 static void broadcast_rows_validate(void **state)
 {
     (void)state;
-    run_result *r = run("-o broadcast -b 1K -e 1M -f 32 -n 2 -w 1 -r 2,4 --json --no-bound");
+    run_result *r = run("-o broadcast -b 1K -e 1M -f 32 -n 2 -w 1 --ranks 2,4 --json --no-bound");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->rows, 6);
     assert_int_equal(r->by_impl[0] + r->by_impl[5], 0);
@@ -234,21 +269,22 @@ static void reduce_rows_validate(void **state)
 {
     (void)state;
     /* memcpy, stream, raw allreduce, two bucketed raw allreduces and two reduce rows */
-    run_result *r = run("-o reduce -b 256K -e 256K --tensors 100 -n 2 -w 1 -r 2 --bucket 16K,64K "
-                        "--json");
+    run_result *r =
+        run("-o reduce -b 256K -e 256K --tensors 100 -n 2 -w 1 --ranks 2 --bucket 16K,64K "
+            "--json");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->rows, 7);
     assert_int_equal(r->by_impl[0], 1);
     assert_int_equal(r->by_impl[5], 1);
     assert_int_equal(r->by_impl[1], 5);
-    r = run("-o reduce -b 128K -e 128K --tensors 40 -n 1 -w 0 -r 3 -d f16 --json");
+    r = run("-o reduce -b 128K -e 128K --tensors 40 -n 1 -w 0 --ranks 3 -d f16 --json");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->rows, 4);
     for (int i = 0; i < r->rows; i++)
         if (strstr(r->kept[i].note, "staged"))
             fail_msg("a reduce row says staged without --staged-commit");
     /* with cfg.staged_commit: the reduce row says so, and still validates */
-    r = run("-o reduce -b 128K -e 128K --tensors 40 -n 1 -w 0 -r 2 --staged-commit --json");
+    r = run("-o reduce -b 128K -e 128K --tensors 40 -n 1 -w 0 --ranks 2 --staged-commit --json");
     assert_int_equal(r->status, 0);
     int staged = 0;
     for (int i = 0; i < r->rows; i++)
@@ -264,7 +300,7 @@ static void out_writes_jsonl_and_csv(void **state)
     char dir[] = "/tmp/seldp-bench-test-XXXXXX", args[512], path[600], line[4096];
     if (!mkdtemp(dir))
         fail_msg("mkdtemp failed");
-    snprintf(args, sizeof args, "-b 1K -e 4K -f 4 -n 1 -w 0 -r 2 --out %s/rows", dir);
+    snprintf(args, sizeof args, "-b 1K -e 4K -f 4 -n 1 -w 0 --ranks 2 --out %s/rows", dir);
     run_result *r = run(args);
     assert_int_equal(r->status, 0);
     assert_non_null(strstr(r->text, "seldp-host"));
@@ -300,12 +336,12 @@ static void compare_mpi_rows_validate(void **state)
              "seldp-bench-mpi");
     if (access(mpi, X_OK) != 0 || system("command -v mpirun > /dev/null 2>&1") != 0)
         skip();
-    run_result *r = run("-b 8 -e 4K -f 16 -n 2 -w 1 -r 2 --compare mpi --json");
+    run_result *r = run("-b 8 -e 4K -f 16 -n 2 -w 1 --ranks 2 --compare mpi --json");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->by_impl[2], 3);
     assert_int_equal(r->by_impl[1], 3);
     check_bounds(r, "mpi");
-    r = run("-o broadcast -b 64K -e 64K -n 2 -w 1 -r 3 --compare mpi --json");
+    r = run("-o broadcast -b 64K -e 64K -n 2 -w 1 --ranks 3 --compare mpi --json");
     assert_int_equal(r->status, 0);
     assert_int_equal(r->by_impl[2], 1);
 }
@@ -335,10 +371,11 @@ static void compare_gloo_reads_the_program_rows(void **state)
                      "\"bytes\":4096,\"time_us\":1000,\"wrong\":0}'\n"
                      "echo '{\"op\":\"allreduce\",\"impl\":\"gloo\",\"ranks\":2,"
                      "\"bytes\":16384,\"time_us\":2000,\"wrong\":0}'\n");
-    snprintf(args, sizeof args,
-             "-b 4K -e 16K -f 4 -n 2 -w 0 -r 2 --compare gloo --python /bin/sh --gloo-script %s "
-             "--json",
-             stub);
+    snprintf(
+        args, sizeof args,
+        "-b 4K -e 16K -f 4 -n 2 -w 0 --ranks 2 --compare gloo --python /bin/sh --gloo-script %s "
+        "--json",
+        stub);
     run_result *r = run(args);
     assert_int_equal(r->status, 0);
     assert_int_equal(r->by_impl[6], 2);
@@ -359,9 +396,10 @@ static void compare_gloo_reads_the_program_rows(void **state)
     check_bounds(r, "gloo");
 
     /* the table's comparison has a gloo column with those figures */
-    snprintf(args, sizeof args,
-             "-b 4K -e 16K -f 4 -n 2 -w 0 -r 2 --compare gloo --python /bin/sh --gloo-script %s",
-             stub);
+    snprintf(
+        args, sizeof args,
+        "-b 4K -e 16K -f 4 -n 2 -w 0 --ranks 2 --compare gloo --python /bin/sh --gloo-script %s",
+        stub);
     r = run(args);
     assert_int_equal(r->status, 0);
     const char *table = strstr(r->text, "beside Open MPI and gloo");
@@ -378,7 +416,7 @@ static void compare_gloo_reads_the_program_rows(void **state)
     write_stub(stub, "echo '{\"op\":\"allreduce\",\"impl\":\"gloo\",\"ranks\":3,"
                      "\"bytes\":4096,\"time_us\":1000,\"wrong\":0}'\n");
     snprintf(args, sizeof args,
-             "-b 4K -e 4K -n 1 -w 0 -r 2 --compare gloo --python /bin/sh --gloo-script %s "
+             "-b 4K -e 4K -n 1 -w 0 --ranks 2 --compare gloo --python /bin/sh --gloo-script %s "
              "--json 2>/dev/null",
              stub);
     assert_int_equal(run(args)->status, 1);
@@ -386,7 +424,8 @@ static void compare_gloo_reads_the_program_rows(void **state)
     /* a program that says torch is missing (exit 77): no gloo rows, a note, success */
     write_stub(stub, "echo 'python3 cannot import torch'\nexit 77\n");
     snprintf(args, sizeof args,
-             "-b 4K -e 4K -n 1 -w 0 -r 2 --compare gloo --python /bin/sh --gloo-script %s", stub);
+             "-b 4K -e 4K -n 1 -w 0 --ranks 2 --compare gloo --python /bin/sh --gloo-script %s",
+             stub);
     r = run(args);
     assert_int_equal(r->status, 0);
     assert_int_equal(r->by_impl[6], 0);
@@ -421,7 +460,7 @@ static void compare_gloo_falls_back_to_the_system_python(void **state)
     const char *saved = bench;
     bench = "env";
     snprintf(args, sizeof args,
-             "PATH='%s':\"$PATH\" '%s' -b 4K -e 16K -f 4 -n 1 -w 0 -r 2 --compare gloo "
+             "PATH='%s':\"$PATH\" '%s' -b 4K -e 16K -f 4 -n 1 -w 0 --ranks 2 --compare gloo "
              "--gloo-script %s --json",
              dir, saved, script);
     run_result *r = run(args);
@@ -440,7 +479,7 @@ static void compare_gloo_real_program_or_a_note(void **state)
     (void)state;
     if (system("command -v python3 > /dev/null 2>&1") != 0)
         skip();
-    run_result *r = run("-b 4K -e 16K -f 4 -n 2 -w 1 -r 2 --compare gloo --json 2>&1");
+    run_result *r = run("-b 4K -e 16K -f 4 -n 2 -w 1 --ranks 2 --compare gloo --json 2>&1");
     assert_int_equal(r->status, 0);
     if (r->by_impl[6] == 0 && !strstr(r->text, "no gloo column"))
         fail_msg("--compare gloo printed neither gloo rows nor a note: %s", r->text);
@@ -455,6 +494,91 @@ static void gpu_rows_or_a_no_gpu_line(void **state)
         fail_msg("--gpu printed neither rows nor a 'no GPU' line: %s", r->text);
 }
 
+/* -r N: every row the median of N repetitions, with their spread, in the JSON lines, the CSV
+ * and the table; the same rows as one run. */
+static void repeat_mode_prints_medians_and_spread(void **state)
+{
+    (void)state;
+    run_result *r = run("-b 64K -e 256K -f 4 -n 2 -w 1 --ranks 2 -r 3 --json");
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->rows, 6); /* memcpy, stream and seldp at 64K and 256K */
+    for (int i = 0; i < r->rows; i++)
+        if (r->kept[i].repeats != 3)
+            fail_msg("row %d (%s) is not the median of 3 repetitions", i, r->kept[i].impl);
+    /* the overlap rows: against the fastest communication, every repetition merged */
+    r = run("-o overlap -b 256K -e 256K --bucket 64K --compute-ratio 1 -n 2 -w 1 -r 2 --json");
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->rows, 6);
+    /* the table: the note of every row */
+    r = run("-b 64K -e 64K -n 2 -w 1 --ranks 2 -r 3");
+    assert_int_equal(r->status, 0);
+    const char *at = r->text;
+    int notes = 0;
+    while ((at = strstr(at, "median of 3, spread ")) != NULL) {
+        notes++;
+        at++;
+    }
+    assert_int_equal(notes, 3);
+    assert_non_null(strstr(r->text, "repetition 3 of 3"));
+    /* the CSV: repeats and the spread columns */
+    char dir[] = "/tmp/seldp-bench-repeat-XXXXXX", args[512], path[600], line[4096];
+    if (!mkdtemp(dir))
+        fail_msg("mkdtemp failed");
+    snprintf(args, sizeof args, "-b 64K -e 64K -n 1 -w 0 --ranks 2 -r 2 --out %s/rows", dir);
+    assert_int_equal(run(args)->status, 0);
+    snprintf(path, sizeof path, "%s/rows.csv", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f));
+    assert_non_null(strstr(line, ",repeats,time_min_us,time_max_us,spread,"));
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        /* column 21: repeats */
+        const char *c = line;
+        for (int k = 0; k < 20 && c; k++)
+            c = strchr(c, ',') ? strchr(c, ',') + 1 : NULL;
+        assert_non_null(c);
+        assert_int_equal(atoi(c), 2);
+        rows++;
+    }
+    fclose(f);
+    assert_int_equal(rows, 3);
+    remove(path);
+    snprintf(path, sizeof path, "%s/rows.jsonl", dir);
+    remove(path);
+    rmdir(dir);
+}
+
+/* A bad repeat count: exit 2, one line on stderr naming it, nothing on stdout. */
+static void repeat_mode_rejects_bad_counts(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"0", "-1", "x", "2,4", "1-3", "1001", "3.5", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cmd[4096], out[4096] = "";
+        snprintf(cmd, sizeof cmd, "'%s' -b 1K -e 1K -r '%s' 2>&1 >/dev/null", bench, bad[i]);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = '\0';
+        int status = pclose(p);
+        assert_true(WIFEXITED(status));
+        if (WEXITSTATUS(status) != 2)
+            fail_msg("-r '%s': exit %d, expected 2", bad[i], WEXITSTATUS(status));
+        if (!strstr(out, "-r") || !strstr(out, "repeat count") || strchr(out, '\n') != out + n - 1)
+            fail_msg("-r '%s': expected one line naming the repeat count, got '%s'", bad[i], out);
+        /* and nothing on stdout */
+        snprintf(cmd, sizeof cmd, "'%s' -b 1K -e 1K -r '%s' 2>/dev/null", bench, bad[i]);
+        p = popen(cmd, "r");
+        assert_non_null(p);
+        n = fread(out, 1, sizeof out - 1, p);
+        pclose(p);
+        assert_int_equal(n, 0);
+    }
+    /* --ranks is long only: the old -r LIST is a repeat count now, and says so */
+    assert_int_equal(run("--ranks 2,4 -r 1 -b 1K -e 1K -n 1 -w 0 --json")->status, 0);
+}
+
 static void help_and_bad_options(void **state)
 {
     (void)state;
@@ -464,6 +588,7 @@ static void help_and_bad_options(void **state)
     assert_non_null(strstr(r->text, "gloo"));
     assert_non_null(strstr(r->text, "non-temporal"));
     assert_non_null(strstr(r->text, "--gpu"));
+    assert_non_null(strstr(r->text, "-r, --repeat N"));
     assert_int_equal(run("--op gather 2>/dev/null")->status, 2);
     assert_int_equal(run("-b 1M -e 1K 2>/dev/null")->status, 2);
     assert_int_equal(run("--ranks 0 2>/dev/null")->status, 2);
@@ -487,6 +612,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(compare_gloo_falls_back_to_the_system_python),
         cmocka_unit_test(compare_gloo_real_program_or_a_note),
         cmocka_unit_test(gpu_rows_or_a_no_gpu_line),
+        cmocka_unit_test(repeat_mode_prints_medians_and_spread),
+        cmocka_unit_test(repeat_mode_rejects_bad_counts),
         cmocka_unit_test(help_and_bad_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,9 +6,12 @@
  * different session, a different method or a rank that does not start is an error on every
  * rank with the container unchanged. Runs on both reduce paths (ctest registers it again with
  * SELDP_REDUCE_PATH=bucketed): the blocking call it is compared with takes either; and under
- * cfg.overlap_in_place (SELDP_TEST_OVERLAP_IN_PLACE=all, or =odd for the odd ranks only),
- * where the fused path writes results into the gradients bucket by bucket and every failure
- * must put them back: the same results, the same failures, nothing changed by a failure. */
+ * cfg.overlap_in_place (SELDP_TEST_OVERLAP_IN_PLACE=all, or =odd for the odd ranks only,
+ * or =default: the default config, which overlaps in place), where the fused path writes
+ * results into the gradients bucket by bucket and every failure must put them back: the same
+ * results, the same failures, nothing changed by a failure; and with cfg.staged_commit
+ * (=staged_commit), which stages the overlapped reductions whatever cfg.overlap_in_place
+ * says: nothing written in place. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -64,13 +67,32 @@ typedef struct async_arg {
     outcome o;
 } async_arg;
 
-/* Whether this rank's sessions set cfg.overlap_in_place (SELDP_TEST_OVERLAP_IN_PLACE). */
-static bool in_place_on(int rank)
+/* SELDP_TEST_OVERLAP_IN_PLACE: unset, cfg.overlap_in_place = false (the staged commit);
+ * all or odd, true on every rank or on the odd ranks; default, the config as
+ * SELDP_SESSION_CONFIG_INIT leaves it (in place); staged_commit, the default with
+ * cfg.staged_commit, which stages the overlapped reductions too. */
+static const char *overlap_mode(void)
 {
     const char *mode = getenv("SELDP_TEST_OVERLAP_IN_PLACE");
-    if (!mode)
-        return false;
-    return strcmp(mode, "all") == 0 || (strcmp(mode, "odd") == 0 && rank % 2 == 1);
+    return mode ? mode : "";
+}
+
+/* Whether this rank's overlapped reductions write in place on the fused path. */
+static bool in_place_on(int rank)
+{
+    const char *mode = overlap_mode();
+    return strcmp(mode, "all") == 0 || strcmp(mode, "default") == 0 ||
+           (strcmp(mode, "odd") == 0 && rank % 2 == 1);
+}
+
+/* This rank's config of the mode. */
+static void set_overlap_mode(int rank, seldp_session_config *cfg)
+{
+    const char *mode = overlap_mode();
+    if (strcmp(mode, "staged_commit") == 0)
+        cfg->staged_commit = true;
+    else if (strcmp(mode, "default") != 0)
+        cfg->overlap_in_place = in_place_on(rank);
 }
 
 /* The model and a session over every parameter (or the first `n_selected`). */
@@ -83,7 +105,7 @@ static int build(tr_rank_ctx *ctx, const async_arg *a, test_model *m, size_t n_s
 
     cfg.bucket_bytes = a->bucket_bytes;
     cfg.check_finite = a->check_finite;
-    cfg.overlap_in_place = in_place_on(ctx->rank);
+    set_overlap_mode(ctx->rank, &cfg);
     RANK_CHECK_OK(ctx, ct_init(m, ctx->rank));
     /* registered in a rank-dependent order: collective order is path order */
     for (size_t j = 0; j < NP; j++) {
