@@ -67,7 +67,7 @@ static seldp_status bcast_body(hy_group *g, void *ctx)
     int root = (int)g->slots[0].h.root;
     if (!seldp__hy_buf(g, 0, bytes))
         return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
-    seldp_status st = seldp__hy_step(g, OP_BROADCAST, bcast_pack, NULL);
+    seldp_status st = seldp__hy_step(g, OP_BROADCAST, bcast_pack, NULL, 0);
     if (st != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
     if (g->n_procs > 1) {
@@ -160,9 +160,9 @@ static seldp_status gather_body(hy_group *g, void *ctx)
     if (!seldp__hy_buf(g, 0, pb[g->my_proc]) || (g->n_procs > 1 && !seldp__hy_buf(g, 1, at)))
         return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
     seldp_status st;
-    if (op == OP_ALLGATHERV && (st = seldp__hy_step(g, op, vblock_alloc, NULL)) != SELDP_OK)
+    if (op == OP_ALLGATHERV && (st = seldp__hy_step(g, op, vblock_alloc, NULL, 0)) != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
-    if ((st = seldp__hy_step(g, op, gather_pack, NULL)) != SELDP_OK)
+    if ((st = seldp__hy_step(g, op, gather_pack, NULL, 0)) != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
     if (g->n_procs > 1) {
         st = seldp_comm_allgather_counts(g->mpi, g->buf[0], g->buf[1], pb, SELDP_U8,
@@ -306,7 +306,7 @@ static seldp_status a2a_body(hy_group *g, void *ctx)
     }
     if (!seldp__hy_buf(g, 0, send_total) || (P > 1 && !seldp__hy_buf(g, 1, at)))
         return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
-    seldp_status st = seldp__hy_step(g, OP_ALLTOALLV, a2a_pack, NULL);
+    seldp_status st = seldp__hy_step(g, OP_ALLTOALLV, a2a_pack, NULL, 0);
     if (st != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
     if (P > 1) {
@@ -365,6 +365,7 @@ typedef struct sum_args {
     seldp_dtype dtype;
     size_t units_me; /* elements of this process's units */
 } sum_args;
+_Static_assert(sizeof(sum_args) <= sizeof(((hy_group *)0)->step_ctx), "a step's context is copied");
 
 static seldp_status sum_pack(hy_group *g, int local, void *ctx)
 {
@@ -516,7 +517,7 @@ static seldp_status sum_body(hy_group *g, void *ctx)
     if (!seldp__hy_buf(g, 0, send_total) || (P > 1 && !seldp__hy_buf(g, 1, at)) ||
         (allreduce && !seldp__hy_buf(g, 2, a->count * es)))
         return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
-    seldp_status st = seldp__hy_step(g, op, sum_pack, a);
+    seldp_status st = seldp__hy_step(g, op, sum_pack, a, sizeof *a);
     if (st != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
     if (P > 1) {
@@ -525,7 +526,7 @@ static seldp_status sum_body(hy_group *g, void *ctx)
         if (st != SELDP_OK)
             return seldp__hy_mpi_failed(g, st);
     }
-    if ((st = seldp__hy_step(g, op, sum_units, a)) != SELDP_OK)
+    if ((st = seldp__hy_step(g, op, sum_units, a, sizeof *a)) != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
     if (allreduce && P > 1) {
         size_t lo = 0;

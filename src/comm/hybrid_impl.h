@@ -106,7 +106,9 @@ struct hy_group {
     uint64_t step_seq;
     int step_done;
     hy_step_fn step;
-    void *step_ctx;
+    /* the step's context, copied: a member late in a step that the leader gave up on (a
+     * timeout, an abort) still reads valid memory */
+    _Alignas(16) unsigned char step_ctx[64];
     seldp_status result;
     char message[1024];
     hy_slot *slots; /* [n_local] */
@@ -182,10 +184,12 @@ typedef seldp_status (*hy_finish_fn)(hy_group *g, int local, void *ctx);
 seldp_status seldp__hy_collective(seldp_comm *comm, hy_slot *mine, hy_body_fn body,
                                   hy_finish_fn finish, void *ctx);
 
-/* From the leader's body: every member (the leader too) runs fn(g, local, ctx); returns
+/* From the leader's body: every member (the leader too) runs fn(g, local, copy) where copy
+ * is the group's copy of the `ctx_size` (at most 64) bytes at ctx; returns
  * the first member's failure (its message set on the leader's thread), SELDP_ERR_TIMEOUT
  * when a member did not finish in time (stalled inside), or the world's abort. */
-seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, void *ctx);
+seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, const void *ctx,
+                            size_t ctx_size);
 
 /* From the leader's body: a failure of an MPI call of the leaders' communicator: the world
  * is aborted (if the MPI transport has not already) and `st` returned with its message. */

@@ -200,13 +200,15 @@ seldp_status seldp__hy_mpi_failed(hy_group *g, seldp_status st)
     return st;
 }
 
-seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, void *ctx)
+seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, const void *ctx,
+                            size_t ctx_size)
 {
     hy_world *w = g->w;
     int rank = g->local[0];
     pthread_mutex_lock(&g->mu);
     g->step = fn;
-    g->step_ctx = ctx;
+    if (ctx_size)
+        memcpy(g->step_ctx, ctx, ctx_size < sizeof g->step_ctx ? ctx_size : sizeof g->step_ctx);
     g->step_seq++;
     g->progress = seldp__proto_now();
     pthread_cond_broadcast(&g->cv);
@@ -214,7 +216,7 @@ seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, void 
 
     stall_point(g, 0, SELDP__HY_STALL_STEP);
     hy_slot *me = &g->slots[0];
-    me->st = fn(g, 0, ctx);
+    me->st = fn(g, 0, g->step_ctx);
     if (me->st != SELDP_OK)
         snprintf(me->why, sizeof me->why, "%s", seldp_last_error());
 
@@ -471,11 +473,14 @@ static seldp_status member_round(seldp_comm *comm, hy_group *g, int local, hy_fi
         if (g->leader_in && g->step_seq != seen) {
             seen = g->step_seq;
             hy_step_fn fn = g->step;
-            void *sctx = g->step_ctx;
             pthread_mutex_unlock(&g->mu);
             stall_point(g, local, SELDP__HY_STALL_STEP);
+            pthread_mutex_lock(&g->mu);
+            if (g->closed || atomic_load(&w->aborted))
+                continue; /* given up on while this rank stalled */
+            pthread_mutex_unlock(&g->mu);
             hy_slot *me = &g->slots[local];
-            me->st = fn(g, local, sctx);
+            me->st = fn(g, local, g->step_ctx);
             if (me->st != SELDP_OK)
                 snprintf(me->why, sizeof me->why, "%s", seldp_last_error());
             pthread_mutex_lock(&g->mu);
