@@ -137,8 +137,10 @@ static seldp_status open_hybrid(hx_backend *b, hx_backend_kind kind)
     b->process_rank = rank;
     b->per_process = N;
     b->first = rank * N;
-    for (int r = 0; r < b->world; r++)
+    for (int r = 0; r < b->world; r++) { /* the layout table shows each rank's process */
         set_device(b, r, SELDP_HOST_DEVICE);
+        snprintf(b->names[r].text, sizeof b->names[r].text, "p%d:host", r / N);
+    }
     seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
     cfg.timeout_s = b->timeout_s;
     seldp_status st = seldp_hybrid_world_create(MPI_COMM_WORLD, N, &cfg, &b->hybrid_world);
