@@ -74,7 +74,7 @@ static seldp_status bcast_body(hy_group *g, void *ctx)
         st = seldp_comm_broadcast(g->mpi, g->buf[0], bytes, SELDP_U8, g->proc_of[root],
                                   SELDP_HOST_DEVICE);
         if (st != SELDP_OK)
-            return seldp__hy_mpi_failed(g, st);
+            return seldp__hy_leaders_failed(g, st);
     }
     return SELDP_OK;
 }
@@ -168,7 +168,7 @@ static seldp_status gather_body(hy_group *g, void *ctx)
         st = seldp_comm_allgather_counts(g->mpi, g->buf[0], g->buf[1], pb, SELDP_U8,
                                          SELDP_HOST_DEVICE);
         if (st != SELDP_OK)
-            return seldp__hy_mpi_failed(g, st);
+            return seldp__hy_leaders_failed(g, st);
     }
     return SELDP_OK;
 }
@@ -313,7 +313,7 @@ static seldp_status a2a_body(hy_group *g, void *ctx)
         st = seldp_comm_alltoallv(g->mpi, g->buf[0], sc, sd, g->buf[1], rc, rd, SELDP_U8,
                                   SELDP_HOST_DEVICE);
         if (st != SELDP_OK)
-            return seldp__hy_mpi_failed(g, st);
+            return seldp__hy_leaders_failed(g, st);
     }
     return SELDP_OK;
 }
@@ -524,7 +524,7 @@ static seldp_status sum_body(hy_group *g, void *ctx)
         st = seldp_comm_alltoallv(g->mpi, g->buf[0], sc, sd, g->buf[1], rc, rd, SELDP_U8,
                                   SELDP_HOST_DEVICE);
         if (st != SELDP_OK)
-            return seldp__hy_mpi_failed(g, st);
+            return seldp__hy_leaders_failed(g, st);
     }
     if ((st = seldp__hy_step(g, op, sum_units, a, sizeof *a)) != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
@@ -535,7 +535,7 @@ static seldp_status sum_body(hy_group *g, void *ctx)
         st = seldp_comm_allgather_counts(g->mpi, BUF(g, 2) + lo * es, g->buf[2], slice, a->dtype,
                                          SELDP_HOST_DEVICE);
         if (st != SELDP_OK)
-            return seldp__hy_mpi_failed(g, st);
+            return seldp__hy_leaders_failed(g, st);
     }
     return SELDP_OK;
 }

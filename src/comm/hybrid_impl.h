@@ -195,6 +195,10 @@ seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, const
  * is aborted (if the MPI transport has not already) and `st` returned with its message. */
 seldp_status seldp__hy_mpi_failed(hy_group *g, seldp_status st);
 
+/* The same for a failure of a call on the leaders' MPI communicator, whose message numbers
+ * the group's processes: the message says so. */
+seldp_status seldp__hy_leaders_failed(hy_group *g, seldp_status st);
+
 /* Staging buffer `which` (0..3) of at least `bytes`, and table `which` (0..9) of at least
  * `n` entries; NULL when out of memory (SELDP_ERR_NOMEM recorded). Leader only. */
 void *seldp__hy_buf(hy_group *g, int which, size_t bytes);

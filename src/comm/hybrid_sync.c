@@ -200,6 +200,17 @@ seldp_status seldp__hy_mpi_failed(hy_group *g, seldp_status st)
     return st;
 }
 
+seldp_status seldp__hy_leaders_failed(hy_group *g, seldp_status st)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", seldp_last_error());
+    seldp__fail(st,
+                "rank %d (process %d): between the processes (the MPI ranks named here are the "
+                "group's processes): %s",
+                g->world_ranks[g->local[0]], g->w->proc, msg);
+    return seldp__hy_mpi_failed(g, st);
+}
+
 seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, const void *ctx,
                             size_t ctx_size)
 {
@@ -310,7 +321,7 @@ static seldp_status agree(hy_group *g, seldp__comm_op op)
         return SELDP_ERR_NOMEM;
     seldp_status st = seldp_comm_allgatherv(g->mpi, blob, blob_bytes, &all, lens);
     if (st != SELDP_OK)
-        return seldp__hy_mpi_failed(g, st);
+        return seldp__hy_leaders_failed(g, st);
     const unsigned char *at = all;
     for (int q = 0; q < g->n_procs; q++) {
         int members = g->proc_start[q + 1] - g->proc_start[q];
