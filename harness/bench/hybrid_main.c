@@ -100,12 +100,14 @@ static void *rank_main(void *p)
         exit(2);
     }
     bench_fill(send, max_count, a->rank, 0);
+    memset(recv, 0, max_count * sizeof *recv); /* B is not a page-fault rate */
     for (size_t bytes = s->min_bytes; bytes <= s->max_bytes;
          bytes = bench_next_size(bytes, s->factor)) {
         size_t n = bytes / sizeof(float);
         if (!n)
             continue;
-        double B = copy_GBps(s, a->local, send, recv, n);
+        /* every process measures at once: the world's B is the sum, about procs x this one */
+        double B = copy_GBps(s, a->local, send, recv, n) * s->procs;
         int k = bench_batch(n * sizeof(float));
         for (int i = 0; i < s->warmup && st == SELDP_OK; i++)
             st = seldp_comm_allreduce(c, send, recv, n, SELDP_F32, SELDP_HOST_DEVICE);

@@ -21,8 +21,11 @@ static void group_free(hy_group *g)
         return;
     if (g->mpi)
         seldp_comm_destroy(g->mpi);
+    seldp__hy_reap(g, true);
     if (g->procs != MPI_COMM_NULL)
         MPI_Comm_free(&g->procs);
+    if (g->data != MPI_COMM_NULL)
+        MPI_Comm_free(&g->data);
     for (int i = 0; i < 4; i++)
         free(g->buf[i]);
     for (int i = 0; i < 10; i++)
@@ -52,6 +55,7 @@ hy_group *seldp__hy_group_new(hy_world *w, int size, const int *world_ranks, con
     g->n_procs = n_procs;
     g->my_proc = my_proc;
     g->procs = MPI_COMM_NULL;
+    g->data = MPI_COMM_NULL;
     pthread_mutex_init(&g->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -96,6 +100,12 @@ hy_group *seldp__hy_group_new(hy_world *w, int size, const int *world_ranks, con
     }
     g->mpi = mpi;
     g->procs = procs;
+    /* every process of the group is here (the caller's agreement): the duplicate cannot
+     * wait for one that is not */
+    if (procs != MPI_COMM_NULL && MPI_Comm_dup(procs, &g->data) == MPI_SUCCESS)
+        MPI_Comm_set_errhandler(g->data, MPI_ERRORS_RETURN);
+    else
+        g->data = MPI_COMM_NULL;
     g->refs = g->n_local;
     pthread_mutex_lock(&w->mu);
     g->next = w->groups;

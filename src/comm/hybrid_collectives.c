@@ -356,8 +356,9 @@ seldp_status seldp__hy_alltoallv(seldp_comm *comm, const void *send, const size_
  * within its process's units; 3..6 the leaders' send counts and displacements, receive
  * counts and displacements (bytes); 7 for local member i and group rank r, where r's
  * contribution to i's unit starts in the received staging (elements), at i * size + r;
- * 8 the elements each process owns (allreduce's allgather). */
-enum { S_BEG, S_LEN, S_UOFF, S_SC, S_SD, S_RC, S_RD, S_ROFF, S_SLICE };
+ * 8 the elements each process owns (allreduce's allgather), 9 where entry 7 points: 1 the
+ * packed staging (this process's own ranks), 0 the received one. */
+enum { S_BEG, S_LEN, S_UOFF, S_SC, S_SD, S_RC, S_RD, S_ROFF, S_SLICE, S_RSRC };
 
 typedef struct sum_args {
     size_t count; /* allreduce: the elements */
@@ -390,11 +391,11 @@ static seldp_status sum_pack(hy_group *g, int local, void *ctx)
         type acc[SUM_CHUNK];                                                                       \
         for (size_t at = 0; at < len; at += SUM_CHUNK) {                                           \
             size_t m = len - at < SUM_CHUNK ? len - at : SUM_CHUNK;                                \
-            const type *x0 = (const type *)all + roff[0] + at;                                     \
+            const type *x0 = (const type *)(src[0] ? packed : all) + roff[0] + at;                 \
             for (size_t e = 0; e < m; e++)                                                         \
                 acc[e] = x0[e];                                                                    \
             for (int r = 1; r < g->size; r++) {                                                    \
-                const type *x = (const type *)all + roff[r] + at;                                  \
+                const type *x = (const type *)(src[r] ? packed : all) + roff[r] + at;              \
                 for (size_t e = 0; e < m; e++)                                                     \
                     acc[e] += x[e];                                                                \
             }                                                                                      \
@@ -425,7 +426,8 @@ static seldp_status sum_units(hy_group *g, int local, void *ctx)
     int k = g->proc_start[g->my_proc] + local;
     size_t len = g->tab[S_LEN][k];
     const size_t *roff = g->tab[S_ROFF] + (size_t)local * g->size;
-    const unsigned char *all = g->n_procs > 1 ? BUF(g, 1) : BUF(g, 0);
+    const size_t *src = g->tab[S_RSRC] + (size_t)local * g->size;
+    const unsigned char *all = BUF(g, 1), *packed = BUF(g, 0);
     seldp_status st = SELDP_OK;
     if (!len)
         return SELDP_OK;
@@ -455,8 +457,9 @@ static seldp_status sum_body(hy_group *g, void *ctx)
            *sd = seldp__hy_tab(g, S_SD, (size_t)P), *rc = seldp__hy_tab(g, S_RC, (size_t)P),
            *rd = seldp__hy_tab(g, S_RD, (size_t)P),
            *roff = seldp__hy_tab(g, S_ROFF, (size_t)g->n_local * n),
-           *slice = seldp__hy_tab(g, S_SLICE, (size_t)P);
-    if (!beg || !len || !uoff || !sc || !sd || !rc || !rd || !roff || !slice)
+           *slice = seldp__hy_tab(g, S_SLICE, (size_t)P),
+           *src = seldp__hy_tab(g, S_RSRC, (size_t)g->n_local * n);
+    if (!beg || !len || !uoff || !sc || !sd || !rc || !rd || !roff || !slice || !src)
         return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
     size_t es = a->es;
     /* the units, process by process */
@@ -503,39 +506,45 @@ static seldp_status sum_body(hy_group *g, void *ctx)
     }
     size_t send_total = at;
     at = 0;
-    for (int q = 0; q < P; q++) {
+    for (int q = 0; q < P; q++) { /* this process's own block stays in the packed staging */
         rd[q] = at;
-        rc[q] = (size_t)(g->proc_start[q + 1] - g->proc_start[q]) * L_me * es;
+        rc[q] = q == g->my_proc ? 0 : (size_t)(g->proc_start[q + 1] - g->proc_start[q]) * L_me * es;
         at += rc[q];
     }
     for (int i = 0; i < g->n_local; i++) {
         int k = g->proc_start[g->my_proc] + i;
-        for (int r = 0; r < n; r++)
-            roff[(size_t)i * n + r] =
-                rd[g->proc_of[r]] / es + (size_t)g->index_in_proc[r] * L_me + uoff[k];
+        for (int r = 0; r < n; r++) {
+            bool own = g->proc_of[r] == g->my_proc;
+            size_t base = own ? sd[g->my_proc] : rd[g->proc_of[r]];
+            roff[(size_t)i * n + r] = base / es + (size_t)g->index_in_proc[r] * L_me + uoff[k];
+            src[(size_t)i * n + r] = own;
+        }
     }
-    if (!seldp__hy_buf(g, 0, send_total) || (P > 1 && !seldp__hy_buf(g, 1, at)) ||
+    if (!seldp__hy_buf(g, 0, send_total) || !seldp__hy_buf(g, 1, at) ||
         (allreduce && !seldp__hy_buf(g, 2, a->count * es)))
         return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
     seldp_status st = seldp__hy_step(g, op, sum_pack, a, sizeof *a);
     if (st != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
-    if (P > 1) {
-        st = seldp_comm_alltoallv(g->mpi, g->buf[0], sc, sd, g->buf[1], rc, rd, SELDP_U8,
-                                  SELDP_HOST_DEVICE);
-        if (st != SELDP_OK)
-            return seldp__hy_leaders_failed(g, st);
-    }
+    if (P > 1 && (st = seldp__hy_exchange(g, op, BUF(g, 0), sd, sc, BUF(g, 1), rd, rc)) != SELDP_OK)
+        return st;
     if ((st = seldp__hy_step(g, op, sum_units, a, sizeof *a)) != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
     if (allreduce && P > 1) {
+        /* every process's slice to every other, into the result staging in place */
         size_t lo = 0;
-        for (int q = 0; q < g->my_proc; q++)
+        for (int q = 0; q < P; q++) {
+            rd[q] = lo * es; /* where slice q lies */
+            rc[q] = slice[q] * es;
             lo += slice[q];
-        st = seldp_comm_allgather_counts(g->mpi, BUF(g, 2) + lo * es, g->buf[2], slice, a->dtype,
-                                         SELDP_HOST_DEVICE);
+        }
+        for (int q = 0; q < P; q++) {
+            sd[q] = rd[g->my_proc];
+            sc[q] = rc[g->my_proc];
+        }
+        st = seldp__hy_exchange(g, op, BUF(g, 2), sd, sc, BUF(g, 2), rd, rc);
         if (st != SELDP_OK)
-            return seldp__hy_leaders_failed(g, st);
+            return st;
     }
     return SELDP_OK;
 }

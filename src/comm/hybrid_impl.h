@@ -29,6 +29,7 @@
 #include "seldp/hybrid.h"
 
 typedef struct hy_group hy_group;
+typedef struct hy_parked hy_parked;
 
 /* One member's call, as it arrives. */
 typedef struct hy_slot {
@@ -94,6 +95,8 @@ struct hy_group {
     int *local;         /* members + proc_start[my_proc]: this process's, local index order */
     seldp_comm *mpi;    /* the leaders' communicator (n_procs > 1), used by the leader */
     MPI_Comm procs;     /* the same processes, for the splits (n_procs > 1) */
+    MPI_Comm data;      /* the same processes, for the leaders' data (hybrid_move.c) */
+    hy_parked *parked;  /* operations given up on, with their buffers (hybrid_move.c) */
     int refs;           /* member handles alive, and the world's for its root group */
 
     pthread_mutex_t mu;
@@ -206,6 +209,20 @@ size_t *seldp__hy_tab(hy_group *g, int which, size_t n);
 
 /* The extra int64 values of group rank r (after the agreement), n_extra of them. */
 const int64_t *seldp__hy_extra(const hy_group *g, int r, int n_extra);
+
+/* ---- hybrid_move.c ------------------------------------------------------------------ */
+
+/* From the leader's body: to each other process q of the group, slen[q] bytes at
+ * sbase + soff[q]; from each, rlen[q] bytes into rbase + roff[q] (this process's own entries
+ * are not read). Both sides must agree on the lengths (the agreement has made sure). On a
+ * timeout, an abort or an MPI failure the world is aborted, every staging buffer of the
+ * group given up (parked) and the error returned. */
+seldp_status seldp__hy_exchange(hy_group *g, seldp__comm_op op, const unsigned char *sbase,
+                                const size_t *soff, const size_t *slen, unsigned char *rbase,
+                                const size_t *roff, const size_t *rlen);
+
+/* Free the parked operations MPI has completed; `last`: the group goes, drop the rest. */
+void seldp__hy_reap(hy_group *g, bool last);
 
 /* ---- hybrid_collectives.c ------------------------------------------------------------ */
 
