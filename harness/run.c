@@ -277,6 +277,11 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
                 "--ranks-per-process %d: only under mpirun (every process hosts that many rank "
                 "threads); without mpirun every rank is a thread of this process already",
                 o->ranks_per_process);
+    if (o->ranks_per_process && o->backend != HX_BACKEND_AUTO && o->backend != HX_BACKEND_MPI)
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                "--ranks-per-process %d: with --backend %s, expected auto or mpi (the hybrid "
+                "transport runs host-staged inside a process, MPI between processes)",
+                o->ranks_per_process, hx_backend_name(o->backend));
     hx_backend_request_hybrid(o->ranks_per_process);
     if (hx_backend_uses_processes(o->backend)) {
         int processes = 0, rank = 0;
