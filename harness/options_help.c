@@ -107,6 +107,9 @@ static void default_text(int id, char *buf, size_t size)
     case OPT_TIMEOUT:
         snprintf(buf, size, "%g", d.timeout_s);
         break;
+    case OPT_RANKS_PER_PROCESS:
+        snprintf(buf, size, "off: one rank per process");
+        break;
     case OPT_INJECT:
         snprintf(buf, size, "%s", hx_fault_name(d.inject));
         break;
