@@ -19,13 +19,8 @@ static void group_free(hy_group *g)
 {
     if (!g)
         return;
-    if (g->mpi)
-        seldp_comm_destroy(g->mpi);
     seldp__hy_reap(g, true);
-    if (g->procs != MPI_COMM_NULL)
-        MPI_Comm_free(&g->procs);
-    if (g->data != MPI_COMM_NULL)
-        MPI_Comm_free(&g->data);
+    free(g->proc_rank);
     for (int i = 0; i < 4; i++)
         free(g->buf[i]);
     for (int i = 0; i < 10; i++)
@@ -45,7 +40,7 @@ static void group_free(hy_group *g)
 }
 
 hy_group *seldp__hy_group_new(hy_world *w, int size, const int *world_ranks, const int *proc_of,
-                              int n_procs, int my_proc, seldp_comm *mpi, MPI_Comm procs)
+                              int n_procs, int my_proc, const int *proc_rank, int64_t id)
 {
     hy_group *g = calloc(1, sizeof *g);
     if (!g)
@@ -54,8 +49,8 @@ hy_group *seldp__hy_group_new(hy_world *w, int size, const int *world_ranks, con
     g->size = size;
     g->n_procs = n_procs;
     g->my_proc = my_proc;
-    g->procs = MPI_COMM_NULL;
-    g->data = MPI_COMM_NULL;
+    g->id = id;
+    g->tag = 1 + (int)((uint64_t)id % ((1u << 29) - 1));
     pthread_mutex_init(&g->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -68,13 +63,15 @@ hy_group *seldp__hy_group_new(hy_world *w, int size, const int *world_ranks, con
     g->proc_start = calloc((size_t)n_procs + 1, sizeof(int));
     g->members = malloc((size_t)size * sizeof(int));
     g->sums = calloc((size_t)n_procs, sizeof *g->sums);
+    g->proc_rank = malloc((size_t)n_procs * sizeof(int));
     if (!g->world_ranks || !g->proc_of || !g->index_in_proc || !g->proc_start || !g->members ||
-        !g->sums) {
+        !g->sums || !g->proc_rank) {
         group_free(g);
         return NULL;
     }
     memcpy(g->world_ranks, world_ranks, (size_t)size * sizeof(int));
     memcpy(g->proc_of, proc_of, (size_t)size * sizeof(int));
+    memcpy(g->proc_rank, proc_rank, (size_t)n_procs * sizeof(int));
     for (int r = 0; r < size; r++)
         g->proc_start[proc_of[r] + 1]++;
     for (int q = 0; q < n_procs; q++)
@@ -98,14 +95,6 @@ hy_group *seldp__hy_group_new(hy_world *w, int size, const int *world_ranks, con
         group_free(g);
         return NULL;
     }
-    g->mpi = mpi;
-    g->procs = procs;
-    /* every process of the group is here (the caller's agreement): the duplicate cannot
-     * wait for one that is not */
-    if (procs != MPI_COMM_NULL && MPI_Comm_dup(procs, &g->data) == MPI_SUCCESS)
-        MPI_Comm_set_errhandler(g->data, MPI_ERRORS_RETURN);
-    else
-        g->data = MPI_COMM_NULL;
     g->refs = g->n_local;
     pthread_mutex_lock(&w->mu);
     g->next = w->groups;
@@ -159,9 +148,9 @@ void seldp__hy_world_abort(hy_world *w, seldp_status status, const char *fmt, ..
         w->abort_status = status;
         atomic_store(&w->aborted, true);
     }
+    if (w->mpi)
+        seldp_comm_abort(w->mpi); /* the notice to every other process */
     for (hy_group *g = w->groups; g; g = g->next) {
-        if (g->mpi)
-            seldp_comm_abort(g->mpi);
         pthread_mutex_lock(&g->mu);
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
@@ -223,41 +212,15 @@ static int by_color_key(const void *a, const void *b)
     return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
-/* The leaders' communicator of a new group over the processes `set` (indices of g's
- * processes, ascending), which includes this one: an MPI communicator of those processes
- * (MPI_Comm_create_group, collective over them only) and a seldp MPI world over it. */
-static seldp_status new_procs(hy_group *g, const int *set, int n_set, int tag, seldp_comm **mpi,
-                              MPI_Comm *procs)
+/* A child's id: the same in every process of the group, from the parent's, the split's
+ * number on the parent and the colour's rank among the split's colours (splitmix64). */
+static int64_t child_id(const hy_group *g, int64_t split, int color_index)
 {
-    int rank = g->local[0];
-    MPI_Group pg, ng;
-    MPI_Comm nc = MPI_COMM_NULL;
-    int err = MPI_Comm_group(g->procs, &pg);
-    if (err == MPI_SUCCESS) {
-        err = MPI_Group_incl(pg, n_set, set, &ng);
-        MPI_Group_free(&pg);
-    }
-    if (err == MPI_SUCCESS) {
-        err = MPI_Comm_create_group(g->procs, ng, tag, &nc);
-        MPI_Group_free(&ng);
-    }
-    if (err != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING];
-        int len = 0;
-        MPI_Error_string(err, text, &len);
-        return seldp__fail(SELDP_ERR_TRANSPORT, "rank %d: split: MPI_Comm_create_group failed: %s",
-                           rank, text);
-    }
-    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
-    seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
-    cfg.timeout_s = g->w->timeout_s;
-    seldp_status st = seldp_mpi_comm_init(nc, SELDP_HOST_DEVICE, &cfg, mpi);
-    if (st != SELDP_OK) {
-        MPI_Comm_free(&nc);
-        return st;
-    }
-    *procs = nc;
-    return SELDP_OK;
+    uint64_t z = (uint64_t)g->id * 0x9e3779b97f4a7c15ull + (uint64_t)split * 0xbf58476d1ce4e5b9ull +
+                 (uint64_t)color_index + 0x632be59bd9b4e019ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (int64_t)((z ^ (z >> 31)) >> 1);
 }
 
 static seldp_status split_body(hy_group *g, void *ctx)
@@ -270,7 +233,9 @@ static seldp_status split_body(hy_group *g, void *ctx)
     int *po = malloc((size_t)n * sizeof(int));
     int *set = malloc((size_t)g->n_procs * sizeof(int));
     int *where = malloc((size_t)g->n_procs * sizeof(int));
-    if (!all || !wr || !po || !set || !where)
+    int *ranks = malloc((size_t)g->n_procs * sizeof(int));
+    int64_t split = ++g->splits;
+    if (!all || !wr || !po || !set || !where || !ranks)
         SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: split: out of memory", rank);
     for (int i = 0; i < g->n_local; i++)
         g->slots[i].child = NULL;
@@ -308,18 +273,12 @@ static seldp_status split_body(hy_group *g, void *ctx)
             wr[j] = g->world_ranks[all[a + j].rank];
             po[j] = where[g->proc_of[all[a + j].rank]];
         }
-        seldp_comm *mpi = NULL;
-        MPI_Comm procs = MPI_COMM_NULL;
-        if (n_set > 1)
-            SELDP_CHECK(new_procs(g, set, n_set, tag, &mpi, &procs));
-        hy_group *child = seldp__hy_group_new(g->w, k, wr, po, n_set, mine, mpi, procs);
-        if (!child) {
-            if (mpi)
-                seldp_comm_destroy(mpi);
-            if (procs != MPI_COMM_NULL)
-                MPI_Comm_free(&procs);
+        for (int q = 0; q < n_set; q++)
+            ranks[q] = g->proc_rank[set[q]];
+        hy_group *child =
+            seldp__hy_group_new(g->w, k, wr, po, n_set, mine, ranks, child_id(g, split, tag));
+        if (!child)
             SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: split: out of memory", rank);
-        }
         int made = 0;
         for (int j = 0; j < k; j++) {
             int r = all[a + j].rank;
@@ -346,9 +305,9 @@ fail:
                 seldp__hy_destroy(g->slots[i].child);
             g->slots[i].child = NULL;
         }
-        /* the other processes may be inside a creation this one left */
         st = seldp__hy_mpi_failed(g, st);
     }
+    free(ranks);
     free(all);
     free(wr);
     free(po);
@@ -380,6 +339,10 @@ static void world_free(hy_world *w)
 {
     if (!w)
         return;
+    if (w->mpi)
+        seldp_comm_destroy(w->mpi);
+    if (w->data != MPI_COMM_NULL)
+        MPI_Comm_free(&w->data);
     free(w->first);
     pthread_mutex_destroy(&w->mu);
     free(w);
@@ -394,7 +357,7 @@ seldp_status seldp_hybrid_world_create(MPI_Comm parent, int local_ranks,
     hy_world *w = NULL;
     seldp_hybrid_world *hw = NULL;
     int64_t *counts = NULL;
-    int *wr = NULL, *po = NULL;
+    int *wr = NULL, *po = NULL, *pr = NULL;
     MPI_Comm procs = MPI_COMM_NULL;
     int initialized = 0, finalized = 0, level = 0;
 
@@ -461,6 +424,12 @@ seldp_status seldp_hybrid_world_create(MPI_Comm parent, int local_ranks,
             wr[r] = r;
             po[r] = q;
         }
+    pr = malloc((size_t)nprocs * sizeof(int));
+    if (!pr)
+        SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: hybrid_world_create: out of memory", proc);
+    for (int q = 0; q < nprocs; q++)
+        pr[q] = q;
+    w->data = MPI_COMM_NULL;
     if (nprocs > 1) {
         /* every process arrived (the allgather): the blocking duplicate cannot wait */
         int err = MPI_Comm_dup(parent, &procs);
@@ -472,11 +441,15 @@ seldp_status seldp_hybrid_world_create(MPI_Comm parent, int local_ranks,
         seldp_comm_destroy(mpi);
         mpi = NULL;
     }
-    w->root = seldp__hy_group_new(w, w->size, wr, po, nprocs, proc, mpi, procs);
+    w->root = seldp__hy_group_new(w, w->size, wr, po, nprocs, proc, pr, 1);
     if (!w->root)
         SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: hybrid_world_create: out of memory", proc);
+    w->mpi = mpi;
+    w->data = procs;
     mpi = NULL;
     procs = MPI_COMM_NULL;
+    free(pr);
+    pr = NULL;
     w->root->refs++; /* the world's own */
     hw->w = w;
     *out = hw;
@@ -499,6 +472,7 @@ fail:
     free(counts);
     free(wr);
     free(po);
+    free(pr);
     return st;
 }
 

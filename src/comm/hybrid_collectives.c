@@ -70,11 +70,20 @@ static seldp_status bcast_body(hy_group *g, void *ctx)
     seldp_status st = seldp__hy_step(g, OP_BROADCAST, bcast_pack, NULL, 0);
     if (st != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
-    if (g->n_procs > 1) {
-        st = seldp_comm_broadcast(g->mpi, g->buf[0], bytes, SELDP_U8, g->proc_of[root],
-                                  SELDP_HOST_DEVICE);
+    if (g->n_procs > 1) { /* the root's process sends, every other receives */
+        int P = g->n_procs, from = g->proc_of[root];
+        size_t *off = seldp__hy_tab(g, 0, (size_t)P), *sl = seldp__hy_tab(g, 1, (size_t)P),
+               *rl = seldp__hy_tab(g, 2, (size_t)P);
+        if (!off || !sl || !rl)
+            return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
+        for (int q = 0; q < P; q++) {
+            off[q] = 0;
+            sl[q] = g->my_proc == from ? bytes : 0;
+            rl[q] = q == from ? bytes : 0;
+        }
+        st = seldp__hy_exchange(g, OP_BROADCAST, BUF(g, 0), off, sl, BUF(g, 0), off, rl);
         if (st != SELDP_OK)
-            return seldp__hy_leaders_failed(g, st);
+            return st;
     }
     return SELDP_OK;
 }
@@ -164,11 +173,20 @@ static seldp_status gather_body(hy_group *g, void *ctx)
         return seldp__hy_mpi_failed(g, st);
     if ((st = seldp__hy_step(g, op, gather_pack, NULL, 0)) != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
-    if (g->n_procs > 1) {
-        st = seldp_comm_allgather_counts(g->mpi, g->buf[0], g->buf[1], pb, SELDP_U8,
-                                         SELDP_HOST_DEVICE);
+    if (g->n_procs > 1) { /* every process's blob to every other, its own copied */
+        int P = g->n_procs;
+        size_t *so = seldp__hy_tab(g, 4, (size_t)P), *sl = seldp__hy_tab(g, 5, (size_t)P),
+               *ro = seldp__hy_tab(g, 6, (size_t)P);
+        if (!so || !sl || !ro)
+            return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
+        for (int q = 0; q < P; q++) {
+            so[q] = 0;
+            sl[q] = pb[g->my_proc];
+            ro[q] = src[g->members[g->proc_start[q]]]; /* where process q's blob starts */
+        }
+        st = seldp__hy_exchange_self(g, op, BUF(g, 0), so, sl, BUF(g, 1), ro, pb);
         if (st != SELDP_OK)
-            return seldp__hy_leaders_failed(g, st);
+            return st;
     }
     return SELDP_OK;
 }
@@ -310,10 +328,9 @@ static seldp_status a2a_body(hy_group *g, void *ctx)
     if (st != SELDP_OK)
         return seldp__hy_mpi_failed(g, st);
     if (P > 1) {
-        st = seldp_comm_alltoallv(g->mpi, g->buf[0], sc, sd, g->buf[1], rc, rd, SELDP_U8,
-                                  SELDP_HOST_DEVICE);
+        st = seldp__hy_exchange_self(g, OP_ALLTOALLV, BUF(g, 0), sd, sc, BUF(g, 1), rd, rc);
         if (st != SELDP_OK)
-            return seldp__hy_leaders_failed(g, st);
+            return st;
     }
     return SELDP_OK;
 }

@@ -70,6 +70,9 @@ typedef struct hy_world {
     atomic_bool aborted;
     seldp_status abort_status;
     char abort_reason[512];
+    seldp_comm *mpi;  /* the processes' seldp MPI world (nprocs > 1): abort notices only */
+    MPI_Comm data;    /* a duplicate of the parent: every group's messages between leaders,
+                         each group on its own tag (hybrid_move.c) */
     hy_group *groups; /* every live group of this process */
     hy_group *root;   /* the world's group */
     int joined;       /* local ranks that joined */
@@ -93,9 +96,10 @@ struct hy_group {
     int *proc_start;    /* [n_procs + 1] into members */
     int *members;       /* [size] the group ranks of every process in turn, ascending */
     int *local;         /* members + proc_start[my_proc]: this process's, local index order */
-    seldp_comm *mpi;    /* the leaders' communicator (n_procs > 1), used by the leader */
-    MPI_Comm procs;     /* the same processes, for the splits (n_procs > 1) */
-    MPI_Comm data;      /* the same processes, for the leaders' data (hybrid_move.c) */
+    int *proc_rank;     /* [n_procs] each process's rank in the parent (w->data) */
+    int64_t id;         /* the same in every process of the group: parent, split and colour */
+    int tag;            /* the group's messages on w->data, from the id */
+    int64_t splits;     /* splits made from this group */
     hy_parked *parked;  /* operations given up on, with their buffers (hybrid_move.c) */
     int refs;           /* member handles alive, and the world's for its root group */
 
@@ -159,10 +163,11 @@ void seldp__hy_world_abort(hy_world *w, seldp_status status, const char *fmt, ..
 seldp_comm *seldp__hy_handle(hy_group *g, int rank, int local, seldp_device device);
 
 /* A group of this process over `size` ranks: world_ranks and proc_of given (proc_of are
- * process indices 0..n_procs-1, ascending with the processes' parent ranks), mpi and
- * procs taken over. refs start at the number of local members. NULL when out of memory. */
+ * process indices 0..n_procs-1, ascending with the processes' parent ranks, proc_rank[q]
+ * process q's rank in the parent), its id. refs start at the number of local members. NULL
+ * when out of memory. */
 hy_group *seldp__hy_group_new(hy_world *w, int size, const int *world_ranks, const int *proc_of,
-                              int n_procs, int my_proc, seldp_comm *mpi, MPI_Comm procs);
+                              int n_procs, int my_proc, const int *proc_rank, int64_t id);
 
 /* Drop one reference; the last frees the group (and its MPI communicator). */
 void seldp__hy_group_release(hy_group *g);
@@ -198,10 +203,6 @@ seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, const
  * is aborted (if the MPI transport has not already) and `st` returned with its message. */
 seldp_status seldp__hy_mpi_failed(hy_group *g, seldp_status st);
 
-/* The same for a failure of a call on the leaders' MPI communicator, whose message numbers
- * the group's processes: the message says so. */
-seldp_status seldp__hy_leaders_failed(hy_group *g, seldp_status st);
-
 /* Staging buffer `which` (0..3) of at least `bytes`, and table `which` (0..9) of at least
  * `n` entries; NULL when out of memory (SELDP_ERR_NOMEM recorded). Leader only. */
 void *seldp__hy_buf(hy_group *g, int which, size_t bytes);
@@ -220,6 +221,18 @@ const int64_t *seldp__hy_extra(const hy_group *g, int r, int n_extra);
 seldp_status seldp__hy_exchange(hy_group *g, seldp__comm_op op, const unsigned char *sbase,
                                 const size_t *soff, const size_t *slen, unsigned char *rbase,
                                 const size_t *roff, const size_t *rlen);
+
+/* The same with copy_self: this process's own block is copied (memmove) as well. */
+seldp_status seldp__hy_exchange_self(hy_group *g, seldp__comm_op op, const unsigned char *sbase,
+                                     const size_t *soff, const size_t *slen, unsigned char *rbase,
+                                     const size_t *roff, const size_t *rlen);
+
+/* From the leader's body: every process's blob of any length to every other (the agreement's
+ * summaries): on success *all (malloc'd) holds them in process order, lens[q] each one's.
+ * A process that does not send in time has not arrived: SELDP_ERR_TIMEOUT naming it, the
+ * world aborted. */
+seldp_status seldp__hy_share(hy_group *g, seldp__comm_op op, const void *mine, size_t len,
+                             void **all, size_t *lens);
 
 /* Free the parked operations MPI has completed; `last`: the group goes, drop the rest. */
 void seldp__hy_reap(hy_group *g, bool last);

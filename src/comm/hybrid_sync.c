@@ -50,9 +50,9 @@ static seldp_status aborted_error(hy_group *g, int rank, seldp__comm_op op)
  * world is aborted, with its status and reason. */
 static bool mpi_aborted(hy_group *g, seldp_status *st, char *reason, size_t size)
 {
-    if (!g->mpi)
+    if (!g->w->mpi || g->n_procs < 2)
         return false;
-    mpi_world *mw = seldp__mpi_group(g->mpi)->world;
+    mpi_world *mw = seldp__mpi_group(g->w->mpi)->world;
     if (pthread_mutex_trylock(&mw->lock) != 0)
         return false;
     bool aborted = seldp__mpi_world_poll(mw);
@@ -200,17 +200,6 @@ seldp_status seldp__hy_mpi_failed(hy_group *g, seldp_status st)
     return st;
 }
 
-seldp_status seldp__hy_leaders_failed(hy_group *g, seldp_status st)
-{
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", seldp_last_error());
-    seldp__fail(st,
-                "rank %d (process %d): between the processes (the MPI ranks named here are the "
-                "group's processes): %s",
-                g->world_ranks[g->local[0]], g->w->proc, msg);
-    return seldp__hy_mpi_failed(g, st);
-}
-
 seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, const void *ctx,
                             size_t ctx_size)
 {
@@ -309,6 +298,7 @@ static seldp_status agree(hy_group *g, seldp__comm_op op)
         return SELDP_ERR_NOMEM;
     seldp__call_header sum = g->slots[0].h;
     sum.staged = local;
+    sum.key = g->id; /* the same group everywhere (its tag is made from it) */
     if (op == OP_ALLGATHERV)
         sum.bytes = 0; /* per rank */
     memcpy(blob, &sum, sizeof sum);
@@ -319,9 +309,9 @@ static seldp_status agree(hy_group *g, seldp__comm_op op)
     size_t *lens = seldp__hy_tab(g, 5, (size_t)g->n_procs);
     if (!lens)
         return SELDP_ERR_NOMEM;
-    seldp_status st = seldp_comm_allgatherv(g->mpi, blob, blob_bytes, &all, lens);
+    seldp_status st = seldp__hy_share(g, op, blob, blob_bytes, &all, lens);
     if (st != SELDP_OK)
-        return seldp__hy_leaders_failed(g, st);
+        return st;
     const unsigned char *at = all;
     for (int q = 0; q < g->n_procs; q++) {
         int members = g->proc_start[q + 1] - g->proc_start[q];
@@ -334,6 +324,15 @@ static seldp_status agree(hy_group *g, seldp__comm_op op)
                                rank, name, q, lens[q], expect));
         }
         memcpy(&g->sums[q], at, sizeof sum);
+        if (g->sums[q].key != g->id) {
+            free(all);
+            return seldp__hy_mpi_failed(
+                g, seldp__fail(SELDP_ERR_INTERNAL,
+                               "rank %d: %s: process %d answered for another group (id %lld, "
+                               "expected %lld): two groups share a tag",
+                               rank, name, g->proc_rank[q], (long long)g->sums[q].key,
+                               (long long)g->id));
+        }
         for (int i = 0; i < members; i++)
             memcpy(g->extra + (size_t)g->members[g->proc_start[q] + i] * per,
                    at + sizeof sum + (size_t)i * per * sizeof(int64_t), per * sizeof(int64_t));
