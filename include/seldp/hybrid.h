@@ -15,9 +15,10 @@
  *   group rank is the process's leader. Each rank copies its own input into the process's
  *   staging memory and its own output out of it: no thread touches another rank's buffers,
  *   so once a call returned on a rank (any status), nothing reads or writes its buffers.
- * - Between processes only the leaders talk, over a seldp MPI communicator of their own
- *   (seldp/mpi.h: its headers, timeouts, census and abort notices). A group whose ranks
- *   are all in one process never uses MPI.
+ * - Between processes only the leaders talk: non-blocking point-to-point MPI on one duplicate
+ *   of `parent`, each group under its own tag, polled against the timeout; abort notices on
+ *   a seldp MPI world of the processes (seldp/mpi.h). A group whose ranks are all in one
+ *   process never uses MPI. No MPI communicator is made per group.
  * - Agreement: every rank's call is first checked against the others of its process, then
  *   the leaders exchange one summary per process (the call, its sizes, root, dtype, every
  *   rank's alltoallv counts, split colors and keys, and whether the process's ranks
@@ -31,6 +32,8 @@
  *   on the MPI transport). The cost: between processes an allreduce moves every rank's
  *   contribution (N x count elements out of a process of N ranks) instead of one partial
  *   sum per process.
+ * - A process that dies is noticed through the timeouts (under Open MPI, mpirun
+ *   --enable-recovery keeps the others running so that they can report it).
  * - Timeouts: every wait is bounded by cfg->timeout_s. A rank that does not arrive, a
  *   thread that stalls inside a collective, a process that stops answering, make every
  *   rank of every process return SELDP_ERR_TIMEOUT (the ranks that noticed it) or

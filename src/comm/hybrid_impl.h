@@ -3,12 +3,13 @@
  *   hybrid_sync.c        what every collective goes through: the meeting of a group's ranks
  *                        inside a process, the leader's steps, the waits and their
  *                        deadlines, and the agreement across processes;
- *   hybrid_collectives.c the bodies of the collectives.
+ *   hybrid_collectives.c the bodies of the collectives;
+ *   hybrid_move.c        the messages between the leaders.
  *
  * A group (hy_group) is the state one process holds of a communicator: its members in
  * this process (slots, one per member thread), where every group rank lives, and for a
- * group over several processes the leaders' MPI communicator. A collective is a round:
- * every member arrives (fills its slot), the leader (local member 0, the smallest group
+ * group over several processes its id, tag and the processes' ranks in the parent. A collective is
+ * a round: every member arrives (fills its slot), the leader (local member 0, the smallest group
  * rank of the process) checks the calls, runs the body (steps that every member runs on
  * its own buffers, and MPI calls of its own), and closes the round with one status; each
  * member then copies out its results and leaves, the last one opening the next round.

@@ -46,7 +46,7 @@ static seldp_status aborted_error(hy_group *g, int rank, seldp__comm_op op)
     return seldp__proto_aborted(rank, op, st, reason);
 }
 
-/* An abort notice on the leaders' MPI world (the leader, between slices): true when that
+/* An abort notice on the processes' MPI world (the leader, between slices): true when that
  * world is aborted, with its status and reason. */
 static bool mpi_aborted(hy_group *g, seldp_status *st, char *reason, size_t size)
 {
