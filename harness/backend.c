@@ -15,6 +15,7 @@
 #ifdef SELDP_HAVE_MPI
 #include <mpi.h>
 
+#include "seldp/hybrid.h"
 #include "seldp/mpi.h"
 #endif
 #ifdef SELDP_HAVE_NCCL
@@ -33,10 +34,16 @@ struct hx_backend {
     bool processes;       /* one rank per MPI process */
     int world;
     int process_rank; /* -1 in-process */
+    int first;        /* the first rank this process hosts (0 in-process) */
+    int per_process;  /* ranks each process hosts: 1 (mpi, nccl), N (hybrid) */
+    bool hybrid;      /* --ranks-per-process: the hybrid transport */
     double timeout_s;
     seldp_device *devices; /* [world] */
     device_name *names;    /* [world] */
     seldp_host_world *host;
+#ifdef SELDP_HAVE_MPI
+    seldp_hybrid_world *hybrid_world;
+#endif
 #ifdef SELDP_HAVE_NCCL
     seldp_nccl_world *nccl;
 #endif
@@ -97,8 +104,51 @@ static void set_device(hx_backend *b, int rank, seldp_device device)
 
 /* ---- one rank per MPI process ------------------------------------------------------------ */
 
+static int requested_per_process; /* hx_backend_request_hybrid */
+
+void hx_backend_request_hybrid(int ranks_per_process)
+{
+    requested_per_process = ranks_per_process;
+}
+
 #ifdef SELDP_HAVE_MPI
 static bool harness_started_mpi;
+
+/* --ranks-per-process: every process hosts N rank threads of one hybrid world, on the host
+ * (seldp/hybrid.h). */
+static seldp_status open_hybrid(hx_backend *b, hx_backend_kind kind)
+{
+    int size = 0, rank = 0, N = requested_per_process;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (kind != HX_BACKEND_AUTO && kind != HX_BACKEND_MPI)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--ranks-per-process %d: with --backend %s, expected auto or mpi (the "
+                       "hybrid transport runs host-staged inside a process, MPI between them)",
+                       N, hx_backend_name(kind));
+    if ((long)size * N != b->world)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--world %d: mpirun started %d processes of --ranks-per-process %d ranks "
+                       "each, %ld ranks (leave --world out, or start %d processes)",
+                       b->world, size, N, (long)size * N, b->world % N ? 0 : b->world / N);
+    b->processes = true;
+    b->hybrid = true;
+    b->kind = HX_BACKEND_MPI;
+    b->process_rank = rank;
+    b->per_process = N;
+    b->first = rank * N;
+    for (int r = 0; r < b->world; r++) { /* the layout table shows each rank's process */
+        set_device(b, r, SELDP_HOST_DEVICE);
+        snprintf(b->names[r].text, sizeof b->names[r].text, "p%d:host", r / N);
+    }
+    seldp_comm_config cfg = SELDP_COMM_CONFIG_INIT;
+    cfg.timeout_s = b->timeout_s;
+    seldp_status st = seldp_hybrid_world_create(MPI_COMM_WORLD, N, &cfg, &b->hybrid_world);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "process %d: creating a hybrid world of %d processes x %d ranks",
+                           rank, size, N);
+    return SELDP_OK;
+}
 
 /* Poll one non-blocking MPI call against the timeout. */
 static seldp_status mpi_wait(MPI_Request *req, double timeout_s, const char *what)
@@ -132,6 +182,8 @@ static seldp_status open_processes(hx_backend *b, hx_backend_kind kind)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     b->process_rank = rank;
+    b->first = rank;
+    b->per_process = 1;
     if (size != b->world)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                        "--world %d: mpirun started %d processes, and each runs one rank (leave "
@@ -238,7 +290,9 @@ seldp_status hx_backend_processes(int *count, int *rank)
                        "--backend mpi: MPI was already finalized in this process");
     if (!initialized) {
         int provided = 0;
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        /* the hybrid transport's leaders call MPI from their own threads */
+        int level = requested_per_process > 0 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+        if (MPI_Init_thread(NULL, NULL, level, &provided) != MPI_SUCCESS)
             return hx_fail(SELDP_ERR_TRANSPORT, "MPI_Init_thread failed");
         harness_started_mpi = true;
         /* Open MPI 4 aborts the job on an error of a non-blocking collective otherwise */
@@ -314,7 +368,7 @@ seldp_status hx_backend_open(hx_backend_kind kind, int world, double timeout_s, 
         int count = 0, rank = 0;
         b->processes = true;
         HX_CHECK(hx_backend_processes(&count, &rank));
-        st = open_processes(b, kind);
+        st = requested_per_process > 0 ? open_hybrid(b, kind) : open_processes(b, kind);
         if (st == SELDP_ERR_TIMEOUT)
             return st; /* MPI may still write into b: abandoned */
         HX_CHECK(st);
@@ -334,7 +388,27 @@ fail:
 
 const char *hx_backend_transport(const hx_backend *b)
 {
-    return hx_backend_name(b->kind);
+    return b->hybrid ? "hybrid" : hx_backend_name(b->kind);
+}
+
+bool hx_backend_hybrid(const hx_backend *b)
+{
+    return b->hybrid;
+}
+
+int hx_backend_local_first(const hx_backend *b)
+{
+    return b->processes ? b->first : 0;
+}
+
+int hx_backend_local_count(const hx_backend *b)
+{
+    return b->processes ? b->per_process : b->world;
+}
+
+int hx_backend_process_of(const hx_backend *b, int rank)
+{
+    return b->processes ? rank / b->per_process : 0;
 }
 
 bool hx_backend_multiprocess(const hx_backend *b)
@@ -349,7 +423,7 @@ int hx_backend_process_rank(const hx_backend *b)
 
 bool hx_backend_is_local(const hx_backend *b, int rank)
 {
-    return !b->processes || rank == b->process_rank;
+    return !b->processes || (rank >= b->first && rank < b->first + b->per_process);
 }
 
 seldp_device hx_backend_device(const hx_backend *b, int rank)
@@ -369,7 +443,9 @@ seldp_status hx_backend_join(hx_backend *b, int rank, seldp_comm **comm)
     cfg.timeout_s = b->timeout_s;
     (void)cfg;
 #ifdef SELDP_HAVE_MPI
-    if (b->processes)
+    if (b->hybrid)
+        st = seldp_hybrid_comm_init(b->hybrid_world, rank - b->first, b->devices[rank], comm);
+    else if (b->processes)
         st = b->kind == HX_BACKEND_NCCL
                  ? seldp_mpi_nccl_comm_init(MPI_COMM_WORLD, &cfg, comm)
                  : seldp_mpi_comm_init(MPI_COMM_WORLD, b->devices[rank], &cfg, comm);
@@ -381,8 +457,8 @@ seldp_status hx_backend_join(hx_backend *b, int rank, seldp_comm **comm)
     if (!b->processes && b->kind == HX_BACKEND_HOST)
         st = seldp_host_comm_init(b->host, rank, b->devices[rank], comm);
     if (st != SELDP_OK)
-        return hx_fail_lib(st, "rank %d: joining the %s world on %s", rank,
-                           hx_backend_name(b->kind), b->names[rank].text);
+        return hx_fail_lib(st, "rank %d: joining the %s world on %s", rank, hx_backend_transport(b),
+                           b->names[rank].text);
     return SELDP_OK;
 }
 
@@ -391,6 +467,9 @@ void hx_backend_close(hx_backend *b)
     if (!b)
         return;
     seldp_host_world_destroy(b->host);
+#ifdef SELDP_HAVE_MPI
+    seldp_hybrid_world_destroy(b->hybrid_world);
+#endif
 #ifdef SELDP_HAVE_NCCL
     seldp_nccl_world_destroy(b->nccl);
 #endif

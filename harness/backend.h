@@ -17,6 +17,9 @@
  *   auto  under mpirun: nccl when the processes of every node use pairwise different GPUs
  *         (compared by PCI bus id), else mpi. Otherwise nccl when every rank has a GPU of
  *         its own, else host.
+ *   hybrid  --ranks-per-process N under mpirun: every process hosts N rank threads of one
+ *         world (seldp/hybrid.h: host-staged inside a process, MPI between processes),
+ *         ranks p*N .. p*N+N-1 in process p, on the host; MPI at MPI_THREAD_MULTIPLE.
  * mpirun is recognized by the variables it sets (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_SIZE).
  * When the harness initializes MPI itself it asks for MPI_THREAD_FUNNELED and sets
  * MPI_ERRORS_RETURN on MPI_COMM_WORLD; hx_backend_finalize ends it. */
@@ -52,6 +55,10 @@ bool hx_backend_uses_processes(hx_backend_kind kind);
  * one-line reason in a build without MPI. */
 seldp_status hx_backend_processes(int *count, int *rank);
 
+/* --ranks-per-process N (0: off), before hx_backend_processes and hx_backend_open: under
+ * mpirun the world is processes x N rank threads on the hybrid transport. */
+void hx_backend_request_hybrid(int ranks_per_process);
+
 /* End MPI when the harness started it (and nothing else has ended it). The program calls
  * this last; a no-op otherwise. */
 void hx_backend_finalize(void);
@@ -64,10 +71,21 @@ typedef struct hx_backend hx_backend;
  * one-line reason when the backend cannot run in this build or on this machine. */
 seldp_status hx_backend_open(hx_backend_kind kind, int world, double timeout_s, hx_backend **out);
 
-/* The transport actually used: "host", "nccl" or "mpi". */
+/* The transport actually used: "host", "nccl", "mpi" or "hybrid". */
 const char *hx_backend_transport(const hx_backend *backend);
 
-/* True when ranks run one per MPI process. */
+/* True for --ranks-per-process under mpirun (several rank threads in each process). */
+bool hx_backend_hybrid(const hx_backend *backend);
+
+/* The ranks this process runs: local_count of them from local_first (every rank in-process;
+ * one with one rank per process). */
+int hx_backend_local_first(const hx_backend *backend);
+int hx_backend_local_count(const hx_backend *backend);
+
+/* The MPI process that runs rank r (0 in-process), for the layout table. */
+int hx_backend_process_of(const hx_backend *backend, int rank);
+
+/* True when ranks run in several MPI processes (one each, or N with the hybrid transport). */
 bool hx_backend_multiprocess(const hx_backend *backend);
 
 /* The rank this process holds in a multi-process world; -1 when every rank runs here. */

@@ -251,9 +251,7 @@ seldp_status hx_ckpt_commit(hx_run *run, int step)
         shard_name(name, sizeof name, step + 1, run->ckpt_generation, r);
         HX_CHECK(index_shard(dir, name, &files, &tensors, &first));
     }
-    const hx_rank *rk0 = &run->ranks[hx_backend_process_rank(run->backend) > 0
-                                         ? hx_backend_process_rank(run->backend)
-                                         : 0];
+    const hx_rank *rk0 = &run->ranks[hx_backend_local_first(run->backend)];
     hx_buf_printf(&text, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %d,\n",
                   CKPT_FORMAT, CKPT_VERSION, step + 1);
     hx_buf_printf(&text, "  \"generation\": %d,\n  \"config\": ", run->ckpt_generation);

@@ -55,9 +55,9 @@ void hx_clip_check(hx_run *run, int step, const tm_reference *ref)
 {
     int64_t failed_before = hx_run_failures(run);
     double want = reference_norm(run, ref);
-    /* with one rank per process this process holds only its own rank's norm */
-    int first = hx_backend_multiprocess(run->backend) ? hx_backend_process_rank(run->backend) : 0;
-    int last = hx_backend_multiprocess(run->backend) ? first : run->opts.world - 1;
+    /* with ranks in several processes this process holds only its own ranks' norms */
+    int first = hx_backend_local_first(run->backend);
+    int last = first + hx_backend_local_count(run->backend) - 1;
     double got = run->ranks[first].grad_norm;
     /* | ||g|| - ||ref|| | <= ||g - ref||: the tensors' bounds in quadrature (each set's once),
      * the library's sum of squares in FP64 */

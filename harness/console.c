@@ -112,7 +112,13 @@ void hx_print_header(const hx_run *run, FILE *out)
 {
     const hx_options *o = &run->opts;
     const tm_config *m = &o->model;
-    if (hx_backend_multiprocess(run->backend))
+    if (hx_backend_hybrid(run->backend))
+        fprintf(out,
+                "seldp-harness %s: %d ranks, %d MPI processes x %d rank threads (p<process>: in "
+                "the layout), %s transport\n",
+                seldp_version(), o->world, o->world / hx_backend_local_count(run->backend),
+                hx_backend_local_count(run->backend), hx_backend_transport(run->backend));
+    else if (hx_backend_multiprocess(run->backend))
         fprintf(out, "seldp-harness %s: %d ranks, one per MPI process, %s transport\n",
                 seldp_version(), o->world, hx_backend_transport(run->backend));
     else

@@ -1,4 +1,5 @@
-/* The ranks of a multi-process run (one rank per MPI process) meet on rank 0.
+/* The ranks of a multi-process run (one rank per MPI process, or N rank threads per process
+ * with --ranks-per-process) meet on rank 0.
  *
  * Each process packs what the checks, the reference and the reports read of its rank into
  * one blob; rank 0 unpacks every other rank's blob into a mirror of that rank: an hx_rank
@@ -8,7 +9,9 @@
  * equal those of the in-process run of the same layout.
  *
  * The blobs travel by seldp_comm_allgatherv over the world (the communicator interface has
- * no gather to one rank): every process receives them, only rank 0 keeps them. tiny-moe's
+ * no gather to one rank): every process receives them, only rank 0 keeps them. Every rank of a
+ * process sends its own blob from its own thread; rank 0 unpacks those of the ranks that run in
+ * other processes (its own process's ranks are there already). tiny-moe's
  * ranks hold kilobytes, so the extra traffic does not matter for a correctness harness.
  * Every process runs the same host code, so host byte order and type sizes agree. */
 #include <stdlib.h>
@@ -74,10 +77,9 @@ static void get_check(reader *r, hx_check_result *c)
 
 /* Collective over the world: every process contributes `mine`; on rank 0 *all (malloc'd)
  * holds every blob and offsets[r] where rank r's starts (offsets has world + 1 entries). */
-static seldp_status exchange(hx_run *run, const hx_buf *mine, const char *what, void **all,
-                             size_t *offsets)
+static seldp_status exchange(hx_run *run, hx_rank *me, const hx_buf *mine, const char *what,
+                             void **all, size_t *offsets)
 {
-    hx_rank *me = &run->ranks[hx_backend_process_rank(run->backend)];
     int W = run->opts.world;
     size_t *lens = hx_calloc((size_t)W, sizeof *lens);
     if (!lens)
@@ -166,9 +168,8 @@ typedef seldp_status (*unpack_fn)(hx_run *run, hx_rank *rk, reader *r);
 
 static seldp_status unpack_all(hx_run *run, const void *all, const size_t *offsets, unpack_fn fn)
 {
-    int me = hx_backend_process_rank(run->backend);
     for (int r = 0; r < run->opts.world; r++) {
-        if (r == me)
+        if (hx_backend_is_local(run->backend, r))
             continue;
         hx_rank *rk = &run->ranks[r];
         if (!rk->model) {
@@ -188,20 +189,20 @@ static seldp_status unpack_all(hx_run *run, const void *all, const size_t *offse
 }
 
 /* Collective: pack with `pack`, exchange, unpack on rank 0. */
-static seldp_status gather(hx_run *run, void (*pack)(hx_rank *, hx_buf *), unpack_fn unpack,
-                           const char *what)
+static seldp_status gather(hx_run *run, hx_rank *rk, void (*pack)(hx_rank *, hx_buf *),
+                           unpack_fn unpack, const char *what)
 {
     seldp_status st = SELDP_OK;
-    int me = hx_backend_process_rank(run->backend);
+    int me = rk->rank;
     hx_buf blob = {0};
     void *all = NULL;
     size_t *offsets = hx_calloc((size_t)run->opts.world + 1, sizeof *offsets);
     if (!offsets)
         return SELDP_ERR_NOMEM;
-    pack(&run->ranks[me], &blob);
+    pack(rk, &blob);
     if (!hx_buf_ok(&blob))
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory packing %s", me, what);
-    HX_CHECK(exchange(run, &blob, what, &all, offsets));
+    HX_CHECK(exchange(run, rk, &blob, what, &all, offsets));
     if (me == 0)
         HX_CHECK(unpack_all(run, all, offsets, unpack));
 fail:
@@ -224,7 +225,7 @@ static void pack_init(hx_rank *rk, hx_buf *b)
     put_params(b, rk);
     put_check(b, &rk->init_untouched);
     /* rank 0 merges its own results; the others' travel once */
-    if (rk->rank != 0)
+    if (hx_backend_process_rank(rk->run->backend) != 0)
         rk->init_untouched = (hx_check_result){0};
 }
 
@@ -238,9 +239,9 @@ static seldp_status unpack_init(hx_run *run, hx_rank *rk, reader *r)
     return st;
 }
 
-seldp_status hx_gather_init(hx_run *run)
+seldp_status hx_gather_init(hx_run *run, hx_rank *rk)
 {
-    return gather(run, pack_init, unpack_init, "the parameters after initialize");
+    return gather(run, rk, pack_init, unpack_init, "the parameters after initialize");
 }
 
 /* ---- after a step ------------------------------------------------------------------------ */
@@ -274,7 +275,7 @@ static void pack_step(hx_rank *rk, hx_buf *b)
     for (int i = 0; i < rk->n_sets; i++)
         put_u64(b, rk->sets[i].global_weight);
     put_check(b, &rk->reduce_untouched);
-    if (rk->rank != 0)
+    if (hx_backend_process_rank(rk->run->backend) != 0)
         rk->reduce_untouched = (hx_check_result){0};
     put_params(b, rk);
     size_t n = seldp_grads_count(rk->grads);
@@ -419,14 +420,18 @@ static seldp_status unpack_step(hx_run *run, hx_rank *rk, reader *r)
     return st;
 }
 
-seldp_status hx_gather_step(hx_run *run)
+seldp_status hx_gather_step(hx_run *run, hx_rank *rk)
 {
-    return gather(run, pack_step, unpack_step, "the step's records");
+    return gather(run, rk, pack_step, unpack_step, "the step's records");
 }
 
+/* A process's captures travel once, with its first rank's blob. */
 static void pack_capture(hx_rank *rk, hx_buf *b)
 {
-    put_capture(b, rk->run);
+    if (rk->rank == hx_backend_local_first(rk->run->backend))
+        put_capture(b, rk->run);
+    else
+        put_u64(b, 0);
 }
 
 static seldp_status unpack_capture(hx_run *run, hx_rank *rk, reader *r)
@@ -435,10 +440,11 @@ static seldp_status unpack_capture(hx_run *run, hx_rank *rk, reader *r)
     return get_capture(r, run);
 }
 
-seldp_status hx_gather_capture(hx_run *run)
+seldp_status hx_gather_capture(hx_run *run, hx_rank *rk)
 {
-    seldp_status st = gather(run, pack_capture, unpack_capture, "the reductions' inputs");
-    if (hx_backend_process_rank(run->backend) > 0)
+    seldp_status st = gather(run, rk, pack_capture, unpack_capture, "the reductions' inputs");
+    if (hx_backend_process_rank(run->backend) > 0 &&
+        rk->rank == hx_backend_local_first(run->backend))
         hx_capture_reset(run); /* rank 0 holds them now */
     return st;
 }
@@ -452,10 +458,10 @@ typedef struct verdict {
     char error[1024];
 } verdict;
 
-seldp_status hx_gather_verdict(hx_run *run, seldp_status mine, int64_t failures)
+seldp_status hx_gather_verdict(hx_run *run, hx_rank *rk, seldp_status mine, int64_t failures)
 {
     seldp_status st = SELDP_OK;
-    int me = hx_backend_process_rank(run->backend);
+    int me = rk->rank;
     int W = run->opts.world;
     verdict v = {.status = (int32_t)mine, .failures = failures};
     void *all = NULL;
@@ -464,7 +470,7 @@ seldp_status hx_gather_verdict(hx_run *run, seldp_status mine, int64_t failures)
         return SELDP_ERR_NOMEM;
     if (mine != SELDP_OK)
         snprintf(v.error, sizeof v.error, "%s", hx_last_error());
-    st = seldp_comm_allgatherv(run->ranks[me].world, &v, sizeof v, &all, lens);
+    st = seldp_comm_allgatherv(rk->world, &v, sizeof v, &all, lens);
     if (st != SELDP_OK) {
         free(lens);
         if (mine != SELDP_OK)
@@ -483,7 +489,7 @@ seldp_status hx_gather_verdict(hx_run *run, seldp_status mine, int64_t failures)
             hx_fail(st, "%.*s", (int)sizeof votes[r].error, votes[r].error);
         }
     }
-    if (lens[0] == sizeof v)
+    if (lens[0] == sizeof v && me == hx_backend_local_first(run->backend))
         run->root_failures = votes[0].failures;
     free(all);
     free(lens);

@@ -175,6 +175,11 @@ static hx_parse_result parse_pass(int argc, char **argv, hx_options *o, FILE *ou
             o->world = (int)v;
             o->world_given = true;
             break;
+        case OPT_RANKS_PER_PROCESS:
+            ok = parse_int(arg, 1, 4096, &v);
+            expected = "an integer in 1..4096";
+            o->ranks_per_process = (int)v;
+            break;
         case OPT_EP:
             ok = parse_int(arg, 1, 4096, &v);
             expected = "an integer in 1..4096";

@@ -67,9 +67,10 @@ typedef struct hx_options {
     bool overlap;        /* --overlap: reductions overlapped with the backward (overlap.c) */
     size_t bucket_bytes; /* --bucket-bytes: the sessions' bucket size; 0: the library's */
     hx_backend_kind backend;
-    const char *out_dir;  /* NULL or "": no report files */
-    const char *dump_dir; /* NULL: no dump */
-    const char *summary;  /* NULL: none; else a file this run appends its table row to */
+    int ranks_per_process; /* --ranks-per-process: rank threads per MPI process; 0: off */
+    const char *out_dir;   /* NULL or "": no report files */
+    const char *dump_dir;  /* NULL: no dump */
+    const char *summary;   /* NULL: none; else a file this run appends its table row to */
     bool quiet;
     double timeout_s;
     int reference_threads; /* --reference-threads: the FP64 reference's threads; 0: the cores */

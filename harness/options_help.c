@@ -110,6 +110,9 @@ static void default_text(int id, char *buf, size_t size)
     case OPT_REFERENCE_THREADS:
         snprintf(buf, size, "0 (%d here)", tm_reference_threads());
         break;
+    case OPT_RANKS_PER_PROCESS:
+        snprintf(buf, size, "off: one rank per process");
+        break;
     case OPT_INJECT:
         snprintf(buf, size, "%s", hx_fault_name(d.inject));
         break;

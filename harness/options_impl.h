@@ -27,6 +27,7 @@ enum {
     OPT_BUCKET_BYTES,
     OPT_SEED,
     OPT_BACKEND,
+    OPT_RANKS_PER_PROCESS,
     OPT_OUT,
     OPT_DUMP,
     OPT_SUMMARY,

@@ -96,6 +96,11 @@ const hx_option_doc hx_option_docs[] = {
      "auto|host|nccl|mpi",
      "transport; auto: under mpirun nccl (bootstrapped over MPI) when every process has a GPU of "
      "its own, else mpi; otherwise nccl when every rank has a GPU of its own, else host"},
+    {{"ranks-per-process", required_argument, NULL, OPT_RANKS_PER_PROCESS},
+     "N",
+     "under mpirun: every process hosts N rank threads of one world (the hybrid transport: "
+     "host-staged inside a process, MPI between processes; docs/harness.md, Processes x "
+     "threads); --world defaults to processes x N"},
     {{"out", required_argument, NULL, OPT_OUT},
      "DIR",
      "report.json and report.md go here (\"\" or none: no files)"},

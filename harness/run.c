@@ -274,9 +274,22 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     hx_options *o = &run->opts;
     HX_CHECK(hx_overlap_check_backend(o));
     /* one rank per MPI process: the world is the number of processes unless given */
+    if (o->ranks_per_process && !hx_backend_under_mpirun())
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                "--ranks-per-process %d: only under mpirun (every process hosts that many rank "
+                "threads); without mpirun every rank is a thread of this process already",
+                o->ranks_per_process);
+    if (o->ranks_per_process && o->backend != HX_BACKEND_AUTO && o->backend != HX_BACKEND_MPI)
+        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
+                "--ranks-per-process %d: with --backend %s, expected auto or mpi (the hybrid "
+                "transport runs host-staged inside a process, MPI between processes)",
+                o->ranks_per_process, hx_backend_name(o->backend));
+    hx_backend_request_hybrid(o->ranks_per_process);
     if (hx_backend_uses_processes(o->backend)) {
         int processes = 0, rank = 0;
         HX_CHECK(hx_backend_processes(&processes, &rank));
+        if (o->ranks_per_process)
+            processes *= o->ranks_per_process; /* the ranks */
         if (!o->world_given && !o->layout_file) {
             o->world = processes;
             if (!o->ep_given)
@@ -539,67 +552,132 @@ fail:
     return st;
 }
 
-/* One rank in this process (mpirun), on the main thread. The phases are those of the
- * threads, with collectives in place of the gate: rank 0 gathers what the checks read
- * (gather.c), and after each phase every process learns whether every other could go on,
- * so all stop together. A rank whose library call fails aborts the world, as a thread
- * does; the others then stop at their next collective. */
-static seldp_status execute_processes(hx_run *run)
+/* A rank of a multi-process run, on its own thread: the main thread with one rank per MPI
+ * process, one of the process's rank threads with --ranks-per-process (the hybrid
+ * transport). The phases are those of the threads, with collectives in place of the gate:
+ * rank 0 gathers what the checks read (gather.c), and after each phase every rank learns
+ * whether every other could go on, so all stop together. A rank whose library call fails
+ * aborts the world, as a thread does; the others then stop at their next collective. The
+ * process's first rank keeps the run's shared records (timings, steps done, the dump). */
+static seldp_status execute_rank(hx_run *run, hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
-    bool root = hx_run_is_root(run);
-    hx_rank *rk = &run->ranks[hx_backend_process_rank(run->backend)];
+    bool root = rk->rank == 0;
+    bool leader = rk->rank == hx_backend_local_first(run->backend);
+    bool hybrid = hx_backend_hybrid(run->backend);
     st = hx_rank_setup(rk);
     if (st != SELDP_OK)
         goto aborted;
-    st = hx_gather_init(run);
+    st = hx_gather_init(run, rk);
     if (st != SELDP_OK)
         goto aborted;
-    run->t_setup = hx_now() - run->t_begin;
+    if (leader)
+        run->t_setup = hx_now() - run->t_begin;
     if (root) {
         double t0 = hx_now();
         hx_check_init(run);
         run->t_init = hx_now() - t0;
         hx_print_init(run);
     }
+    if (hybrid) /* rank 0 read its process's ranks in place: they wait for it */
+        HX_CHECK(hx_gather_verdict(run, rk, SELDP_OK, 0));
     for (int step = run->first_step; step < run->opts.steps; step++) {
-        hx_split_start(&run->steps[step].split);
+        if (leader)
+            hx_split_start(&run->steps[step].split);
         st = rank_step(rk, step);
         if (st != SELDP_OK)
             goto aborted;
-        st = hx_gather_step(run);
+        st = hx_gather_step(run, rk);
         if (st == SELDP_OK)
-            st = hx_gather_capture(run);
+            st = hx_gather_capture(run, rk);
         if (st != SELDP_OK)
             goto aborted;
-        hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
+        if (leader)
+            hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
         seldp_status mine = root ? main_step(run, step) : SELDP_OK;
-        if (mine == SELDP_OK)
+        if (mine == SELDP_OK && leader)
             mine = dump_if_last(run, step);
-        HX_CHECK(hx_gather_verdict(run, mine, 0));
-        run->steps_done = step + 1;
-        run->steps[step].t_step = hx_split_finish(&run->steps[step].split);
+        HX_CHECK(hx_gather_verdict(run, rk, mine, 0));
+        if (leader) {
+            run->steps_done = step + 1;
+            run->steps[step].t_step = hx_split_finish(&run->steps[step].split);
+        }
         if (root)
             hx_print_progress(run, step, run->steps[step].t_step);
         st = rank_update(rk);
         if (st != SELDP_OK)
             goto aborted;
         if (hx_ckpt_due(run, step)) {
-            HX_CHECK(hx_gather_verdict(run, hx_ckpt_write_rank(rk, step), 0));
-            HX_CHECK(hx_gather_verdict(run, root ? save_commit(run, step) : SELDP_OK, 0));
+            HX_CHECK(hx_gather_verdict(run, rk, hx_ckpt_write_rank(rk, step), 0));
+            HX_CHECK(hx_gather_verdict(run, rk, root ? save_commit(run, step) : SELDP_OK, 0));
         }
     }
     /* every process exits with the status rank 0's checks decide */
-    HX_CHECK(hx_gather_verdict(run, SELDP_OK, root ? hx_run_failures(run) : 0));
+    HX_CHECK(hx_gather_verdict(run, rk, SELDP_OK, root ? hx_run_failures(run) : 0));
     rank_cleanup(rk);
     return SELDP_OK;
 aborted:
     rank_fail(rk, st);
 fail:
-    run->status = st;
-    snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+    rk->status = st;
+    snprintf(rk->error, sizeof rk->error, "%s", hx_last_error());
+    if (rk->world)
+        seldp_comm_abort(rk->world);
     rank_cleanup(rk);
     return st;
+}
+
+/* One rank in this process (mpirun), on the main thread. */
+static seldp_status execute_processes(hx_run *run)
+{
+    hx_rank *rk = &run->ranks[hx_backend_process_rank(run->backend)];
+    seldp_status st = execute_rank(run, rk);
+    if (st != SELDP_OK) {
+        run->status = st;
+        snprintf(run->error, sizeof run->error, "%s", rk->error);
+    }
+    return st;
+}
+
+static void *hybrid_rank_main(void *arg)
+{
+    hx_rank *rk = arg;
+    (void)execute_rank(rk->run, rk);
+    return NULL;
+}
+
+/* --ranks-per-process (the hybrid transport): this process's ranks, a thread each, every one
+ * as execute_rank; the main thread waits for them. The first real error wins, as with
+ * threads. */
+static seldp_status execute_hybrid(hx_run *run)
+{
+    int first = hx_backend_local_first(run->backend), n = hx_backend_local_count(run->backend);
+    for (int r = first; r < first + n; r++) {
+        if (pthread_create(&run->ranks[r].thread, NULL, hybrid_rank_main, &run->ranks[r]) != 0) {
+            run->ranks[r].status =
+                hx_fail(SELDP_ERR_INTERNAL, "cannot start the thread of rank %d", r);
+            snprintf(run->ranks[r].error, sizeof run->ranks[r].error, "%s", hx_last_error());
+            for (int j = first; j < r; j++)
+                if (run->ranks[j].world)
+                    seldp_comm_abort(run->ranks[j].world);
+            break;
+        }
+        run->ranks[r].started = true;
+    }
+    for (int r = first; r < first + n; r++)
+        if (run->ranks[r].started)
+            pthread_join(run->ranks[r].thread, NULL);
+    for (int pass = 0; pass < 2 && run->status == SELDP_OK; pass++) {
+        for (int r = first; r < first + n; r++) {
+            const hx_rank *rk = &run->ranks[r];
+            if (rk->status == SELDP_OK || (pass == 0 && rk->status == SELDP_ERR_ABORTED))
+                continue;
+            run->status = rk->status;
+            snprintf(run->error, sizeof run->error, "%s", rk->error);
+            break;
+        }
+    }
+    return run->status;
 }
 
 seldp_status hx_run_execute(hx_run *run, FILE *out)
@@ -624,7 +702,10 @@ seldp_status hx_run_execute(hx_run *run, FILE *out)
         if (st != SELDP_OK)
             HX_FAIL_LIB(st, "creating the reference's model");
     }
-    st = hx_backend_multiprocess(run->backend) ? execute_processes(run) : execute_threads(run);
+    if (hx_backend_hybrid(run->backend))
+        st = execute_hybrid(run);
+    else
+        st = hx_backend_multiprocess(run->backend) ? execute_processes(run) : execute_threads(run);
     run->t_total = hx_now() - run->t_begin;
     return st;
 fail:

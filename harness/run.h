@@ -388,20 +388,22 @@ void hx_check_vnote(hx_check_result *c, bool failed, double value, const char *f
 HX_PRINTF(5, 6)
 void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...);
 
-/* One rank per process (gather.c), each collective over the world: rank 0 receives the
- * other ranks' parameters (before and after initialize), then after each step their
+/* Ranks in several processes (gather.c), each collective over the world, called by every
+ * rank `rk` this process runs, from its thread: rank 0 receives the parameters (before and
+ * after initialize) of the ranks of the other processes, then after each step their
  * tokens, parameters, reduced gradients and rank-local results, into mirrors in
  * run->ranks. */
-seldp_status hx_gather_init(hx_run *run);
-seldp_status hx_gather_step(hx_run *run);
-/* The same for the inputs each rank passed to its reductions (capture.h), merged on rank 0. */
-seldp_status hx_gather_capture(hx_run *run);
+seldp_status hx_gather_init(hx_run *run, hx_rank *rk);
+seldp_status hx_gather_step(hx_run *run, hx_rank *rk);
+/* The same for the inputs each process passed to its reductions (capture.h), merged on
+ * rank 0. */
+seldp_status hx_gather_capture(hx_run *run, hx_rank *rk);
 
 /* Collective over the world: every process says how its part of a phase went (`mine`,
  * with hx_last_error when it failed); rank 0 also its failed checks (`failures`), which
  * every process stores in run->root_failures. Returns SELDP_OK when every process
  * succeeded, else the status of the lowest failing rank with its message. */
-seldp_status hx_gather_verdict(hx_run *run, seldp_status mine, int64_t failures);
+seldp_status hx_gather_verdict(hx_run *run, hx_rank *rk, seldp_status mine, int64_t failures);
 
 /* Reports (report.c) and the dump (dump.c). */
 void hx_report_print_checks(const hx_run *run, FILE *out);

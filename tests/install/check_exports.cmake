@@ -41,7 +41,7 @@ foreach(_file IN LISTS _headers)
             list(APPEND problems "${_name}: ${_fn} is declared without SELDP_API "
                                  "(sh cmake/apply-export-macro.sh marks it)")
         endif()
-        if((_name STREQUAL "mpi.h" AND NOT HAVE_MPI) OR (_name STREQUAL "nccl.h" AND NOT HAVE_NCCL))
+        if(((_name STREQUAL "mpi.h" OR _name STREQUAL "hybrid.h") AND NOT HAVE_MPI) OR (_name STREQUAL "nccl.h" AND NOT HAVE_NCCL))
             list(APPEND declared "${_fn}")
             continue()
         endif()

@@ -81,7 +81,10 @@ bool mt_same_everywhere(seldp_comm *comm, const void *data, size_t bytes)
 
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t count)
 {
-    MPI_Init(&argc, &argv);
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) /* a program that needs another thread level starts MPI itself */
+        MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &mt_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &mt_size);
     /* Open MPI 4 raises errors of non-blocking collectives on MPI_COMM_WORLD (see mpi.h). */

@@ -45,8 +45,9 @@ void mt_expect_everywhere(seldp_comm *comm, seldp_status st, seldp_status expect
  * identical on every rank of the group. */
 bool mt_same_everywhere(seldp_comm *comm, const void *data, size_t bytes);
 
-/* MPI_Init, run the tests on every rank, MPI_Finalize. Returns 0 when every test passed
- * on every rank, 1 otherwise, and 77 (skipped) outside mpirun with fewer than 2 ranks. */
+/* MPI_Init (unless the program initialized MPI itself), run the tests on every rank, MPI_Finalize.
+ * Returns 0 when every test passed on every rank, 1 otherwise, and 77 (skipped) outside mpirun with
+ * fewer than 2 ranks. */
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t count);
 
 #endif
