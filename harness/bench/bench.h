@@ -8,9 +8,9 @@
  * broadcast.
  * On the host, bound_fraction = (the time the memory-bandwidth bound allows) / (the time
  * measured). The bound is B, the machine's best copy bandwidth, measured in the same run
- * (SPEC §6): every rank copies its own buffer of the same size at once, once with
- * non-temporal (streaming) stores and once with memcpy, and B is the better of the two
- * (both are reported: the `stream` and `memcpy` rows). */
+ * (docs/benchmarks.md, The bound): every rank copies its own buffer of the same size at once, once
+ * with non-temporal (streaming) stores and once with memcpy, and B is the better of the two (both
+ * are reported: the `stream` and `memcpy` rows). */
 #ifndef SELDP_BENCH_H
 #define SELDP_BENCH_H
 
@@ -127,8 +127,8 @@ void bench_fill(float *x, size_t n, int rank, size_t first);
  * reduce-scatter or an all-gather rounded down to a multiple of the ranks (equal blocks). */
 size_t bench_count(bench_op op, size_t bytes, int ranks);
 
-/* The bytes op moves at least, as SPEC 6 counts them, for `bytes` per rank on `ranks` ranks:
- * 2*n*N (allreduce, reduce), n*N (broadcast), (n+1)*N (reduce-scatter, all-gather); the
+/* The bytes op moves at least, as docs/benchmarks.md counts them, for `bytes` per rank on `ranks`
+ * ranks: 2*n*N (allreduce, reduce), n*N (broadcast), (n+1)*N (reduce-scatter, all-gather); the
  * row's op by name. */
 double bench_bound_bytes(const char *op, int ranks, size_t bytes);
 

@@ -1,4 +1,5 @@
-/* seldp-bench: the copies that measure the memory-bandwidth bound B of SPEC §6.
+/* seldp-bench: the copies that measure the memory-bandwidth bound B (docs/benchmarks.md, The
+ * bound).
  *
  * glibc's memcpy writes with ordinary stores below its non-temporal threshold, so the CPU
  * reads every destination line before it writes it (read-for-ownership) and moves three

@@ -10,7 +10,7 @@
  * collective samples are taken in turns, so that a load that comes and goes on a shared machine
  * weighs on all alike; then every rank checks a share of the elements of every rank's output
  * against the exact expected values (integer patterns, exact in F32). The bound B is the
- * better of the two copies (SPEC §6). */
+ * better of the two copies (docs/benchmarks.md, The bound). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>

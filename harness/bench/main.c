@@ -1,5 +1,5 @@
-/* seldp-bench: the benchmark of SPEC §6. One driver over the rows of host.c (allreduce and
- * broadcast on simulated ranks), reduce.c (a session reduce of a realistic selection),
+/* seldp-bench: the benchmark of docs/benchmarks.md. One driver over the rows of host.c (allreduce
+ * and broadcast on simulated ranks), reduce.c (a session reduce of a realistic selection),
  * compare.c (Open MPI through seldp-bench-mpi, torch.distributed's gloo through
  * seldp-bench-gloo.py) and gpu.c (NCCL), printed as a table, JSON
  * lines and CSV. Exit status: 0; 1 when a measurement failed or a result was wrong; 2 on a
