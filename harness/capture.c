@@ -22,6 +22,7 @@ static void entry_free(hx_capture_entry *e)
     free(e->in_sum);
     free(e->in_abs);
     free(e->local_sum);
+    free(e->lo);
 }
 
 void hx_capture_destroy(hx_run *run)
@@ -48,6 +49,7 @@ void hx_capture_reset(hx_run *run)
             memset(e->in_sum, 0, e->n * sizeof *e->in_sum);
             memset(e->in_abs, 0, e->n * sizeof *e->in_abs);
             memset(e->local_sum, 0, e->n * sizeof *e->local_sum);
+            memset(e->lo, 0, 3 * e->n * sizeof *e->lo);
             e->inputs = 0;
             e->bound = 0;
         }
@@ -75,7 +77,8 @@ static hx_capture_entry *entry_of(hx_capture *c, const char *path, size_t n)
     e->in_sum = hx_calloc(n ? n : 1, sizeof *e->in_sum);
     e->in_abs = hx_calloc(n ? n : 1, sizeof *e->in_abs);
     e->local_sum = hx_calloc(n ? n : 1, sizeof *e->local_sum);
-    if (!e->in_sum || !e->in_abs || !e->local_sum) {
+    e->lo = hx_calloc(3 * (n ? n : 1), sizeof *e->lo);
+    if (!e->in_sum || !e->in_abs || !e->local_sum || !e->lo) {
         entry_free(e);
         return NULL;
     }
@@ -98,6 +101,27 @@ static double element(const seldp_tensor *t, size_t i)
     }
 }
 
+/* sum += v with the rounding error kept in *lo (Knuth's two-sum): sum + lo is the exact sum
+ * to about 2^-106 of its terms, so the settled result is the same whatever the order. */
+static inline void add_exactly(double *sum, double *lo, double v)
+{
+    double s = *sum + v, b = s - *sum;
+    *lo += (*sum - (s - b)) + (v - b);
+    *sum = s;
+}
+
+void hx_capture_settle(hx_capture_entry *e)
+{
+    double *sums[3] = {e->in_sum, e->in_abs, e->local_sum};
+    for (int a = 0; a < 3; a++) {
+        double *lo = e->lo + (size_t)a * e->n;
+        for (size_t i = 0; i < e->n; i++) {
+            sums[a][i] += lo[i];
+            lo[i] = 0.0;
+        }
+    }
+}
+
 seldp_status hx_capture_add(hx_run *run, const hx_set *s, const char *path,
                             const seldp_tensor *input, const float *local)
 {
@@ -113,12 +137,13 @@ seldp_status hx_capture_add(hx_run *run, const hx_set *s, const char *path,
                      s->label, path, e->n, n);
     } else {
         e->inputs++;
+        double *lo_in = e->lo, *lo_abs = e->lo + n, *lo_local = e->lo + 2 * n;
         for (size_t i = 0; i < n; i++) {
             double v = element(input, i);
-            e->in_sum[i] += v;
-            e->in_abs[i] += fabs(v);
+            add_exactly(&e->in_sum[i], &lo_in[i], v);
+            add_exactly(&e->in_abs[i], &lo_abs[i], fabs(v));
             if (local)
-                e->local_sum[i] += local[i];
+                add_exactly(&e->local_sum[i], &lo_local[i], local[i]);
         }
     }
     pthread_mutex_unlock(&c->lock);
@@ -135,10 +160,11 @@ seldp_status hx_capture_merge(hx_run *run, const hx_set *s, const hx_capture_ent
         st = hx_fail(SELDP_ERR_INTERNAL, "%s: merging the inputs of %s", s->label, from->path);
     } else {
         e->inputs += from->inputs;
+        double *lo_in = e->lo, *lo_abs = e->lo + e->n, *lo_local = e->lo + 2 * e->n;
         for (size_t i = 0; i < e->n; i++) {
-            e->in_sum[i] += from->in_sum[i];
-            e->in_abs[i] += from->in_abs[i];
-            e->local_sum[i] += from->local_sum[i];
+            add_exactly(&e->in_sum[i], &lo_in[i], from->in_sum[i]);
+            add_exactly(&e->in_abs[i], &lo_abs[i], from->in_abs[i]);
+            add_exactly(&e->local_sum[i], &lo_local[i], from->local_sum[i]);
         }
     }
     pthread_mutex_unlock(&c->lock);
@@ -148,8 +174,11 @@ seldp_status hx_capture_merge(hx_run *run, const hx_set *s, const hx_capture_ent
 hx_capture_entry *hx_capture_find(const hx_run *run, const hx_set *s, const char *path)
 {
     const hx_capture *c = &run->capture[s->index];
-    for (int k = 0; k < c->n; k++)
-        if (strcmp(c->entries[k].path, path) == 0 && c->entries[k].inputs > 0)
+    for (int k = 0; k < c->n; k++) {
+        if (strcmp(c->entries[k].path, path) == 0 && c->entries[k].inputs > 0) {
+            hx_capture_settle(&c->entries[k]);
             return &c->entries[k];
+        }
+    }
     return NULL;
 }

@@ -27,7 +27,10 @@ typedef struct hx_capture_entry {
     double *in_sum;    /* sum of the inputs, as passed */
     double *in_abs;    /* sum of their absolute values */
     double *local_sum; /* sum of the FP32 gradients they were exported from */
-    double bound;      /* the checks' bound of the reduced result (verdict.c) */
+    /* the three sums' rounding errors so far (hx_capture_settle folds them in): members add in
+     * the order their threads arrive, and a compensated sum rounds the same in any order */
+    double *lo;   /* (3 n): in_sum's, in_abs's, local_sum's */
+    double bound; /* the checks' bound of the reduced result (verdict.c) */
 } hx_capture_entry;
 
 typedef struct hx_capture {
@@ -40,6 +43,9 @@ typedef struct hx_capture {
 seldp_status hx_capture_create(struct hx_run *run);
 void hx_capture_destroy(struct hx_run *run);
 void hx_capture_reset(struct hx_run *run);
+
+/* Fold e's compensation into its sums (idempotent). Before the sums are read or sent. */
+void hx_capture_settle(hx_capture_entry *e);
 
 /* Add one member's input to set s: `input` its gradient as passed to the reduction (host
  * memory), `local` the FP32 gradient it was exported from (n floats; NULL: zeros owed). */

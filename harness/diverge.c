@@ -67,7 +67,8 @@ bool hx_step_diverged(hx_run *run, int step, const tm_reference *ref)
         for (int i = 0; halves && i < run->sets.n && !why[0]; i++) {
             const hx_capture *c = &run->capture[i];
             for (int j = 0; j < c->n && !why[0]; j++) {
-                const hx_capture_entry *e = &c->entries[j];
+                hx_capture_entry *e = &c->entries[j];
+                hx_capture_settle(e);
                 for (size_t k = 0; k < e->n; k++) {
                     if (isfinite(e->in_abs[k]) || !isfinite(e->local_sum[k]))
                         continue;

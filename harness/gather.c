@@ -303,9 +303,10 @@ static void put_capture(hx_buf *b, const hx_run *run)
     put_u64(b, n);
     for (int i = 0; i < run->sets.n; i++) {
         for (int k = 0; k < run->capture[i].n; k++) {
-            const hx_capture_entry *e = &run->capture[i].entries[k];
+            hx_capture_entry *e = &run->capture[i].entries[k];
             if (e->inputs == 0)
                 continue;
+            hx_capture_settle(e);
             put_u64(b, (uint64_t)i);
             put(b, e->path, sizeof e->path);
             put_u64(b, e->n);
