@@ -215,6 +215,103 @@ static void print_wrapped(FILE *out, const char *text, int at, int indent)
     fputc('\n', out);
 }
 
+/* --help's sections, in the order printed; each option's table order is kept within its
+ * section. An option the switch does not name is listed under training. */
+enum {
+    SEC_LAYOUT,
+    SEC_MODEL,
+    SEC_TRAINING,
+    SEC_EXPERIMENTS,
+    SEC_OUTPUT,
+    SEC_CHECKPOINTS,
+    SEC_SELF_TESTS,
+    SEC_PROGRAM,
+    SEC_COUNT
+};
+
+static const char *const section_titles[SEC_COUNT] = {
+    "layout (the ranks and their groups)",
+    "model (tiny-moe and its router)",
+    "training (the step, its dtypes, the transport)",
+    "experiments (sweeps, layouts printed or compared)",
+    "output",
+    "checkpoints",
+    "self-tests (defects and planted framework bugs the checks must catch)",
+    "program",
+};
+
+static int section_of(int id)
+{
+    switch (id) {
+    case OPT_WORLD:
+    case OPT_EP:
+    case OPT_ORDER:
+    case OPT_FRAMEWORK:
+    case OPT_TP:
+    case OPT_PP:
+    case OPT_CP:
+    case OPT_ETP:
+    case OPT_LAYOUT_FILE:
+    case OPT_ROOTS:
+    case OPT_FROM_MEGATRON:
+    case OPT_FROM_TORCHTITAN:
+    case OPT_FROM_DEEPSPEED:
+    case OPT_RANKS_PER_PROCESS:
+        return SEC_LAYOUT;
+    case OPT_VOCAB:
+    case OPT_D_MODEL:
+    case OPT_D_FF:
+    case OPT_EXPERTS:
+    case OPT_TOP_K:
+    case OPT_LAYERS:
+    case OPT_QUANT:
+    case OPT_LORA_RANK:
+    case OPT_LORA_ALPHA:
+    case OPT_SHARED_EXPERT_FF:
+    case OPT_AUX_LOSS_COEFF:
+    case OPT_AUX_LOSS_SCOPE:
+    case OPT_Z_LOSS_COEFF:
+    case OPT_CAPACITY_FACTOR:
+        return SEC_MODEL;
+    case OPT_SWEEP:
+    case OPT_PRINT_LAYOUT:
+    case OPT_JSON:
+    case OPT_COMPARE_GROUPS:
+        return SEC_EXPERIMENTS;
+    case OPT_OUT:
+    case OPT_DUMP:
+    case OPT_SUMMARY:
+    case OPT_QUIET:
+        return SEC_OUTPUT;
+    case OPT_SAVE:
+    case OPT_SAVE_EVERY:
+    case OPT_RESUME:
+        return SEC_CHECKPOINTS;
+    case OPT_INJECT:
+        return SEC_SELF_TESTS;
+    case OPT_HELP:
+    case OPT_VERSION:
+        return SEC_PROGRAM;
+    default:
+        return SEC_TRAINING;
+    }
+}
+
+static void print_option(FILE *out, const hx_option_doc *d)
+{
+    char left[64], def[256], text[1024];
+    snprintf(left, sizeof left, "--%s%s%s", d->opt.name, d->metavar ? " " : "",
+             d->metavar ? d->metavar : "");
+    default_text(d->opt.val, def, sizeof def);
+    if (def[0])
+        /* \x01: a space the wrapping keeps, so "[default: X]" stays on one line */
+        snprintf(text, sizeof text, "%s [default:\x01%s]", d->help, def);
+    else
+        snprintf(text, sizeof text, "%s", d->help);
+    int at = fprintf(out, "  %-30s", left);
+    print_wrapped(out, text, at, 33);
+}
+
 void hx_options_usage(FILE *out)
 {
     fprintf(out,
@@ -227,19 +324,11 @@ void hx_options_usage(FILE *out)
             "reference of the global loss, and the replicas (docs/harness.md).\n"
             "Exit status: 0 every check passed, 1 a check or the run failed, 2 bad options or "
             "layout.\n\n");
-    for (size_t i = 0; i < hx_option_docs_n; i++) {
-        char left[64], def[256], text[1024];
-        snprintf(left, sizeof left, "--%s%s%s", hx_option_docs[i].opt.name,
-                 hx_option_docs[i].metavar ? " " : "",
-                 hx_option_docs[i].metavar ? hx_option_docs[i].metavar : "");
-        default_text(hx_option_docs[i].opt.val, def, sizeof def);
-        if (def[0])
-            /* \x01: a space the wrapping keeps, so "[default: X]" stays on one line */
-            snprintf(text, sizeof text, "%s [default:\x01%s]", hx_option_docs[i].help, def);
-        else
-            snprintf(text, sizeof text, "%s", hx_option_docs[i].help);
-        int at = fprintf(out, "  %-30s", left);
-        print_wrapped(out, text, at, 33);
+    for (int sec = 0; sec < SEC_COUNT; sec++) {
+        fprintf(out, "%s%s:\n", sec ? "\n" : "", section_titles[sec]);
+        for (size_t i = 0; i < hx_option_docs_n; i++)
+            if (section_of(hx_option_docs[i].opt.val) == sec)
+                print_option(out, &hx_option_docs[i]);
     }
     fprintf(out, "\nexample: seldp-harness --world 8 --ep 4 --order ep-dp --dtype bf16\n");
 }

@@ -88,6 +88,33 @@ static void test_help_lists_every_option(void **state)
     assert_int_equal(without, 0);
 }
 
+/* --help in sections, in order, every option listed exactly once under one of them */
+static void test_help_in_sections(void **state)
+{
+    (void)state;
+    hx_test_run run;
+    hx_test_harness(&run, "--help");
+    assert_int_equal(run.status, HX_EXIT_PASS);
+    static const char *const sections[] = {
+        "\nlayout (", "\nmodel (",      "\ntraining (",   "\nexperiments (",
+        "\noutput:",  "\ncheckpoints:", "\nself-tests (", "\nprogram:"};
+    const char *at = run.out;
+    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
+        const char *found = strstr(at, sections[i]);
+        if (!found)
+            fail_msg("--help lacks the section '%s' after the ones before it", sections[i] + 1);
+        at = found + 1;
+    }
+    /* options land in their sections and appear once */
+    const char *model = strstr(run.out, "\nmodel ("), *training = strstr(run.out, "\ntraining (");
+    const char *d_model = strstr(run.out, "--d-model N");
+    assert_true(model && training && d_model && d_model > model && d_model < training);
+    const char *inject = strstr(run.out, "--inject"), *self = strstr(run.out, "\nself-tests (");
+    assert_true(inject && self && inject > self);
+    assert_null(strstr(inject + 1, "\n  --inject"));
+    assert_null(strstr(strstr(run.out, "\n  --world") + 1, "\n  --world "));
+}
+
 static void expect_usage_error(const char *args, const char *why)
 {
     hx_test_run run;
@@ -204,6 +231,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_lists_every_option),
+        cmocka_unit_test(test_help_in_sections),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_backends),
         cmocka_unit_test(test_broken_layout_files),
