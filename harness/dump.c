@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "grid.h"
+#include "microbatch.h"
 #include "run.h"
 #include "safetensors.h"
 
@@ -160,7 +161,9 @@ static void manifest(const hx_run *run, int step, const char *config, const char
         total += run->ranks[r].T;
     }
     total = 0;
-    hx_buf_puts(b, "],\n  \"batch_ranks\": [");
+    hx_buf_puts(b, "],\n");
+    hx_micro_manifest(run, b); /* micro_batches, micro_batch_sizes (microbatch.h) */
+    hx_buf_puts(b, "  \"batch_ranks\": [");
     for (int i = 0; i < run->n_batch; i++) {
         hx_buf_printf(b, "%s%d", i ? ", " : "", run->batch_ranks[i]);
         total += run->ranks[run->batch_ranks[i]].T;

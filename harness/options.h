@@ -88,6 +88,9 @@ typedef struct hx_options {
     const char *from_megatron;  /* --from-megatron ARGS (@FILE: read from FILE) */
     const char *from_torchtitan;
     const char *from_deepspeed;
+
+    /* the training step (docs/harness.md, The training step; step_options.c) */
+    int micro_batches; /* --micro-batches: gradient accumulation over M micro-batches (1) */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */

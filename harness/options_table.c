@@ -141,6 +141,11 @@ const hx_option_doc hx_option_docs[] = {
      "X",
      "model: expert capacity ceil(X*T*K/E) per rank and layer, later assignments dropped "
      "(0: no capacity)"},
+    {{"micro-batches", required_argument, NULL, OPT_MICRO_BATCHES},
+     "M",
+     "gradient accumulation: each step runs M micro-batches (each rank's tokens cut in M; "
+     "--global-batch must be a multiple of M), accumulates and reduces once; router losses per "
+     "micro-batch weighted 1/M"},
     {{"global-batch", required_argument, NULL, OPT_GLOBAL_BATCH},
      "N",
      "layout-independent run: N tokens per step from one stream, split over the ranks (the "

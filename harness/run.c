@@ -18,6 +18,7 @@
 #include "capture.h"
 #include "diagnose.h"
 #include "lockstep.h"
+#include "microbatch.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -81,7 +82,7 @@ static seldp_status rank_step(hx_rank *rk, int step)
     for (int b = 0; b < run->n_batch; b++)
         rk->global_tokens += rk->counts[run->batch_ranks[b]];
     double t0 = hx_now();
-    HX_CHECK(hx_rank_compute(rk));
+    HX_CHECK(hx_micro_compute(rk)); /* its micro-batches (microbatch.h) */
     rk->t_compute = hx_now() - t0;
     /* the others are on their way into the reductions: they must return, not wait */
     if (run->opts.inject == HX_FAULT_FAIL && rk->rank == run->opts.world - 1 && step == 0)
@@ -309,6 +310,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
     HX_CHECK(hx_router_check(run));
     HX_CHECK(hx_grid_check_options(run));
+    HX_CHECK(hx_micro_check(run));
     HX_CHECK(hx_overlap_check_devices(run));
     HX_CHECK(batch_ranks(run));
     HX_CHECK(hx_sets_build(run));
@@ -360,35 +362,10 @@ static seldp_status main_step(hx_run *run, int step)
 {
     seldp_status st = SELDP_OK;
     hx_step_record *rec = &run->steps[step];
-    int W = run->opts.world, B = run->n_batch;
+    int W = run->opts.world;
     tm_reference *ref = NULL;
-    int *merged = NULL;
-    hx_shard_batch shards = {0};
-    const int32_t **tokens = hx_calloc((size_t)W, sizeof *tokens);
-    const int32_t **targets = hx_calloc((size_t)W, sizeof *targets);
-    const int **choices = hx_calloc((size_t)W, sizeof *choices);
-    size_t *counts = hx_calloc((size_t)W, sizeof *counts);
-    if (!tokens || !targets || !choices || !counts)
-        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
-    HX_CHECK(hx_grid_merge_choices(run, &merged));
-    for (int b = 0; b < B; b++) {
-        hx_rank *rk = &run->ranks[run->batch_ranks[b]];
-        tokens[b] = rk->tokens;
-        targets[b] = rk->targets;
-        choices[b] = merged ? merged + hx_grid_choices_offset(run, b) : rk->choices;
-        counts[b] = rk->T;
-        rec->tokens += rk->T;
-    }
-    /* data shards over several ranks: the reference's capacity and local statistics per shard */
-    HX_CHECK(hx_grid_shard_batch(run, merged, &shards));
-    for (int s = 0; s < shards.n; s++) {
-        tokens[s] = shards.tokens[s];
-        targets[s] = shards.targets[s];
-        choices[s] = shards.choices[s];
-        counts[s] = shards.counts[s];
-    }
-    if (shards.n)
-        B = shards.n;
+    for (int b = 0; b < run->n_batch; b++)
+        rec->tokens += run->ranks[run->batch_ranks[b]].T;
     for (int r = 0; r < W; r++) {
         hx_rank *rk = &run->ranks[r];
         rec->loss += rk->loss_sum;
@@ -400,9 +377,8 @@ static seldp_status main_step(hx_run *run, int step)
     hx_split_charge(&rec->split, HX_PHASE_OTHER);
     /* every replica set's root's values into the model the reference reads */
     HX_CHECK(hx_grid_assemble(run, run->global));
-    HX_CHECK_LIB(tm_reference_compute_routed(&run->opts.model, tm_model_view(run->global), tokens,
-                                             targets, counts, B, NULL, choices, &ref),
-                 "the FP64 reference of step %d", step + 1);
+    /* every micro-batch of every batch rank or data shard (microbatch.h) */
+    HX_CHECK(hx_micro_reference(run, step, &ref));
     rec->ties_followed = tm_reference_ties_followed(ref);
     rec->dropped = tm_reference_dropped(ref);
     rec->t_reference = hx_split_charge(&rec->split, HX_PHASE_REFERENCE);
@@ -417,12 +393,6 @@ static seldp_status main_step(hx_run *run, int step)
     rec->t_check = hx_split_charge(&rec->split, HX_PHASE_CHECK);
 fail:
     tm_reference_destroy(ref);
-    free(merged);
-    hx_shard_batch_free(&shards);
-    free(tokens);
-    free(targets);
-    free(choices);
-    free(counts);
     return st;
 }
 

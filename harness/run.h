@@ -288,6 +288,7 @@ struct hx_rank {
                                    and capacity or the local load-balancing loss needs them */
     int batch_rank;             /* whose tokens this rank draws: itself, or its pipeline's
                                    stage-0 rank */
+    int micro;                  /* the micro-batch hx_rank_compute runs (microbatch.h) */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;
