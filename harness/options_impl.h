@@ -66,7 +66,12 @@ enum {
     OPT_FROM_TORCHTITAN,
     OPT_FROM_DEEPSPEED,
     /* the training step (step_options.c) */
-    OPT_MICRO_BATCHES
+    OPT_MICRO_BATCHES,
+    OPT_OPTIMIZER,
+    OPT_ADAM_BETA1,
+    OPT_ADAM_BETA2,
+    OPT_ADAM_EPS,
+    OPT_WEIGHT_DECAY
 };
 
 /* The training step's options (step_options.c, docs/harness.md, The training step): the

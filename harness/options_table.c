@@ -78,6 +78,17 @@ const hx_option_doc hx_option_docs[] = {
      "N",
      "each rank draws tokens +- up to N (default tokens/4; 0: equal counts)"},
     {{"lr", required_argument, NULL, OPT_LR}, "X", "SGD learning rate"},
+    {{"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+     "sgd|adamw",
+     "the update: sgd (w -= lr g) or adamw (torch.optim.AdamW: bias-corrected moments, decoupled "
+     "weight decay, FP32 master weights for half parameters); every update is checked against "
+     "the FP64 step of the gradient it used (the post-step check)"},
+    {{"adam-beta1", required_argument, NULL, OPT_ADAM_BETA1}, "X", "AdamW's beta1, in [0, 1)"},
+    {{"adam-beta2", required_argument, NULL, OPT_ADAM_BETA2}, "X", "AdamW's beta2, in [0, 1)"},
+    {{"adam-eps", required_argument, NULL, OPT_ADAM_EPS}, "X", "AdamW's epsilon, in (0, 1]"},
+    {{"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
+     "X",
+     "AdamW's decoupled weight decay (w *= 1 - lr wd), in [0, 1] with lr wd < 1"},
     {{"clip-grad", required_argument, NULL, OPT_CLIP_GRAD},
      "X",
      "clip the global gradient norm (every replica set and shard once) to X before the update, "

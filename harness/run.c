@@ -19,6 +19,7 @@
 #include "diagnose.h"
 #include "lockstep.h"
 #include "microbatch.h"
+#include "optimizer.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -95,46 +96,12 @@ fail:
     return st;
 }
 
-/* Plain SGD on every trainable parameter that has a reduced gradient (FP32 master weights
- * with --fp32-master), so that the next step runs on changed weights: on the host model,
- * then copied to the GPU of a rank that computes there. */
+/* The update (optimizer.h): SGD or AdamW on every trainable parameter that has a reduced
+ * gradient, after --clip-grad's clipping; on the host model, then copied to the GPU of a rank
+ * that computes there. */
 static seldp_status rank_update(hx_rank *rk)
 {
-    double lr = rk->run->opts.lr;
-    if (rk->run->opts.clip_grad > 0) {
-        bool skip = false;
-        seldp_status st = hx_clip_apply(rk, &skip);
-        if (st != SELDP_OK || skip)
-            return st;
-    }
-    for (size_t i = 0; i < rk->n_params; i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
-            continue;
-        const seldp_tensor *g = seldp_grads_get(rk->grads, p->id);
-        if (!g)
-            continue;
-        size_t n = seldp_tensor_numel(&p->tensor);
-        float *w = rk->master ? rk->master[i] : hx_calloc(n, sizeof *w);
-        float *gf = hx_calloc(n, sizeof *gf);
-        if (!w || !gf) {
-            if (!rk->master)
-                free(w);
-            free(gf);
-            return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-        }
-        if (!rk->master)
-            hx_tensor_to_f32(&p->tensor, w);
-        hx_tensor_to_f32(g, gf);
-        for (size_t j = 0; j < n; j++)
-            w[j] -= (float)lr * gf[j];
-        seldp_tensor storage = p->tensor;
-        hx_tensor_from_f32(w, &storage);
-        if (!rk->master)
-            free(w);
-        free(gf);
-    }
-    return rk->gpu ? hx_gpu_upload(rk) : SELDP_OK;
+    return hx_opt_update(rk);
 }
 
 static void rank_fail(hx_rank *rk, seldp_status st)
@@ -187,6 +154,9 @@ static void *rank_main(void *arg)
             rank_fail(rk, st);
             goto out;
         }
+        /* the main thread checks the update (and dumps the last step) */
+        if (!gate_wait(run) || !gate_wait(run))
+            goto out;
         if (hx_ckpt_due(run, step)) {
             st = hx_ckpt_write_rank(rk, step);
             if (st != SELDP_OK) {
@@ -311,6 +281,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_router_check(run));
     HX_CHECK(hx_grid_check_options(run));
     HX_CHECK(hx_micro_check(run));
+    HX_CHECK(hx_opt_check(run));
     HX_CHECK(hx_overlap_check_devices(run));
     HX_CHECK(batch_ranks(run));
     HX_CHECK(hx_sets_build(run));
@@ -330,8 +301,9 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
     for (int c = 0; c < HX_CHECK_COUNT; c++)
         run->checks[c].limit = NAN;
-    static const hx_check_id metrics[] = {HX_CHECK_LOSS, HX_CHECK_REDUCTION, HX_CHECK_RANK_GRADS,
-                                          HX_CHECK_GRAD_ERROR, HX_CHECK_GRAD_NORM};
+    static const hx_check_id metrics[] = {HX_CHECK_LOSS,       HX_CHECK_REDUCTION,
+                                          HX_CHECK_RANK_GRADS, HX_CHECK_GRAD_ERROR,
+                                          HX_CHECK_GRAD_NORM,  HX_CHECK_UPDATE};
     for (size_t k = 0; k < sizeof metrics / sizeof *metrics; k++) {
         run->checks[metrics[k]].metric = true;
         run->checks[metrics[k]].limit = 1.0;
@@ -444,8 +416,19 @@ static seldp_status execute_threads(hx_run *run)
             goto joined;
         hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
         st = main_step(run, step);
-        if (st == SELDP_OK)
-            st = dump_if_last(run, step);
+        if (st != SELDP_OK) {
+            snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+            run->status = st;
+            gate_break(run);
+            goto joined;
+        }
+        if (!gate_wait(run)) /* the ranks update */
+            goto joined;
+        if (!gate_wait(run))
+            goto joined;
+        /* the post-step check of every rank's update, then the dump (the update included) */
+        hx_opt_check_step(run, step);
+        st = dump_if_last(run, step);
         if (st != SELDP_OK) {
             snprintf(run->error, sizeof run->error, "%s", hx_last_error());
             run->status = st;
@@ -536,8 +519,6 @@ static seldp_status execute_processes(hx_run *run)
             goto aborted;
         hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
         seldp_status mine = root ? main_step(run, step) : SELDP_OK;
-        if (mine == SELDP_OK)
-            mine = dump_if_last(run, step);
         HX_CHECK(hx_gather_verdict(run, mine, 0));
         run->steps_done = step + 1;
         run->steps[step].t_step = hx_split_finish(&run->steps[step].split);
@@ -546,6 +527,10 @@ static seldp_status execute_processes(hx_run *run)
         st = rank_update(rk);
         if (st != SELDP_OK)
             goto aborted;
+        /* the dump holds the update (each process its ranks' files; the post-step check needs
+         * every rank's update in one process, so it runs on threads only) */
+        if (step == run->opts.steps - 1 && run->opts.dump_dir)
+            HX_CHECK(hx_gather_verdict(run, dump_if_last(run, step), 0));
         if (hx_ckpt_due(run, step)) {
             HX_CHECK(hx_gather_verdict(run, hx_ckpt_write_rank(rk, step), 0));
             HX_CHECK(hx_gather_verdict(run, root ? save_commit(run, step) : SELDP_OK, 0));
@@ -636,6 +621,7 @@ void hx_run_destroy(hx_run *run)
         free(rk->targets);
         free(rk->choices);
         seldp_grads_destroy(rk->grads);
+        hx_opt_destroy(rk->opt);
         tm_model_destroy(rk->model);
         free(rk->grid);
     }

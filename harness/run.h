@@ -56,6 +56,7 @@ typedef enum hx_check_id {
     HX_CHECK_ABSENT,             /* experts that no token reached have no gradient anywhere */
     HX_CHECK_GRAD_NORM,          /* --clip-grad: the global gradient norm vs the reference's */
     HX_CHECK_LOADED_REPLICAS,    /* --resume: every replica loaded its root's bytes */
+    HX_CHECK_UPDATE, /* the post-step check: each update vs its FP64 step (optimizer.h) */
     HX_CHECK_COUNT
 } hx_check_id;
 
@@ -289,6 +290,7 @@ struct hx_rank {
     int batch_rank;             /* whose tokens this rank draws: itself, or its pipeline's
                                    stage-0 rank */
     int micro;                  /* the micro-batch hx_rank_compute runs (microbatch.h) */
+    struct hx_opt *opt;         /* its optimizer state and last update (optimizer.h) */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;

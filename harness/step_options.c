@@ -4,8 +4,10 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "options.h"
 #include "options_impl.h"
@@ -13,6 +15,16 @@
 void hx_step_options_default(hx_options *o)
 {
     o->micro_batches = 1;
+    o->optimizer = HX_OPT_SGD;
+    o->adam_beta1 = 0.9;
+    o->adam_beta2 = 0.999;
+    o->adam_eps = 1e-8;
+    o->weight_decay = 0.0;
+}
+
+const char *hx_optimizer_name(hx_optimizer opt)
+{
+    return opt == HX_OPT_ADAMW ? "adamw" : "sgd";
 }
 
 void hx_step_option_default_text(int id, char *buf, size_t size)
@@ -21,9 +33,38 @@ void hx_step_option_default_text(int id, char *buf, size_t size)
     case OPT_MICRO_BATCHES:
         snprintf(buf, size, "1");
         break;
+    case OPT_OPTIMIZER:
+        snprintf(buf, size, "sgd");
+        break;
+    case OPT_ADAM_BETA1:
+        snprintf(buf, size, "0.9");
+        break;
+    case OPT_ADAM_BETA2:
+        snprintf(buf, size, "0.999");
+        break;
+    case OPT_ADAM_EPS:
+        snprintf(buf, size, "1e-08");
+        break;
+    case OPT_WEIGHT_DECAY:
+        snprintf(buf, size, "0");
+        break;
     default:
         buf[0] = '\0';
     }
+}
+
+/* A finite number in [min, max] (min excluded when open_min, max when open_max). */
+static bool parse_real(const char *text, double min, double max, bool open_min, bool open_max,
+                       double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(v) || v < min || v > max ||
+        (open_min && v == min) || (open_max && v == max))
+        return false;
+    *out = v;
+    return true;
 }
 
 static bool parse_count(const char *text, long min, long max, long *out)
@@ -46,6 +87,29 @@ bool hx_step_option_parse(int id, const char *arg, hx_options *o, bool *ok, cons
         *expected = "an integer in 1..4096";
         if (*ok)
             o->micro_batches = (int)v;
+        return true;
+    case OPT_OPTIMIZER:
+        *ok = strcmp(arg, "sgd") == 0 || strcmp(arg, "adamw") == 0;
+        *expected = "sgd or adamw";
+        if (*ok)
+            o->optimizer = strcmp(arg, "adamw") == 0 ? HX_OPT_ADAMW : HX_OPT_SGD;
+        return true;
+    case OPT_ADAM_BETA1:
+    case OPT_ADAM_BETA2:
+        *ok = parse_real(arg, 0.0, 1.0, false, true,
+                         id == OPT_ADAM_BETA1 ? &o->adam_beta1 : &o->adam_beta2);
+        *expected = "a number in [0, 1)";
+        o->adam_given = true;
+        return true;
+    case OPT_ADAM_EPS:
+        *ok = parse_real(arg, 0.0, 1.0, true, false, &o->adam_eps);
+        *expected = "a number in (0, 1]";
+        o->adam_given = true;
+        return true;
+    case OPT_WEIGHT_DECAY:
+        *ok = parse_real(arg, 0.0, 1.0, false, false, &o->weight_decay);
+        *expected = "a number in [0, 1]";
+        o->adam_given = true;
         return true;
     default:
         return false;

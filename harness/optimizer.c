@@ -1,0 +1,197 @@
+/* The ranks' update: SGD or AdamW (optimizer.h, docs/harness.md, Optimizers). */
+#define _POSIX_C_SOURCE 200809L
+
+#include "optimizer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clip.h"
+#include "gpu.h"
+
+seldp_status hx_opt_check(const hx_run *run)
+{
+    const hx_options *o = &run->opts;
+    if (o->optimizer != HX_OPT_ADAMW && o->adam_given)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--adam-beta1/--adam-beta2/--adam-eps/--weight-decay: need --optimizer "
+                       "adamw (the run trains with %s)",
+                       hx_optimizer_name(o->optimizer));
+    if (o->optimizer == HX_OPT_ADAMW && !(o->lr * o->weight_decay < 1.0))
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--weight-decay %g with --lr %g: lr * weight decay must be below 1 (the "
+                       "decay multiplies every weight by 1 - lr wd)",
+                       o->weight_decay, o->lr);
+    if (o->optimizer == HX_OPT_ADAMW && (o->resume_dir || o->save_dir))
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--optimizer adamw with --%s: checkpoints do not hold AdamW's state yet",
+                       o->resume_dir ? "resume" : "save");
+    if (o->optimizer == HX_OPT_ADAMW && o->sweep)
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "--optimizer adamw with --sweep: a lockstep sweep loads weights without "
+                       "their optimizer state");
+    return SELDP_OK;
+}
+
+void hx_opt_destroy(hx_opt *opt)
+{
+    if (!opt)
+        return;
+    for (size_t i = 0; i < opt->n; i++) {
+        hx_opt_param *q = &opt->p[i];
+        free(q->master);
+        free(q->exp_avg);
+        free(q->exp_avg_sq);
+        free(q->w0);
+        free(q->g);
+        free(q->m0);
+        free(q->v0);
+        free(q->stored0);
+    }
+    free(opt->p);
+    free(opt);
+}
+
+/* The FP32 weights the update of occurrence i works on: --fp32-master's, AdamW's own master of a
+ * half parameter, or NULL (the stored parameter, upcast for the update). */
+static float *master_of(const hx_rank *rk, size_t i)
+{
+    if (rk->master && rk->master[i])
+        return rk->master[i];
+    return rk->opt ? rk->opt->p[i].master : NULL;
+}
+
+void hx_opt_weights(const hx_rank *rk, size_t i, float *out)
+{
+    const tm_param_info *p = tm_param_at(rk->model, i);
+    const float *m = master_of(rk, i);
+    if (m)
+        memcpy(out, m, seldp_tensor_numel(&p->tensor) * sizeof *out);
+    else
+        hx_tensor_to_f32(&p->tensor, out);
+}
+
+/* The record and state arrays of a parameter of n elements, allocated at its first update. */
+static seldp_status ensure(hx_rank *rk, size_t i, size_t n)
+{
+    hx_opt_param *q = &rk->opt->p[i];
+    const tm_param_info *p = tm_param_at(rk->model, i);
+    bool adamw = rk->run->opts.optimizer == HX_OPT_ADAMW;
+    if (!q->w0) {
+        q->w0 = hx_calloc(n, sizeof *q->w0);
+        q->g = hx_calloc(n, sizeof *q->g);
+        q->stored0 = hx_calloc(seldp_tensor_nbytes(&p->tensor), 1);
+        if (adamw) {
+            q->m0 = hx_calloc(n, sizeof *q->m0);
+            q->v0 = hx_calloc(n, sizeof *q->v0);
+            q->exp_avg = hx_calloc(n, sizeof *q->exp_avg);
+            q->exp_avg_sq = hx_calloc(n, sizeof *q->exp_avg_sq);
+        }
+        if (adamw && p->tensor.dtype != SELDP_F32 && !(rk->master && rk->master[i])) {
+            q->master = hx_calloc(n, sizeof *q->master);
+            if (q->master)
+                hx_tensor_to_f32(&p->tensor, q->master);
+        }
+    }
+    if (!q->w0 || !q->g || !q->stored0 ||
+        (adamw && (!q->m0 || !q->v0 || !q->exp_avg || !q->exp_avg_sq ||
+                   (p->tensor.dtype != SELDP_F32 && !master_of(rk, i)))))
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory for the optimizer state of %s",
+                       rk->rank, p->path);
+    return SELDP_OK;
+}
+
+/* torch.optim.AdamW's step of one tensor in FP32 (its single-tensor loop): the moments by
+ * (beta, 1 - beta), the bias corrections in double, w *= 1 - lr wd, then
+ * w -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps). */
+static void adamw(const hx_options *o, int64_t t, size_t n, const float *g, float *w, float *m,
+                  float *v)
+{
+    const float b1 = (float)o->adam_beta1, omb1 = (float)(1.0 - o->adam_beta1);
+    const float b2 = (float)o->adam_beta2, omb2 = (float)(1.0 - o->adam_beta2);
+    const double bc1 = 1.0 - pow(o->adam_beta1, (double)t);
+    const double bc2 = 1.0 - pow(o->adam_beta2, (double)t);
+    const float step_size = (float)(o->lr / bc1), sqrt_bc2 = (float)sqrt(bc2);
+    const float eps = (float)o->adam_eps, decay = (float)(1.0 - o->lr * o->weight_decay);
+    for (size_t j = 0; j < n; j++) {
+        m[j] = b1 * m[j] + omb1 * g[j];
+        v[j] = b2 * v[j] + omb2 * (g[j] * g[j]);
+        float denom = sqrtf(v[j]) / sqrt_bc2 + eps;
+        w[j] = w[j] * decay - step_size * (m[j] / denom);
+    }
+}
+
+/* One parameter's update from its reduced gradient gt. */
+static seldp_status update_param(hx_rank *rk, size_t i, const seldp_tensor *gt, bool skip)
+{
+    const hx_options *o = &rk->run->opts;
+    const tm_param_info *p = tm_param_at(rk->model, i);
+    hx_opt_param *q = &rk->opt->p[i];
+    size_t n = seldp_tensor_numel(&p->tensor);
+    seldp_status st = ensure(rk, i, n);
+    if (st != SELDP_OK)
+        return st;
+    float *master = master_of(rk, i);
+    float *w = master ? master : hx_calloc(n, sizeof *w);
+    if (!w)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    if (!master)
+        hx_tensor_to_f32(&p->tensor, w);
+    hx_tensor_to_f32(gt, q->g);
+    memcpy(q->w0, w, n * sizeof *w);
+    memcpy(q->stored0, p->tensor.data, seldp_tensor_nbytes(&p->tensor));
+    if (q->exp_avg) {
+        memcpy(q->m0, q->exp_avg, n * sizeof *q->m0);
+        memcpy(q->v0, q->exp_avg_sq, n * sizeof *q->v0);
+    }
+    q->steps0 = q->steps;
+    q->has_grad = true;
+    if (!skip) {
+        if (o->optimizer == HX_OPT_ADAMW) {
+            adamw(o, q->steps + 1, n, q->g, w, q->exp_avg, q->exp_avg_sq);
+        } else {
+            for (size_t j = 0; j < n; j++)
+                w[j] -= (float)o->lr * q->g[j];
+        }
+        seldp_tensor storage = p->tensor;
+        hx_tensor_from_f32(w, &storage);
+        q->steps++;
+        q->updated = true;
+    }
+    if (!master)
+        free(w);
+    return SELDP_OK;
+}
+
+seldp_status hx_opt_update(hx_rank *rk)
+{
+    if (!rk->opt) {
+        rk->opt = hx_calloc(1, sizeof *rk->opt);
+        if (rk->opt)
+            rk->opt->p = hx_calloc(rk->n_params, sizeof *rk->opt->p);
+        if (!rk->opt || !rk->opt->p)
+            return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+        rk->opt->n = rk->n_params;
+    }
+    bool skip = false;
+    if (rk->run->opts.clip_grad > 0) {
+        seldp_status st = hx_clip_apply(rk, &skip);
+        if (st != SELDP_OK)
+            return st;
+    }
+    rk->opt->skipped = skip;
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        rk->opt->p[i].has_grad = rk->opt->p[i].updated = false;
+        if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+            continue;
+        const seldp_tensor *g = seldp_grads_get(rk->grads, p->id);
+        if (!g)
+            continue;
+        seldp_status st = update_param(rk, i, g, skip);
+        if (st != SELDP_OK)
+            return st;
+    }
+    return rk->gpu && !skip ? hx_gpu_upload(rk) : SELDP_OK;
+}
