@@ -9,6 +9,7 @@
 
 #include "clip.h"
 #include "gpu.h"
+#include "zero.h"
 
 seldp_status hx_opt_check(const hx_run *run)
 {
@@ -122,8 +123,13 @@ static void adamw(const hx_options *o, int64_t t, size_t n, const float *g, floa
     }
 }
 
-/* One parameter's update from its reduced gradient gt. */
-static seldp_status update_param(hx_rank *rk, size_t i, const seldp_tensor *gt, bool skip)
+/* Elements [off, off + cnt) of occurrence i updated from the gradient values g (cnt floats):
+ * the whole parameter (off 0, cnt numel) or, under --zero 1, a piece of the rank's range. The
+ * record keeps the state before the update; with `out` (a range to all-gather) the updated FP32
+ * values go there and the stored parameter is left to the all-gather, else it is the update
+ * rounded to its dtype. */
+seldp_status hx_opt_update_elements(hx_rank *rk, size_t i, size_t off, size_t cnt, const float *g,
+                                    bool skip, float *out)
 {
     const hx_options *o = &rk->run->opts;
     const tm_param_info *p = tm_param_at(rk->model, i);
@@ -138,24 +144,31 @@ static seldp_status update_param(hx_rank *rk, size_t i, const seldp_tensor *gt, 
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     if (!master)
         hx_tensor_to_f32(&p->tensor, w);
-    hx_tensor_to_f32(gt, q->g);
     memcpy(q->w0, w, n * sizeof *w);
-    memcpy(q->stored0, p->tensor.data, seldp_tensor_nbytes(&p->tensor));
+    if (!q->snap)
+        memcpy(q->stored0, p->tensor.data, seldp_tensor_nbytes(&p->tensor));
+    q->snap = true;
     if (q->exp_avg) {
         memcpy(q->m0, q->exp_avg, n * sizeof *q->m0);
         memcpy(q->v0, q->exp_avg_sq, n * sizeof *q->v0);
     }
+    memset(q->g, 0, n * sizeof *q->g);
+    memcpy(q->g + off, g, cnt * sizeof *g);
     q->steps0 = q->steps;
     q->has_grad = true;
     if (!skip) {
         if (o->optimizer == HX_OPT_ADAMW) {
-            adamw(o, q->steps + 1, n, q->g, w, q->exp_avg, q->exp_avg_sq);
+            adamw(o, q->steps + 1, cnt, q->g + off, w + off, q->exp_avg + off, q->exp_avg_sq + off);
         } else {
-            for (size_t j = 0; j < n; j++)
+            for (size_t j = off; j < off + cnt; j++)
                 w[j] -= (float)o->lr * q->g[j];
         }
-        seldp_tensor storage = p->tensor;
-        hx_tensor_from_f32(w, &storage);
+        if (out) {
+            memcpy(out, w + off, cnt * sizeof *out);
+        } else {
+            seldp_tensor storage = p->tensor;
+            hx_tensor_from_f32(w, &storage);
+        }
         q->steps++;
         q->updated = true;
     }
@@ -164,16 +177,54 @@ static seldp_status update_param(hx_rank *rk, size_t i, const seldp_tensor *gt, 
     return SELDP_OK;
 }
 
+seldp_status hx_opt_snapshot(hx_rank *rk, size_t i)
+{
+    const tm_param_info *p = tm_param_at(rk->model, i);
+    hx_opt_param *q = &rk->opt->p[i];
+    size_t bytes = seldp_tensor_nbytes(&p->tensor);
+    if (!q->stored0)
+        q->stored0 = hx_calloc(bytes, 1);
+    if (!q->stored0)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    memcpy(q->stored0, p->tensor.data, bytes);
+    q->snap = true;
+    return SELDP_OK;
+}
+
+/* One parameter's update from its reduced gradient gt. */
+static seldp_status update_param(hx_rank *rk, size_t i, const seldp_tensor *gt, bool skip)
+{
+    const tm_param_info *p = tm_param_at(rk->model, i);
+    size_t n = seldp_tensor_numel(&p->tensor);
+    float *g = hx_calloc(n, sizeof *g);
+    if (!g)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    hx_tensor_to_f32(gt, g);
+    seldp_status st = hx_opt_update_elements(rk, i, 0, n, g, skip, NULL);
+    free(g);
+    return st;
+}
+
+seldp_status hx_opt_ensure(hx_rank *rk)
+{
+    if (rk->opt)
+        return SELDP_OK;
+    rk->opt = hx_calloc(1, sizeof *rk->opt);
+    if (rk->opt)
+        rk->opt->p = hx_calloc(rk->n_params, sizeof *rk->opt->p);
+    if (!rk->opt || !rk->opt->p)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    rk->opt->n = rk->n_params;
+    return SELDP_OK;
+}
+
 seldp_status hx_opt_update(hx_rank *rk)
 {
-    if (!rk->opt) {
-        rk->opt = hx_calloc(1, sizeof *rk->opt);
-        if (rk->opt)
-            rk->opt->p = hx_calloc(rk->n_params, sizeof *rk->opt->p);
-        if (!rk->opt || !rk->opt->p)
-            return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-        rk->opt->n = rk->n_params;
-    }
+    seldp_status st0 = hx_opt_ensure(rk);
+    if (st0 != SELDP_OK)
+        return st0;
+    if (rk->run->opts.zero)
+        return hx_zero_update(rk); /* the distributed optimizer (zero.h) */
     bool skip = false;
     if (rk->run->opts.clip_grad > 0) {
         seldp_status st = hx_clip_apply(rk, &skip);
@@ -183,7 +234,7 @@ seldp_status hx_opt_update(hx_rank *rk)
     rk->opt->skipped = skip;
     for (size_t i = 0; i < rk->n_params; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
-        rk->opt->p[i].has_grad = rk->opt->p[i].updated = false;
+        rk->opt->p[i].has_grad = rk->opt->p[i].updated = rk->opt->p[i].snap = false;
         if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
             continue;
         const seldp_tensor *g = seldp_grads_get(rk->grads, p->id);

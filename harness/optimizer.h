@@ -24,6 +24,7 @@ typedef struct hx_opt_param {
     bool updated;
     float *w0, *g, *m0, *v0;
     void *stored0; /* the stored parameter's bytes before the update */
+    bool snap;     /* stored0 holds this step's (every parameter under --zero 1) */
     int64_t steps0;
 } hx_opt_param;
 
@@ -41,6 +42,21 @@ seldp_status hx_opt_check(const hx_run *run);
  * trainable parameter with a reduced gradient (on the host model; a GPU rank's mirror is
  * uploaded after). */
 seldp_status hx_opt_update(hx_rank *rk);
+
+/* rk->opt, created at the first update. */
+seldp_status hx_opt_ensure(hx_rank *rk);
+
+/* Elements [off, off + cnt) of occurrence i updated from the gradient values g (cnt floats):
+ * the whole parameter or, under --zero 1, a piece of the rank's range (zero.c). Records the
+ * state before the update. With `out` the updated FP32 values go there (the range the
+ * all-gather sends) and the stored parameter is not written; else it is the update rounded to
+ * its dtype. Nothing changes when skip. */
+seldp_status hx_opt_update_elements(hx_rank *rk, size_t i, size_t off, size_t cnt, const float *g,
+                                    bool skip, float *out);
+
+/* Keep the stored bytes of occurrence i before the step's update (for the dump's param/): every
+ * parameter under --zero 1, whose all-gather writes those the rank does not update itself. */
+seldp_status hx_opt_snapshot(hx_rank *rk, size_t i);
 
 /* The FP32 weights a rank holds for occurrence i after its last update (its master, or the
  * stored parameter upcast) into out (numel floats). */

@@ -12,6 +12,7 @@
 
 #include "optimizer.h"
 #include "verdict.h"
+#include "zero.h"
 
 /* The unit roundoff of FP32 and of the storage dtype. */
 #define U32 0x1p-24
@@ -123,13 +124,15 @@ static void check_skipped(hx_run *run, int step, const hx_rank *rk, size_t i, co
                     step + 1, rk->rank, p->path);
 }
 
-/* The stored parameter as the rounding of its FP32 master (every bit). */
-static bool stored_is_master(const tm_param_info *p, const float *master, void *scratch)
+/* The stored elements [lo, hi) as the rounding of their FP32 masters (every bit). */
+static bool stored_is_master(const tm_param_info *p, const float *master, void *scratch, size_t lo,
+                             size_t hi)
 {
     seldp_tensor t = p->tensor;
     t.data = scratch;
     hx_tensor_from_f32(master, &t);
-    return memcmp(scratch, p->tensor.data, seldp_tensor_nbytes(&p->tensor)) == 0;
+    size_t e = seldp_dtype_size(p->tensor.dtype);
+    return memcmp((char *)scratch + lo * e, (char *)p->tensor.data + lo * e, (hi - lo) * e) == 0;
 }
 
 static void check_param(hx_run *run, int step, const hx_rank *rk, size_t i, const float *w1,
@@ -146,7 +149,9 @@ static void check_param(hx_run *run, int step, const hx_rank *rk, size_t i, cons
     size_t at = 0;
     const char *what = "weight";
     double got_at = 0, want_at = 0;
-    for (size_t j = 0; j < n; j++) {
+    size_t lo = 0, hi = n; /* under --zero 1 the elements of the rank's range */
+    hx_zero_owned(rk, i, &lo, &hi);
+    for (size_t j = lo; j < hi; j++) {
         expected e = o->optimizer == HX_OPT_ADAMW
                          ? adamw_ref(o, q->steps0 + 1, q->g[j], q->w0[j], q->m0[j], q->v0[j])
                          : sgd_ref(o, q->g[j], q->w0[j]);
@@ -184,8 +189,8 @@ static void check_param(hx_run *run, int step, const hx_rank *rk, size_t i, cons
                     step + 1, rk->rank, p->path, at, what, hx_optimizer_name(o->optimizer), got_at,
                     want_at, bound_at);
     if (has_master && p->tensor.dtype != SELDP_F32)
-        hx_check_metric(run, HX_CHECK_UPDATE, !stored_is_master(p, w1, scratch), 0.0, 0.0, 0.0,
-                        "step %d: rank %d: %s is not its FP32 master rounded to %s", step + 1,
+        hx_check_metric(run, HX_CHECK_UPDATE, !stored_is_master(p, w1, scratch, lo, hi), 0.0, 0.0,
+                        0.0, "step %d: rank %d: %s is not its FP32 master rounded to %s", step + 1,
                         rk->rank, p->path, tm_dtype_name(p->tensor.dtype));
 }
 

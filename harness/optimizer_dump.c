@@ -5,6 +5,7 @@
 
 #include "optimizer.h"
 #include "safetensors.h"
+#include "zero.h"
 
 /* rk's record of the dumped step's update of occurrence i, or NULL (no gradient). */
 static const hx_opt_param *record(const hx_run *run, const hx_rank *rk, size_t i)
@@ -15,19 +16,24 @@ static const hx_opt_param *record(const hx_run *run, const hx_rank *rk, size_t i
     return &rk->opt->p[i];
 }
 
+/* The stored bytes before the update, where the rank kept them. */
+static const void *before(const hx_rank *rk, size_t i)
+{
+    const hx_opt_param *q = rk->opt && i < rk->opt->n ? &rk->opt->p[i] : NULL;
+    return q && q->snap ? q->stored0 : tm_param_at(rk->model, i)->tensor.data;
+}
+
 const void *hx_opt_param_before(const hx_run *run, const hx_rank *rk, size_t i)
 {
+    (void)run;
     const tm_param_info *p = tm_param_at(rk->model, i);
     /* the tied alias shares embed.weight's storage and record */
     for (size_t k = 0; p->alias && k < rk->n_params; k++) {
         const tm_param_info *q = tm_param_at(rk->model, k);
-        if (!q->alias && q->id == p->id) {
-            const hx_opt_param *r = record(run, rk, k);
-            return r ? r->stored0 : p->tensor.data;
-        }
+        if (!q->alias && q->id == p->id)
+            return before(rk, k);
     }
-    const hx_opt_param *r = record(run, rk, i);
-    return r ? r->stored0 : p->tensor.data;
+    return before(rk, i);
 }
 
 static void metadata(const hx_run *run, const hx_rank *rk, hx_buf *b)
@@ -69,6 +75,14 @@ seldp_status hx_opt_dump(const hx_run *run, const hx_rank *rk, hx_st_writer *w)
     hx_buf_free(&meta);
     if (st != SELDP_OK)
         return hx_fail(st, "rank %d: the optimizer metadata of the dump", rk->rank);
+    if (run->opts.zero) {
+        hx_buf map = {0};
+        hx_zero_dump_json(rk, &map);
+        st = hx_buf_ok(&map) ? hx_st_add_metadata(w, "shard_map", map.data) : SELDP_ERR_NOMEM;
+        hx_buf_free(&map);
+        if (st != SELDP_OK)
+            return hx_fail(st, "rank %d: the shard map of the dump", rk->rank);
+    }
     for (size_t i = 0; i < rk->n_params; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
         snprintf(name, sizeof name, "param_next/%s", p->path);

@@ -100,6 +100,7 @@ typedef struct hx_options {
     hx_optimizer optimizer; /* --optimizer (sgd) */
     double adam_beta1, adam_beta2, adam_eps, weight_decay; /* AdamW's (0.9, 0.999, 1e-8, 0) */
     bool adam_given;        /* one of --adam-beta1/-beta2/-eps or --weight-decay given */
+    int zero;               /* --zero 1: the distributed optimizer (zero.h); 0: all-reduce */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */

@@ -71,7 +71,8 @@ enum {
     OPT_ADAM_BETA1,
     OPT_ADAM_BETA2,
     OPT_ADAM_EPS,
-    OPT_WEIGHT_DECAY
+    OPT_WEIGHT_DECAY,
+    OPT_ZERO
 };
 
 /* The training step's options (step_options.c, docs/harness.md, The training step): the

@@ -89,6 +89,11 @@ const hx_option_doc hx_option_docs[] = {
     {{"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
      "X",
      "AdamW's decoupled weight decay (w *= 1 - lr wd), in [0, 1] with lr wd < 1"},
+    {{"zero", required_argument, NULL, OPT_ZERO},
+     "0|1",
+     "1: the distributed optimizer: every replica set reduce-scatters its gradients, each rank "
+     "updates its range of the FP32 masters and state, and the set all-gathers the parameters "
+     "(implies --fp32-master; ranks as threads on the host)"},
     {{"clip-grad", required_argument, NULL, OPT_CLIP_GRAD},
      "X",
      "clip the global gradient norm (every replica set and shard once) to X before the update, "

@@ -13,6 +13,7 @@
 #include "inject.h"
 #include "overlap.h"
 #include "run.h"
+#include "zero.h"
 
 /* ---- gradients and reductions ------------------------------------------------------------ */
 
@@ -279,6 +280,8 @@ seldp_status hx_rank_reduce(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
+    if (run->opts.zero)
+        return hx_zero_reduce(rk); /* reduce-scatter into the ranks' ranges (zero.h) */
     double t0 = hx_now();
     /* on a GPU the sessions reduce device tensors; the checks read their host copies */
     if (run->opts.overlap) {

@@ -20,6 +20,7 @@
 #include "lockstep.h"
 #include "microbatch.h"
 #include "optimizer.h"
+#include "zero.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -282,6 +283,9 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_grid_check_options(run));
     HX_CHECK(hx_micro_check(run));
     HX_CHECK(hx_opt_check(run));
+    HX_CHECK(hx_zero_check(run));
+    if (o->zero)
+        o->fp32_master = true; /* the distributed optimizer's FP32 gradients and masters */
     HX_CHECK(hx_overlap_check_devices(run));
     HX_CHECK(batch_ranks(run));
     HX_CHECK(hx_sets_build(run));
@@ -349,6 +353,8 @@ static seldp_status main_step(hx_run *run, int step)
     hx_split_charge(&rec->split, HX_PHASE_OTHER);
     /* every replica set's root's values into the model the reference reads */
     HX_CHECK(hx_grid_assemble(run, run->global));
+    /* --zero 1: every member's reduced gradients from the members' ranges (zero.h) */
+    HX_CHECK(hx_zero_assemble(run));
     /* every micro-batch of every batch rank or data shard (microbatch.h) */
     HX_CHECK(hx_micro_reference(run, step, &ref));
     rec->ties_followed = tm_reference_ties_followed(ref);
@@ -428,7 +434,10 @@ static seldp_status execute_threads(hx_run *run)
             goto joined;
         /* the post-step check of every rank's update, then the dump (the update included) */
         hx_opt_check_step(run, step);
-        st = dump_if_last(run, step);
+        if (run->opts.zero && run->opts.clip_grad > 0) /* the clipped ranges, for the dump */
+            st = hx_zero_assemble(run);
+        if (st == SELDP_OK)
+            st = dump_if_last(run, step);
         if (st != SELDP_OK) {
             snprintf(run->error, sizeof run->error, "%s", hx_last_error());
             run->status = st;
@@ -622,6 +631,7 @@ void hx_run_destroy(hx_run *run)
         free(rk->choices);
         seldp_grads_destroy(rk->grads);
         hx_opt_destroy(rk->opt);
+        hx_zero_destroy(rk->zero);
         tm_model_destroy(rk->model);
         free(rk->grid);
     }

@@ -291,6 +291,7 @@ struct hx_rank {
                                    stage-0 rank */
     int micro;                  /* the micro-batch hx_rank_compute runs (microbatch.h) */
     struct hx_opt *opt;         /* its optimizer state and last update (optimizer.h) */
+    struct hx_zero *zero;       /* --zero 1: its shard maps and ranges (zero.h) */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;

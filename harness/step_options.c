@@ -46,6 +46,7 @@ void hx_step_option_default_text(int id, char *buf, size_t size)
         snprintf(buf, size, "1e-08");
         break;
     case OPT_WEIGHT_DECAY:
+    case OPT_ZERO:
         snprintf(buf, size, "0");
         break;
     default:
@@ -110,6 +111,12 @@ bool hx_step_option_parse(int id, const char *arg, hx_options *o, bool *ok, cons
         *ok = parse_real(arg, 0.0, 1.0, false, false, &o->weight_decay);
         *expected = "a number in [0, 1]";
         o->adam_given = true;
+        return true;
+    case OPT_ZERO:
+        *ok = parse_count(arg, 0, 1, &v);
+        *expected = "0 or 1";
+        if (*ok)
+            o->zero = (int)v;
         return true;
     default:
         return false;
