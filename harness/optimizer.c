@@ -9,6 +9,7 @@
 
 #include "clip.h"
 #include "gpu.h"
+#include "loss_scale.h"
 #include "zero.h"
 
 seldp_status hx_opt_check(const hx_run *run)
@@ -200,6 +201,11 @@ static seldp_status update_param(hx_rank *rk, size_t i, const seldp_tensor *gt, 
     if (!g)
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     hx_tensor_to_f32(gt, g);
+    /* --loss-scale: the gradient of the loss, not of S times it */
+    double unscale = 1.0 / hx_loss_scale_factor(rk);
+    if (unscale != 1.0)
+        for (size_t j = 0; j < n; j++)
+            g[j] = (float)(g[j] * unscale);
     seldp_status st = hx_opt_update_elements(rk, i, 0, n, g, skip, NULL);
     free(g);
     return st;
@@ -225,13 +231,19 @@ seldp_status hx_opt_update(hx_rank *rk)
         return st0;
     if (rk->run->opts.zero)
         return hx_zero_update(rk); /* the distributed optimizer (zero.h) */
+    /* --loss-scale: one found_inf over the world (loss_scale.h) */
+    seldp_status st = hx_loss_scale_found_inf(rk);
+    if (st != SELDP_OK)
+        return st;
     bool skip = false;
-    if (rk->run->opts.clip_grad > 0) {
-        seldp_status st = hx_clip_apply(rk, &skip);
+    if (rk->run->opts.clip_grad > 0 && !rk->found_inf) {
+        st = hx_clip_apply(rk, &skip);
         if (st != SELDP_OK)
             return st;
     }
-    rk->opt->skipped = skip;
+    rk->opt->skipped = skip || rk->found_inf;
+    rk->opt->loss_scale = hx_loss_scale_factor(rk);
+    bool any = false;
     for (size_t i = 0; i < rk->n_params; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
         rk->opt->p[i].has_grad = rk->opt->p[i].updated = rk->opt->p[i].snap = false;
@@ -240,9 +252,12 @@ seldp_status hx_opt_update(hx_rank *rk)
         const seldp_tensor *g = seldp_grads_get(rk->grads, p->id);
         if (!g)
             continue;
-        seldp_status st = update_param(rk, i, g, skip);
+        bool skip_p = skip || hx_loss_scale_skips(rk, p);
+        st = update_param(rk, i, g, skip_p);
         if (st != SELDP_OK)
             return st;
+        any = any || !skip_p;
     }
-    return rk->gpu && !skip ? hx_gpu_upload(rk) : SELDP_OK;
+    hx_loss_scale_update(rk); /* backoff or growth of a dynamic scale */
+    return rk->gpu && any ? hx_gpu_upload(rk) : SELDP_OK;
 }

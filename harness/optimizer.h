@@ -31,7 +31,9 @@ typedef struct hx_opt_param {
 typedef struct hx_opt {
     hx_opt_param *p; /* [n_params] */
     size_t n;
-    bool skipped; /* the last step's update was skipped (a non-finite gradient norm) */
+    bool skipped;      /* the last step's update was skipped (a non-finite gradient norm, or
+                          loss scaling's found_inf) */
+    double loss_scale; /* the S the last step's gradients carried (1 without --loss-scale) */
 } hx_opt;
 
 /* The optimizer options against the rest (a usage error, one line): AdamW's hyperparameters

@@ -87,11 +87,12 @@ static expected adamw_ref(const hx_options *o, int64_t t, double g, double w0, d
     return e;
 }
 
-/* Whether the world must skip this step's update: --clip-grad and a non-finite gradient
- * anywhere (the global norm every rank computes is then non-finite). */
+/* Whether the world must skip this step's update: --clip-grad or --loss-scale and a non-finite
+ * gradient anywhere (the global norm every rank computes is then non-finite; loss scaling's
+ * found_inf). */
 static bool skip_expected(const hx_run *run)
 {
-    if (!(run->opts.clip_grad > 0))
+    if (!(run->opts.clip_grad > 0) && !run->opts.loss_scale_given)
         return false;
     for (int r = 0; r < run->opts.world; r++) {
         const hx_rank *rk = &run->ranks[r];
@@ -120,7 +121,7 @@ static void check_skipped(hx_run *run, int step, const hx_rank *rk, size_t i, co
                memcmp(q->exp_avg_sq, q->v0, n * sizeof(float)) == 0;
     hx_check_metric(run, HX_CHECK_UPDATE, !same, same ? 0.0 : INFINITY, 0.0, 0.0,
                     "step %d: rank %d: %s changed in a step every rank had to skip (a non-finite "
-                    "gradient norm)",
+                    "gradient: --clip-grad's norm, or loss scaling's found_inf)",
                     step + 1, rk->rank, p->path);
 }
 

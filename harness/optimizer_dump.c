@@ -51,6 +51,10 @@ static void metadata(const hx_run *run, const hx_rank *rk, hx_buf *b)
         hx_buf_puts(b, ", \"weight_decay\": ");
         hx_buf_json_number(b, o->weight_decay);
     }
+    if (o->loss_scale_given) {
+        hx_buf_puts(b, ", \"loss_scale\": ");
+        hx_buf_json_number(b, rk->opt ? rk->opt->loss_scale : 1.0); /* grad/ is S times */
+    }
     hx_buf_printf(b, ", \"skipped\": %s, \"steps\": {",
                   rk->opt && rk->opt->skipped ? "true" : "false");
     bool first = true;

@@ -96,11 +96,16 @@ typedef struct hx_options {
     const char *from_deepspeed;
 
     /* the training step (docs/harness.md, The training step; step_options.c) */
-    int micro_batches; /* --micro-batches: gradient accumulation over M micro-batches (1) */
+    int micro_batches;      /* --micro-batches: gradient accumulation over M micro-batches (1) */
     hx_optimizer optimizer; /* --optimizer (sgd) */
     double adam_beta1, adam_beta2, adam_eps, weight_decay; /* AdamW's (0.9, 0.999, 1e-8, 0) */
     bool adam_given;        /* one of --adam-beta1/-beta2/-eps or --weight-decay given */
     int zero;               /* --zero 1: the distributed optimizer (zero.h); 0: all-reduce */
+    double loss_scale;      /* --loss-scale X (> 0), or 0: dynamic (loss_scale.h) */
+    bool loss_scale_given;  /* --loss-scale given */
+    int loss_scale_window;  /* --loss-scale-window: steps without overflow before S doubles */
+    double loss_scale_init; /* --loss-scale-init: dynamic scaling's first S (1024) */
+    int inject_overflow;    /* --inject-overflow STEP (1-based); 0: none */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */

@@ -72,7 +72,11 @@ enum {
     OPT_ADAM_BETA2,
     OPT_ADAM_EPS,
     OPT_WEIGHT_DECAY,
-    OPT_ZERO
+    OPT_ZERO,
+    OPT_LOSS_SCALE,
+    OPT_LOSS_SCALE_WINDOW,
+    OPT_LOSS_SCALE_INIT,
+    OPT_INJECT_OVERFLOW
 };
 
 /* The training step's options (step_options.c, docs/harness.md, The training step): the

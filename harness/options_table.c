@@ -94,6 +94,23 @@ const hx_option_doc hx_option_docs[] = {
      "1: the distributed optimizer: every replica set reduce-scatters its gradients, each rank "
      "updates its range of the FP32 masters and state, and the set all-gathers the parameters "
      "(implies --fp32-master; ranks as threads on the host)"},
+    {{"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},
+     "dynamic|X",
+     "F16 loss scaling: gradients made at S times the loss, unscaled before the update; an "
+     "overflow anywhere skips the step on every rank (one found_inf over the world); dynamic: S "
+     "from --loss-scale-init, halved on an overflow, doubled after --loss-scale-window clean "
+     "steps"},
+    {{"loss-scale-init", required_argument, NULL, OPT_LOSS_SCALE_INIT},
+     "X",
+     "dynamic loss scaling's first S (the harness's half gradients are loss sums, about --tokens "
+     "times a mean loss's: 1024 here is a framework's 65536)"},
+    {{"loss-scale-window", required_argument, NULL, OPT_LOSS_SCALE_WINDOW},
+     "N",
+     "dynamic loss scaling: steps without an overflow before S doubles"},
+    {{"inject-overflow", required_argument, NULL, OPT_INJECT_OVERFLOW},
+     "STEP",
+     "with --loss-scale: an inf in one expert gradient of the last rank in step STEP (1-based), "
+     "which every rank must skip"},
     {{"clip-grad", required_argument, NULL, OPT_CLIP_GRAD},
      "X",
      "clip the global gradient norm (every replica set and shard once) to X before the update, "

@@ -14,6 +14,7 @@
 #include "overlap.h"
 #include "run.h"
 #include "zero.h"
+#include "loss_scale.h"
 
 /* ---- gradients and reductions ------------------------------------------------------------ */
 
@@ -95,6 +96,7 @@ seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads)
                                            rk->run->opts.fp32_master, grads);
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: exporting the gradient of %s", rk->rank, p->path);
+    hx_loss_scale_plant(rk, i, grads); /* --inject-overflow (loss_scale.h) */
     const seldp_tensor *input = seldp_grads_get(grads, p->id);
     bool owed = false;
     if (!input && rk->run->opts.policy == SELDP_MISSING_ERROR && hx_zero_owed(rk, p)) {

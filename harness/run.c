@@ -21,6 +21,7 @@
 #include "microbatch.h"
 #include "optimizer.h"
 #include "zero.h"
+#include "loss_scale.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -75,6 +76,8 @@ static seldp_status rank_step(hx_rank *rk, int step)
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
     rk->t_dispatch = 0;
+    rk->step = step;
+    rk->overflow_planted = false;
     HX_CHECK(hx_lockstep_load(rk, step)); /* a sweep's lockstep: the first run's weights */
     HX_CHECK(hx_draw_tokens(rk, step));
     uint64_t mine = rk->T;
@@ -284,6 +287,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_micro_check(run));
     HX_CHECK(hx_opt_check(run));
     HX_CHECK(hx_zero_check(run));
+    HX_CHECK(hx_loss_scale_check(run));
     if (o->zero)
         o->fp32_master = true; /* the distributed optimizer's FP32 gradients and masters */
     HX_CHECK(hx_overlap_check_devices(run));
@@ -315,8 +319,10 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     for (int r = 0; r < o->world; r++) {
         run->ranks[r].rank = r;
         run->ranks[r].run = run;
+        run->ranks[r].loss_scale = 1.0;
         run->ranks[r].batch_rank = hx_grid_sharded(run) ? hx_grid_batch_rank(run, r) : r;
     }
+    hx_loss_scale_init(run);
     /* every output is writable before a step runs (a run is not lost to a bad path at its
      * end), checked last: a refused run creates nothing */
     if (o->out_dir && o->out_dir[0])
@@ -361,6 +367,7 @@ static seldp_status main_step(hx_run *run, int step)
     rec->dropped = tm_reference_dropped(ref);
     rec->t_reference = hx_split_charge(&rec->split, HX_PHASE_REFERENCE);
     rec->ref_loss = tm_reference_loss(ref);
+    hx_loss_scale_step(run, step); /* --loss-scale: the step's S and overflow */
     HX_CHECK(hx_check_step(run, step, ref));
     if (run->opts.clip_grad > 0)
         hx_clip_check(run, step, ref);

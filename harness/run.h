@@ -204,6 +204,10 @@ typedef struct hx_run {
     int first_step;         /* 0-based: the first step this run trains (the checkpoint's step) */
     int ckpt_generation;    /* --save: the generation of the next save's shard names */
 
+    /* --loss-scale: the scale of the step the main thread checks, and whether it overflowed */
+    double loss_scale;
+    bool overflow;
+
     /* the ranks whose tokens form the global batch once (every rank, or the stage-0 ranks of
      * a pipelined run), ascending */
     int n_batch;
@@ -292,6 +296,11 @@ struct hx_rank {
     int micro;                  /* the micro-batch hx_rank_compute runs (microbatch.h) */
     struct hx_opt *opt;         /* its optimizer state and last update (optimizer.h) */
     struct hx_zero *zero;       /* --zero 1: its shard maps and ranges (zero.h) */
+    int step;                   /* the step it runs (0-based) */
+    double loss_scale;          /* --loss-scale: this step's S (loss_scale.h); 1 without */
+    int64_t scale_good;         /* steps since the last overflow or growth */
+    bool found_inf;             /* the world's found_inf of this step */
+    bool overflow_planted;      /* --inject-overflow planted its inf this step */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;

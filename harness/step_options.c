@@ -20,6 +20,8 @@ void hx_step_options_default(hx_options *o)
     o->adam_beta2 = 0.999;
     o->adam_eps = 1e-8;
     o->weight_decay = 0.0;
+    o->loss_scale_window = 1000;
+    o->loss_scale_init = 1024.0;
 }
 
 const char *hx_optimizer_name(hx_optimizer opt)
@@ -48,6 +50,16 @@ void hx_step_option_default_text(int id, char *buf, size_t size)
     case OPT_WEIGHT_DECAY:
     case OPT_ZERO:
         snprintf(buf, size, "0");
+        break;
+    case OPT_LOSS_SCALE:
+    case OPT_INJECT_OVERFLOW:
+        snprintf(buf, size, "none");
+        break;
+    case OPT_LOSS_SCALE_WINDOW:
+        snprintf(buf, size, "1000");
+        break;
+    case OPT_LOSS_SCALE_INIT:
+        snprintf(buf, size, "1024");
         break;
     default:
         buf[0] = '\0';
@@ -117,6 +129,29 @@ bool hx_step_option_parse(int id, const char *arg, hx_options *o, bool *ok, cons
         *expected = "0 or 1";
         if (*ok)
             o->zero = (int)v;
+        return true;
+    case OPT_LOSS_SCALE:
+        o->loss_scale_given = true;
+        o->loss_scale = 0.0;
+        *ok = strcmp(arg, "dynamic") == 0 ||
+              (parse_real(arg, 0.0, 1e30, true, false, &o->loss_scale) && o->loss_scale > 0);
+        *expected = "dynamic or a number > 0";
+        return true;
+    case OPT_LOSS_SCALE_INIT:
+        *ok = parse_real(arg, 1.0, 1e30, false, false, &o->loss_scale_init);
+        *expected = "a number >= 1";
+        return true;
+    case OPT_LOSS_SCALE_WINDOW:
+        *ok = parse_count(arg, 1, 1000000, &v);
+        *expected = "an integer in 1..1000000";
+        if (*ok)
+            o->loss_scale_window = (int)v;
+        return true;
+    case OPT_INJECT_OVERFLOW:
+        *ok = parse_count(arg, 1, 1000000, &v);
+        *expected = "a step, 1 or more";
+        if (*ok)
+            o->inject_overflow = (int)v;
         return true;
     default:
         return false;
