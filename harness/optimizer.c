@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "clip.h"
+#include "grid.h"
 #include "gpu.h"
 #include "loss_scale.h"
 #include "zero.h"
@@ -25,10 +26,10 @@ seldp_status hx_opt_check(const hx_run *run)
                        "--weight-decay %g with --lr %g: lr * weight decay must be below 1 (the "
                        "decay multiplies every weight by 1 - lr wd)",
                        o->weight_decay, o->lr);
-    if (o->optimizer == HX_OPT_ADAMW && (o->resume_dir || o->save_dir))
+    if (o->optimizer == HX_OPT_ADAMW && o->save_dir && hx_backend_multiprocess(run->backend))
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--optimizer adamw with --%s: checkpoints do not hold AdamW's state yet",
-                       o->resume_dir ? "resume" : "save");
+                       "--optimizer adamw with --save under one rank per process: the index's "
+                       "step counts need every rank's optimizer state in one process");
     if (o->optimizer == HX_OPT_ADAMW && o->sweep)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                        "--optimizer adamw with --sweep: a lockstep sweep loads weights without "
@@ -209,6 +210,61 @@ static seldp_status update_param(hx_rank *rk, size_t i, const seldp_tensor *gt, 
     seldp_status st = hx_opt_update_elements(rk, i, 0, n, g, skip, NULL);
     free(g);
     return st;
+}
+
+bool hx_opt_keeps_master(const hx_options *o, seldp_dtype dtype)
+{
+    return o->fp32_master || (o->optimizer == HX_OPT_ADAMW && dtype != SELDP_F32);
+}
+
+bool hx_opt_moments(hx_rank *rk, size_t i, float **exp_avg, float **exp_avg_sq)
+{
+    const tm_param_info *p = tm_param_at(rk->model, i);
+    if (rk->run->opts.optimizer != HX_OPT_ADAMW || p->alias || p->frozen ||
+        !(p->role & TM_ROLES_TRAINABLE) || hx_opt_ensure(rk) != SELDP_OK ||
+        ensure(rk, i, seldp_tensor_numel(&p->tensor)) != SELDP_OK)
+        return false;
+    *exp_avg = rk->opt->p[i].exp_avg;
+    *exp_avg_sq = rk->opt->p[i].exp_avg_sq;
+    return true;
+}
+
+void hx_opt_set_steps(hx_rank *rk, size_t i, int64_t steps)
+{
+    if (hx_opt_ensure(rk) == SELDP_OK)
+        rk->opt->p[i].steps = steps;
+}
+
+void hx_opt_ckpt_json(const hx_run *run, hx_buf *b)
+{
+    const hx_options *o = &run->opts;
+    hx_buf_printf(b, ", \"optimizer\": \"%s\"", hx_optimizer_name(o->optimizer));
+    {
+        hx_buf steps = {0};
+        char key[200];
+        for (int r = 0; r < o->world; r++) {
+            const hx_rank *rk = &run->ranks[r];
+            for (size_t i = 0; rk->opt && i < rk->opt->n; i++) {
+                const tm_param_info *p = tm_param_at(rk->model, i);
+                if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+                    continue;
+                snprintf(key, sizeof key, "\"%s\":", hx_grid_logical_path(p->path));
+                if (steps.len && strstr(hx_buf_str(&steps), key))
+                    continue;
+                hx_buf_printf(&steps, "%s%s %lld", steps.len ? ", " : "", key,
+                              (long long)rk->opt->p[i].steps);
+            }
+        }
+        hx_buf_printf(b, ", \"optimizer_steps\": {%s}", hx_buf_str(&steps));
+        hx_buf_free(&steps);
+    }
+    if (o->loss_scale_given) {
+        int first =
+            hx_backend_multiprocess(run->backend) ? hx_backend_process_rank(run->backend) : 0;
+        hx_buf_puts(b, ", \"loss_scale\": ");
+        hx_buf_json_number(b, run->ranks[first].loss_scale);
+        hx_buf_printf(b, ", \"loss_scale_good\": %lld", (long long)run->ranks[first].scale_good);
+    }
 }
 
 seldp_status hx_opt_ensure(hx_rank *rk)

@@ -45,6 +45,22 @@ seldp_status hx_opt_check(const hx_run *run);
  * uploaded after). */
 seldp_status hx_opt_update(hx_rank *rk);
 
+/* Whether a trainable parameter of `dtype` has FP32 master weights (rk->master): --fp32-master,
+ * or AdamW on a half parameter. */
+bool hx_opt_keeps_master(const hx_options *o, seldp_dtype dtype);
+
+/* AdamW's moments of occurrence i (allocated, zero, when new); false for a parameter without
+ * them (SGD, frozen, the tied alias). */
+bool hx_opt_moments(hx_rank *rk, size_t i, float **exp_avg, float **exp_avg_sq);
+
+/* A resumed parameter's step count. */
+void hx_opt_set_steps(hx_rank *rk, size_t i, int64_t steps);
+
+/* index.json's training fields of the optimizer (checkpoint.c): `, "optimizer": name`, under
+ * `"optimizer_steps": {logical path: count}` (the parameters' update counts), with --loss-scale `"loss_scale"` and
+ * `"loss_scale_good"` (the next step's). */
+void hx_opt_ckpt_json(const hx_run *run, hx_buf *b);
+
 /* rk->opt, created at the first update. */
 seldp_status hx_opt_ensure(hx_rank *rk);
 

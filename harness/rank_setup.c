@@ -9,6 +9,7 @@
 #include "checkpoint.h"
 #include "gpu.h"
 #include "grid.h"
+#include "optimizer.h"
 #include "overlap.h"
 #include "run.h"
 
@@ -193,13 +194,15 @@ seldp_status hx_rank_setup(hx_rank *rk)
             HX_CHECK(hx_gpu_upload(rk));
     }
 
-    if (run->opts.fp32_master) {
+    /* FP32 masters: --fp32-master, or AdamW's of half parameters (optimizer.h) */
+    if (run->opts.fp32_master || run->opts.optimizer == HX_OPT_ADAMW) {
         rk->master = hx_calloc(rk->n_params, sizeof *rk->master);
         if (!rk->master)
             HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
         for (size_t i = 0; i < rk->n_params; i++) {
             const tm_param_info *p = tm_param_at(rk->model, i);
-            if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+            if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE) ||
+                !hx_opt_keeps_master(&run->opts, p->tensor.dtype))
                 continue;
             rk->master[i] = hx_calloc(seldp_tensor_numel(&p->tensor), sizeof(float));
             if (!rk->master[i])
@@ -209,6 +212,8 @@ seldp_status hx_rank_setup(hx_rank *rk)
         if (run->resume)
             HX_CHECK(hx_ckpt_load_rank(run->resume, rk, true));
     }
+    if (run->resume)
+        HX_CHECK(hx_ckpt_load_moments(run->resume, rk));
 fail:
     free(owned);
     return st;

@@ -245,6 +245,8 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     pthread_mutex_init(&run->gate_lock, NULL);
     pthread_cond_init(&run->gate_cond, NULL);
     hx_options *o = &run->opts;
+    if (o->zero)
+        o->fp32_master = true; /* the distributed optimizer's FP32 gradients and masters */
     HX_CHECK(hx_overlap_check_backend(o));
     /* one rank per MPI process: the world is the number of processes unless given */
     if (hx_backend_uses_processes(o->backend)) {
@@ -288,8 +290,6 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_opt_check(run));
     HX_CHECK(hx_zero_check(run));
     HX_CHECK(hx_loss_scale_check(run));
-    if (o->zero)
-        o->fp32_master = true; /* the distributed optimizer's FP32 gradients and masters */
     HX_CHECK(hx_overlap_check_devices(run));
     HX_CHECK(batch_ranks(run));
     HX_CHECK(hx_sets_build(run));
@@ -443,6 +443,10 @@ static seldp_status execute_threads(hx_run *run)
         hx_opt_check_step(run, step);
         if (run->opts.zero && run->opts.clip_grad > 0) /* the clipped ranges, for the dump */
             st = hx_zero_assemble(run);
+        if (st == SELDP_OK && hx_ckpt_due(run, step)) /* --zero 1: the state whole */
+            st = hx_zero_consolidate(run, false);
+        if (st == SELDP_OK && step == run->opts.steps - 1 && run->opts.dump_dir)
+            st = hx_zero_consolidate(run, true); /* the dump's opt/ whole */
         if (st == SELDP_OK)
             st = dump_if_last(run, step);
         if (st != SELDP_OK) {

@@ -19,8 +19,6 @@ seldp_status hx_zero_check(const hx_run *run)
               "member's range, which needs the ranks as threads of one process";
     else if (o->overlap)
         why = "--overlap: the overlapped reductions are all-reduces";
-    else if (o->save_dir || o->resume_dir)
-        why = "--save/--resume: checkpoints do not hold sharded optimizer state yet";
     else if (o->sweep)
         why = "--sweep: a lockstep sweep loads weights without their sharded state";
     for (int r = 0; !why && r < o->world; r++)
@@ -306,6 +304,71 @@ seldp_status hx_zero_update(hx_rank *rk)
 fail:
     free(ranges);
     return st;
+}
+
+/* Occurrence of a logical path on rank rk (-1: none). */
+static long occurrence_of_path(const hx_rank *rk, const char *path)
+{
+    for (size_t i = 0; i < rk->n_params; i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        if (!p->alias && strcmp(p->path, path) == 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+static void copy_piece(float *to, const float *from, const seldp_shard_piece *pc)
+{
+    if (to && from)
+        memcpy(to + pc->param_offset, from + pc->param_offset, pc->count * sizeof *to);
+}
+
+seldp_status hx_zero_consolidate(hx_run *run, bool records)
+{
+    if (!run->opts.zero)
+        return SELDP_OK;
+    for (int r = 0; r < run->opts.world; r++) {
+        hx_rank *owner = &run->ranks[r];
+        for (int s = 0; owner->zero && s < owner->zero->n; s++) {
+            const hx_zero_set *zs = &owner->zero->sets[s];
+            const hx_set *set = owner->sets[s].set;
+            for (size_t k = 0; k < zs->n_pieces; k++) {
+                seldp_shard_piece pc;
+                if (seldp_shard_map_piece(zs->map, zs->group_rank, k, &pc) != SELDP_OK)
+                    return hx_fail(SELDP_ERR_INTERNAL, "rank %d: piece %zu", owner->rank, k);
+                long i = occurrence(owner, &pc);
+                float *m0 = NULL, *v0 = NULL;
+                bool moments = i >= 0 && hx_opt_moments(owner, (size_t)i, &m0, &v0);
+                const hx_opt_param *rec = i >= 0 && owner->opt ? &owner->opt->p[i] : NULL;
+                for (int q = 0; i >= 0 && q < set->size; q++) {
+                    hx_rank *peer = &run->ranks[set->ranks[q]];
+                    long j = occurrence_of_path(peer, pc.path);
+                    if (peer == owner || j < 0)
+                        continue;
+                    if (records) { /* what the step's update began from, for the dump */
+                        hx_opt_param *to = peer->opt ? &peer->opt->p[j] : NULL;
+                        if (!rec || !rec->has_grad || !to || !to->w0)
+                            continue;
+                        copy_piece(to->w0, rec->w0, &pc);
+                        copy_piece(to->m0, rec->m0, &pc);
+                        copy_piece(to->v0, rec->v0, &pc);
+                        to->steps0 = rec->steps0;
+                        continue;
+                    }
+                    copy_piece(peer->master ? peer->master[j] : NULL,
+                               owner->master ? owner->master[i] : NULL, &pc);
+                    float *m1 = NULL, *v1 = NULL;
+                    if (moments && hx_opt_moments(peer, (size_t)j, &m1, &v1)) {
+                        copy_piece(m1, m0, &pc);
+                        copy_piece(v1, v0, &pc);
+                    }
+                    if (owner->opt && peer->opt)
+                        peer->opt->p[j].steps = owner->opt->p[i].steps;
+                }
+            }
+        }
+    }
+    return SELDP_OK;
 }
 
 void hx_zero_dump_json(const hx_rank *rk, hx_buf *b)

@@ -31,7 +31,7 @@ typedef struct hx_zero {
 } hx_zero;
 
 /* --zero against the run (a usage error, one line): ranks as threads of one process on the
- * host transport, on the host; no --overlap, --save, --resume or --sweep. */
+ * host transport, on the host; no --overlap or --sweep. */
 seldp_status hx_zero_check(const hx_run *run);
 
 /* Rank rk's reductions under --zero 1: every gradient exported as in the blocking flow (and
@@ -51,6 +51,12 @@ void hx_zero_owned(const hx_rank *rk, size_t i, size_t *lo, size_t *hi);
 /* Rank rk's update under --zero 1 (optimizer.c calls it): --clip-grad over the ranges, the
  * optimizer on every present piece of its ranges, the all-gather of every set's range. */
 seldp_status hx_zero_update(hx_rank *rk);
+
+/* The main thread, before a checkpoint's writers write: every member's masters, moments and step
+ * counts made whole from the owners of each range, so that a set's writer holds the logical
+ * state (which a resume under any --zero and layout reads). With `records`: the same for what
+ * the step's update began from (optimizer.h's records), before the dump. */
+seldp_status hx_zero_consolidate(hx_run *run, bool records);
 
 /* The dump's `shard_map` metadata of rank rk: per set its label, group rank, range and pieces. */
 void hx_zero_dump_json(const hx_rank *rk, hx_buf *b);
