@@ -134,6 +134,10 @@ const char *hx_roots_name(hx_roots roots);
 const char *hx_fault_name(hx_fault fault);
 const char *hx_optimizer_name(hx_optimizer opt);
 
+/* What of the training step's options a lockstep sweep cannot run (step_options.c): a
+ * one-line reason, or NULL. */
+const char *hx_step_sweep_refusal(const hx_options *o);
+
 /* The token spread actually used (resolves -1). */
 int hx_options_spread(const hx_options *opts);
 

@@ -29,6 +29,17 @@ const char *hx_optimizer_name(hx_optimizer opt)
     return opt == HX_OPT_ADAMW ? "adamw" : "sgd";
 }
 
+const char *hx_step_sweep_refusal(const hx_options *o)
+{
+    if (o->optimizer == HX_OPT_ADAMW)
+        return "--optimizer adamw: a lockstep sweep loads weights without their optimizer state";
+    if (o->zero)
+        return "--zero 1: a lockstep sweep loads weights without their sharded state";
+    if (o->loss_scale_given)
+        return "--loss-scale: the lockstep does not carry the scale";
+    return NULL;
+}
+
 void hx_step_option_default_text(int id, char *buf, size_t size)
 {
     switch (id) {
