@@ -57,7 +57,8 @@ bool hx_opt_moments(hx_rank *rk, size_t i, float **exp_avg, float **exp_avg_sq);
 void hx_opt_set_steps(hx_rank *rk, size_t i, int64_t steps);
 
 /* index.json's training fields of the optimizer (checkpoint.c): `, "optimizer": name`, under
- * `"optimizer_steps": {logical path: count}` (the parameters' update counts), with --loss-scale `"loss_scale"` and
+ * `"optimizer_steps": {logical path: count}` (the parameters' update counts), with --loss-scale
+ * `"loss_scale"` and
  * `"loss_scale_good"` (the next step's). */
 void hx_opt_ckpt_json(const hx_run *run, hx_buf *b);
 
@@ -81,10 +82,13 @@ seldp_status hx_opt_snapshot(hx_rank *rk, size_t i);
 void hx_opt_weights(const hx_rank *rk, size_t i, float *out);
 
 /* The main thread, after the ranks' update of `step`: every rank's updated weights and state
- * against the FP64 update of its recorded start and gradient (optimizer_check.c). The ranks must
- * be threads of this process: under one rank per process the root holds no copy of the others'
- * updates, and the post-step check does not run. */
+ * against the FP64 update of its recorded start and gradient (optimizer_check.c); the ranks are
+ * threads of this process. */
 void hx_opt_check_step(hx_run *run, int step);
+
+/* The same with one rank per process, collective over the world: each process checks its own
+ * rank's updates, rank 0 gathers and merges the results (hx_gather_update). */
+seldp_status hx_opt_check_process(hx_run *run, int step);
 
 /* The dump (docs/formats.md, Dumps; optimizer_dump.c): the bytes of occurrence i as the step's
  * forward used them (before the update, in a post-step dump), and what the update adds to rank

@@ -7,12 +7,47 @@
  * reference's. A step the run must skip (a non-finite gradient norm under --clip-grad, agreed by
  * every rank) must leave every weight, moment and step count as it was. */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "optimizer.h"
 #include "verdict.h"
 #include "zero.h"
+
+/* One outcome into a rank's own result, as hx_check_metric records into the run's. */
+HX_PRINTF(6, 7)
+static void note(hx_check_result *c, bool failed, double ratio, double bound, double resolution,
+                 const char *fmt, ...)
+{
+    bool worse = c->tested == 0 || ratio > c->worst || isnan(ratio);
+    if (isfinite(resolution) && resolution > c->resolution)
+        c->resolution = resolution;
+    va_list ap;
+    va_start(ap, fmt);
+    hx_check_vnote(c, failed, ratio, fmt, ap);
+    va_end(ap);
+    if (worse)
+        c->bound = bound;
+}
+
+/* A rank's result into the run's check, ranks in order. */
+static void merge(hx_check_result *into, const hx_check_result *from)
+{
+    if (from->tested == 0)
+        return;
+    if (into->tested == 0 || from->worst > into->worst || isnan(from->worst)) {
+        into->worst = from->worst;
+        into->bound = from->bound;
+    }
+    if (from->resolution > into->resolution)
+        into->resolution = from->resolution;
+    into->tested += from->tested;
+    if (from->failed && into->failed == 0)
+        memcpy(into->first_failure, from->first_failure, sizeof into->first_failure);
+    into->failed += from->failed;
+}
 
 /* The unit roundoff of FP32 and of the storage dtype. */
 #define U32 0x1p-24
@@ -110,7 +145,7 @@ static bool skip_expected(const hx_run *run)
 }
 
 /* A skipped update: weights, moments and the step count as they were. */
-static void check_skipped(hx_run *run, int step, const hx_rank *rk, size_t i, const float *w1)
+static void check_skipped(int step, const hx_rank *rk, size_t i, const float *w1)
 {
     const tm_param_info *p = tm_param_at(rk->model, i);
     const hx_opt_param *q = &rk->opt->p[i];
@@ -119,10 +154,10 @@ static void check_skipped(hx_run *run, int step, const hx_rank *rk, size_t i, co
     if (q->exp_avg)
         same = same && memcmp(q->exp_avg, q->m0, n * sizeof(float)) == 0 &&
                memcmp(q->exp_avg_sq, q->v0, n * sizeof(float)) == 0;
-    hx_check_metric(run, HX_CHECK_UPDATE, !same, same ? 0.0 : INFINITY, 0.0, 0.0,
-                    "step %d: rank %d: %s changed in a step every rank had to skip (a non-finite "
-                    "gradient: --clip-grad's norm, or loss scaling's found_inf)",
-                    step + 1, rk->rank, p->path);
+    note(&((hx_rank *)rk)->update_check, !same, same ? 0.0 : INFINITY, 0.0, 0.0,
+         "step %d: rank %d: %s changed in a step every rank had to skip (a non-finite "
+         "gradient: --clip-grad's norm, or loss scaling's found_inf)",
+         step + 1, rk->rank, p->path);
 }
 
 /* The stored elements [lo, hi) as the rounding of their FP32 masters (every bit). */
@@ -177,49 +212,87 @@ static void check_param(hx_run *run, int step, const hx_rank *rk, size_t i, cons
         }
     }
     bool counted = q->updated && q->steps == q->steps0 + 1;
-    hx_check_metric(run, HX_CHECK_UPDATE, !counted, counted ? 0.0 : INFINITY, 0.0, 0.0,
-                    "step %d: rank %d: %s was not updated (step count %lld, %lld before)", step + 1,
-                    rk->rank, p->path, (long long)q->steps, (long long)q->steps0);
+    note(&((hx_rank *)rk)->update_check, !counted, counted ? 0.0 : INFINITY, 0.0, 0.0,
+         "step %d: rank %d: %s was not updated (step count %lld, %lld before)", step + 1, rk->rank,
+         p->path, (long long)q->steps, (long long)q->steps0);
     if (!counted)
         return;
     double rel = bound_at / fmax(fabs(want_at), 1e-300);
-    hx_check_metric(run, HX_CHECK_UPDATE, !(worst <= 1.0), isnan(worst) ? INFINITY : worst, rel,
-                    isinf(resolution) ? 0.0 : resolution,
-                    "step %d: rank %d: %s[%zu]: the %s after the %s step is %.9g, the FP64 step "
-                    "of the same state and gradient %.9g, bound %.3g",
-                    step + 1, rk->rank, p->path, at, what, hx_optimizer_name(o->optimizer), got_at,
-                    want_at, bound_at);
+    note(&((hx_rank *)rk)->update_check, !(worst <= 1.0), isnan(worst) ? INFINITY : worst, rel,
+         isinf(resolution) ? 0.0 : resolution,
+         "step %d: rank %d: %s[%zu]: the %s after the %s step is %.9g, the FP64 step "
+         "of the same state and gradient %.9g, bound %.3g",
+         step + 1, rk->rank, p->path, at, what, hx_optimizer_name(o->optimizer), got_at, want_at,
+         bound_at);
     if (has_master && p->tensor.dtype != SELDP_F32)
-        hx_check_metric(run, HX_CHECK_UPDATE, !stored_is_master(p, w1, scratch, lo, hi), 0.0, 0.0,
-                        0.0, "step %d: rank %d: %s is not its FP32 master rounded to %s", step + 1,
-                        rk->rank, p->path, tm_dtype_name(p->tensor.dtype));
+        note(&((hx_rank *)rk)->update_check, !stored_is_master(p, w1, scratch, lo, hi), 0.0, 0.0,
+             0.0, "step %d: rank %d: %s is not its FP32 master rounded to %s", step + 1, rk->rank,
+             p->path, tm_dtype_name(p->tensor.dtype));
+}
+
+/* Rank rk's updates of `step` into rk->update_check. */
+static void check_rank(hx_run *run, int step, hx_rank *rk, bool skip)
+{
+    rk->update_check = (hx_check_result){.metric = true, .limit = 1.0};
+    for (size_t i = 0; rk->opt && i < rk->opt->n; i++) {
+        const hx_opt_param *q = &rk->opt->p[i];
+        if (!q->has_grad)
+            continue;
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        size_t n = seldp_tensor_numel(&p->tensor);
+        float *w1 = hx_calloc(n, sizeof *w1);
+        void *scratch = hx_calloc(seldp_tensor_nbytes(&p->tensor), 1);
+        if (w1 && scratch) {
+            hx_opt_weights(rk, i, w1);
+            bool has_master = (rk->master && rk->master[i]) || q->master;
+            if (skip)
+                check_skipped(step, rk, i, w1);
+            else
+                check_param(run, step, rk, i, w1, scratch, has_master);
+        }
+        free(w1);
+        free(scratch);
+    }
+}
+
+/* Every rank's result merged into the run's check, in rank order; the step's failures. */
+static void merge_ranks(hx_run *run, int step)
+{
+    int64_t failed_before = hx_run_failures(run);
+    for (int r = 0; r < run->opts.world; r++) {
+        merge(&run->checks[HX_CHECK_UPDATE], &run->ranks[r].update_check);
+        run->ranks[r].update_check = (hx_check_result){0};
+    }
+    run->steps[step].failures += hx_run_failures(run) - failed_before;
 }
 
 void hx_opt_check_step(hx_run *run, int step)
 {
-    int64_t failed_before = hx_run_failures(run);
     bool skip = skip_expected(run);
-    for (int r = 0; r < run->opts.world; r++) {
-        const hx_rank *rk = &run->ranks[r];
-        for (size_t i = 0; rk->opt && i < rk->opt->n; i++) {
+    for (int r = 0; r < run->opts.world; r++)
+        check_rank(run, step, &run->ranks[r], skip);
+    merge_ranks(run, step);
+}
+
+seldp_status hx_opt_check_process(hx_run *run, int step)
+{
+    hx_rank *rk = &run->ranks[hx_backend_process_rank(run->backend)];
+    /* the skip from every rank's gradients: one allreduce of this rank's finding */
+    int64_t mine = 0, any = 0;
+    if (run->opts.clip_grad > 0 || run->opts.loss_scale_given) {
+        for (size_t i = 0; rk->opt && i < rk->opt->n && !mine; i++) {
             const hx_opt_param *q = &rk->opt->p[i];
-            if (!q->has_grad)
-                continue;
-            const tm_param_info *p = tm_param_at(rk->model, i);
-            size_t n = seldp_tensor_numel(&p->tensor);
-            float *w1 = hx_calloc(n, sizeof *w1);
-            void *scratch = hx_calloc(seldp_tensor_nbytes(&p->tensor), 1);
-            if (w1 && scratch) {
-                hx_opt_weights(rk, i, w1);
-                bool has_master = (rk->master && rk->master[i]) || q->master;
-                if (skip)
-                    check_skipped(run, step, rk, i, w1);
-                else
-                    check_param(run, step, rk, i, w1, scratch, has_master);
-            }
-            free(w1);
-            free(scratch);
+            size_t n = q->has_grad ? seldp_tensor_numel(&tm_param_at(rk->model, i)->tensor) : 0;
+            for (size_t j = 0; j < n && !mine; j++)
+                mine = !isfinite(q->g[j]);
         }
     }
-    run->steps[step].failures += hx_run_failures(run) - failed_before;
+    seldp_status st = seldp_comm_allreduce(rk->world, &mine, &any, 1, SELDP_I64, SELDP_HOST_DEVICE);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: allreduce of the post-step check's skip", rk->rank);
+    check_rank(run, step, rk, any != 0);
+    st = hx_gather_update(run); /* rank 0 receives every rank's result */
+    if (st == SELDP_OK && hx_run_is_root(run))
+        merge_ranks(run, step);
+    return st;
 }

@@ -547,8 +547,11 @@ static seldp_status execute_processes(hx_run *run)
         st = rank_update(rk);
         if (st != SELDP_OK)
             goto aborted;
-        /* the dump holds the update (each process its ranks' files; the post-step check needs
-         * every rank's update in one process, so it runs on threads only) */
+        /* the post-step check: each process its rank's, merged on rank 0 */
+        st = hx_opt_check_process(run, step);
+        if (st != SELDP_OK)
+            goto aborted;
+        /* the dump holds the update (each process its ranks' files) */
         if (step == run->opts.steps - 1 && run->opts.dump_dir)
             HX_CHECK(hx_gather_verdict(run, dump_if_last(run, step), 0));
         if (hx_ckpt_due(run, step)) {

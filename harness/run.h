@@ -305,6 +305,7 @@ struct hx_rank {
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;
     hx_check_result reduce_untouched;
+    hx_check_result update_check; /* the post-step check of its update (optimizer_check.c) */
 
     seldp_status status;
     char error[1024];
@@ -402,6 +403,8 @@ seldp_status hx_gather_init(hx_run *run);
 seldp_status hx_gather_step(hx_run *run);
 /* The same for the inputs each rank passed to its reductions (capture.h), merged on rank 0. */
 seldp_status hx_gather_capture(hx_run *run);
+/* The post-step check's result of every rank (rk->update_check) on rank 0. */
+seldp_status hx_gather_update(hx_run *run);
 
 /* Collective over the world: every process says how its part of a phase went (`mine`,
  * with hx_last_error when it failed); rank 0 also its failed checks (`failures`), which
