@@ -21,6 +21,8 @@ seldp_status hx_zero_check(const hx_run *run)
         why = "--overlap: the overlapped reductions are all-reduces";
     else if (o->sweep)
         why = "--sweep: a lockstep sweep loads weights without their sharded state";
+    else if (o->inject != HX_FAULT_NONE)
+        why = "--inject: the planted defects act on all-reduced gradients";
     for (int r = 0; !why && r < o->world; r++)
         if (hx_backend_device(run->backend, r).kind == SELDP_DEVICE_CUDA)
             why = "a rank on a GPU: the update of the ranges runs on the host";

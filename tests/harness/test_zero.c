@@ -118,6 +118,7 @@ static void refusals(void **state)
     (void)state;
     usage_error("--zero 2", "--zero '2': expected 0 or 1");
     usage_error("--zero 1 --overlap", "--zero 1 cannot run here: --overlap");
+    usage_error("--zero 1 --inject ep-scale", "--zero 1 cannot run here: --inject");
     char args[1400];
     snprintf(args, sizeof args, "--zero 1 --sweep ep --steps 1 --out %s", hx_test_dir("sweep"));
     usage_error(args, "--sweep with --zero 1");
