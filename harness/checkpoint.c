@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "checkpoint_index.h"
+#include "optimizer.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -260,8 +261,10 @@ seldp_status hx_ckpt_commit(hx_run *run, int step)
     hx_layout_json(l, &text);
     hx_buf_printf(&text,
                   ",\n  \"training\": {\"lr\": %.17g, \"fp32_master\": %s, \"expert_reduce\": "
-                  "\"%s\", \"global_batch\": %d},\n",
+                  "\"%s\", \"global_batch\": %d",
                   o->lr, o->fp32_master ? "true" : "false", hx_flow_name(o->flow), o->global_batch);
+    hx_opt_ckpt_json(run, &text); /* the optimizer's step counts, the loss scale (optimizer.h) */
+    hx_buf_puts(&text, "},\n");
     if (o->global_batch > 0)
         hx_buf_printf(
             &text, "  \"token_stream\": {\"kind\": \"global\", \"state\": \"%016" PRIx64 "\"},\n",
@@ -333,9 +336,16 @@ static seldp_status check_tensors(const hx_ckpt *c, const char *index, const hx_
     tm_model *logical = NULL;
     int E = o->model.experts;
     int *all = hx_calloc((size_t)E, sizeof *all);
-    char master[300];
+    char master[300], exp_avg[300], exp_avg_sq[300];
     if (!all)
         return SELDP_ERR_NOMEM;
+    if (c->adamw != (o->optimizer == HX_OPT_ADAMW)) {
+        free(all);
+        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                       "%s: saved with --optimizer %s; resume with the same optimizer (its state "
+                       "is part of the checkpoint, or absent from it)",
+                       index, c->adamw ? "adamw" : "sgd");
+    }
     for (int e = 0; e < E; e++)
         all[e] = e;
     HX_CHECK_LIB(tm_model_create(&o->model, 0, all, E, NULL, NULL, &logical),
@@ -345,10 +355,24 @@ static seldp_status check_tensors(const hx_ckpt *c, const char *index, const hx_
         const tm_param_info *p = tm_param_at(logical, i);
         if (p->alias)
             continue;
-        bool with_master = o->fp32_master && !p->frozen && (p->role & TM_ROLES_TRAINABLE);
-        snprintf(master, sizeof master, CKPT_MASTER_PREFIX "%s", p->path);
-        for (int m = 0; m < (with_master ? 2 : 1); m++) {
-            const char *path = m ? master : p->path;
+        bool trainable = !p->frozen && (p->role & TM_ROLES_TRAINABLE);
+        bool with_master = trainable && hx_opt_keeps_master(o, p->tensor.dtype);
+        bool with_moments = trainable && o->optimizer == HX_OPT_ADAMW;
+        /* the parameter, its master, AdamW's moments (optimizer.h) */
+        const char *names[4] = {p->path, NULL, NULL, NULL};
+        int k = 1;
+        if (with_master) {
+            snprintf(master, sizeof master, CKPT_MASTER_PREFIX "%s", p->path);
+            names[k++] = master;
+        }
+        if (with_moments) {
+            snprintf(exp_avg, sizeof exp_avg, CKPT_EXP_AVG_PREFIX "%s", p->path);
+            snprintf(exp_avg_sq, sizeof exp_avg_sq, CKPT_EXP_AVG_SQ_PREFIX "%s", p->path);
+            names[k++] = exp_avg;
+            names[k++] = exp_avg_sq;
+        }
+        for (int m = 0; m < k; m++) {
+            const char *path = names[m];
             seldp_dtype dtype = m ? SELDP_F32 : p->tensor.dtype;
             const ckpt_tensor *t = find_tensor(c, path);
             expected++;
@@ -493,6 +517,51 @@ static seldp_status read_part(const hx_ckpt *c, const ckpt_tensor *t, const hx_r
         hx_shard_copy(whole, &lt, dst, s, false);
     free(whole);
     return st;
+}
+
+seldp_status hx_ckpt_load_moments(const hx_ckpt *c, hx_rank *rk)
+{
+    char name[300];
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        float *moment[2];
+        if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+            continue;
+        hx_opt_set_steps(rk, i, hx_ckpt_steps_of(c, hx_grid_logical_path(p->path)));
+        if (!hx_opt_moments(rk, i, &moment[0], &moment[1]))
+            continue;
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "%s%s", k ? CKPT_EXP_AVG_SQ_PREFIX : CKPT_EXP_AVG_PREFIX,
+                     hx_grid_logical_path(p->path));
+            const ckpt_tensor *t = find_tensor(c, name);
+            if (!t)
+                return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                               "rank %d: %s/" CKPT_INDEX ": no tensor %s", rk->rank, c->dir, name);
+            size_t nbytes = seldp_tensor_numel(&p->tensor) * sizeof(float);
+            seldp_status st = rk->grid ? read_part(c, t, rk, p, true, moment[k])
+                                       : read_entry(c, t, moment[k], nbytes, rk->rank);
+            if (st != SELDP_OK)
+                return st;
+        }
+    }
+    return SELDP_OK;
+}
+
+bool hx_ckpt_loss_scale(const hx_ckpt *c, double *scale, int64_t *good)
+{
+    if (!c || !c->loss_scale_known)
+        return false;
+    *scale = c->loss_scale;
+    *good = c->loss_scale_good;
+    return true;
+}
+
+int64_t hx_ckpt_steps_of(const hx_ckpt *c, const char *path)
+{
+    for (size_t i = 0; i < c->n_steps; i++)
+        if (strcmp(c->step_paths[i], path) == 0)
+            return c->steps[i];
+    return 0;
 }
 
 seldp_status hx_ckpt_load_rank(const hx_ckpt *c, hx_rank *rk, bool master)

@@ -61,6 +61,13 @@ uint64_t hx_ckpt_token_state(const hx_ckpt *ckpt);
 /* Rank rk reads the slices of the parameters it holds (each read checked against its checksum)
  * into its model; with `master`, the FP32 master weights into rk->master instead. */
 seldp_status hx_ckpt_load_rank(const hx_ckpt *ckpt, struct hx_rank *rk, bool master);
+/* Every trainable parameter's step count and AdamW's moments (resharded like the weights) of
+ * rk (optimizer.h). */
+seldp_status hx_ckpt_load_moments(const hx_ckpt *ckpt, struct hx_rank *rk);
+/* The step count the checkpoint holds for a logical path (0: none). */
+int64_t hx_ckpt_steps_of(const hx_ckpt *ckpt, const char *path);
+/* The loss scale's state the checkpoint holds: false when it holds none. */
+bool hx_ckpt_loss_scale(const hx_ckpt *ckpt, double *scale, int64_t *good);
 
 /* The first generation a save into `dir` may use: above every generation of a shard there
  * (0 when the directory does not exist). */

@@ -41,6 +41,10 @@ void hx_ckpt_close(hx_ckpt *c)
     free(c->tensors);
     free(c->dir);
     free(c->notes);
+    for (size_t i = 0; i < c->n_steps; i++)
+        free(c->step_paths[i]);
+    free(c->step_paths);
+    free(c->steps);
     free(c);
 }
 
@@ -254,6 +258,50 @@ static seldp_status parse_tensor(hx_ckpt *c, const char *path, const char *name,
     return t->path ? SELDP_OK : SELDP_ERR_NOMEM;
 }
 
+/* training.optimizer, .optimizer_steps and .loss_scale (absent: SGD, no loss scaling). */
+static seldp_status parse_optimizer(hx_ckpt *c, const char *path, const hx_json *training)
+{
+    const char *name = json_str(hx_json_get(training, "optimizer"));
+    if (name && strcmp(name, "adamw") != 0 && strcmp(name, "sgd") != 0)
+        return hx_fail(SELDP_ERR_PARSE, "%s: training.optimizer: expected sgd or adamw", path);
+    c->adamw = name && strcmp(name, "adamw") == 0;
+    const hx_json *steps = hx_json_get(training, "optimizer_steps");
+    if (steps) {
+        if (steps->type != HX_JSON_OBJECT)
+            return hx_fail(SELDP_ERR_PARSE, "%s: training.optimizer_steps: expected an object",
+                           path);
+        c->step_paths = hx_calloc(steps->count + 1, sizeof *c->step_paths);
+        c->steps = hx_calloc(steps->count + 1, sizeof *c->steps);
+        if (!c->step_paths || !c->steps)
+            return SELDP_ERR_NOMEM;
+        for (size_t i = 0; i < steps->count; i++) {
+            int64_t x = 0;
+            if (!json_int(&steps->items[i], 0, INT32_MAX, &x))
+                return hx_fail(SELDP_ERR_PARSE,
+                               "%s: training.optimizer_steps.%s: expected a step count", path,
+                               steps->keys[i]);
+            c->step_paths[i] = hx_strdup(steps->keys[i]);
+            if (!c->step_paths[i])
+                return SELDP_ERR_NOMEM;
+            c->steps[i] = x;
+            c->n_steps = i + 1;
+        }
+    }
+    const hx_json *scale = hx_json_get(training, "loss_scale");
+    if (scale) {
+        int64_t good = 0;
+        if (scale->type != HX_JSON_NUMBER || !(scale->number >= 1) ||
+            !json_int(hx_json_get(training, "loss_scale_good"), 0, INT32_MAX, &good))
+            return hx_fail(SELDP_ERR_PARSE,
+                           "%s: training.loss_scale: expected a number >= 1 with loss_scale_good",
+                           path);
+        c->loss_scale_known = true;
+        c->loss_scale = scale->number;
+        c->loss_scale_good = good;
+    }
+    return SELDP_OK;
+}
+
 static seldp_status parse_index(hx_ckpt *c, const char *path, const hx_json *root)
 {
     seldp_status st = SELDP_OK;
@@ -288,6 +336,7 @@ static seldp_status parse_index(hx_ckpt *c, const char *path, const hx_json *roo
         c->lr = lr->number;
         c->global_batch = (int)x;
     }
+    HX_CHECK(parse_optimizer(c, path, training));
     const hx_json *stream = hx_json_get(root, "token_stream");
     const char *kind = json_str(hx_json_get(stream, "kind"));
     if (kind && strcmp(kind, "global") == 0) {

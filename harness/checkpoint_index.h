@@ -14,11 +14,13 @@
 
 #include "checkpoint.h"
 
-#define CKPT_FORMAT         "seldp-checkpoint"
-#define CKPT_VERSION        1
-#define CKPT_INDEX          "index.json"
-#define CKPT_INDEX_CHECKSUM "\"index_checksum\""
-#define CKPT_MASTER_PREFIX  "master/"
+#define CKPT_FORMAT            "seldp-checkpoint"
+#define CKPT_VERSION           1
+#define CKPT_INDEX             "index.json"
+#define CKPT_INDEX_CHECKSUM    "\"index_checksum\""
+#define CKPT_MASTER_PREFIX     "master/"
+#define CKPT_EXP_AVG_PREFIX    "opt/exp_avg/"
+#define CKPT_EXP_AVG_SQ_PREFIX "opt/exp_avg_sq/"
 
 typedef struct ckpt_file {
     char *name;
@@ -52,6 +54,15 @@ struct hx_ckpt {
     double lr;
     int global_batch;
     char *notes; /* hx_resume_check's recorded changes, one per line (NULL: none) */
+    /* the optimizer (optimizer.h): its name, each logical parameter's step count, and the loss
+     * scale's state (loss_scale.h) */
+    bool adamw;
+    size_t n_steps;
+    char **step_paths;
+    int64_t *steps;
+    bool loss_scale_known;
+    double loss_scale;
+    int64_t loss_scale_good;
     uint64_t token_state;
     ckpt_file *files;
     size_t n_files;

@@ -25,6 +25,7 @@ static const char *const check_names[HX_CHECK_COUNT] = {
     [HX_CHECK_ABSENT] = "experts no token reached stay absent",
     [HX_CHECK_GRAD_NORM] = "global gradient norm vs the FP64 reference",
     [HX_CHECK_LOADED_REPLICAS] = "replicas bit-identical after --resume",
+    [HX_CHECK_UPDATE] = "updates equal the FP64 optimizer step",
 };
 
 const char *hx_check_name(hx_check_id id)

@@ -5,6 +5,7 @@
 
 #include "clip.h"
 #include "inject.h"
+#include "loss_scale.h"
 #include "verdict.h"
 #include "util.h"
 
@@ -29,7 +30,7 @@ seldp_status hx_clip_norm(hx_rank *rk, seldp_grads *grads)
     size_t n = rank_parts(rk, grads, parts);
     HX_CHECK_LIB(seldp_grad_norm(rk->world, parts, n, &res),
                  "rank %d: the global gradient norm over %zu sessions", rk->rank, n);
-    rk->grad_norm = res.norm;
+    rk->grad_norm = res.norm / hx_loss_scale_factor(rk); /* of the loss, not S times it */
 fail:
     free(parts);
     return st;
@@ -53,6 +54,8 @@ static double reference_norm(const hx_run *run, const tm_reference *ref)
 
 void hx_clip_check(hx_run *run, int step, const tm_reference *ref)
 {
+    if (run->overflow)
+        return; /* a loss-scale overflow: the norm is not finite, and the step is skipped */
     int64_t failed_before = hx_run_failures(run);
     double want = reference_norm(run, ref);
     /* with ranks in several processes this process holds only its own ranks' norms */
@@ -109,7 +112,9 @@ seldp_status hx_clip_apply(hx_rank *rk, bool *skip)
     if (!parts)
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     size_t n = rank_parts(rk, grads, parts);
-    HX_CHECK_LIB(seldp_clip_grad_norm(rk->world, parts, n, rk->run->opts.clip_grad, &res),
+    /* under --loss-scale the gradients are S times the loss's: clip at S times the norm */
+    double max_norm = rk->run->opts.clip_grad * hx_loss_scale_factor(rk);
+    HX_CHECK_LIB(seldp_clip_grad_norm(rk->world, parts, n, max_norm, &res),
                  "rank %d: --clip-grad %g", rk->rank, rk->run->opts.clip_grad);
     *skip = res.found_inf;
     if (rk->gpu && res.clipped)

@@ -148,9 +148,16 @@ void hx_print_header(const hx_run *run, FILE *out)
     hx_router_describe(m, routing, sizeof routing);
     if (routing[0])
         fprintf(out, "  routing %s\n", routing);
-    fprintf(out, "  steps   %d, %d +- %d tokens per rank, SGD lr %g%s, seed %llu\n", o->steps,
-            o->tokens, hx_options_spread(o), o->lr, o->fp32_master ? " on FP32 master weights" : "",
+    fprintf(out, "  steps   %d, %d +- %d tokens per rank, %s lr %g%s, seed %llu\n", o->steps,
+            o->tokens, hx_options_spread(o), o->optimizer == HX_OPT_ADAMW ? "AdamW" : "SGD", o->lr,
+            o->fp32_master || o->optimizer == HX_OPT_ADAMW ? " on FP32 master weights" : "",
             (unsigned long long)m->seed);
+    if (o->optimizer == HX_OPT_ADAMW)
+        fprintf(out, "  adamw   beta1 %g, beta2 %g, eps %g, weight decay %g\n", o->adam_beta1,
+                o->adam_beta2, o->adam_eps, o->weight_decay);
+    if (o->micro_batches > 1)
+        fprintf(out, "  micro   %d micro-batches per step, accumulated, reduced once\n",
+                o->micro_batches);
     if (o->global_batch > 0)
         fprintf(out,
                 "  batch   --global-batch %d: one token stream and logical initial weights, "

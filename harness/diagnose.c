@@ -16,6 +16,7 @@
 #include "capture.h"
 #include "grid.h"
 #include "inject.h"
+#include "microbatch.h"
 
 static const char *const class_names[HX_DIAG_CLASSES] = {
     "expert gradients (layers.*.experts.*)",
@@ -128,11 +129,11 @@ typedef struct router_hyp {
 /* The router-loss scales a framework got wrong, tested against the FP64 reference of the same
  * tokens with the coefficients scaled by the suspected factor: true (the diagnosis written)
  * when one explains the routers' own gradients. */
-static bool router_loss_scale(hx_run *run, int step, const hx_diag_inputs *in)
+static bool router_loss_scale(hx_run *run, int step)
 {
     const tm_config *cfg = &run->opts.model;
     const hx_diag_fit *rt = &run->diag[HX_DIAG_ROUTER];
-    if (!in || !rt->model_failed || !(rt->mrr > 0))
+    if (!rt->model_failed || !(rt->mrr > 0))
         return false;
     router_hyp cand[2];
     int n = 0, cp = hx_inject_cp(run), dp = hx_inject_dp(run);
@@ -148,8 +149,8 @@ static bool router_loss_scale(hx_run *run, int step, const hx_diag_inputs *in)
         h.aux_loss_coeff *= cand[c].aux;
         h.z_loss_coeff *= cand[c].z;
         tm_reference *ref = NULL;
-        if (tm_reference_compute_routed(&h, tm_model_view(run->global), in->tokens, in->targets,
-                                        in->counts, in->n, NULL, in->choices, &ref) != SELDP_OK) {
+        /* the same step's micro-batches and weights under the hypothesis's coefficients */
+        if (hx_micro_reference_of(run, step, &h, &ref) != SELDP_OK) {
             tm_reference_destroy(ref);
             continue;
         }
@@ -177,7 +178,7 @@ static bool router_loss_scale(hx_run *run, int step, const hx_diag_inputs *in)
     return false;
 }
 
-void hx_diagnose(hx_run *run, int step, const hx_diag_inputs *in)
+void hx_diagnose(hx_run *run, int step)
 {
     if (run->diagnosis[0])
         return;
@@ -228,7 +229,7 @@ void hx_diagnose(hx_run *run, int step, const hx_diag_inputs *in)
     bool replicas_ok = run->checks[HX_CHECK_GRAD_REPLICAS].failed == 0;
     /* a router-loss gradient of the wrong scale: the routers' own gradients, confirmed by a
      * reference with the suspected coefficients */
-    if (routing_ok && loss_ok && replicas_ok && router_loss_scale(run, step, in))
+    if (routing_ok && loss_ok && replicas_ok && router_loss_scale(run, step))
         return;
     /* a global-scope load-balancing loss with local statistics changes the forward's loss
      * (its aux term) and the ranks' own router-logit gradients: the router weights deviate

@@ -6,19 +6,9 @@
 
 #include "run.h"
 
-/* The step's global batch as the FP64 reference read it (run.c), for the diagnosis to test a
- * hypothesis against another reference of the same tokens. */
-typedef struct hx_diag_inputs {
-    const int32_t **tokens;
-    const int32_t **targets;
-    const int **choices;
-    const size_t *counts;
-    int n;
-} hx_diag_inputs;
-
 /* Main thread, after the checks of `step`: when a check failed in this step and no diagnosis
  * is recorded yet, write the likely cause into run->diagnosis (run->diag holds the step's
  * classes, filled by verdict.c). Nothing when every check passed. */
-void hx_diagnose(hx_run *run, int step, const hx_diag_inputs *in);
+void hx_diagnose(hx_run *run, int step);
 
 #endif

@@ -464,7 +464,9 @@ seldp_status hx_rank_compute(hx_rank *rk)
     rk->choices = hx_calloc((size_t)L * slots, sizeof *rk->choices);
     if (!rk->choices)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    HX_CHECK_LIB(ops->begin_step(rk->compute), "rank %d: starting the step", rk->rank);
+    /* a later micro-batch keeps the gradients the earlier ones accumulated (microbatch.h) */
+    HX_CHECK_LIB(rk->micro > 0 ? ops->begin_micro(rk->compute) : ops->begin_step(rk->compute),
+                 "rank %d: starting the step", rk->rank);
     /* on a later stage this only sizes the caches: h comes from the previous stage */
     HX_CHECK_LIB(ops->embed_forward(rk->compute, rk->tokens, rk->T, h), "rank %d: embedding",
                  rk->rank);

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "grid.h"
+#include "microbatch.h"
+#include "optimizer.h"
 #include "run.h"
 #include "safetensors.h"
 
@@ -68,9 +70,11 @@ static seldp_status dump_rank(const hx_run *run, const hx_rank *rk, int step, co
     for (size_t i = 0; i < tm_param_count(rk->model); i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
         snprintf(name, sizeof name, "param/%s", p->path);
-        HX_CHECK(
-            hx_st_add(w, name, p->tensor.dtype, p->tensor.ndim, p->tensor.shape, p->tensor.data));
+        /* as the step's forward used them: before the update (optimizer.h) */
+        HX_CHECK(hx_st_add(w, name, p->tensor.dtype, p->tensor.ndim, p->tensor.shape,
+                           hx_opt_param_before(run, rk, i)));
     }
+    HX_CHECK(hx_opt_dump(run, rk, w)); /* param_next/, opt/, the optimizer metadata */
     const seldp_model *view = tm_model_view(rk->model);
     for (size_t i = 0; i < seldp_grads_count(rk->grads); i++) {
         seldp_param_id id;
@@ -160,7 +164,9 @@ static void manifest(const hx_run *run, int step, const char *config, const char
         total += run->ranks[r].T;
     }
     total = 0;
-    hx_buf_puts(b, "],\n  \"batch_ranks\": [");
+    hx_buf_puts(b, "],\n");
+    hx_micro_manifest(run, b); /* micro_batches, micro_batch_sizes (microbatch.h) */
+    hx_buf_puts(b, "  \"batch_ranks\": [");
     for (int i = 0; i < run->n_batch; i++) {
         hx_buf_printf(b, "%s%d", i ? ", " : "", run->batch_ranks[i]);
         total += run->ranks[run->batch_ranks[i]].T;

@@ -421,6 +421,32 @@ static seldp_status unpack_step(hx_run *run, hx_rank *rk, reader *r)
     return st;
 }
 
+static void pack_update(hx_rank *rk, hx_buf *b)
+{
+    const hx_check_result *c = &rk->update_check;
+    put_check(b, c);
+    put(b, &c->worst, sizeof c->worst);
+    put(b, &c->bound, sizeof c->bound);
+    put(b, &c->resolution, sizeof c->resolution);
+}
+
+static seldp_status unpack_update(hx_run *run, hx_rank *rk, reader *r)
+{
+    (void)run;
+    hx_check_result *c = &rk->update_check;
+    get_check(r, c);
+    get(r, &c->worst, sizeof c->worst);
+    get(r, &c->bound, sizeof c->bound);
+    get(r, &c->resolution, sizeof c->resolution);
+    c->metric = true;
+    return SELDP_OK;
+}
+
+seldp_status hx_gather_update(hx_run *run, hx_rank *rk)
+{
+    return gather(run, rk, pack_update, unpack_update, "the post-step check's results");
+}
+
 seldp_status hx_gather_step(hx_run *run, hx_rank *rk)
 {
     return gather(run, rk, pack_step, unpack_step, "the step's records");

@@ -10,6 +10,7 @@
 
 #include "grid.h"
 #include "grid_ckpt.h"
+#include "optimizer.h"
 
 seldp_tensor hx_grid_logical_view(const seldp_tensor *shard, hx_shard s, seldp_dtype dtype)
 {
@@ -55,7 +56,7 @@ seldp_status hx_grid_ckpt_add(hx_rank *rk, hx_st_writer *w, hx_grid_ckpt_keep *k
     seldp_status st = SELDP_OK;
     char name[300];
     size_t n = tm_param_count(rk->model);
-    keep->buffers = hx_calloc(2 * n + 1, sizeof *keep->buffers);
+    keep->buffers = hx_calloc(4 * n + 1, sizeof *keep->buffers);
     if (!keep->buffers)
         return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (size_t i = 0; i < n; i++) {
@@ -66,10 +67,25 @@ seldp_status hx_grid_ckpt_add(hx_rank *rk, hx_st_writer *w, hx_grid_ckpt_keep *k
         hx_shard s = hx_grid_shard(rk->run, rk->rank, p->path);
         if (s.parts == 1 && !writes)
             continue; /* nothing to gather: another rank writes it whole */
-        for (int m = 0; m < (rk->master && rk->master[i] ? 2 : 1); m++) {
+        /* the parameter, its FP32 master, AdamW's moments (optimizer.h) */
+        const void *sources[4] = {p->tensor.data, NULL, NULL, NULL};
+        const char *prefixes[4] = {"", NULL, NULL, NULL};
+        int k = 1;
+        if (rk->master && rk->master[i]) {
+            sources[k] = rk->master[i];
+            prefixes[k++] = CKPT_MASTER_PREFIX;
+        }
+        float *exp_avg = NULL, *exp_avg_sq = NULL;
+        if (hx_opt_moments(rk, i, &exp_avg, &exp_avg_sq)) {
+            sources[k] = exp_avg;
+            prefixes[k++] = CKPT_EXP_AVG_PREFIX;
+            sources[k] = exp_avg_sq;
+            prefixes[k++] = CKPT_EXP_AVG_SQ_PREFIX;
+        }
+        for (int m = 0; m < k; m++) {
             seldp_dtype dtype = m ? SELDP_F32 : p->tensor.dtype;
             seldp_tensor lt = hx_grid_logical_view(&p->tensor, s, dtype);
-            const void *mine = m ? (const void *)rk->master[i] : p->tensor.data;
+            const void *mine = sources[m];
             const void *logical = mine;
             if (s.parts > 1) { /* every member of the split gathers; the writer keeps it */
                 void *whole = hx_calloc(seldp_tensor_nbytes(&lt) + 1, 1);
@@ -81,8 +97,7 @@ seldp_status hx_grid_ckpt_add(hx_rank *rk, hx_st_writer *w, hx_grid_ckpt_keep *k
             }
             if (!writes)
                 continue;
-            snprintf(name, sizeof name, "%s%s", m ? CKPT_MASTER_PREFIX : "",
-                     hx_grid_logical_path(p->path));
+            snprintf(name, sizeof name, "%s%s", prefixes[m], hx_grid_logical_path(p->path));
             HX_CHECK(hx_st_add(w, name, dtype, lt.ndim, lt.shape, logical));
             keep->written++;
         }

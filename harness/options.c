@@ -46,6 +46,7 @@ void hx_options_default(hx_options *o)
     o->out_dir = "results/latest";
     o->timeout_s = 60.0;
     o->grid = (hx_grid)HX_GRID_INIT;
+    hx_step_options_default(o);
 }
 
 const char *hx_flow_name(hx_flow flow)
@@ -440,6 +441,8 @@ static hx_parse_result parse_pass(int argc, char **argv, hx_options *o, FILE *ou
             fprintf(err, "seldp-harness: option '%s' needs a value (see --help)\n", argv[prev]);
             return HX_PARSE_ERROR;
         default:
+            if (hx_step_option_parse(c, arg, o, &ok, &expected))
+                break;
             fprintf(err, "seldp-harness: unknown option '%s' (see --help)\n", argv[prev]);
             return HX_PARSE_ERROR;
         }

@@ -47,6 +47,12 @@ typedef enum hx_fault {
     HX_FAULT_COUNT
 } hx_fault;
 
+/* The update of the step (docs/harness.md, Optimizers). */
+typedef enum hx_optimizer {
+    HX_OPT_SGD = 0,  /* w -= lr g */
+    HX_OPT_ADAMW = 1 /* decoupled weight decay, bias-corrected moments (torch.optim.AdamW) */
+} hx_optimizer;
+
 typedef struct hx_options {
     int world;
     int ep;
@@ -102,6 +108,18 @@ typedef struct hx_options {
     const char *from_megatron;  /* --from-megatron ARGS (@FILE: read from FILE) */
     const char *from_torchtitan;
     const char *from_deepspeed;
+
+    /* the training step (docs/harness.md, The training step; step_options.c) */
+    int micro_batches;      /* --micro-batches: gradient accumulation over M micro-batches (1) */
+    hx_optimizer optimizer; /* --optimizer (sgd) */
+    double adam_beta1, adam_beta2, adam_eps, weight_decay; /* AdamW's (0.9, 0.999, 1e-8, 0) */
+    bool adam_given;        /* one of --adam-beta1/-beta2/-eps or --weight-decay given */
+    int zero;               /* --zero 1: the distributed optimizer (zero.h); 0: all-reduce */
+    double loss_scale;      /* --loss-scale X (> 0), or 0: dynamic (loss_scale.h) */
+    bool loss_scale_given;  /* --loss-scale given */
+    int loss_scale_window;  /* --loss-scale-window: steps without overflow before S doubles */
+    double loss_scale_init; /* --loss-scale-init: dynamic scaling's first S (1024) */
+    int inject_overflow;    /* --inject-overflow STEP (1-based); 0: none */
 } hx_options;
 
 /* The defaults: the README's main command (world 8, ep 4, bf16, small model). */
@@ -128,6 +146,11 @@ const char *hx_policy_name(seldp_missing_policy policy);
 const char *hx_order_name(hx_order order);
 const char *hx_roots_name(hx_roots roots);
 const char *hx_fault_name(hx_fault fault);
+const char *hx_optimizer_name(hx_optimizer opt);
+
+/* What of the training step's options a lockstep sweep cannot run (step_options.c): a
+ * one-line reason, or NULL. */
+const char *hx_step_sweep_refusal(const hx_options *o);
 
 /* The token spread actually used (resolves -1). */
 int hx_options_spread(const hx_options *opts);

@@ -181,7 +181,7 @@ static void default_text(int id, char *buf, size_t size)
         snprintf(buf, size, "the framework's: Megatron tp, DeepSpeed and torchtitan 1");
         break;
     default:
-        buf[0] = '\0';
+        hx_step_option_default_text(id, buf, size);
     }
 }
 

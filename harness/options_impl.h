@@ -5,6 +5,7 @@
 #define HX_OPTIONS_IMPL_H
 
 #include <getopt.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 enum {
@@ -65,8 +66,30 @@ enum {
     OPT_COMPARE_GROUPS,
     OPT_FROM_MEGATRON,
     OPT_FROM_TORCHTITAN,
-    OPT_FROM_DEEPSPEED
+    OPT_FROM_DEEPSPEED,
+    /* the training step (step_options.c) */
+    OPT_MICRO_BATCHES,
+    OPT_OPTIMIZER,
+    OPT_ADAM_BETA1,
+    OPT_ADAM_BETA2,
+    OPT_ADAM_EPS,
+    OPT_WEIGHT_DECAY,
+    OPT_ZERO,
+    OPT_LOSS_SCALE,
+    OPT_LOSS_SCALE_WINDOW,
+    OPT_LOSS_SCALE_INIT,
+    OPT_INJECT_OVERFLOW
 };
+
+/* The training step's options (step_options.c, docs/harness.md, The training step): the
+ * defaults into *o; the --help text of a default ("" for an option of another table part);
+ * parsing option `id` with its argument, true when `id` is one of them (then
+ * *ok says whether the argument was valid and *expected what it must be). */
+struct hx_options;
+void hx_step_options_default(struct hx_options *o);
+void hx_step_option_default_text(int id, char *buf, size_t size);
+bool hx_step_option_parse(int id, const char *arg, struct hx_options *o, bool *ok,
+                          const char **expected);
 
 /* One row per option: the getopt entry, its argument's name and its help line. The help
  * text and the parser come from this one table. */

@@ -78,6 +78,39 @@ const hx_option_doc hx_option_docs[] = {
      "N",
      "each rank draws tokens +- up to N (default tokens/4; 0: equal counts)"},
     {{"lr", required_argument, NULL, OPT_LR}, "X", "SGD learning rate"},
+    {{"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+     "sgd|adamw",
+     "the update: sgd (w -= lr g) or adamw (torch.optim.AdamW: bias-corrected moments, decoupled "
+     "weight decay, FP32 master weights for half parameters); every update is checked against "
+     "the FP64 step of the gradient it used (the post-step check)"},
+    {{"adam-beta1", required_argument, NULL, OPT_ADAM_BETA1}, "X", "AdamW's beta1, in [0, 1)"},
+    {{"adam-beta2", required_argument, NULL, OPT_ADAM_BETA2}, "X", "AdamW's beta2, in [0, 1)"},
+    {{"adam-eps", required_argument, NULL, OPT_ADAM_EPS}, "X", "AdamW's epsilon, in (0, 1]"},
+    {{"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
+     "X",
+     "AdamW's decoupled weight decay (w *= 1 - lr wd), in [0, 1] with lr wd < 1"},
+    {{"zero", required_argument, NULL, OPT_ZERO},
+     "0|1",
+     "1: the distributed optimizer: every replica set reduce-scatters its gradients, each rank "
+     "updates its range of the FP32 masters and state, and the set all-gathers the parameters "
+     "(implies --fp32-master; ranks as threads on the host)"},
+    {{"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},
+     "dynamic|X",
+     "F16 loss scaling: gradients made at S times the loss, unscaled before the update; an "
+     "overflow anywhere skips the step on every rank (one found_inf over the world); dynamic: S "
+     "from --loss-scale-init, halved on an overflow, doubled after --loss-scale-window clean "
+     "steps"},
+    {{"loss-scale-init", required_argument, NULL, OPT_LOSS_SCALE_INIT},
+     "X",
+     "dynamic loss scaling's first S (the harness's half gradients are loss sums, about --tokens "
+     "times a mean loss's: 1024 here is a framework's 65536)"},
+    {{"loss-scale-window", required_argument, NULL, OPT_LOSS_SCALE_WINDOW},
+     "N",
+     "dynamic loss scaling: steps without an overflow before S doubles"},
+    {{"inject-overflow", required_argument, NULL, OPT_INJECT_OVERFLOW},
+     "STEP",
+     "with --loss-scale: an inf in one expert gradient of the last rank in step STEP (1-based), "
+     "which every rank must skip"},
     {{"clip-grad", required_argument, NULL, OPT_CLIP_GRAD},
      "X",
      "clip the global gradient norm (every replica set and shard once) to X before the update, "
@@ -150,6 +183,11 @@ const hx_option_doc hx_option_docs[] = {
      "X",
      "model: expert capacity ceil(X*T*K/E) per rank and layer, later assignments dropped "
      "(0: no capacity)"},
+    {{"micro-batches", required_argument, NULL, OPT_MICRO_BATCHES},
+     "M",
+     "gradient accumulation: each step runs M micro-batches (each rank's tokens cut in M; "
+     "--global-batch must be a multiple of M), accumulates and reduces once; router losses per "
+     "micro-batch weighted 1/M"},
     {{"global-batch", required_argument, NULL, OPT_GLOBAL_BATCH},
      "N",
      "layout-independent run: N tokens per step from one stream, split over the ranks (the "

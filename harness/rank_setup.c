@@ -10,6 +10,7 @@
 #include "gpu.h"
 #include "grid.h"
 #include "inject.h"
+#include "optimizer.h"
 #include "overlap.h"
 #include "run.h"
 
@@ -195,13 +196,15 @@ seldp_status hx_rank_setup(hx_rank *rk)
             HX_CHECK(hx_gpu_upload(rk));
     }
 
-    if (run->opts.fp32_master) {
+    /* FP32 masters: --fp32-master, or AdamW's of half parameters (optimizer.h) */
+    if (run->opts.fp32_master || run->opts.optimizer == HX_OPT_ADAMW) {
         rk->master = hx_calloc(rk->n_params, sizeof *rk->master);
         if (!rk->master)
             HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
         for (size_t i = 0; i < rk->n_params; i++) {
             const tm_param_info *p = tm_param_at(rk->model, i);
-            if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
+            if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE) ||
+                !hx_opt_keeps_master(&run->opts, p->tensor.dtype))
                 continue;
             rk->master[i] = hx_calloc(seldp_tensor_numel(&p->tensor), sizeof(float));
             if (!rk->master[i])
@@ -211,6 +214,8 @@ seldp_status hx_rank_setup(hx_rank *rk)
         if (run->resume)
             HX_CHECK(hx_ckpt_load_rank(run->resume, rk, true));
     }
+    if (run->resume)
+        HX_CHECK(hx_ckpt_load_moments(run->resume, rk));
 fail:
     free(owned);
     return st;
@@ -236,8 +241,10 @@ seldp_status hx_draw_tokens(hx_rank *rk, int step)
         count += (long)(tm_splitmix64(&state) % (uint64_t)(2 * spread + 1)) - spread;
     if (count < 0)
         count = 0;
-    if (count == 0 && rk->batch_rank == 0)
-        count = 1; /* the global objective needs at least one token */
+    /* the global objective needs at least one token in every micro-batch */
+    long least = o->micro_batches > 1 ? o->micro_batches : 1;
+    if (count < least && rk->batch_rank == 0)
+        count = least;
     free(rk->tokens);
     free(rk->targets);
     rk->T = (size_t)count;
@@ -263,12 +270,16 @@ static seldp_status draw_global_tokens(hx_rank *rk)
     size_t b = 0;
     while (b < (size_t)run->n_batch && run->batch_ranks[b] != rk->batch_rank)
         b++;
-    size_t N = (size_t)o->global_batch, W = (size_t)run->n_batch, r = b;
-    size_t base = N / W, extra = N % W;
+    /* with micro-batches the stream is M micro-batches of N/M tokens, each split so (the
+     * rank's tokens micro-batch after micro-batch, microbatch.h) */
+    size_t M = o->micro_batches > 1 ? (size_t)o->micro_batches : 1;
+    size_t N = (size_t)o->global_batch, Nm = N / M, W = (size_t)run->n_batch, r = b;
+    size_t base = Nm / W, extra = Nm % W;
     size_t begin = r * base + (r < extra ? r : extra);
+    size_t mine = base + (r < extra ? 1 : 0);
     free(rk->tokens);
     free(rk->targets);
-    rk->T = base + (r < extra ? 1 : 0);
+    rk->T = mine * M;
     rk->tokens = hx_calloc(rk->T ? rk->T : 1, sizeof *rk->tokens);
     rk->targets = hx_calloc(rk->T ? rk->T : 1, sizeof *rk->targets);
     if (!rk->tokens || !rk->targets)
@@ -276,9 +287,10 @@ static seldp_status draw_global_tokens(hx_rank *rk)
     int V = o->model.vocab;
     for (size_t t = 0; t < N; t++) {
         int32_t id = (int32_t)(tm_splitmix64(&rk->token_state) % (uint64_t)V);
-        if (t >= begin && t < begin + rk->T) {
-            rk->tokens[t - begin] = id;
-            rk->targets[t - begin] = (id + 1) % V;
+        size_t m = t / Nm, u = t % Nm;
+        if (u >= begin && u < begin + mine) {
+            rk->tokens[m * mine + u - begin] = id;
+            rk->targets[m * mine + u - begin] = (id + 1) % V;
         }
     }
     return SELDP_OK;

@@ -13,6 +13,8 @@
 #include "inject.h"
 #include "overlap.h"
 #include "run.h"
+#include "zero.h"
+#include "loss_scale.h"
 
 /* ---- gradients and reductions ------------------------------------------------------------ */
 
@@ -95,6 +97,7 @@ seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads)
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: exporting the gradient of %s", rk->rank, p->path);
     HX_CHECK(hx_inject_exported(rk, p, grads)); /* a planted second reduction (inject.h) */
+    hx_loss_scale_plant(rk, i, grads); /* --inject-overflow (loss_scale.h) */
     const seldp_tensor *input = seldp_grads_get(grads, p->id);
     bool owed = false;
     if (!input && rk->run->opts.policy == SELDP_MISSING_ERROR && hx_zero_owed(rk, p)) {
@@ -286,6 +289,8 @@ seldp_status hx_rank_reduce(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
+    if (run->opts.zero)
+        return hx_zero_reduce(rk); /* reduce-scatter into the ranks' ranges (zero.h) */
     double t0 = hx_now();
     /* on a GPU the sessions reduce device tensors; the checks read their host copies */
     if (run->opts.overlap) {

@@ -20,6 +20,10 @@
 #include "diagnose.h"
 #include "diverge.h"
 #include "lockstep.h"
+#include "microbatch.h"
+#include "optimizer.h"
+#include "zero.h"
+#include "loss_scale.h"
 
 /* ---- the phase gate ---------------------------------------------------------------------- */
 
@@ -74,6 +78,8 @@ static seldp_status rank_step(hx_rank *rk, int step)
     seldp_status st = SELDP_OK;
     hx_run *run = rk->run;
     rk->t_dispatch = 0;
+    rk->step = step;
+    rk->overflow_planted = false;
     HX_CHECK(hx_lockstep_load(rk, step)); /* a sweep's lockstep: the first run's weights */
     HX_CHECK(hx_draw_tokens(rk, step));
     uint64_t mine = rk->T;
@@ -83,7 +89,7 @@ static seldp_status rank_step(hx_rank *rk, int step)
     for (int b = 0; b < run->n_batch; b++)
         rk->global_tokens += rk->counts[run->batch_ranks[b]];
     double t0 = hx_now();
-    HX_CHECK(hx_rank_compute(rk));
+    HX_CHECK(hx_micro_compute(rk)); /* its micro-batches (microbatch.h) */
     rk->t_compute = hx_now() - t0;
     /* the others are on their way into the reductions: they must return, not wait */
     if (run->opts.inject == HX_FAULT_FAIL && rk->rank == run->opts.world - 1 && step == 0)
@@ -96,46 +102,12 @@ fail:
     return st;
 }
 
-/* Plain SGD on every trainable parameter that has a reduced gradient (FP32 master weights
- * with --fp32-master), so that the next step runs on changed weights: on the host model,
- * then copied to the GPU of a rank that computes there. */
+/* The update (optimizer.h): SGD or AdamW on every trainable parameter that has a reduced
+ * gradient, after --clip-grad's clipping; on the host model, then copied to the GPU of a rank
+ * that computes there. */
 static seldp_status rank_update(hx_rank *rk)
 {
-    double lr = rk->run->opts.lr;
-    if (rk->run->opts.clip_grad > 0) {
-        bool skip = false;
-        seldp_status st = hx_clip_apply(rk, &skip);
-        if (st != SELDP_OK || skip)
-            return st;
-    }
-    for (size_t i = 0; i < rk->n_params; i++) {
-        const tm_param_info *p = tm_param_at(rk->model, i);
-        if (p->alias || p->frozen || !(p->role & TM_ROLES_TRAINABLE))
-            continue;
-        const seldp_tensor *g = seldp_grads_get(rk->grads, p->id);
-        if (!g)
-            continue;
-        size_t n = seldp_tensor_numel(&p->tensor);
-        float *w = rk->master ? rk->master[i] : hx_calloc(n, sizeof *w);
-        float *gf = hx_calloc(n, sizeof *gf);
-        if (!w || !gf) {
-            if (!rk->master)
-                free(w);
-            free(gf);
-            return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-        }
-        if (!rk->master)
-            hx_tensor_to_f32(&p->tensor, w);
-        hx_tensor_to_f32(g, gf);
-        for (size_t j = 0; j < n; j++)
-            w[j] -= (float)lr * gf[j];
-        seldp_tensor storage = p->tensor;
-        hx_tensor_from_f32(w, &storage);
-        if (!rk->master)
-            free(w);
-        free(gf);
-    }
-    return rk->gpu ? hx_gpu_upload(rk) : SELDP_OK;
+    return hx_opt_update(rk);
 }
 
 static void rank_fail(hx_rank *rk, seldp_status st)
@@ -188,6 +160,9 @@ static void *rank_main(void *arg)
             rank_fail(rk, st);
             goto out;
         }
+        /* the main thread checks the update (and dumps the last step) */
+        if (!gate_wait(run) || !gate_wait(run))
+            goto out;
         if (hx_ckpt_due(run, step)) {
             st = hx_ckpt_write_rank(rk, step);
             if (st != SELDP_OK) {
@@ -272,6 +247,8 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     pthread_mutex_init(&run->gate_lock, NULL);
     pthread_cond_init(&run->gate_cond, NULL);
     hx_options *o = &run->opts;
+    if (o->zero)
+        o->fp32_master = true; /* the distributed optimizer's FP32 gradients and masters */
     HX_CHECK(hx_overlap_check_backend(o));
     /* one rank per MPI process: the world is the number of processes unless given */
     if (o->ranks_per_process && !hx_backend_under_mpirun())
@@ -324,6 +301,10 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
     HX_CHECK(hx_router_check(run));
     HX_CHECK(hx_grid_check_options(run));
+    HX_CHECK(hx_micro_check(run));
+    HX_CHECK(hx_opt_check(run));
+    HX_CHECK(hx_zero_check(run));
+    HX_CHECK(hx_loss_scale_check(run));
     HX_CHECK(hx_overlap_check_devices(run));
     HX_CHECK(batch_ranks(run));
     HX_CHECK(hx_sets_build(run));
@@ -343,8 +324,9 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
     for (int c = 0; c < HX_CHECK_COUNT; c++)
         run->checks[c].limit = NAN;
-    static const hx_check_id metrics[] = {HX_CHECK_LOSS, HX_CHECK_REDUCTION, HX_CHECK_RANK_GRADS,
-                                          HX_CHECK_GRAD_ERROR, HX_CHECK_GRAD_NORM};
+    static const hx_check_id metrics[] = {HX_CHECK_LOSS,       HX_CHECK_REDUCTION,
+                                          HX_CHECK_RANK_GRADS, HX_CHECK_GRAD_ERROR,
+                                          HX_CHECK_GRAD_NORM,  HX_CHECK_UPDATE};
     for (size_t k = 0; k < sizeof metrics / sizeof *metrics; k++) {
         run->checks[metrics[k]].metric = true;
         run->checks[metrics[k]].limit = 1.0;
@@ -352,8 +334,10 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     for (int r = 0; r < o->world; r++) {
         run->ranks[r].rank = r;
         run->ranks[r].run = run;
+        run->ranks[r].loss_scale = 1.0;
         run->ranks[r].batch_rank = hx_grid_sharded(run) ? hx_grid_batch_rank(run, r) : r;
     }
+    hx_loss_scale_init(run);
     /* every output is writable before a step runs (a run is not lost to a bad path at its
      * end), checked last: a refused run creates nothing */
     if (o->out_dir && o->out_dir[0])
@@ -375,35 +359,10 @@ static seldp_status main_step(hx_run *run, int step)
 {
     seldp_status st = SELDP_OK;
     hx_step_record *rec = &run->steps[step];
-    int W = run->opts.world, B = run->n_batch;
+    int W = run->opts.world;
     tm_reference *ref = NULL;
-    int *merged = NULL;
-    hx_shard_batch shards = {0};
-    const int32_t **tokens = hx_calloc((size_t)W, sizeof *tokens);
-    const int32_t **targets = hx_calloc((size_t)W, sizeof *targets);
-    const int **choices = hx_calloc((size_t)W, sizeof *choices);
-    size_t *counts = hx_calloc((size_t)W, sizeof *counts);
-    if (!tokens || !targets || !choices || !counts)
-        HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
-    HX_CHECK(hx_grid_merge_choices(run, &merged));
-    for (int b = 0; b < B; b++) {
-        hx_rank *rk = &run->ranks[run->batch_ranks[b]];
-        tokens[b] = rk->tokens;
-        targets[b] = rk->targets;
-        choices[b] = merged ? merged + hx_grid_choices_offset(run, b) : rk->choices;
-        counts[b] = rk->T;
-        rec->tokens += rk->T;
-    }
-    /* data shards over several ranks: the reference's capacity and local statistics per shard */
-    HX_CHECK(hx_grid_shard_batch(run, merged, &shards));
-    for (int s = 0; s < shards.n; s++) {
-        tokens[s] = shards.tokens[s];
-        targets[s] = shards.targets[s];
-        choices[s] = shards.choices[s];
-        counts[s] = shards.counts[s];
-    }
-    if (shards.n)
-        B = shards.n;
+    for (int b = 0; b < run->n_batch; b++)
+        rec->tokens += run->ranks[run->batch_ranks[b]].T;
     for (int r = 0; r < W; r++) {
         hx_rank *rk = &run->ranks[r];
         rec->loss += rk->loss_sum;
@@ -415,22 +374,24 @@ static seldp_status main_step(hx_run *run, int step)
     hx_split_charge(&rec->split, HX_PHASE_OTHER);
     /* every replica set's root's values into the model the reference reads */
     HX_CHECK(hx_grid_assemble(run, run->global));
+    /* --zero 1: every member's reduced gradients from the members' ranges (zero.h) */
+    HX_CHECK(hx_zero_assemble(run));
     /* the ranks' step buffers are free now, scattered over the allocator's arenas: hand their
      * pages back before the reference takes its own (at world 2048 about 1.5 GiB) */
     malloc_trim(0);
     tm_reference_set_threads(run->opts.reference_threads);
-    HX_CHECK_LIB(tm_reference_compute_routed(&run->opts.model, tm_model_view(run->global), tokens,
-                                             targets, counts, B, NULL, choices, &ref),
-                 "the FP64 reference of step %d", step + 1);
+    /* every micro-batch of every batch rank or data shard (microbatch.h) */
+    HX_CHECK(hx_micro_reference(run, step, &ref));
     rec->ties_followed = tm_reference_ties_followed(ref);
     rec->dropped = tm_reference_dropped(ref);
     rec->t_reference = hx_split_charge(&rec->split, HX_PHASE_REFERENCE);
     rec->ref_loss = tm_reference_loss(ref);
+    hx_loss_scale_step(run, step); /* --loss-scale: the step's S and overflow */
     if (!hx_step_diverged(run, step, ref)) {
         HX_CHECK(hx_check_step(run, step, ref));
         if (run->opts.clip_grad > 0)
             hx_clip_check(run, step, ref);
-        hx_diagnose(run, step, &(hx_diag_inputs){tokens, targets, choices, counts, B});
+        hx_diagnose(run, step);
     }
     if (run->lockstep)
         HX_CHECK(hx_lockstep_step(run, step));
@@ -438,12 +399,6 @@ static seldp_status main_step(hx_run *run, int step)
     rec->t_check = hx_split_charge(&rec->split, HX_PHASE_CHECK);
 fail:
     tm_reference_destroy(ref);
-    free(merged);
-    hx_shard_batch_free(&shards);
-    free(tokens);
-    free(targets);
-    free(choices);
-    free(counts);
     return st;
 }
 
@@ -495,6 +450,24 @@ static seldp_status execute_threads(hx_run *run)
             goto joined;
         hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
         st = main_step(run, step);
+        if (st != SELDP_OK) {
+            snprintf(run->error, sizeof run->error, "%s", hx_last_error());
+            run->status = st;
+            gate_break(run);
+            goto joined;
+        }
+        if (!gate_wait(run)) /* the ranks update */
+            goto joined;
+        if (!gate_wait(run))
+            goto joined;
+        /* the post-step check of every rank's update, then the dump (the update included) */
+        hx_opt_check_step(run, step);
+        if (run->opts.zero && run->opts.clip_grad > 0) /* the clipped ranges, for the dump */
+            st = hx_zero_assemble(run);
+        if (st == SELDP_OK && hx_ckpt_due(run, step)) /* --zero 1: the state whole */
+            st = hx_zero_consolidate(run, false);
+        if (st == SELDP_OK && step == run->opts.steps - 1 && run->opts.dump_dir)
+            st = hx_zero_consolidate(run, true); /* the dump's opt/ whole */
         if (st == SELDP_OK)
             st = dump_if_last(run, step);
         if (st != SELDP_OK) {
@@ -595,8 +568,6 @@ static seldp_status execute_rank(hx_run *run, hx_rank *rk)
         if (leader)
             hx_split_charge(&run->steps[step].split, HX_PHASE_RANKS);
         seldp_status mine = root ? main_step(run, step) : SELDP_OK;
-        if (mine == SELDP_OK && leader)
-            mine = dump_if_last(run, step);
         HX_CHECK(hx_gather_verdict(run, rk, mine, 0));
         if (leader) {
             run->steps_done = step + 1;
@@ -607,6 +578,13 @@ static seldp_status execute_rank(hx_run *run, hx_rank *rk)
         st = rank_update(rk);
         if (st != SELDP_OK)
             goto aborted;
+        /* the post-step check: each process its rank's, merged on rank 0 */
+        st = hx_opt_check_process(run, rk, step);
+        if (st != SELDP_OK)
+            goto aborted;
+        /* the dump holds the update (each process its ranks' files) */
+        if (step == run->opts.steps - 1 && run->opts.dump_dir)
+            HX_CHECK(hx_gather_verdict(run, rk, leader ? dump_if_last(run, step) : SELDP_OK, 0));
         if (hx_ckpt_due(run, step)) {
             HX_CHECK(hx_gather_verdict(run, rk, hx_ckpt_write_rank(rk, step), 0));
             HX_CHECK(hx_gather_verdict(run, rk, root ? save_commit(run, step) : SELDP_OK, 0));
@@ -755,6 +733,8 @@ void hx_run_destroy(hx_run *run)
         free(rk->targets);
         free(rk->choices);
         seldp_grads_destroy(rk->grads);
+        hx_opt_destroy(rk->opt);
+        hx_zero_destroy(rk->zero);
         tm_model_destroy(rk->model);
         free(rk->grid);
     }

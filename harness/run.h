@@ -56,6 +56,7 @@ typedef enum hx_check_id {
     HX_CHECK_ABSENT,             /* experts that no token reached have no gradient anywhere */
     HX_CHECK_GRAD_NORM,          /* --clip-grad: the global gradient norm vs the reference's */
     HX_CHECK_LOADED_REPLICAS,    /* --resume: every replica loaded its root's bytes */
+    HX_CHECK_UPDATE, /* the post-step check: each update vs its FP64 step (optimizer.h) */
     HX_CHECK_COUNT
 } hx_check_id;
 
@@ -210,6 +211,10 @@ typedef struct hx_run {
     int first_step;         /* 0-based: the first step this run trains (the checkpoint's step) */
     int ckpt_generation;    /* --save: the generation of the next save's shard names */
 
+    /* --loss-scale: the scale of the step the main thread checks, and whether it overflowed */
+    double loss_scale;
+    bool overflow;
+
     /* the ranks whose tokens form the global batch once (every rank, or the stage-0 ranks of
      * a pipelined run), ascending */
     int n_batch;
@@ -295,10 +300,19 @@ struct hx_rank {
                                    and capacity or the local load-balancing loss needs them */
     int batch_rank;             /* whose tokens this rank draws: itself, or its pipeline's
                                    stage-0 rank */
+    int micro;                  /* the micro-batch hx_rank_compute runs (microbatch.h) */
+    struct hx_opt *opt;         /* its optimizer state and last update (optimizer.h) */
+    struct hx_zero *zero;       /* --zero 1: its shard maps and ranges (zero.h) */
+    int step;                   /* the step it runs (0-based) */
+    double loss_scale;          /* --loss-scale: this step's S (loss_scale.h); 1 without */
+    int64_t scale_good;         /* steps since the last overflow or growth */
+    bool found_inf;             /* the world's found_inf of this step */
+    bool overflow_planted;      /* --inject-overflow planted its inf this step */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;
     hx_check_result reduce_untouched;
+    hx_check_result update_check; /* the post-step check of its update (optimizer_check.c) */
 
     seldp_status status;
     char error[1024];
@@ -398,6 +412,8 @@ seldp_status hx_gather_step(hx_run *run, hx_rank *rk);
 /* The same for the inputs each process passed to its reductions (capture.h), merged on
  * rank 0. */
 seldp_status hx_gather_capture(hx_run *run, hx_rank *rk);
+/* The post-step check's result of every rank (rk->update_check) on rank 0. */
+seldp_status hx_gather_update(hx_run *run, hx_rank *rk);
 
 /* Collective over the world: every process says how its part of a phase went (`mine`,
  * with hx_last_error when it failed); rank 0 also its failed checks (`failures`), which

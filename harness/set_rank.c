@@ -10,6 +10,7 @@
 #include "overlap.h"
 #include "run.h"
 #include "sets.h"
+#include "loss_scale.h"
 
 seldp_status hx_rank_sets_list(hx_rank *rk)
 {
@@ -229,5 +230,6 @@ uint64_t hx_set_weight_of(const hx_rank *rk, const hx_set *s)
 double hx_set_export_scale(const hx_rank *rk, const hx_set *s)
 {
     double scale = s->sums ? 1.0 / (double)rk->global_tokens : 1.0;
-    return scale * hx_inject_scale(rk, s);
+    /* --loss-scale: the gradients of S times the loss (loss_scale.h) */
+    return scale * hx_inject_scale(rk, s) * hx_loss_scale_factor(rk);
 }

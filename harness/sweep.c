@@ -147,6 +147,12 @@ static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
             fprintf(err, "seldp-harness: %s: %s\n", where, hx_last_error());
             return false;
         }
+        const char *step = hx_step_sweep_refusal(&e->opts); /* step_options.c */
+        if (step) {
+            fprintf(err, "seldp-harness: %s: --sweep with %s\n", where, step);
+            hx_run_destroy(run);
+            return false;
+        }
         if (hx_inject_check(run) == SELDP_OK)
             shows++;
         else if (!why[0])

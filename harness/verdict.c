@@ -88,6 +88,15 @@ static double stored(const seldp_tensor *t, size_t i)
     }
 }
 
+/* Whether every element of a tensor is finite. */
+static bool all_finite(const seldp_tensor *t)
+{
+    for (size_t i = 0; i < seldp_tensor_numel(t); i++)
+        if (!isfinite(stored(t, i)))
+            return false;
+    return true;
+}
+
 hx_diag_class hx_diag_class_of(const tm_param_info *p)
 {
     if (p->expert >= 0)
@@ -139,14 +148,15 @@ static void step_ratio(hx_step_record *rec, double ratio, const char *path, int 
 /* One set's reduction as its members passed it this step. */
 typedef struct set_step {
     const hx_set *set;
-    double sigma;  /* 1 / the total weight of a mean, 1 for a sum; 0: nothing reduced */
-    int active;    /* members that took part */
-    double tokens; /* the global token count */
+    double sigma;   /* 1 / the total weight of a mean, 1 for a sum; 0: nothing reduced */
+    int active;     /* members that took part */
+    double tokens;  /* the global token count */
+    double unscale; /* 1 / the step's loss scale: the results are S times the loss's */
 } set_step;
 
 static set_step set_step_of(const hx_run *run, const hx_set *s)
 {
-    set_step ss = {s, 0, 0, 0};
+    set_step ss = {s, 0, 0, 0, 1};
     double total = 0;
     for (int k = 0; k < s->size; k++) {
         uint64_t w = hx_set_weight_of(&run->ranks[s->ranks[k]], s);
@@ -155,6 +165,7 @@ static set_step set_step_of(const hx_run *run, const hx_set *s)
     }
     ss.sigma = s->sums ? 1.0 : total > 0 ? 1.0 / total : 0.0;
     ss.tokens = (double)run->ranks[s->ranks[0]].global_tokens;
+    ss.unscale = run->loss_scale > 0 ? 1.0 / run->loss_scale : 1.0; /* --loss-scale */
     return ss;
 }
 
@@ -233,7 +244,8 @@ static double check_result(hx_run *run, int step, const set_step *ss, int r, con
 {
     hx_fit f = {0};
     for (size_t i = 0; i < v->n; i++)
-        hx_fit_add(&f, stored(got, i), v->want[i], v->mag[i], ss->sigma * e->in_abs[i]);
+        hx_fit_add(&f, stored(got, i) * ss->unscale, v->want[i], v->mag[i],
+                   ss->sigma * e->in_abs[i] * ss->unscale);
     double bound = hx_fit_bound(&run->tol, &f, ss->active, true);
     double err = sqrt(f.err2), norm = sqrt(f.want2);
     double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, ss->active, true);
@@ -299,6 +311,9 @@ void hx_verdict_gradients(hx_run *run, int step, const tm_reference *ref)
                     hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
                                     "step %d: rank %d: %s over %s: %s", step + 1, r, p->path,
                                     s->label, missing);
+                } else if (run->overflow && !all_finite(got)) {
+                    /* a loss-scale overflow reached it: the world skips the step, which the
+                     * post-step check requires (loss_scale.h) */
                 } else {
                     check_reduction(run, step, &ss, r, p, got, e);
                     double bound = check_result(run, step, &ss, r, p, got, e, &v);

@@ -46,6 +46,9 @@ typedef struct tm_compute_ops {
     seldp_status (*export_grad)(const void *model, size_t index, double scale, bool fp32,
                                 seldp_grads *out);
     bool (*expert_seen)(const void *model, int l, int e);
+    /* the next micro-batch of a step: begin_step keeping the gradients and the experts' seen
+     * marks (tm_begin_micro_batch); NULL where the model cannot accumulate micro-batches */
+    seldp_status (*begin_micro)(void *model);
 } tm_compute_ops;
 
 /* The CPU model (compute_cpu.c): `model` is a tm_model *. */

@@ -39,6 +39,12 @@ static seldp_status cpu_begin_step(void *model)
     return SELDP_OK;
 }
 
+static seldp_status cpu_begin_micro(void *model)
+{
+    tm_begin_micro_batch(model);
+    return SELDP_OK;
+}
+
 static seldp_status cpu_embed_forward(void *model, const int32_t *tokens, size_t T, float *h)
 {
     return tm_embed_forward(model, tokens, T, h);
@@ -114,4 +120,5 @@ const tm_compute_ops tm_cpu_compute = {
     .embed_backward = cpu_embed_backward,
     .export_grad = cpu_export_grad,
     .expert_seen = cpu_expert_seen,
+    .begin_micro = cpu_begin_micro,
 };

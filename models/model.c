@@ -2,6 +2,7 @@
  * style), their deterministic rank-dependent initialization, their registration in a seldp
  * model view, the FP32 working copies and gradient accumulators, and gradient export. */
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -364,6 +365,7 @@ seldp_status tm_model_create_part(const tm_config *cfg, const tm_part *part, int
     m->part = *part;
     m->tp = (tm_tp){1, 0, NULL, NULL, NULL};
     m->rank = rank;
+    m->router_scale = 1.0;
     m->owns = calloc((size_t)E, sizeof *m->owns);
     m->norm = calloc((size_t)L, sizeof *m->norm);
     m->router = calloc((size_t)L, sizeof *m->router);
@@ -548,7 +550,29 @@ static void effective_weight(const tm_model *m, const tm_linear *lin)
               m->work[lin->lora_b], r, m->work[lin->lora_a], lin->in, 1.0f, lin->eff, lin->in);
 }
 
+static void begin(tm_model *m, bool zero_grads);
+
 void tm_begin_step(tm_model *m)
+{
+    begin(m, true);
+}
+
+void tm_begin_micro_batch(tm_model *m)
+{
+    begin(m, false);
+}
+
+seldp_status tm_model_set_router_scale(tm_model *m, double scale)
+{
+    if (!(scale >= 0.0) || !isfinite(scale))
+        return tm__fail(SELDP_ERR_INVALID_ARGUMENT,
+                        "rank %d: tm_model_set_router_scale: %g, expected a finite factor >= 0",
+                        m->rank, scale);
+    m->router_scale = scale;
+    return SELDP_OK;
+}
+
+static void begin(tm_model *m, bool zero_grads)
 {
     for (size_t i = 0; i < m->n_params; i++) {
         const tm_param_info *p = &m->params[i];
@@ -562,8 +586,10 @@ void tm_begin_step(tm_model *m)
         effective_weight(m, &m->experts[le].w1);
         effective_weight(m, &m->experts[le].w2);
     }
-    memset(m->grad_block, 0, (m->grad_floats ? m->grad_floats : 1) * sizeof(float));
-    memset(m->seen, 0, LE * sizeof *m->seen);
+    if (zero_grads) {
+        memset(m->grad_block, 0, (m->grad_floats ? m->grad_floats : 1) * sizeof(float));
+        memset(m->seen, 0, LE * sizeof *m->seen);
+    }
     m->embedded = false;
     m->T = 0;
     for (int l = 0; l < m->cfg.layers; l++) {

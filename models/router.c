@@ -67,7 +67,7 @@ void tm__router_loss_backward(const tm_model *m, const tm_layer_cache *c, size_t
     }
     if (alpha > 0.0) {
         for (int e = 0; e < E; e++)
-            dl[e] += (float)(alpha * E * balance_fraction(m, c, e));
+            dl[e] += (float)(alpha * E * balance_fraction(m, c, e) * m->router_scale);
     }
     float pdp = 0.0f;
     for (int e = 0; e < E; e++)
@@ -76,7 +76,7 @@ void tm__router_loss_backward(const tm_model *m, const tm_layer_cache *c, size_t
         dl[e] = p[e] * (dl[e] - pdp);
     /* d(lse^2)/dz_e = 2 lse p_e */
     if (beta > 0.0) {
-        const float zc = (float)(2.0 * beta) * c->lse[t];
+        const float zc = (float)(2.0 * beta * m->router_scale) * c->lse[t];
         for (int e = 0; e < E; e++)
             dl[e] += zc * p[e];
     }
@@ -168,7 +168,7 @@ double tm_router_loss_sum(const tm_model *m)
             sum += beta * (double)c->lse[t] * (double)c->lse[t];
         }
     }
-    return sum;
+    return sum * m->router_scale;
 }
 
 seldp_status tm_set_router_loss_grad_scale(tm_model *m, double aux, double z)

@@ -325,6 +325,18 @@ void tm_blas_single_thread(void);
  * broadcast, an optimizer update) and before every step. */
 void tm_begin_step(tm_model *m);
 
+/** The next micro-batch of a step under gradient accumulation (docs/model.md, Micro-batches):
+ * as tm_begin_step, but the gradient accumulators and the experts' seen marks are kept, so
+ * that the backward of this micro-batch adds to those of the step's earlier ones. */
+void tm_begin_micro_batch(tm_model *m);
+
+/** The factor the router losses of the coming micro-batch carry in the loss sum (default 1):
+ * under gradient accumulation the step's objective weights micro-batch m's router losses by
+ * 1/M while its token losses count by their share of the step's N tokens, so the loss-sum
+ * convention scales micro-batch m's router terms by N / (M N_m). tm_router_loss_sum and the
+ * router-loss gradients are multiplied by it. INVALID_ARGUMENT unless finite and >= 0. */
+seldp_status tm_model_set_router_scale(tm_model *m, double scale);
+
 /** Embedding lookup for this rank's T tokens. tokens (T) ids in [0, V); h (T,D) out.
  * Sizes the step's activation caches for T (T may be 0). Returns INVALID_ARGUMENT for a
  * token out of range, NOMEM. */
@@ -550,6 +562,27 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
                                          const int32_t *const *targets, const size_t *counts,
                                          int n_ranks, const tm_ref_perturb *perturb,
                                          const int *const *choices, tm_reference **out);
+
+/** One micro-batch of a step for tm_reference_compute_micro: its data shards' token lists
+ * (as tm_reference_compute_routed takes them) and the model's choices (NULL to never follow). */
+typedef struct tm_micro_batch {
+    const int32_t *const *tokens;
+    const int32_t *const *targets;
+    const size_t *counts;
+    int n_shards;
+    const int *const *choices;
+} tm_micro_batch;
+
+/** The reference of a step of M micro-batches under gradient accumulation (docs/model.md,
+ * Micro-batches): the mean token loss over every token of every micro-batch plus each
+ * micro-batch's router losses (over its own data shards: capacity and load-balancing statistics
+ * per micro-batch) weighted 1/M, and its gradient. The magnitudes add the accumulation's
+ * rounding (one per micro-batch and element). The result's counts (tokens, routed, dropped,
+ * ties followed) are the sums over the micro-batches. M = 1 is tm_reference_compute_routed.
+ * INVALID_ARGUMENT for M < 1 or a micro-batch without tokens; otherwise as
+ * tm_reference_compute_routed. */
+seldp_status tm_reference_compute_micro(const tm_config *cfg, const seldp_model *weights,
+                                        const tm_micro_batch *micro, int M, tm_reference **out);
 
 /** Assignments (token x choice x layer) the capacity dropped over every layer and data shard. */
 size_t tm_reference_dropped(const tm_reference *ref);

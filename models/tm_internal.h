@@ -72,6 +72,7 @@ struct tm_model {
     int *shared_w1, *shared_w2;      /* (L) the shared expert's weights; -1 without one */
     tm_expert_slot *experts;         /* (L,E) */
     bool *seen;                      /* (L,E) */
+    double router_scale;             /* the router losses' factor (tm_model_set_router_scale) */
 
     seldp_model *view;
 
