@@ -64,12 +64,12 @@ static const hx_bug table[] = {
      "--micro-batches > 1, a router loss",
      "routers' own FP32 gradients match the reference whose router-loss coefficients are "
      "\xc3\x97M",
-     "--micro-batches", "--world 4 --ep 2 --micro-batches 4 --aux-loss-coeff 0.1"},
+     NULL, "--world 4 --ep 2 --micro-batches 4 --aux-loss-coeff 0.1"},
     {HX_FAULT_LAST_MICROBATCH, "last-microbatch",
      "the token count of the last micro-batch used as the whole step's",
      "Megatron-LM #2417 (PR #3159)", "--micro-batches > 1",
-     "every gradient off by one common factor: the step's tokens over the last micro-batch's",
-     "--micro-batches", "--world 4 --ep 2 --micro-batches 4 --global-batch 255"},
+     "every gradient off by one common factor: the step's tokens over the last micro-batch's", NULL,
+     "--world 4 --ep 2 --micro-batches 4"},
     {HX_FAULT_NORM_PER_GROUP, "norm-per-group",
      "the global gradient norm taken from rank-local norms (each rank's own experts) averaged "
      "over the ranks, as if every rank held the same parameters: the experts' norm never "

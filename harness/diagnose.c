@@ -124,6 +124,7 @@ typedef struct router_hyp {
     double aux, z; /* the coefficients' factors */
     const char *what;
     int factor;
+    bool times; /* factor times the share, not 1/factor of it */
 } router_hyp;
 
 /* The router-loss scales a framework got wrong, tested against the FP64 reference of the same
@@ -135,14 +136,17 @@ static bool router_loss_scale(hx_run *run, int step)
     const hx_diag_fit *rt = &run->diag[HX_DIAG_ROUTER];
     if (!rt->model_failed || !(rt->mrr > 0))
         return false;
-    router_hyp cand[2];
-    int n = 0, cp = hx_inject_cp(run), dp = hx_inject_dp(run);
+    router_hyp cand[3];
+    int n = 0, cp = hx_inject_cp(run), dp = hx_inject_dp(run), M = hx_micro_count(run);
+    if (M > 1 && (cfg->aux_loss_coeff > 0 || cfg->z_loss_coeff > 0))
+        cand[n++] =
+            (router_hyp){HX_FAULT_AUX_MICROBATCH, M, M, "router-loss coefficients are", M, true};
     if (cp > 1 && (cfg->aux_loss_coeff > 0 || cfg->z_loss_coeff > 0))
-        cand[n++] =
-            (router_hyp){HX_FAULT_AUX_CP, 1.0 / cp, 1.0 / cp, "router-loss coefficients are", cp};
+        cand[n++] = (router_hyp){
+            HX_FAULT_AUX_CP, 1.0 / cp, 1.0 / cp, "router-loss coefficients are", cp, false};
     if (dp > 1 && cfg->aux_loss_coeff > 0 && cfg->aux_loss_scope == TM_AUX_GLOBAL)
-        cand[n++] =
-            (router_hyp){HX_FAULT_AUX_DP, 1.0 / dp, 1.0, "load-balancing coefficient is", dp};
+        cand[n++] = (router_hyp){
+            HX_FAULT_AUX_DP, 1.0 / dp, 1.0, "load-balancing coefficient is", dp, false};
     double before = model_error(rt);
     for (int c = 0; c < n; c++) {
         tm_config h = *cfg;
@@ -167,15 +171,39 @@ static bool router_loss_scale(hx_run *run, int step)
             char seen[400];
             snprintf(seen, sizeof seen,
                      "%s deviate (relative error %.3g) and match the FP64 reference whose %s "
-                     "1/%d (relative error %.3g): the router losses' gradient is 1/%d of "
-                     "its share",
-                     class_names[HX_DIAG_ROUTER], before, cand[c].what, cand[c].factor, after,
-                     cand[c].factor);
+                     "%s%d%s (relative error %.3g): the router losses' gradient is %s%d%s its "
+                     "share",
+                     class_names[HX_DIAG_ROUTER], before, cand[c].what, cand[c].times ? "" : "1/",
+                     cand[c].factor, cand[c].times ? "\xc3\x97" : "", after,
+                     cand[c].times ? "" : "1/", cand[c].factor, cand[c].times ? "\xc3\x97" : " of");
             name_bug(run, step, seen, cand[c].f, also);
             return true;
         }
     }
     return false;
+}
+
+/* The step's tokens over its last micro-batch's (1 without micro-batches). */
+static double last_micro_factor(const hx_run *run)
+{
+    const hx_rank *rk = &run->ranks[0];
+    return rk->micro_last_tokens > 0 ? (double)rk->global_tokens / (double)rk->micro_last_tokens
+                                     : 1.0;
+}
+
+/* Every class that failed is off by about factor f, with little residual. */
+static bool common_scale(const hx_run *run, double f)
+{
+    int seen = 0;
+    for (int c = 0; c < HX_DIAG_CLASSES; c++) {
+        const hx_diag_fit *d = &run->diag[c];
+        if (!failed(d))
+            continue;
+        if (!near(fit_scale(d), f) || !(fit_residual(d) < 0.05 * fabs(f)))
+            return false;
+        seen++;
+    }
+    return seen > 0 && !near(f, 1.0);
 }
 
 void hx_diagnose(hx_run *run, int step)
@@ -229,7 +257,7 @@ void hx_diagnose(hx_run *run, int step)
     bool replicas_ok = run->checks[HX_CHECK_GRAD_REPLICAS].failed == 0;
     /* a router-loss gradient of the wrong scale: the routers' own gradients, confirmed by a
      * reference with the suspected coefficients */
-    if (routing_ok && loss_ok && replicas_ok && router_loss_scale(run, step))
+    if (routing_ok && replicas_ok && router_loss_scale(run, step))
         return;
     /* a global-scope load-balancing loss with local statistics changes the forward's loss
      * (its aux term) and the ranks' own router-logit gradients: the router weights deviate
@@ -323,6 +351,15 @@ void hx_diagnose(hx_run *run, int step)
                  "ranks passed (result %.4g\xc3\x97 of it): a defect of the reduction itself, not "
                  "of what was reduced; no known bug matches",
                  step + 1, class_names[c], d[c].ratio);
+    } else if (hx_micro_count(run) > 1 && !model && common_scale(run, last_micro_factor(run))) {
+        double f = last_micro_factor(run);
+        snprintf(seen, sizeof seen,
+                 "every gradient is %.4g\xc3\x97 the reference's (the step's %llu tokens over "
+                 "the last micro-batch's %llu) while the ranks' own gradients and the reductions "
+                 "of them are right: the loss normalized by the last micro-batch's tokens",
+                 f, (unsigned long long)run->ranks[0].global_tokens,
+                 (unsigned long long)run->ranks[0].micro_last_tokens);
+        name_bug(run, step, seen, HX_FAULT_LAST_MICROBATCH, HX_FAULT_NONE);
     } else if (tp > 1 && sx->result_failed && !sx->model_failed && !failed(ex) && !failed(em) &&
                !failed(rt) && !failed(sh)) {
         snprintf(seen, sizeof seen,

@@ -3,6 +3,7 @@
  * weights of the reductions, the groups, a second reduction, the router losses' gradient scale.
  * The half-precision reduction, the norm and the second TP reduction are in inject_reduce.c. */
 #include "inject.h"
+#include "microbatch.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -141,6 +142,22 @@ static seldp_status check_second(const hx_run *run)
             return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                            "--inject router-tp: needs host ranks and the blocking reductions "
                            "(--backend host, without --overlap)");
+        return SELDP_OK;
+    case HX_FAULT_AUX_MICROBATCH:
+        if (hx_micro_count(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject aux-microbatch: needs --micro-batches 2 or more: with one "
+                           "micro-batch the missing division is by 1");
+        if (!(m->aux_loss_coeff > 0.0) && !(m->z_loss_coeff > 0.0))
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject aux-microbatch: needs a router loss (--aux-loss-coeff or "
+                           "--z-loss-coeff > 0): it scales their gradient");
+        return SELDP_OK;
+    case HX_FAULT_LAST_MICROBATCH:
+        if (hx_micro_count(run) < 2)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject last-microbatch: needs --micro-batches 2 or more: with one "
+                           "micro-batch the last one's tokens are the step's");
         return SELDP_OK;
     case HX_FAULT_AUX_CP:
         if (hx_inject_cp(run) < 2)
@@ -324,6 +341,11 @@ double hx_inject_scale(const hx_rank *rk, const hx_set *s)
             d = hx_set_member(run, rk->rank, HX_SET_DENSE);
         return expert_set(s) && s->size == 1 && d ? (double)d->size : 1.0;
     }
+    case HX_FAULT_LAST_MICROBATCH:
+        /* Megatron-LM #2417: the loss normalized by the token count of the step's last
+         * micro-batch instead of the step's: every export scale carries N / N_last */
+        return rk->micro_last_tokens > 0 ? (double)rk->global_tokens / (double)rk->micro_last_tokens
+                                         : 1.0;
     case HX_FAULT_RANK_MEAN:
         /* torchtitan #1842: each rank's loss sum over its own tokens, then the mean over the
          * ranks with equal weights. The dense sets' weights become 1 (hx_inject_weight); in

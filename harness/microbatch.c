@@ -52,8 +52,12 @@ seldp_status hx_micro_check(const hx_run *run)
 /* The factor of micro-batch m's router losses in the loss sum: the step's objective weights
  * them 1/M, its token losses N_m / N, and the model's loss sum counts the token losses once
  * (docs/model.md, Micro-batches). */
-static double router_scale(uint64_t N, int M, uint64_t Nm)
+static double router_scale(const hx_rank *rk, uint64_t N, int M, uint64_t Nm)
 {
+    /* --inject aux-microbatch (NeMo Automodel #1408): the router losses of every micro-batch
+     * counted whole, never divided by the number of micro-batches */
+    if (rk->run->opts.inject == HX_FAULT_AUX_MICROBATCH)
+        M = 1;
     return Nm > 0 ? (double)N / ((double)M * (double)Nm) : 1.0;
 }
 
@@ -105,7 +109,8 @@ seldp_status hx_micro_compute(hx_rank *rk)
             Nm += rk->counts[run->batch_ranks[b]];
         rk->global_tokens = Nm;
         rk->micro = m;
-        st = tm_model_set_router_scale(rk->model, router_scale(N, M, Nm));
+        st = tm_model_set_router_scale(rk->model, router_scale(rk, N, M, Nm));
+        rk->micro_last_tokens = Nm; /* the last micro-batch's, once the loop ends */
         if (st != SELDP_OK) {
             st = hx_fail_lib(st, "rank %d: micro-batch %d", rk->rank, m + 1);
             goto out;

@@ -301,6 +301,7 @@ struct hx_rank {
     int batch_rank;             /* whose tokens this rank draws: itself, or its pipeline's
                                    stage-0 rank */
     int micro;                  /* the micro-batch hx_rank_compute runs (microbatch.h) */
+    uint64_t micro_last_tokens; /* the global tokens of the step's last micro-batch */
     struct hx_opt *opt;         /* its optimizer state and last update (optimizer.h) */
     struct hx_zero *zero;       /* --zero 1: its shard maps and ranges (zero.h) */
     int step;                   /* the step it runs (0-based) */
