@@ -111,8 +111,8 @@ static const hx_bug table[] = {
      "found_inf not agreed over all groups: the dense and expert optimizers disagree on "
      "skipping a step",
      "Megatron-Bridge PR #5591", "--loss-scale, an overflow",
-     "one group's parameters stepped while another's skipped (post-step check)", "--loss-scale",
-     "--world 4 --ep 2 --loss-scale dynamic --inject-overflow 1"},
+     "one group's parameters stepped while another's skipped (post-step check)", NULL,
+     "--world 4 --ep 2 --dtype f16 --optimizer adamw --loss-scale dynamic --inject-overflow 1"},
 };
 
 #define N_BUGS ((int)(sizeof table / sizeof table[0]))

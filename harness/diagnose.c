@@ -206,6 +206,20 @@ static bool common_scale(const hx_run *run, double f)
     return seen > 0 && !near(f, 1.0);
 }
 
+void hx_diagnose_skip(hx_run *run, int step, const int changed[2], const int seen[2])
+{
+    if (run->diagnosis[0] || (changed[0] > 0) == (changed[1] > 0))
+        return;
+    int moved = changed[0] > 0 ? 0 : 1;
+    char seen_text[400];
+    snprintf(seen_text, sizeof seen_text,
+             "in a step every rank had to skip (a non-finite gradient), %d of %d %s parameters "
+             "were updated while the %s ones skipped: the dense and the expert optimizers "
+             "decided found_inf apart",
+             changed[moved], seen[moved], moved ? "expert" : "dense", moved ? "dense" : "expert");
+    name_bug(run, step, seen_text, HX_FAULT_FOUND_INF_LOCAL, HX_FAULT_NONE);
+}
+
 void hx_diagnose(hx_run *run, int step)
 {
     if (run->diagnosis[0])

@@ -11,4 +11,9 @@
  * classes, filled by verdict.c). Nothing when every check passed. */
 void hx_diagnose(hx_run *run, int step);
 
+/* Main thread, after the post-step check of a step every rank had to skip: changed[c] of the
+ * seen[c] parameters moved ([0] dense, [1] expert). One kind moving while the other held is
+ * the optimizers deciding found_inf apart; the diagnosis says so (once per run). */
+void hx_diagnose_skip(hx_run *run, int step, const int changed[2], const int seen[2]);
+
 #endif

@@ -24,6 +24,9 @@ bool hx_step_diverged(hx_run *run, int step, const tm_reference *ref)
         rec->diverged = true;
         return true;
     }
+    /* under loss scaling an overflow is the skip's to handle (loss_scale.h), not a divergence */
+    if (run->opts.loss_scale_given && run->overflow)
+        return false;
     char why[sizeof run->diverged_why] = "";
     if (!isfinite(rec->ref_loss) || !isfinite(rec->loss)) {
         snprintf(why, sizeof why, "the loss is %g on the ranks and %g in the FP64 reference",

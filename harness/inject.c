@@ -153,6 +153,12 @@ static seldp_status check_second(const hx_run *run)
                            "--inject aux-microbatch: needs a router loss (--aux-loss-coeff or "
                            "--z-loss-coeff > 0): it scales their gradient");
         return SELDP_OK;
+    case HX_FAULT_FOUND_INF_LOCAL:
+        if (!o->loss_scale_given || o->inject_overflow <= 0)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject found-inf-local: needs --loss-scale and --inject-overflow "
+                           "STEP (an overflow for the optimizers to disagree on)");
+        return SELDP_OK;
     case HX_FAULT_LAST_MICROBATCH:
         if (hx_micro_count(run) < 2)
             return hx_fail(SELDP_ERR_INVALID_ARGUMENT,

@@ -84,31 +84,39 @@ seldp_status hx_loss_scale_found_inf(hx_rank *rk)
     rk->found_inf = false;
     if (!rk->run->opts.loss_scale_given)
         return SELDP_OK;
-    /* every group's gradients together: one flag for the dense and the expert optimizers */
-    int64_t mine = 0, all = 0;
-    for (size_t i = 0; i < seldp_grads_count(rk->grads) && !mine; i++) {
-        seldp_param_id id;
-        const seldp_tensor *t;
-        seldp_grads_at(rk->grads, i, &id, &t);
+    /* every group's gradients together: one flag for the dense and the expert optimizers
+     * (found over [dense, expert] parameters, agreed over the world in one allreduce) */
+    int64_t mine[2] = {0, 0}, all[2] = {0, 0};
+    for (size_t i = 0; i < tm_param_count(rk->model); i++) {
+        const tm_param_info *p = tm_param_at(rk->model, i);
+        const seldp_tensor *t = p->alias ? NULL : seldp_grads_get(rk->grads, p->id);
+        int c = p->expert >= 0;
+        if (!t || mine[c])
+            continue;
         size_t n = seldp_tensor_numel(t);
         float *f = hx_calloc(n, sizeof *f);
         if (!f)
             return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
         hx_tensor_to_f32(t, f);
-        for (size_t j = 0; j < n && !mine; j++)
-            mine = !isfinite(f[j]);
+        for (size_t j = 0; j < n && !mine[c]; j++)
+            mine[c] = !isfinite(f[j]);
         free(f);
     }
-    seldp_status st = seldp_comm_allreduce(rk->world, &mine, &all, 1, SELDP_I64, SELDP_HOST_DEVICE);
+    seldp_status st = seldp_comm_allreduce(rk->world, mine, all, 2, SELDP_I64, SELDP_HOST_DEVICE);
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: allreduce of found_inf over the world", rk->rank);
-    rk->found_inf = all != 0;
+    rk->found_inf = all[0] != 0 || all[1] != 0;
+    rk->found_inf_dense = all[0] != 0;
+    rk->found_inf_expert = all[1] != 0;
     return SELDP_OK;
 }
 
 bool hx_loss_scale_skips(const hx_rank *rk, const tm_param_info *p)
 {
-    (void)p;
+    /* --inject found-inf-local (Megatron-Bridge PR #5591): the dense and the expert
+     * optimizers each decide from their own parameters' gradients */
+    if (rk->run->opts.inject == HX_FAULT_FOUND_INF_LOCAL)
+        return p->expert >= 0 ? rk->found_inf_expert : rk->found_inf_dense;
     return rk->found_inf;
 }
 

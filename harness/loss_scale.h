@@ -6,10 +6,10 @@
  * reduced gradients and the world agrees on one found_inf (an allreduce over every rank, every
  * group's gradients together): on an overflow every rank skips the update; otherwise the
  * update unscales its gradients by 1/S (before --clip-grad's clipping, which clips at S times the
- * norm). Dynamic scaling starts at S = --loss-scale-init (1024), halves S on an overflow (not below 1) and doubles
- * it after --loss-scale-window steps without one; a fixed X never changes. The main thread
- * unscales the reduced gradients it checks, leaves out of the checks the tensors an overflow made
- * non-finite, and the post-step check requires the skip on every rank. --inject-overflow STEP
+ * norm). Dynamic scaling starts at S = --loss-scale-init (1024), halves S on an overflow (not below
+ * 1) and doubles it after --loss-scale-window steps without one; a fixed X never changes. The main
+ * thread unscales the reduced gradients it checks, leaves out of the checks the tensors an overflow
+ * made non-finite, and the post-step check requires the skip on every rank. --inject-overflow STEP
  * plants an inf in one exported gradient of the last rank in that step. */
 #ifndef HX_LOSS_SCALE_H
 #define HX_LOSS_SCALE_H

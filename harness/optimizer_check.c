@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "diagnose.h"
 #include "optimizer.h"
 #include "verdict.h"
 #include "zero.h"
@@ -154,6 +155,10 @@ static void check_skipped(int step, const hx_rank *rk, size_t i, const float *w1
     if (q->exp_avg)
         same = same && memcmp(q->exp_avg, q->m0, n * sizeof(float)) == 0 &&
                memcmp(q->exp_avg_sq, q->v0, n * sizeof(float)) == 0;
+    hx_rank *w = (hx_rank *)rk;
+    int c = p->expert >= 0;
+    w->skip_seen[c]++;
+    w->skip_changed[c] += !same;
     note(&((hx_rank *)rk)->update_check, !same, same ? 0.0 : INFINITY, 0.0, 0.0,
          "step %d: rank %d: %s changed in a step every rank had to skip (a non-finite "
          "gradient: --clip-grad's norm, or loss scaling's found_inf)",
@@ -259,11 +264,22 @@ static void check_rank(hx_run *run, int step, hx_rank *rk, bool skip)
 static void merge_ranks(hx_run *run, int step)
 {
     int64_t failed_before = hx_run_failures(run);
+    int changed[2] = {0, 0}, seen[2] = {0, 0};
     for (int r = 0; r < run->opts.world; r++) {
-        merge(&run->checks[HX_CHECK_UPDATE], &run->ranks[r].update_check);
-        run->ranks[r].update_check = (hx_check_result){0};
+        hx_rank *rk = &run->ranks[r];
+        /* a step the run diverged in is not checked (diverge.h) */
+        if (!run->steps[step].diverged)
+            merge(&run->checks[HX_CHECK_UPDATE], &rk->update_check);
+        rk->update_check = (hx_check_result){0};
+        for (int c = 0; c < 2; c++) {
+            changed[c] += rk->skip_changed[c];
+            seen[c] += rk->skip_seen[c];
+            rk->skip_changed[c] = rk->skip_seen[c] = 0;
+        }
     }
     run->steps[step].failures += hx_run_failures(run) - failed_before;
+    if (!run->steps[step].diverged)
+        hx_diagnose_skip(run, step, changed, seen);
 }
 
 void hx_opt_check_step(hx_run *run, int step)

@@ -288,6 +288,7 @@ static int section_of(int id)
     case OPT_RESUME:
         return SEC_CHECKPOINTS;
     case OPT_INJECT:
+    case OPT_INJECT_OVERFLOW:
         return SEC_SELF_TESTS;
     case OPT_HELP:
     case OPT_VERSION:

@@ -97,7 +97,7 @@ seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads)
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: exporting the gradient of %s", rk->rank, p->path);
     HX_CHECK(hx_inject_exported(rk, p, grads)); /* a planted second reduction (inject.h) */
-    hx_loss_scale_plant(rk, i, grads); /* --inject-overflow (loss_scale.h) */
+    hx_loss_scale_plant(rk, i, grads);          /* --inject-overflow (loss_scale.h) */
     const seldp_tensor *input = seldp_grads_get(grads, p->id);
     bool owed = false;
     if (!input && rk->run->opts.policy == SELDP_MISSING_ERROR && hx_zero_owed(rk, p)) {

@@ -308,7 +308,10 @@ struct hx_rank {
     double loss_scale;          /* --loss-scale: this step's S (loss_scale.h); 1 without */
     int64_t scale_good;         /* steps since the last overflow or growth */
     bool found_inf;             /* the world's found_inf of this step */
-    bool overflow_planted;      /* --inject-overflow planted its inf this step */
+    bool found_inf_dense;       /* --inject found-inf-local: the dense optimizer's own */
+    bool found_inf_expert;      /* --inject found-inf-local: the expert optimizer's own */
+    int skip_changed[2], skip_seen[2]; /* a skipped step: [dense, expert] params that moved */
+    bool overflow_planted;             /* --inject-overflow planted its inf this step */
 
     /* rank-local checks, merged by the main thread */
     hx_check_result init_untouched;

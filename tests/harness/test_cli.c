@@ -109,9 +109,10 @@ static void test_help_in_sections(void **state)
     const char *model = strstr(run.out, "\nmodel ("), *training = strstr(run.out, "\ntraining (");
     const char *d_model = strstr(run.out, "--d-model N");
     assert_true(model && training && d_model && d_model > model && d_model < training);
-    const char *inject = strstr(run.out, "--inject"), *self = strstr(run.out, "\nself-tests (");
+    const char *inject = strstr(run.out, "\n  --inject FAULT");
+    const char *self = strstr(run.out, "\nself-tests (");
     assert_true(inject && self && inject > self);
-    assert_null(strstr(inject + 1, "\n  --inject"));
+    assert_null(strstr(inject + 1, "\n  --inject FAULT"));
     assert_null(strstr(strstr(run.out, "\n  --world") + 1, "\n  --world "));
 }
 
