@@ -15,6 +15,15 @@ bugs = json.loads(subprocess.run([bugs_bin, "--json"], check=True, capture_outpu
 
 # Where each bug is planted in the harness: the framework's own place for the mistake.
 WHERE = {
+    "aux-microbatch": "the router losses' factor of each micro-batch (`router_scale` in "
+                      "harness/microbatch.c, `tm_model_set_router_scale`): N / N_m instead of "
+                      "N / (M N_m), the division by the number of micro-batches left out.",
+    "last-microbatch": "the export scale of every set (`hx_inject_scale`): the step's tokens "
+                       "over the last micro-batch's, as if the loss had been normalized by the "
+                       "last micro-batch's token count.",
+    "found-inf-local": "the skip decision of the update (`hx_loss_scale_skips`): the dense "
+                       "parameters follow a found_inf of the dense gradients only, the experts "
+                       "one of the expert gradients only, each agreed over the world.",
     "ep-scale": "the export scale of the expert sets (`hx_inject_scale`): × the EP size on top "
                 "of the correct normalization.",
     "rank-mean": "the weights and export scales of the dense sets: each rank's own token mean, "
@@ -134,14 +143,14 @@ for b in bugs:
     print("- **Shows on**: %s." % b["needs"])
     print("- **What the checks see**: %s." % b["signature"])
     if b["pending"]:
-        print("- **Status: pending** — needs `%s`, which the step does not have yet; refused:\n"
+        print("- **Status: pending** — needs `%s`, which is not built yet; refused:\n"
               % b["pending"])
         print("  ```\n  $ seldp-harness %s --inject %s\n  %s  ```\n" %
               (b["demo"], name, read(os.path.join(d, "refused.txt"))))
         print("- **Hook it needs**: %s" % HOOKS.get(name, ""))
         continue
     print("- **Where it is planted**: %s" % WHERE.get(name, ""))
-    first = "f16" if name == "half-accum" else "f32"
+    first = "f16" if name in ("half-accum", "found-inf-local") else "f32"
     print("\n```sh\nseldp-harness %s --inject %s --dtype %s --steps 1\n```\n" %
           (b["demo"], name, first))
     if name == "half-accum":
@@ -149,7 +158,7 @@ for b in bugs:
     print("**At step 1** (the checks that failed, failed/tested, worst error/bound):\n")
     print("| dtype | check | failed | worst | first failure |\n|---|---|---:|---:|---|")
     diags = []
-    for dt in (first, "bf16"):
+    for dt in ((first,) if name == "found-inf-local" else (first, "bf16")):
         rows, diag = report_rows(os.path.join(d, "step1-" + dt, "report.json"))
         diags.append((dt, diag))
         for (check, failed, tested, worst, ff) in rows:
@@ -159,6 +168,10 @@ for b in bugs:
     for dt, diag in diags:
         print("> **diagnosis (%s)**: %s\n>" % (dt, diag))
     print()
+    if not os.path.exists(os.path.join(d, "sweep.cmd")):
+        print("No sweep: loss scaling is f16's alone and sweeps refuse it; the post-step check "
+              "of the step above is where it shows.\n")
+        continue
     sw, bug_rows = sweep_rows(os.path.join(d, "sweep-bug", "sweep.json"))
     _, clean_rows = sweep_rows(os.path.join(d, "sweep-clean", "sweep.json"))
     cmd = read(os.path.join(d, "sweep.cmd")).strip()

@@ -1,0 +1,1 @@
+seldp-harness --sweep ep --world 8 --dtype f32 --micro-batches 5 --aux-loss-coeff 0.1 --global-batch 255 --steps 3 --seed 1234 --inject aux-microbatch
