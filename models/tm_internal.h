@@ -97,6 +97,9 @@ struct tm_model {
 /* Size the step's activation caches for T tokens. */
 seldp_status tm__ensure_caches(tm_model *m, size_t T);
 
+/* Element i of a tensor of `dtype` (F32, F16, BF16) set to v, rounded to nearest even. */
+void tm__store_value(void *data, seldp_dtype dtype, size_t i, float v);
+
 /* Capacity dropping of one routed layer (router.c): c->expert from c->choice. */
 void tm__capacity_drop(const tm_model *m, tm_layer_cache *c);
 

@@ -134,3 +134,22 @@ void hx_test_run_passes(const char *args)
     assert_int_equal(failed, 0);
     hx_json_free(report);
 }
+
+void hx_test_usage_error(const char *needle, const char *fmt, ...)
+{
+    char args[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    hx_test_run run;
+    hx_test_harness(&run, "%s", args);
+    if (run.status != HX_EXIT_USAGE)
+        fail_msg("'%s' exited %d, expected %d; stderr: %s", args, run.status, HX_EXIT_USAGE,
+                 run.err);
+    if (!strstr(run.err, needle))
+        fail_msg("'%s': stderr lacks \"%s\": %s", args, needle, run.err);
+    const char *newline = strchr(run.err, '\n');
+    if (!newline || newline[1] != '\0')
+        fail_msg("'%s': not one line: %s", args, run.err);
+}

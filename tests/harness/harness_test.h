@@ -26,6 +26,13 @@ void hx_test_harness(hx_test_run *run, const char *fmt, ...);
  * returned path is static storage, valid until the next call. */
 const char *hx_test_dir(const char *name);
 
+/* Run `seldp-harness <args>` (printf-style) and require a usage error: exit 2, one line on
+ * stderr that contains `needle`. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void hx_test_usage_error(const char *needle, const char *fmt, ...);
+
 /* Parse dir/report.json; fails the test when it cannot. Free with hx_json_free. */
 hx_json *hx_test_report(const char *dir);
 

@@ -118,17 +118,7 @@ static void test_help_in_sections(void **state)
 
 static void expect_usage_error(const char *args, const char *why)
 {
-    hx_test_run run;
-    hx_test_harness(&run, "%s", args);
-    if (run.status != HX_EXIT_USAGE)
-        fail_msg("'%s' exited %d, expected %d; stderr: %s", args, run.status, HX_EXIT_USAGE,
-                 run.err);
-    if (!strstr(run.err, why))
-        fail_msg("'%s': stderr '%s' lacks '%s'", args, run.err, why);
-    /* one line */
-    const char *nl = strchr(run.err, '\n');
-    assert_non_null(nl);
-    assert_int_equal(nl[1], '\0');
+    hx_test_usage_error(why, "%s", args);
 }
 
 static void test_bad_options(void **state)

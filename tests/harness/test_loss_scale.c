@@ -153,16 +153,7 @@ static void layouts_pass(void **state)
 
 static void usage_error(const char *args, const char *needle)
 {
-    hx_test_run run;
-    hx_test_harness(&run, "--out none %s", args);
-    if (run.status != HX_EXIT_USAGE)
-        fail_msg("'%s' exited %d, expected %d; stderr: %s", args, run.status, HX_EXIT_USAGE,
-                 run.err);
-    if (!strstr(run.err, needle))
-        fail_msg("'%s': stderr lacks \"%s\": %s", args, needle, run.err);
-    const char *newline = strchr(run.err, '\n');
-    if (!newline || newline[1] != '\0')
-        fail_msg("'%s': not one line: %s", args, run.err);
+    hx_test_usage_error(needle, "--out none %s", args);
 }
 
 static void bad_input(void **state)

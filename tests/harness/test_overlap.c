@@ -128,16 +128,7 @@ static void dtypes_quantization_and_features(void **state)
 
 static void expect_usage_error(const char *args, const char *needle)
 {
-    hx_test_run run;
-    hx_test_harness(&run, "%s", args);
-    if (run.status != HX_EXIT_USAGE)
-        fail_msg("'%s' exited %d, expected %d; stderr: %s", args, run.status, HX_EXIT_USAGE,
-                 run.err);
-    if (!strstr(run.err, needle))
-        fail_msg("'%s': stderr lacks \"%s\": %s", args, needle, run.err);
-    const char *newline = strchr(run.err, '\n');
-    if (!newline || newline[1] != '\0')
-        fail_msg("'%s': not one line: %s", args, run.err);
+    hx_test_usage_error(needle, "%s", args);
 }
 
 static void refused_where_it_cannot_hold(void **state)
