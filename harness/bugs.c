@@ -95,9 +95,10 @@ static const hx_bug table[] = {
     {HX_FAULT_TIED_ZERO, "tied-zero",
      "with the sharded optimizer and pp > 1, the tied embedding's cross-stage sum done after the "
      "reduce-scatter (partial sums mixed)",
-     "Megatron-LM #844", "--zero 1, pp > 1",
-     "embed.weight's shards off after the reduce-scatter, every other gradient right",
-     "--inject under --zero 1", "--world 4 --pp 2 --ep 2 --zero 1"},
+     "Megatron-LM #844", "--zero 1, pp > 1, 2 data-parallel ranks or more per stage",
+     "embed.weight's reduce-scatter results off the sum of its inputs (a stage's sum plus the "
+     "other stage's local gradient), every other gradient right",
+     NULL, "--world 4 --pp 2 --ep 2 --zero 1"},
     {HX_FAULT_HALF_ACCUM, "half-accum",
      "the reduction accumulated in the half dtype instead of FP32 (each partial sum rounded to "
      "bf16/f16, as a ring all-reduce in the gradients' dtype does)",

@@ -334,8 +334,19 @@ void hx_diagnose(hx_run *run, int step)
     for (int c = 0; c < HX_DIAG_CLASSES; c++)
         if (d[c].reduction_failed && !(fabs(d[c].ratio - 1.0) < 0.02))
             unit_reductions = false;
-    if (em->reduction_failed && !failed(ex) && !sh_bad && fit_residual(em) < 0.05 * fabs(sm) &&
-        fabs(d[HX_DIAG_EMBED].ratio - 1.0) > 0.5) {
+    if (run->opts.zero && first_size(run, HX_SET_EMB, HX_SET_EMB) > 2 && em->reduction_failed &&
+        !failed(ex) && !sh_bad) {
+        /* the sharded reduction of the embedding set returned something else than the sum of
+         * its inputs, every other set's did not: its sum was not one reduction over the set */
+        snprintf(seen, sizeof seen,
+                 "under the distributed optimizer, %s: its reduce-scattered ranges are off the "
+                 "sum of the gradients the ranks passed (%.4g\xc3\x97 of it, best-fit scale %.4g, "
+                 "residual %.3g) while every other gradient agrees: the embedding group's "
+                 "cross-stage sum run on the stages' partially reduced buffers?",
+                 class_names[HX_DIAG_EMBED], d[HX_DIAG_EMBED].ratio, sm, fit_residual(em));
+        name_bug(run, step, seen, HX_FAULT_TIED_ZERO, HX_FAULT_NONE);
+    } else if (em->reduction_failed && !failed(ex) && !sh_bad &&
+               fit_residual(em) < 0.05 * fabs(sm) && fabs(d[HX_DIAG_EMBED].ratio - 1.0) > 0.5) {
         snprintf(seen, sizeof seen,
                  "%s is %.3g\xc3\x97 too large while every other gradient agrees: the tied "
                  "embedding reduced twice?",

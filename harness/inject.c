@@ -292,6 +292,28 @@ seldp_status hx_inject_check(const hx_run *run)
                            "embedding group has one");
         return SELDP_OK;
     }
+    case HX_FAULT_TIED_ZERO: {
+        const hx_set *s = NULL;
+        for (int i = 0; i < run->sets.n; i++)
+            if (run->sets.sets[i].kind == HX_SET_EMB)
+                s = &run->sets.sets[i];
+        if (!o->zero)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject tied-zero: needs --zero 1 (the distributed optimizer): the "
+                           "all-reduce path sums the tied embedding over its whole set at once");
+        if (!s)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject tied-zero: needs a pipeline (--pp 2 or more): with one "
+                           "stage the embedding and the output layer are one tensor of one "
+                           "rank, with no cross-stage sum");
+        if (s->size < 4)
+            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                           "--inject tied-zero: needs 2 data-parallel ranks or more per stage "
+                           "(a stage's reduce-scatter over one rank leaves its whole gradient): "
+                           "this layout's embedding set %s has one per stage",
+                           s->label);
+        return SELDP_OK;
+    }
     case HX_FAULT_LOCAL_AUX:
         if (data_shards(run) < 2)
             return hx_fail(SELDP_ERR_INVALID_ARGUMENT,

@@ -57,6 +57,14 @@ seldp_status hx_inject_exported(hx_rank *rk, const tm_param_info *p, seldp_grads
 bool hx_inject_replaces_reduction(const hx_rank *rk, const hx_rank_set *rs);
 seldp_status hx_inject_reduce(hx_rank *rk, hx_rank_set *rs, seldp_grads *grads);
 
+/* inject_zero.c. --zero 1, after the reduce-scatter of set rs into `range` (this rank's range
+ * of `map`, group rank `group_rank`), the exported gradients still in rk->grads: --inject
+ * tied-zero replaces the embedding set's range by what Megatron's order gives, every stage's
+ * data-parallel reduce-scatter before the embedding group's sum (Megatron-LM #844).
+ * Collective over the set; a no-op for every other set and fault. */
+seldp_status hx_inject_zero_emb(hx_rank *rk, const hx_rank_set *rs, seldp_shard_map *map,
+                                int group_rank, float *range);
+
 /* --inject norm-per-group: the global norm as the framework took it, each rank's norm of the
  * gradients it holds averaged over the world (collective over the world); and clipping by it,
  * *skip set when it is not finite. */

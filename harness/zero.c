@@ -6,7 +6,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "inject.h"
 #include "optimizer.h"
+
+/* The planted faults that act on the all-reduce path alone (why), or NULL: those planted in
+ * the export's scale and weights, in the model or before the reduction act here as well. */
+static const char *zero_refuses(hx_fault f)
+{
+    switch (f) {
+    case HX_FAULT_GRAD:
+    case HX_FAULT_ABSENT:
+    case HX_FAULT_REPLICA:
+        return "--inject grad, absent and replica act on all-reduced gradients and replicas";
+    case HX_FAULT_TIED_TWICE:
+        return "--inject tied-twice: the tied embedding's second sum runs on all-reduced "
+               "gradients (under --zero 1 the embedding group's late sum is --inject tied-zero)";
+    case HX_FAULT_HALF_ACCUM:
+    case HX_FAULT_ROUTER_TP:
+        return "--inject half-accum and router-tp replace the all-reduce (the reduce-scatter "
+               "accumulates in FP32 over every member)";
+    case HX_FAULT_NORM_PER_GROUP:
+        return "--inject norm-per-group: the planted norm is the all-reduce path's (the "
+               "sharded norm sums every range once)";
+    default:
+        return NULL;
+    }
+}
 
 seldp_status hx_zero_check(const hx_run *run)
 {
@@ -21,8 +46,8 @@ seldp_status hx_zero_check(const hx_run *run)
         why = "--overlap: the overlapped reductions are all-reduces";
     else if (o->sweep)
         why = "--sweep: a lockstep sweep loads weights without their sharded state";
-    else if (o->inject != HX_FAULT_NONE)
-        why = "--inject: the planted defects act on all-reduced gradients";
+    else if (zero_refuses(o->inject))
+        why = zero_refuses(o->inject);
     for (int r = 0; !why && r < o->world; r++)
         if (hx_backend_device(run->backend, r).kind == SELDP_DEVICE_CUDA)
             why = "a rank on a GPU: the update of the ranges runs on the host";
@@ -114,6 +139,7 @@ seldp_status hx_zero_reduce(hx_rank *rk)
                                               zs->present, &rs->global_weight);
         if (st != SELDP_OK)
             HX_FAIL_LIB(st, "rank %d: reduce-scatter over %s", rk->rank, rs->set->label);
+        HX_CHECK(hx_inject_zero_emb(rk, rs, zs->map, zs->group_rank, zs->range));
     }
     /* the exported inputs are captured; the main thread assembles the results here */
     HX_CHECK(hx_reset_grads(rk));

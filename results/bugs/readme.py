@@ -54,6 +54,12 @@ WHERE = {
     "shared-expert-tp": "after each shared-expert gradient's export, before the data-parallel "
                         "reduction (`hx_inject_exported`): a sum over the TP group, the second "
                         "TP all-reduce of parameters marked as needing one.",
+    "tied-zero": "the embedding set's reduce-scatter under `--zero 1` "
+                 "(`hx_inject_zero_emb`, harness/inject_zero.c): each stage's data-parallel "
+                 "reduce-scatter first, the embedding group's cross-stage sum of the whole tied "
+                 "gradient after it, so a range holds one stage's sum plus the other stage's "
+                 "unreduced local gradient (the embedding lies first in stage 0's buffer and "
+                 "last in the last stage's, in different ranks' parts).",
     "half-accum": "every replica set's reduction (`hx_inject_reduce`): the members' inputs added "
                   "one after another, each partial sum rounded to the gradients' half dtype, "
                   "as a ring all-reduce in bf16 does; a mean rounds the quotient once more.",
@@ -168,6 +174,18 @@ for b in bugs:
     for dt, diag in diags:
         print("> **diagnosis (%s)**: %s\n>" % (dt, diag))
     print()
+    layouts = os.path.join(d, "layouts.tsv")
+    if os.path.exists(layouts):
+        print("No lockstep sweep: sweeps refuse `--zero 1`. Each layout where it shows, run "
+              "on its own for 3 steps in f32 (`--zero 1 --global-batch 255 --seed 1234`), with "
+              "`--inject %s` and clean:\n" % name)
+        print("| layout | with the bug | diagnosis names | clean | diagnosis names |")
+        print("|---|---|---|---|---|")
+        for row in read(layouts).splitlines():
+            f = row.split("\t")
+            print("| `%s` | %s | %s | %s | %s |" % tuple(f[:5]))
+        print()
+        continue
     if not os.path.exists(os.path.join(d, "sweep.cmd")):
         print("No sweep: loss scaling is f16's alone and sweeps refuse it; the post-step check "
               "of the step above is where it shows.\n")

@@ -4,7 +4,8 @@
 # f16) and in bf16, a lockstep sweep over the layouts where it shows with the bug planted and
 # the same sweep clean, and README.md assembled from them (readme.py). A bug whose option of
 # the step does not exist yet is recorded with the refusal it gets; found-inf-local (loss
-# scaling, f16 only, refused by sweeps) has its step-1 report in f16 and no sweep.
+# scaling, f16 only, refused by sweeps) has its step-1 report in f16 and no sweep; tied-zero
+# (--zero 1, which sweeps refuse) runs on each of its layouts apart instead (layouts.tsv).
 #
 #   results/bugs/regenerate.sh       uses build/bin/seldp-harness and build/bin/seldp-bugs
 #
@@ -86,6 +87,34 @@ for name in $("$bugs" --names); do
             > "$dir/step1-$dt.txt" 2>&1 || status=$?
         expect "$name step 1 $dt" 1 "$status"
     done
+    if [ "$name" = tied-zero ]; then
+        # sweeps refuse --zero 1: the layouts where it shows, each run on its own, with and
+        # without the bug
+        : > "$dir/layouts.tsv"
+        for layout in "--world 4 --pp 2 --ep 2" "--world 8 --pp 2 --ep 4" \
+            "--world 8 --pp 4 --layers 4 --ep 2" "--framework megatron --world 8 --tp 2 --pp 2 --ep 2" \
+            "--framework megatron --world 16 --tp 2 --pp 2 --ep 2"; do
+            line="$layout"
+            for kind in bug clean; do
+                inject=""
+                want=0
+                if [ $kind = bug ]; then
+                    inject="--inject $name"
+                    want=1
+                fi
+                status=0
+                # shellcheck disable=SC2086
+                "$bin" $layout --zero 1 --dtype f32 $common $inject --out none > "$dir/run.txt" 2>&1 ||
+                    status=$?
+                expect "$name $layout ($kind)" $want "$status"
+                result=$(sed -n 's/^result: \([A-Z]*\).*/\1/p' "$dir/run.txt")
+                named=$(sed -n 's/^diagnosis: .*known bug \([a-z0-9-]*\).*/\1/p' "$dir/run.txt")
+                line="$line	$result	${named:--}"
+            done
+            printf '%b\n' "$line" >> "$dir/layouts.tsv"
+        done
+        rm -f "$dir/run.txt"
+    fi
     sw=$(sweep_of "$name")
     [ -n "$sw" ] || continue
     echo "seldp-harness $sw $common --inject $name" > "$dir/sweep.cmd"
