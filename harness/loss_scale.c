@@ -23,8 +23,6 @@ seldp_status hx_loss_scale_check(const hx_run *run)
     const char *why = NULL;
     if (o->model.dtype != SELDP_F16)
         why = "needs --dtype f16 (bf16 and f32 have the range of FP32)";
-    else if (o->zero)
-        why = "with --zero 1: the ranges' found_inf is not wired yet";
     else if (o->sweep)
         why = "with --sweep: the lockstep does not carry the scale";
     for (int r = 0; !why && r < o->world; r++)
@@ -86,7 +84,7 @@ seldp_status hx_loss_scale_found_inf(hx_rank *rk)
         return SELDP_OK;
     /* every group's gradients together: one flag for the dense and the expert optimizers
      * (found over [dense, expert] parameters, agreed over the world in one allreduce) */
-    int64_t mine[2] = {0, 0}, all[2] = {0, 0};
+    int64_t mine[2] = {0, 0};
     for (size_t i = 0; i < tm_param_count(rk->model); i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
         const seldp_tensor *t = p->alias ? NULL : seldp_grads_get(rk->grads, p->id);
@@ -102,6 +100,15 @@ seldp_status hx_loss_scale_found_inf(hx_rank *rk)
             mine[c] = !isfinite(f[j]);
         free(f);
     }
+    return hx_loss_scale_agree(rk, mine);
+}
+
+seldp_status hx_loss_scale_agree(hx_rank *rk, const int64_t mine[2])
+{
+    int64_t all[2] = {0, 0};
+    rk->found_inf = rk->found_inf_dense = rk->found_inf_expert = false;
+    if (!rk->run->opts.loss_scale_given)
+        return SELDP_OK;
     seldp_status st = seldp_comm_allreduce(rk->world, mine, all, 2, SELDP_I64, SELDP_HOST_DEVICE);
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: allreduce of found_inf over the world", rk->rank);

@@ -3,10 +3,12 @@
 
 #include "zero.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "inject.h"
+#include "loss_scale.h"
 #include "optimizer.h"
 
 /* The planted faults that act on the all-reduce path alone (why), or NULL: those planted in
@@ -150,7 +152,7 @@ seldp_status hx_zero_reduce(hx_rank *rk)
             HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
         HX_CHECK_LIB(seldp_grad_norm_ranges(rk->world, NULL, 0, ranges, (size_t)rk->n_sets, &res),
                      "rank %d: the global gradient norm over its ranges", rk->rank);
-        rk->grad_norm = res.norm;
+        rk->grad_norm = res.norm / hx_loss_scale_factor(rk); /* of the loss, not S times it */
     }
 fail:
     free(ranges);
@@ -279,10 +281,34 @@ static void current_values(const hx_rank *rk, size_t i, const seldp_shard_piece 
     free(w);
 }
 
+/* What rank rk's ranges hold of non-finite values: [0] in dense pieces, [1] in expert ones. */
+static seldp_status ranges_non_finite(hx_rank *rk, int64_t found[2])
+{
+    seldp_status st = SELDP_OK;
+    found[0] = found[1] = 0;
+    for (int s = 0; s < rk->n_sets; s++) {
+        const hx_zero_set *zs = &rk->zero->sets[s];
+        for (size_t k = 0; k < zs->n_pieces; k++) {
+            seldp_shard_piece pc;
+            if (!zs->present[k])
+                continue;
+            HX_CHECK_LIB(seldp_shard_map_piece(zs->map, zs->group_rank, k, &pc),
+                         "rank %d: piece %zu of its range", rk->rank, k);
+            long i = occurrence(rk, &pc);
+            int c = i >= 0 && tm_param_at(rk->model, (size_t)i)->expert >= 0;
+            for (size_t j = 0; j < pc.count && !found[c]; j++)
+                found[c] = !isfinite(zs->range[pc.range_offset + j]);
+        }
+    }
+fail:
+    return st;
+}
+
 seldp_status hx_zero_update(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
     seldp_norm_range *ranges = NULL;
+    float *g = NULL;
     bool skip = false;
     for (size_t i = 0; i < rk->n_params; i++) {
         const tm_param_info *p = tm_param_at(rk->model, i);
@@ -291,17 +317,25 @@ seldp_status hx_zero_update(hx_rank *rk)
         if (!p->alias && !p->frozen && (p->role & TM_ROLES_TRAINABLE))
             HX_CHECK(hx_opt_snapshot(rk, i));
     }
-    if (rk->run->opts.clip_grad > 0) {
+    /* --loss-scale: one found_inf over the world, from every rank's ranges (loss_scale.h) */
+    int64_t found[2];
+    HX_CHECK(ranges_non_finite(rk, found));
+    HX_CHECK(hx_loss_scale_agree(rk, found));
+    double S = hx_loss_scale_factor(rk);
+    if (rk->run->opts.clip_grad > 0 && !rk->found_inf) {
         seldp_grad_norm_result res;
         ranges = norm_ranges(rk);
         if (!ranges)
             HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+        /* under --loss-scale the ranges are S times the loss's gradient: clip at S times */
         HX_CHECK_LIB(seldp_clip_grad_norm_ranges(rk->world, NULL, 0, ranges, (size_t)rk->n_sets,
-                                                 rk->run->opts.clip_grad, &res),
+                                                 rk->run->opts.clip_grad * S, &res),
                      "rank %d: --clip-grad %g over its ranges", rk->rank, rk->run->opts.clip_grad);
         skip = res.found_inf;
     }
-    rk->opt->skipped = skip;
+    rk->opt->skipped = skip || rk->found_inf;
+    rk->opt->loss_scale = S;
+    bool any = false;
     for (int s = 0; s < rk->n_sets; s++) {
         hx_zero_set *zs = &rk->zero->sets[s];
         for (size_t k = 0; k < zs->n_pieces; k++) {
@@ -316,20 +350,44 @@ seldp_status hx_zero_update(hx_rank *rk)
                 current_values(rk, (size_t)i, &pc, out);
                 continue;
             }
-            HX_CHECK(hx_opt_update_elements(rk, (size_t)i, pc.param_offset, pc.count,
-                                            zs->range + pc.range_offset, skip, out));
+            const tm_param_info *p = tm_param_at(rk->model, (size_t)i);
+            bool skip_p = skip || hx_loss_scale_skips(rk, p);
+            /* --loss-scale: the gradient of the loss, not of S times it */
+            const float *gp = zs->range + pc.range_offset;
+            if (S != 1.0) {
+                free(g);
+                g = hx_calloc(pc.count, sizeof *g);
+                if (!g)
+                    HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+                for (size_t j = 0; j < pc.count; j++)
+                    g[j] = (float)(gp[j] * (1.0 / S));
+                gp = g;
+            }
+            HX_CHECK(
+                hx_opt_update_elements(rk, (size_t)i, pc.param_offset, pc.count, gp, skip_p, out));
+            if (skip_p)
+                current_values(rk, (size_t)i, &pc, out);
+            any = any || !skip_p;
         }
     }
-    if (skip)
-        goto fail; /* every rank skips: nothing to gather */
-    for (int s = 0; s < rk->n_sets; s++) {
+    /* every rank skips alike (the world's decisions): nothing to gather */
+    int64_t moved[1] = {any}, anywhere[1] = {0};
+    if (rk->run->opts.inject == HX_FAULT_FOUND_INF_LOCAL) /* one kind may step alone */
+        HX_CHECK_LIB(
+            seldp_comm_allreduce(rk->world, moved, anywhere, 1, SELDP_I64, SELDP_HOST_DEVICE),
+            "rank %d: whether any rank updated", rk->rank);
+    else
+        anywhere[0] = !skip && !rk->found_inf;
+    for (int s = 0; anywhere[0] && s < rk->n_sets; s++) {
         hx_zero_set *zs = &rk->zero->sets[s];
         HX_CHECK_LIB(seldp_shard_allgather_params(rk->sets[s].session, zs->map, zs->out, SELDP_F32,
                                                   zs->count),
                      "rank %d: all-gather of the updated ranges over %s", rk->rank,
                      rk->sets[s].set->label);
     }
+    hx_loss_scale_update(rk); /* backoff or growth of a dynamic scale */
 fail:
+    free(g);
     free(ranges);
     return st;
 }

@@ -288,13 +288,20 @@ static void test_under_zero(void **state)
         {"shared-expert-tp", "--world 4 --tp 2 --ep 2 --shared-expert-ff 32 --zero 1"},
         {"last-microbatch", "--world 8 --ep 4 --micro-batches 4 --zero 1"},
         {"aux-cp", "--world 4 --cp 2 --ep 2 --aux-loss-coeff 0.1 --zero 1"},
+        {"found-inf-local", "--world 4 --ep 2 --optimizer adamw --loss-scale dynamic "
+                            "--inject-overflow 1 --zero 1"},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         const hx_bug *bug = bug_named(runs[i].name);
         const char *check = "reduced gradients vs the FP64 reference";
+        const char *dtype = "f32";
         if (bug->fault == HX_FAULT_AUX_CP)
             check = "ranks' FP32 gradients vs the FP64 reference";
-        fails_and_is_named(bug, runs[i].args, "f32", check, NULL);
+        if (bug->fault == HX_FAULT_FOUND_INF_LOCAL) {
+            check = "updates equal the FP64 optimizer step";
+            dtype = "f16";
+        }
+        fails_and_is_named(bug, runs[i].args, dtype, check, NULL);
     }
 }
 

@@ -88,6 +88,10 @@ static void expert_parallel(void **state)
                  "0.3 --micro-batches 2",
                  8);
     equals_zero0("--world 4 --ep 2 --optimizer adamw --lr 0.01 --dtype f16 --global-batch 256", 4);
+    /* loss scaling: the ranges' found_inf, the skip of step 2 and the scale's growth */
+    equals_zero0("--world 8 --ep 4 --optimizer adamw --lr 0.01 --dtype f16 --loss-scale dynamic "
+                 "--loss-scale-window 1 --inject-overflow 2 --clip-grad 0.5",
+                 8);
 }
 
 static void grids(void **state)
@@ -109,7 +113,9 @@ static void refusals(void **state)
     (void)state;
     usage_error("--zero 2", "--zero '2': expected 0 or 1");
     usage_error("--zero 1 --overlap", "--zero 1 cannot run here: --overlap");
-    usage_error("--zero 1 --inject ep-scale", "--zero 1 cannot run here: --inject");
+    usage_error("--zero 1 --inject grad", "--zero 1 cannot run here: --inject grad");
+    usage_error("--zero 1 --inject half-accum --world 4 --ep 2",
+                "--zero 1 cannot run here: --inject half-accum");
     char args[1400];
     snprintf(args, sizeof args, "--zero 1 --sweep ep --steps 1 --out %s", hx_test_dir("sweep"));
     usage_error(args, "--sweep with --zero 1");
