@@ -9,8 +9,17 @@
  *             except at a step where either run followed a near tie of the router (the two
  *             precisions route such a token either way; each run is checked against its own
  *             reference there)
- *   update    ||w' - w0'|| <= lr (B_g + B_g0) + ulp(w0') per tensor: the weights each run's
- *             step produced from the same start.
+ *   update    SGD: ||w' - w0'|| <= lr (B_g + B_g0) + ulp(w0') per tensor: the weights each
+ *             run's step produced from the same start. AdamW: the optimizer state is recorded
+ *             and loaded with the weights (moments, step counts), and each element's
+ *             difference w' - w0' must be the one the two gradients explain, the FP64 AdamW
+ *             step of the same state from g minus from g0 (each times its run's clipping
+ *             coefficient), within the two FP32 updates' bounds (the post-step check's) and
+ *             the updates' sensitivity to one rounding of the gradient.
+ * Under --loss-scale the follower takes each step's scale from the record; a step both runs
+ * skipped (an overflow) compares no gradients and needs the weights unchanged; a step one run
+ * skipped alone disagrees. Under --zero 1 the record's state is made whole from the ranges'
+ * owners first (hx_zero_consolidate), and each rank compares the range it updates.
  * A free-running curve parts from the first run's with no bug at all (a top-K flip at one step
  * moves every later loss); sweeps report those as information only. */
 #ifndef HX_LOCKSTEP_H
@@ -18,6 +27,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "seldp/status.h"
 
@@ -28,16 +38,22 @@ struct hx_rank;
 typedef struct hx_lock_tensor {
     char path[128];
     size_t n;
-    float *w;     /* the weights the step started from (FP32 masters where the run keeps them) */
-    float *g;     /* the logical reduced gradient; NULL where the run reduced none */
-    double bound; /* the reduced gradient's bound (tolerance model) */
+    float *w;      /* the weights the step started from (FP32 masters where the run keeps them) */
+    float *g;      /* the logical reduced gradient (of the loss: unscaled under --loss-scale);
+                      NULL where the run reduced none */
+    double bound;  /* the reduced gradient's bound (tolerance model) */
+    float *m, *v;  /* AdamW: the moments the step started from (with w), else NULL */
+    int64_t steps; /* AdamW: the tensor's update count before the step */
 } hx_lock_tensor;
 
 typedef struct hx_lock_step {
     int n;
     hx_lock_tensor *t;
     double loss, loss_bound;
-    bool tie; /* the step followed a near tie of the router */
+    bool tie;          /* the step followed a near tie of the router */
+    bool skipped;      /* --loss-scale: the step overflowed, every rank skipped its update */
+    double loss_scale; /* the S the step's gradients carried (1 without --loss-scale) */
+    double clip_coef;  /* --clip-grad: the coefficient its update scaled the gradients by */
     bool recorded;
 } hx_lock_step;
 

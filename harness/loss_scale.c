@@ -23,8 +23,6 @@ seldp_status hx_loss_scale_check(const hx_run *run)
     const char *why = NULL;
     if (o->model.dtype != SELDP_F16)
         why = "needs --dtype f16 (bf16 and f32 have the range of FP32)";
-    else if (o->sweep)
-        why = "with --sweep: the lockstep does not carry the scale";
     for (int r = 0; !why && r < o->world; r++)
         if (hx_backend_device(run->backend, r).kind == SELDP_DEVICE_CUDA)
             why = "a rank on a GPU: the overflow is found in host gradients";

@@ -19,7 +19,7 @@
 #include "run.h"
 
 /* The options against the run (a usage error, one line): F16 parameters, host ranks, no
- * no --sweep; --inject-overflow within the steps and with --loss-scale. */
+ * --inject-overflow within the steps and with --loss-scale. */
 seldp_status hx_loss_scale_check(const hx_run *run);
 
 /* Every rank's initial scale (1 without --loss-scale). */

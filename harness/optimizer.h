@@ -90,6 +90,13 @@ void hx_opt_check_step(hx_run *run, int step);
  * rank's updates, rank 0 gathers and merges the results (hx_gather_update). */
 seldp_status hx_opt_check_process(hx_run *run, hx_rank *rk, int step);
 
+/* The FP64 update of one element (the post-step check's): its step t (1-based), gradient g
+ * (of the loss, unscaled, after clipping), weight w0 and AdamW moments m0, v0 before the step;
+ * *w the updated weight and *bound the bound of the FP32 update's error (docs/tolerances.md,
+ * The update). */
+void hx_opt_expected(const hx_options *o, int64_t t, double g, double w0, double m0, double v0,
+                     double *w, double *bound);
+
 /* The dump (docs/formats.md, Dumps; optimizer_dump.c): the bytes of occurrence i as the step's
  * forward used them (before the update, in a post-step dump), and what the update adds to rank
  * rk's file (the dump is written after the update): `param_next/{path}`, `opt/{path}/exp_avg`,

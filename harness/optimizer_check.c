@@ -123,6 +123,14 @@ static expected adamw_ref(const hx_options *o, int64_t t, double g, double w0, d
     return e;
 }
 
+void hx_opt_expected(const hx_options *o, int64_t t, double g, double w0, double m0, double v0,
+                     double *w, double *bound)
+{
+    expected e = o->optimizer == HX_OPT_ADAMW ? adamw_ref(o, t, g, w0, m0, v0) : sgd_ref(o, g, w0);
+    *w = e.w;
+    *bound = e.bw;
+}
+
 /* Whether the world must skip this step's update: --clip-grad or --loss-scale and a non-finite
  * gradient anywhere (the global norm every rank computes is then non-finite; loss scaling's
  * found_inf). */

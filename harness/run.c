@@ -277,7 +277,8 @@ static seldp_status execute_threads(hx_run *run)
         hx_opt_check_step(run, step);
         if (run->opts.zero && run->opts.clip_grad > 0) /* the clipped ranges, for the dump */
             st = hx_zero_assemble(run);
-        if (st == SELDP_OK && hx_ckpt_due(run, step)) /* --zero 1: the state whole */
+        if (st == SELDP_OK && (hx_ckpt_due(run, step) || /* --zero 1: the state whole */
+                               (run->lockstep && step == run->opts.steps - 1)))
             st = hx_zero_consolidate(run, false);
         if (st == SELDP_OK && step == run->opts.steps - 1 && run->opts.dump_dir)
             st = hx_zero_consolidate(run, true); /* the dump's opt/ whole */

@@ -33,6 +33,7 @@ static const struct {
     {"flow", "expert-reduce", false},
     {"expert-reduce", "expert-reduce", false},
     {"fp32-master", "fp32-master", true},
+    {"zero", "zero", false},
     {"policy", "policy", false},
     {"inject", "inject", false},
     {"lora-rank", "lora-rank", false},

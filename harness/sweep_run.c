@@ -138,7 +138,7 @@ void hx_sweep_run(hx_sweep *s, int i, FILE *out)
     r->tolerance = fmax(dtype_tolerance(e->opts.model.dtype), dtype_tolerance(base->model.dtype));
     r->lockstep = b != i && s->results[b].completed && s->locks[b] &&
                   e->opts.model.dtype == base->model.dtype &&
-                  e->opts.fp32_master == base->fp32_master;
+                  (e->opts.fp32_master || e->opts.zero) == (base->fp32_master || base->zero);
     double t0 = hx_now();
     hx_run *run = NULL, *free_run = NULL;
     hx_sweep_weights w = {0}, wf = {0};

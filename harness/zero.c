@@ -46,8 +46,6 @@ seldp_status hx_zero_check(const hx_run *run)
               "member's range, which needs the ranks as threads of one process";
     else if (o->overlap)
         why = "--overlap: the overlapped reductions are all-reduces";
-    else if (o->sweep)
-        why = "--sweep: a lockstep sweep loads weights without their sharded state";
     else if (zero_refuses(o->inject))
         why = zero_refuses(o->inject);
     for (int r = 0; !why && r < o->world; r++)

@@ -31,7 +31,7 @@ typedef struct hx_zero {
 } hx_zero;
 
 /* --zero against the run (a usage error, one line): ranks as threads of one process on the
- * host transport, on the host; no --overlap or --sweep. */
+ * host transport, on the host; no --overlap, and only the planted faults that act here. */
 seldp_status hx_zero_check(const hx_run *run);
 
 /* Rank rk's reductions under --zero 1: every gradient exported as in the blocking flow (and

@@ -116,9 +116,6 @@ static void refusals(void **state)
     usage_error("--zero 1 --inject grad", "--zero 1 cannot run here: --inject grad");
     usage_error("--zero 1 --inject half-accum --world 4 --ep 2",
                 "--zero 1 cannot run here: --inject half-accum");
-    char args[1400];
-    snprintf(args, sizeof args, "--zero 1 --sweep ep --steps 1 --out %s", hx_test_dir("sweep"));
-    usage_error(args, "--sweep with --zero 1");
 }
 
 int main(void)
