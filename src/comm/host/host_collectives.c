@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/host_copy.h"
-#include "comm/host_impl.h"
-#include "comm/host_sum.h"
+#include "simd/host_copy.h"
+#include "comm/host/host_impl.h"
+#include "simd/host_sum.h"
 #include "device.h"
 #include "internal.h"
 

@@ -1,13 +1,13 @@
-/* The host-staged transport's shared state (private to src/comm/host*.c).
+/* The host-staged transport's shared state (private to src/comm/host/).
  *
  * The transport is cut along its seams:
  *   host.c             worlds, groups, communicators, split, abort, destroy, staging
  *   host_rendezvous.c  the phases of a collective: publish, agree, wait, give up, leave
  *   host_collectives.c what moves in the execute step of each collective
  *   host_shard.c       the same for the sharded ones: reduce-scatter, all-gather of blocks
- *   host_sum.c         the SIMD kernels of the reductions (host_sum.h)
- *   host_copy.c        the streaming copy of large payloads (host_copy.h)
  *   host_fault.c       fault injection for the tests (host_fault.h)
+ * Below it, in src/simd/: host_sum.c, the SIMD kernels of the reductions (host_sum.h), and
+ * host_copy.c, the streaming copy of large payloads (host_copy.h).
  * See host_rendezvous.c for how a collective runs. */
 #ifndef SELDP_HOST_IMPL_H
 #define SELDP_HOST_IMPL_H

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/hybrid_fault.h"
-#include "comm/hybrid_impl.h"
+#include "comm/hybrid/hybrid_fault.h"
+#include "comm/hybrid/hybrid_impl.h"
 #include "internal.h"
 #include "seldp/mpi.h"
 

@@ -2,8 +2,8 @@
  *
  * This file holds its worlds, groups and communicators: creating a world, joining it,
  * splitting a group, aborting and destroying. How a collective runs is in
- * host_rendezvous.c, what it moves in host_collectives.c and host_sum.c, and the test
- * hooks in host_fault.c; host_impl.h is the state they share. Device buffers are staged
+ * host_rendezvous.c, what it moves in host_collectives.c (with the kernels of src/simd/),
+ * and the test hooks in host_fault.c; host_impl.h is the state they share. Device buffers are staged
  * through pinned host memory before "arrive" and copied back after "leave", so the
  * collectives only ever touch host memory. */
 #define _POSIX_C_SOURCE 200809L /* pthread_condattr_setclock, clock_gettime */
@@ -15,8 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "comm/host_impl.h"
-#include "comm/host_sum.h"
+#include "comm/host/host_impl.h"
+#include "simd/host_sum.h"
 #include "device.h"
 #include "internal.h"
 

@@ -17,9 +17,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/hybrid_fault.h"
-#include "comm/hybrid_impl.h"
-#include "comm/mpi_impl.h"
+#include "comm/hybrid/hybrid_fault.h"
+#include "comm/hybrid/hybrid_impl.h"
+#include "comm/mpi/mpi_impl.h"
 #include "internal.h"
 
 #define SLICE_S        0.02

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/hybrid_impl.h"
+#include "comm/hybrid/hybrid_impl.h"
 #include "device.h"
 #include "internal.h"
 

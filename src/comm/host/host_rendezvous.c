@@ -9,7 +9,7 @@
  *      rank, so each byte is read and written once, by all the cores together (large
  *      payloads with non-temporal stores); the fused reduction of the sessions does the
  *      same over many tensors, with half upcasts and the 1/W scale in the same pass
- *      (host_collectives.c, host_sum.c);
+ *      (host_collectives.c, src/simd/host_sum.c);
  *   3. leave: wait once more (phase "leave") so that no rank returns, and reuses or
  *      frees a buffer, while another is still reading or writing it.
  * The timeout bounds arrival. A rank that has arrived holds access to the others' buffers
@@ -41,7 +41,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/host_impl.h"
+#include "comm/host/host_impl.h"
 #include "internal.h"
 
 /* ---- abort and waiting ----------------------------------------------------------- */
