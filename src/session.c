@@ -69,8 +69,8 @@ static seldp_status check_selectable(const seldp_param *p, bool with_buffers)
     return SELDP_OK;
 }
 
-/* The selected groups in path order, each checked for dtype and device. */
-static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorted,
+/* The selected parameters in path order, each checked for dtype and device. */
+static seldp_status collect_params(seldp_session *s, const seldp_param_id *sorted,
                                    bool with_buffers)
 {
     seldp_status st = SELDP_OK;
@@ -78,15 +78,15 @@ static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorte
     bool *seen = calloc(s->n_ids ? s->n_ids : 1, sizeof *seen);
     char have[32], want[32];
 
-    s->groups = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->groups);
-    s->slot_group = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->slot_group);
-    if (!seen || !s->groups || !s->slot_group)
+    s->params = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->params);
+    s->slot_param = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->slot_param);
+    if (!seen || !s->params || !s->slot_param)
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory recording a selection of %zu ids", s->n_ids);
     for (size_t i = 0; i < n_params; i++) {
         const seldp_param *p = seldp_model_at(s->model, i);
         const seldp_param_id *hit = bsearch(&p->id, sorted, s->n_ids, sizeof *sorted, compare_ids);
         size_t k;
-        session_group *g;
+        session_param *g;
         if (!hit || seen[k = (size_t)(hit - sorted)])
             continue;
         seen[k] = true;
@@ -97,7 +97,7 @@ static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorte
                        seldp__session_device_name(p->tensor.device, have, sizeof have),
                        seldp__session_device_name(s->device, want, sizeof want));
         SELDP_CHECK(seldp__device_check_aligned(&p->tensor, p->path));
-        g = &s->groups[s->n_groups++];
+        g = &s->params[s->n_params++];
         g->id = p->id;
         g->path = p->path;
         g->tensor = p->tensor;
@@ -105,7 +105,7 @@ static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorte
         g->slot = SESSION_NO_SLOT;
         if (!p->frozen && seldp_dtype_is_float(p->tensor.dtype)) {
             g->slot = s->n_slots;
-            s->slot_group[s->n_slots++] = s->n_groups - 1;
+            s->slot_param[s->n_slots++] = s->n_params - 1;
             s->slot_elems += seldp_tensor_numel(&p->tensor);
         }
     }
@@ -120,9 +120,9 @@ static size_t largest_bucket(const seldp_session *s)
     size_t largest = 0;
     for (int d = 0; d < SELDP_DTYPE_COUNT; d++) {
         size_t total = 0, cap, need;
-        for (size_t i = 0; i < s->n_groups; i++)
-            if (s->groups[i].tensor.dtype == (seldp_dtype)d)
-                total += seldp_tensor_nbytes(&s->groups[i].tensor);
+        for (size_t i = 0; i < s->n_params; i++)
+            if (s->params[i].tensor.dtype == (seldp_dtype)d)
+                total += seldp_tensor_nbytes(&s->params[i].tensor);
         cap = seldp__bucket_capacity(s->cfg.bucket_bytes, seldp_dtype_size((seldp_dtype)d));
         need = total < cap ? total : cap;
         if (need > largest)
@@ -224,7 +224,7 @@ static seldp_status init_prepare(seldp_session *s, int root, const seldp_param_i
             SELDP_FAIL(SELDP_ERR_NOT_FOUND,
                        "selected ParamId %" PRIu64 " is not registered in the local model", ids[k]);
 
-    SELDP_CHECK(collect_groups(s, sorted, with_buffers));
+    SELDP_CHECK(collect_params(s, sorted, with_buffers));
     SELDP_CHECK(seldp__manifest_build(s->model, sorted, s->n_ids, &manifest));
     SELDP_CHECK(seldp__manifest_encode(&manifest, blob, blob_bytes));
     SELDP_CHECK(seldp__device_alloc(s->device, largest_bucket(s), bucket));
@@ -356,7 +356,7 @@ fail:
 
 /* --- initialize: broadcast ------------------------------------------------- */
 
-/* Collective: broadcast every group from the root, one dtype at a time, in path order,
+/* Collective: broadcast every parameter from the root, one dtype at a time, in path order,
  * through buckets of cfg.bucket_bytes. Only non-root ranks write their parameters. */
 static seldp_status broadcast_selection(seldp_session *s, int root, void *bucket)
 {
@@ -368,11 +368,11 @@ static seldp_status broadcast_selection(seldp_session *s, int root, void *bucket
         seldp_dtype dtype = (seldp_dtype)d;
         size_t esize = seldp_dtype_size(dtype), total, n_buckets;
         SELDP_CHECK(seldp__bucket_stream_init(
-            &stream, s->device, seldp__bucket_capacity(s->cfg.bucket_bytes, esize), s->n_groups));
-        for (size_t i = 0; i < s->n_groups; i++)
-            if (s->groups[i].tensor.dtype == dtype)
-                seldp__bucket_stream_add(&stream, s->groups[i].tensor.data,
-                                         seldp_tensor_nbytes(&s->groups[i].tensor));
+            &stream, s->device, seldp__bucket_capacity(s->cfg.bucket_bytes, esize), s->n_params));
+        for (size_t i = 0; i < s->n_params; i++)
+            if (s->params[i].tensor.dtype == dtype)
+                seldp__bucket_stream_add(&stream, s->params[i].tensor.data,
+                                         seldp_tensor_nbytes(&s->params[i].tensor));
         total = seldp__bucket_stream_bytes(&stream);
         n_buckets = seldp__bucket_count(total, stream.capacity);
         for (size_t b = 0; b < n_buckets; b++) {
@@ -509,8 +509,8 @@ void seldp_session_destroy(seldp_session *session)
         return;
     seldp__session_async_free(session); /* first: its progress thread uses the staging */
     seldp__device_free(session->device, session->staging);
-    free(session->slot_group);
-    free(session->groups);
+    free(session->slot_param);
+    free(session->params);
     free(session->ids);
     free(session);
 }

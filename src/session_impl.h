@@ -11,17 +11,17 @@
 #include "seldp/session.h"
 #include "session_messages.h"
 
-/* slot of a group that is never reduced (frozen, or an integer/bool buffer) */
+/* slot of a parameter that is never reduced (frozen, or an integer/bool buffer) */
 #define SESSION_NO_SLOT ((size_t)-1)
 
 /* One selected ParamId: all the paths it is tied at, communicated once. */
-typedef struct session_group {
+typedef struct session_param {
     seldp_param_id id;
     const char *path;    /* its smallest path (the model's string) */
     seldp_tensor tensor; /* the parameter's storage */
     bool frozen;
-    size_t slot; /* index among the reducible groups, or SESSION_NO_SLOT */
-} session_group;
+    size_t slot; /* index among the reducible parameters, or SESSION_NO_SLOT */
+} session_param;
 
 struct seldp_session {
     seldp_comm *comm;
@@ -30,11 +30,11 @@ struct seldp_session {
     seldp_session_config cfg;
     seldp_param_id *ids; /* as given, for seldp_session_selected */
     size_t n_ids;
-    session_group *groups; /* in path order of their smallest paths */
-    size_t n_groups;
-    size_t *slot_group; /* reducible (trainable F32/F16/BF16) groups: slot -> group index */
+    session_param *params; /* in path order of their smallest paths */
+    size_t n_params;
+    size_t *slot_param; /* reducible (trainable F32/F16/BF16) ones: slot -> parameter index */
     size_t n_slots;
-    size_t slot_elems; /* elements of all reducible groups: the staging buffer's capacity */
+    size_t slot_elems; /* elements of all reducible parameters: the staging buffer's capacity */
     float *staging;    /* F32 on `device`, allocated by the first reduction */
     bool fused;        /* the group agreed on the fused reduce path at initialize */
     /* The fingerprint every reduction agrees on: a digest of the selection's schema (the
