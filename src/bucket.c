@@ -110,8 +110,8 @@ static seldp_status bucket_copy(const seldp__bucket_stream *s, size_t index, voi
             continue;
         size_t n = seg_end - at < bytes - done ? seg_end - at : bytes - done;
         char *tensor = (char *)s->data[seg] + (at - seg_start);
-        char *slot = (char *)bucket + done;
-        batch[n_batch++] = to_bucket ? copy_seg(slot, tensor, n) : copy_seg(tensor, slot, n);
+        char *part = (char *)bucket + done;
+        batch[n_batch++] = to_bucket ? copy_seg(part, tensor, n) : copy_seg(tensor, part, n);
         if (n_batch == SELDP_CONVERT_BATCH_MAX) {
             SELDP_CHECK(seldp__convert_batch(s->device, batch, n_batch));
             n_batch = 0;

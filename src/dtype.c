@@ -5,14 +5,15 @@
  * An upcast is exact, a NaN's payload and signalling bit included; a downcast rounds to
  * nearest even, overflows to Inf and makes a NaN the quiet NaN of the same sign with the
  * top bits of its payload. The array conversions run on vectors where the CPU has them
- * (src/half_simd.h: AVX2, else SSE2, for BF16; F16C for F16) with the same bits as the scalar ones.
+ * (src/simd/half_simd.h: AVX2, else SSE2, for BF16; F16C for F16) with the same bits as the scalar
+ * ones.
  */
 #define _POSIX_C_SOURCE 200809L /* strcasecmp */
 
 #include <string.h>
 #include <strings.h>
 
-#include "half_simd.h"
+#include "simd/half_simd.h"
 #include "seldp/dtype.h"
 
 static const struct {

@@ -120,18 +120,18 @@ static const char *call_str(const norm_header *h, char *buf, size_t size)
 
 static void session_label(const seldp_session *s, char *buf, size_t size)
 {
-    if (s->n_groups == 0)
+    if (s->n_params == 0)
         snprintf(buf, size, "an empty selection");
-    else if (s->n_groups == 1)
-        snprintf(buf, size, "'%.60s'", s->groups[0].path);
+    else if (s->n_params == 1)
+        snprintf(buf, size, "'%.60s'", s->params[0].path);
     else
-        snprintf(buf, size, "'%.50s' and %zu more", s->groups[0].path, s->n_groups - 1);
+        snprintf(buf, size, "'%.50s' and %zu more", s->params[0].path, s->n_params - 1);
 }
 
 /* --- prepare --------------------------------------------------------------- */
 
-/* Check the gradient of group g of part i (as the reductions check theirs). */
-static seldp_status check_gradient(const norm_call *c, size_t i, const session_group *g,
+/* Check the gradient of parameter g of part i (as the reductions check theirs). */
+static seldp_status check_gradient(const norm_call *c, size_t i, const session_param *g,
                                    const seldp_tensor *t)
 {
     seldp_status st = SELDP_OK;
@@ -315,14 +315,14 @@ static seldp_status check_overlap(const norm_call *c)
     selected_param *all;
 
     for (size_t i = 0; i < c->n_parts + c->n_ranges; i++)
-        total += listed_session(c, i)->n_groups;
+        total += listed_session(c, i)->n_params;
     if (!(all = malloc((total ? total : 1) * sizeof *all)))
         return seldp__fail(SELDP_ERR_NOMEM, "out of memory checking %zu selected parameters",
                            total);
     for (size_t i = 0; i < c->n_parts + c->n_ranges; i++) {
         const seldp_session *s = listed_session(c, i);
-        for (size_t k = 0; k < s->n_groups; k++)
-            all[n++] = (selected_param){s->model, s->groups[k].id, i, s->groups[k].path};
+        for (size_t k = 0; k < s->n_params; k++)
+            all[n++] = (selected_param){s->model, s->params[k].id, i, s->params[k].path};
     }
     qsort(all, n, sizeof *all, compare_selected);
     for (size_t k = 1; k < n; k++)
@@ -354,8 +354,8 @@ static seldp_status prepare_part(norm_call *c, size_t i)
     size_t half_elems = 0;
     bool counts = p->kind == SELDP_NORM_SHARDED || seldp_comm_rank(s->comm) == 0;
 
-    for (size_t k = 0; k < s->n_groups; k++) {
-        const session_group *g = &s->groups[k];
+    for (size_t k = 0; k < s->n_params; k++) {
+        const session_param *g = &s->params[k];
         const seldp_tensor *t = seldp_grads_get(p->grads, g->id);
         if (!t)
             continue;
@@ -574,8 +574,8 @@ static seldp_status norm_scale(const norm_call *c, double coef)
     seldp_status st = SELDP_OK;
     for (size_t i = 0; i < c->n_parts; i++) {
         const seldp_session *s = c->parts[i].session;
-        for (size_t k = 0; k < s->n_groups; k++) {
-            const seldp_tensor *t = seldp_grads_get(c->parts[i].grads, s->groups[k].id);
+        for (size_t k = 0; k < s->n_params; k++) {
+            const seldp_tensor *t = seldp_grads_get(c->parts[i].grads, s->params[k].id);
             size_t n;
             if (!t)
                 continue;

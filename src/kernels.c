@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "comm/host_copy.h"
+#include "simd/host_copy.h"
 #include "internal.h"
 #include "kernels.h"
 #include "seldp_half_bits.cuh"

@@ -1,7 +1,7 @@
-/* Selected data-parallel sessions: initialize (validate, agree, broadcast), the
- * session queries, and the collective error reporting the reductions share. The
- * reductions themselves are in session_reduce.c (with session_agree.c and
- * session_commit.c), the overlapped ones in session_async.c.
+/* Selected data-parallel sessions: initialize (validate, agree, broadcast) and the
+ * session queries. The texts of the collective errors the reductions share are in
+ * session_messages.c; the reductions themselves are in session_reduce.c (with
+ * session_agree.c and session_commit.c), the overlapped ones in session_async.c.
  *
  * Errors are collective. Each rank first validates what it can see alone; one
  * fixed-size all-gather then tells every rank every other rank's result, and when some
@@ -27,7 +27,6 @@
  *       active): on the bucketed path ceil(4 * elements / bucket) F32 allreduces, on the
  *       fused path one fused reduction.
  *   seldp_session_rank, _size, _selected, _destroy: none (local). */
-#include <ctype.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -41,151 +40,12 @@
 #include "manifest.h"
 #include "session_impl.h"
 
-/* --- collective errors ---------------------------------------------------- */
-
-void seldp__session_save_message(const seldp_comm *comm, seldp_status local, char *message)
-{
-    message[0] = '\0';
-    if (local != SELDP_OK)
-        snprintf(message, SESSION_MESSAGE_MAX, "group rank %d (world rank %d): %s",
-                 seldp_comm_rank(comm), seldp_comm_world_rank(comm), seldp_last_error());
-}
-
-seldp_status seldp__session_share_error(seldp_comm *comm, int failing, seldp_status status,
-                                        const char *message)
-{
-    seldp_status st = SELDP_OK;
-    int n = seldp_comm_size(comm);
-    size_t *lengths = calloc((size_t)n, sizeof *lengths);
-    char *all = NULL;
-    size_t offset = 0;
-
-    if (!lengths)
-        SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory exchanging error messages");
-    SELDP_CHECK(seldp_comm_allgatherv(comm, message, strlen(message) + 1, (void **)&all, lengths));
-    for (int r = 0; r < failing; r++)
-        offset += lengths[r];
-    if (lengths[failing] == 0 || all[offset + lengths[failing] - 1] != '\0')
-        SELDP_FAIL(SELDP_ERR_INTERNAL, "group rank %d sent a malformed error message", failing);
-    seldp__set_error(all + offset);
-    st = status;
-fail:
-    free(all);
-    free(lengths);
-    return st;
-}
-
-/* The length of the name of a transport collective ("allgatherv", "broadcast"...) that
- * starts `s` as a whole word, or 0. */
-static size_t internal_call_at(const char *s)
-{
-    size_t best = 0;
-    for (int op = OP_BARRIER; op < OP_COUNT; op++) {
-        const char *name = seldp__comm_op_name(op);
-        size_t len = strlen(name);
-        if (strncmp(s, name, len) == 0 && !isalnum((unsigned char)s[len]) && s[len] != '_' &&
-            len > best)
-            best = len;
-    }
-    return best;
-}
-
-/* A transport's message about one of the session's internal collectives, told without the
- * collective, which the user never called: "rank 1: allgatherv timed out after 2 s: rank 3
- * had not arrived" becomes "rank 1 timed out after 2 s: rank 3 had not arrived", "rank 1:
- * allgather aborted: rank 2 timed out after 2 s in allgather waiting for rank 3" becomes
- * "rank 1: the world was aborted: rank 2 timed out after 2 s waiting for rank 3", and "rank
- * 0 called allgather at the same point, expected every rank to call allgatherv" becomes
- * "rank 0 made another collective call at the same point". */
-static void without_internal_calls(const char *in, char *out, size_t size)
-{
-    static const char expected[] = ", expected every rank to call ";
-    size_t o = 0, len;
-    const char *p = in;
-    while (*p && o + 1 < size) {
-        const char *digits = p + 5, *q = digits;
-        if (strncmp(p, "rank ", 5) == 0 && (p == in || !isalnum((unsigned char)p[-1]))) {
-            while (isdigit((unsigned char)*q))
-                q++;
-        }
-        if (q > digits && q[0] == ':' && q[1] == ' ' && (len = internal_call_at(q + 2))) {
-            const char *after = q + 2 + len;
-            const char *instead = "";
-            if (strncmp(after, " aborted: ", 10) == 0) {
-                instead = ": the world was aborted: ";
-                after += 10;
-            } else if (after[0] == ':') {
-                instead = ":";
-                after++;
-            }
-            o += (size_t)snprintf(out + o, size - o, "%.*s%s", (int)(q - p), p, instead);
-            p = after;
-            continue;
-        }
-        if (strncmp(p, " in ", 4) == 0 && (len = internal_call_at(p + 4))) {
-            p += 4 + len;
-            continue;
-        }
-        if (strncmp(p, "called ", 7) == 0 && (len = internal_call_at(p + 7)) &&
-            strncmp(p + 7 + len, " at the same point", 18) == 0) {
-            o += (size_t)snprintf(out + o, size - o, "made another collective call");
-            p += 7 + len;
-            continue;
-        }
-        if (strncmp(p, expected, sizeof expected - 1) == 0 &&
-            (len = internal_call_at(p + sizeof expected - 1))) {
-            p += sizeof expected - 1 + len;
-            continue;
-        }
-        out[o++] = *p++;
-    }
-    out[o < size ? o : size - 1] = '\0';
-}
-
-seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage)
-{
-    char told[SESSION_MESSAGE_MAX], message[2 * SESSION_MESSAGE_MAX];
-    if (st == SELDP_OK || strstr(seldp_last_error(), "seldp_session_") ||
-        strstr(seldp_last_error(), "seldp_shard_"))
-        return st;
-    without_internal_calls(seldp_last_error(), told, sizeof told);
-    snprintf(message, sizeof message, "%s: %s%s%s", call, stage ? stage : "",
-             stage ? " of the call failed: " : "", told);
-    seldp__set_error(message);
-    return st;
-}
-
-void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks, char *buf,
-                              size_t size)
-{
-    size_t used = 0;
-    used += (size_t)snprintf(buf, size, "group rank%s ", n > 1 ? "s" : "");
-    for (size_t i = 0; i < n && used < size; i++)
-        used += (size_t)snprintf(buf + used, size - used, "%s%d", i ? "," : "", ranks[i]);
-    if (used < size)
-        used += (size_t)snprintf(buf + used, size - used, " (world rank%s ", n > 1 ? "s" : "");
-    for (size_t i = 0; i < n && used < size; i++)
-        used +=
-            (size_t)snprintf(buf + used, size - used, "%s%d", i ? "," : "", world_ranks[ranks[i]]);
-    if (used < size)
-        snprintf(buf + used, size - used, ")");
-}
-
 /* --- initialize: local validation ------------------------------------------ */
 
 static int compare_ids(const void *a, const void *b)
 {
     seldp_param_id x = *(const seldp_param_id *)a, y = *(const seldp_param_id *)b;
     return (x > y) - (x < y);
-}
-
-const char *seldp__session_device_name(seldp_device d, char *buf, size_t size)
-{
-    if (d.kind == SELDP_DEVICE_HOST)
-        snprintf(buf, size, "host");
-    else
-        snprintf(buf, size, "cuda:%d", d.ordinal);
-    return buf;
 }
 
 /* Whether a parameter of `dtype` may be selected by this call; else the error. */
@@ -209,8 +69,8 @@ static seldp_status check_selectable(const seldp_param *p, bool with_buffers)
     return SELDP_OK;
 }
 
-/* The selected groups in path order, each checked for dtype and device. */
-static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorted,
+/* The selected parameters in path order, each checked for dtype and device. */
+static seldp_status collect_params(seldp_session *s, const seldp_param_id *sorted,
                                    bool with_buffers)
 {
     seldp_status st = SELDP_OK;
@@ -218,15 +78,15 @@ static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorte
     bool *seen = calloc(s->n_ids ? s->n_ids : 1, sizeof *seen);
     char have[32], want[32];
 
-    s->groups = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->groups);
-    s->slot_group = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->slot_group);
-    if (!seen || !s->groups || !s->slot_group)
+    s->params = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->params);
+    s->slot_param = calloc(s->n_ids ? s->n_ids : 1, sizeof *s->slot_param);
+    if (!seen || !s->params || !s->slot_param)
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory recording a selection of %zu ids", s->n_ids);
     for (size_t i = 0; i < n_params; i++) {
         const seldp_param *p = seldp_model_at(s->model, i);
         const seldp_param_id *hit = bsearch(&p->id, sorted, s->n_ids, sizeof *sorted, compare_ids);
         size_t k;
-        session_group *g;
+        session_param *g;
         if (!hit || seen[k = (size_t)(hit - sorted)])
             continue;
         seen[k] = true;
@@ -237,7 +97,7 @@ static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorte
                        seldp__session_device_name(p->tensor.device, have, sizeof have),
                        seldp__session_device_name(s->device, want, sizeof want));
         SELDP_CHECK(seldp__device_check_aligned(&p->tensor, p->path));
-        g = &s->groups[s->n_groups++];
+        g = &s->params[s->n_params++];
         g->id = p->id;
         g->path = p->path;
         g->tensor = p->tensor;
@@ -245,7 +105,7 @@ static seldp_status collect_groups(seldp_session *s, const seldp_param_id *sorte
         g->slot = SESSION_NO_SLOT;
         if (!p->frozen && seldp_dtype_is_float(p->tensor.dtype)) {
             g->slot = s->n_slots;
-            s->slot_group[s->n_slots++] = s->n_groups - 1;
+            s->slot_param[s->n_slots++] = s->n_params - 1;
             s->slot_elems += seldp_tensor_numel(&p->tensor);
         }
     }
@@ -260,9 +120,9 @@ static size_t largest_bucket(const seldp_session *s)
     size_t largest = 0;
     for (int d = 0; d < SELDP_DTYPE_COUNT; d++) {
         size_t total = 0, cap, need;
-        for (size_t i = 0; i < s->n_groups; i++)
-            if (s->groups[i].tensor.dtype == (seldp_dtype)d)
-                total += seldp_tensor_nbytes(&s->groups[i].tensor);
+        for (size_t i = 0; i < s->n_params; i++)
+            if (s->params[i].tensor.dtype == (seldp_dtype)d)
+                total += seldp_tensor_nbytes(&s->params[i].tensor);
         cap = seldp__bucket_capacity(s->cfg.bucket_bytes, seldp_dtype_size((seldp_dtype)d));
         need = total < cap ? total : cap;
         if (need > largest)
@@ -364,7 +224,7 @@ static seldp_status init_prepare(seldp_session *s, int root, const seldp_param_i
             SELDP_FAIL(SELDP_ERR_NOT_FOUND,
                        "selected ParamId %" PRIu64 " is not registered in the local model", ids[k]);
 
-    SELDP_CHECK(collect_groups(s, sorted, with_buffers));
+    SELDP_CHECK(collect_params(s, sorted, with_buffers));
     SELDP_CHECK(seldp__manifest_build(s->model, sorted, s->n_ids, &manifest));
     SELDP_CHECK(seldp__manifest_encode(&manifest, blob, blob_bytes));
     SELDP_CHECK(seldp__device_alloc(s->device, largest_bucket(s), bucket));
@@ -496,7 +356,7 @@ fail:
 
 /* --- initialize: broadcast ------------------------------------------------- */
 
-/* Collective: broadcast every group from the root, one dtype at a time, in path order,
+/* Collective: broadcast every parameter from the root, one dtype at a time, in path order,
  * through buckets of cfg.bucket_bytes. Only non-root ranks write their parameters. */
 static seldp_status broadcast_selection(seldp_session *s, int root, void *bucket)
 {
@@ -508,11 +368,11 @@ static seldp_status broadcast_selection(seldp_session *s, int root, void *bucket
         seldp_dtype dtype = (seldp_dtype)d;
         size_t esize = seldp_dtype_size(dtype), total, n_buckets;
         SELDP_CHECK(seldp__bucket_stream_init(
-            &stream, s->device, seldp__bucket_capacity(s->cfg.bucket_bytes, esize), s->n_groups));
-        for (size_t i = 0; i < s->n_groups; i++)
-            if (s->groups[i].tensor.dtype == dtype)
-                seldp__bucket_stream_add(&stream, s->groups[i].tensor.data,
-                                         seldp_tensor_nbytes(&s->groups[i].tensor));
+            &stream, s->device, seldp__bucket_capacity(s->cfg.bucket_bytes, esize), s->n_params));
+        for (size_t i = 0; i < s->n_params; i++)
+            if (s->params[i].tensor.dtype == dtype)
+                seldp__bucket_stream_add(&stream, s->params[i].tensor.data,
+                                         seldp_tensor_nbytes(&s->params[i].tensor));
         total = seldp__bucket_stream_bytes(&stream);
         n_buckets = seldp__bucket_count(total, stream.capacity);
         for (size_t b = 0; b < n_buckets; b++) {
@@ -649,8 +509,8 @@ void seldp_session_destroy(seldp_session *session)
         return;
     seldp__session_async_free(session); /* first: its progress thread uses the staging */
     seldp__device_free(session->device, session->staging);
-    free(session->slot_group);
-    free(session->groups);
+    free(session->slot_param);
+    free(session->params);
     free(session->ids);
     free(session);
 }

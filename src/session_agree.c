@@ -80,13 +80,13 @@ void seldp__reduce_fill_record(const reduce_call *c, seldp_status local, reduce_
     mine->range_dtype = (uint64_t)c->range_dtype;
     mine->digest = s->digest;
     mine->call = c->call;
-    mine->n_groups = s->n_groups;
+    mine->n_params = s->n_params;
     mine->n_slots = s->n_slots;
     mine->nonfinite_slot = c->nonfinite_slot;
     mine->nonfinite_elem = c->nonfinite_elem;
     mine->nonfinite_count = c->nonfinite_count;
-    if (s->n_groups)
-        snprintf(mine->first_path, sizeof mine->first_path, "%s", s->groups[0].path);
+    if (s->n_params)
+        snprintf(mine->first_path, sizeof mine->first_path, "%s", s->params[0].path);
     for (size_t k = 0; k < c->s->n_slots; k++)
         if (c->slots[k].has_grad)
             bits[k / 8] |= (unsigned char)(1u << (k % 8));
@@ -97,13 +97,13 @@ void seldp__reduce_fill_record(const reduce_call *c, seldp_status local, reduce_
 /* "the session of 'path' (N parameters, schema 0x...)" into buf, from a gathered record. */
 static const char *session_name(const reduce_record *rec, char *buf, size_t size)
 {
-    if (rec->n_groups == 0)
+    if (rec->n_params == 0)
         snprintf(buf, size, "the session of an empty selection (schema %016" PRIx64 ")",
                  rec->digest);
     else
         snprintf(buf, size,
                  "the session of '%.*s' (%" PRIu64 " parameter%s, schema %016" PRIx64 ")",
-                 RECORD_PATH_MAX - 1, rec->first_path, rec->n_groups, rec->n_groups == 1 ? "" : "s",
+                 RECORD_PATH_MAX - 1, rec->first_path, rec->n_params, rec->n_params == 1 ? "" : "s",
                  rec->digest);
     return buf;
 }
@@ -136,7 +136,7 @@ static seldp_status agree_on_call(const reduce_call *c, int n)
 
     for (int r = 1; r < n; r++) {
         const reduce_record *b = record_of(c, r);
-        if (b->digest != a->digest || b->n_groups != a->n_groups || b->n_slots != a->n_slots)
+        if (b->digest != a->digest || b->n_params != a->n_params || b->n_slots != a->n_slots)
             return seldp__fail(
                 SELDP_ERR_DISAGREE,
                 "ranks reduce different sessions: group rank 0 (world rank %d) called %s on %s "
@@ -199,7 +199,7 @@ static seldp_status agree_finite(const reduce_call *c, int n)
                        "'%s': the gradient of group rank %d (world rank %d) is not finite at "
                        "element %" PRIu64 " of %" PRIu64
                        " (the first non-finite input in path order, then group rank)",
-                       c->s->groups[c->s->slot_group[rec->nonfinite_slot]].path, worst,
+                       c->s->params[c->s->slot_param[rec->nonfinite_slot]].path, worst,
                        c->world_ranks[worst], rec->nonfinite_elem, rec->nonfinite_count);
 }
 
@@ -257,7 +257,7 @@ static seldp_status reduce_decide(reduce_call *c, const char *message)
             SELDP_FAIL(SELDP_ERR_MISSING_GRADIENT,
                        "'%s' has no gradient on active %s, but has one on active %s (missing-"
                        "gradient policy error)",
-                       s->groups[s->slot_group[k]].path, who, others);
+                       s->params[s->slot_param[k]].path, who, others);
         }
     }
 fail:

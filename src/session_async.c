@@ -111,9 +111,9 @@ seldp_status seldp__session_busy(const seldp_session *s, const char *call)
 
 /* --- the session's layout ---------------------------------------------------- */
 
-static int compare_id_group(const void *a, const void *b)
+static int compare_id_param(const void *a, const void *b)
 {
-    seldp_param_id x = ((const id_group *)a)->id, y = ((const id_group *)b)->id;
+    seldp_param_id x = ((const id_param *)a)->id, y = ((const id_param *)b)->id;
     return (x > y) - (x < y);
 }
 
@@ -128,7 +128,7 @@ static void layout(session_async *a)
     size_t offset = 0;
 
     for (size_t k = 0; k < s->n_slots; k++) {
-        size_t n = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t n = seldp_tensor_numel(&s->params[s->slot_param[k]].tensor);
         a->slot_offset[k] = offset;
         a->slot_first[k] = 1;
         a->slot_last[k] = 0;
@@ -185,16 +185,16 @@ static seldp_status async_create(seldp_session *s, session_async **out)
     a->marked = calloc(slots, sizeof *a->marked);
     a->bucket_slots = calloc(buckets, sizeof *a->bucket_slots);
     a->pending = calloc(buckets, sizeof *a->pending);
-    a->index = calloc(s->n_groups ? s->n_groups : 1, sizeof *a->index);
+    a->index = calloc(s->n_params ? s->n_params : 1, sizeof *a->index);
     if (!a->slot_offset || !a->slot_first || !a->slot_last || !a->marked || !a->bucket_slots ||
         !a->pending || !a->index)
         SELDP_FAIL(SELDP_ERR_NOMEM, "out of memory laying out %zu buckets of %zu parameters",
                    a->n_buckets, s->n_slots);
     layout(a);
-    for (size_t i = 0; i < s->n_groups; i++)
-        a->index[i] = (id_group){s->groups[i].id, i};
-    a->n_index = s->n_groups;
-    qsort(a->index, a->n_index, sizeof *a->index, compare_id_group);
+    for (size_t i = 0; i < s->n_params; i++)
+        a->index[i] = (id_param){s->params[i].id, i};
+    a->n_index = s->n_params;
+    qsort(a->index, a->n_index, sizeof *a->index, compare_id_param);
     *out = a;
     a = NULL;
 fail:
@@ -202,12 +202,12 @@ fail:
     return st;
 }
 
-/* The group of a selected id, or NULL. */
-static const session_group *find_group(const session_async *a, seldp_param_id id)
+/* The parameter of a selected id, or NULL. */
+static const session_param *find_group(const session_async *a, seldp_param_id id)
 {
-    id_group key = {id, 0};
-    const id_group *hit = bsearch(&key, a->index, a->n_index, sizeof *a->index, compare_id_group);
-    return hit ? &a->s->groups[hit->group] : NULL;
+    id_param key = {id, 0};
+    const id_param *hit = bsearch(&key, a->index, a->n_index, sizeof *a->index, compare_id_param);
+    return hit ? &a->s->params[hit->param] : NULL;
 }
 
 /* --- the caller's side ------------------------------------------------------- */
@@ -234,7 +234,7 @@ static seldp_status record_failure(session_async *a, seldp_status st, const char
 static seldp_status mark_slot(session_async *a, size_t k, const char *call)
 {
     seldp_status st = SELDP_OK;
-    const session_group *g = &a->s->groups[a->s->slot_group[k]];
+    const session_param *g = &a->s->params[a->s->slot_param[k]];
     const seldp_tensor *t = seldp_grads_get(a->c.grads, g->id);
 
     if (a->marked[k])
@@ -434,7 +434,7 @@ seldp_status seldp_session_mark_ready(seldp_session *session, seldp_param_id id)
 {
     seldp_status st = SELDP_OK;
     session_async *a;
-    const session_group *g;
+    const session_param *g;
 
     if (!seldp_session_in_flight(session))
         return not_in_flight(session, MARK);
@@ -513,7 +513,7 @@ static void restore_after(session_async *a, seldp_status *st)
 }
 
 /* What finish does before it waits: every slot not marked yet is marked, gradients of
- * groups never reduced are refused as the blocking call refuses them, and the results the
+ * parameters never reduced are refused as the blocking call refuses them, and the results the
  * commit needs are allocated. Failures are this rank's part of the final agreement. */
 static void finish_marks(session_async *a)
 {
@@ -523,12 +523,12 @@ static void finish_marks(session_async *a)
     for (size_t k = 0; k < s->n_slots; k++)
         if (!a->marked[k])
             (void)mark_slot(a, k, FINISH);
-    for (size_t i = 0; i < s->n_groups; i++)
-        if (s->groups[i].slot == SESSION_NO_SLOT && seldp_grads_get(a->c.grads, s->groups[i].id))
+    for (size_t i = 0; i < s->n_params; i++)
+        if (s->params[i].slot == SESSION_NO_SLOT && seldp_grads_get(a->c.grads, s->params[i].id))
             (void)record_failure(
                 a,
-                seldp__reduce_check_gradient(&a->c, &s->groups[i],
-                                             seldp_grads_get(a->c.grads, s->groups[i].id)),
+                seldp__reduce_check_gradient(&a->c, &s->params[i],
+                                             seldp_grads_get(a->c.grads, s->params[i].id)),
                 FINISH);
     pthread_mutex_unlock(&a->lock);
     /* a reduce-scatter's results go into its range, not the container */

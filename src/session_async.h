@@ -11,10 +11,10 @@
 #include "seldp/shard.h"
 #include "session_reduce.h"
 
-typedef struct id_group {
+typedef struct id_param {
     seldp_param_id id;
-    size_t group;
-} id_group;
+    size_t param;
+} id_param;
 
 typedef struct session_async {
     seldp_session *s;
@@ -31,7 +31,7 @@ typedef struct session_async {
     size_t *slot_first;   /* per slot: the first and last bucket it spans (first > last: */
     size_t *slot_last;    /*           an empty tensor, in no bucket) */
     size_t *bucket_slots; /* per bucket: the slots it holds */
-    id_group *index;      /* selected ids, sorted, with their group */
+    id_param *index;      /* selected ids, sorted, with their parameter */
     size_t n_index;
 
     /* The call in flight. Under the lock: job, cancel, quit, marked, pending. */

@@ -28,7 +28,7 @@ static seldp_status pack_through(session_async *a, size_t b, size_t *next, bool 
     for (; *next < s->n_slots; (*next)++) {
         size_t k = s->n_slots - 1 - *next;
         const reduce_slot *slot = &c->slots[k];
-        size_t n = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t n = seldp_tensor_numel(&s->params[s->slot_param[k]].tensor);
         bool contributes;
         if (a->slot_offset[k] + n <= start)
             break; /* in an earlier bucket, maybe not marked yet: its slot is not read */
@@ -74,7 +74,7 @@ static seldp_status reduce_bucket_fused(session_async *a, size_t b, size_t *firs
     for (size_t j = *first; j < s->n_slots; j++) {
         size_t k = s->n_slots - 1 - j;
         reduce_slot *slot = &c->slots[k];
-        const session_group *g = &s->groups[s->slot_group[k]];
+        const session_param *g = &s->params[s->slot_param[k]];
         size_t off = a->slot_offset[k];
         size_t count = seldp_tensor_numel(&g->tensor);
         size_t from = off > lo ? off : lo, to = off + count < hi ? off + count : hi;
@@ -142,7 +142,7 @@ static seldp_status scatter_bucket_fused(session_async *a, size_t b)
 
     for (size_t k = 0; k < s->n_slots; k++) {
         size_t off = a->slot_offset[k];
-        size_t count = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t count = seldp_tensor_numel(&s->params[s->slot_param[k]].tensor);
         size_t from = off > lo ? off : lo, to = off + count < hi ? off + count : hi;
         if (to <= from)
             continue;

@@ -48,7 +48,7 @@ static seldp_status commit_convert(reduce_call *c)
     seldp__convert_queue q = {.device = s->device};
 
     for (size_t k = 0; k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
+        const session_param *g = &s->params[s->slot_param[k]];
         reduce_slot *slot = &c->slots[k];
         seldp_dtype dtype = seldp__reduce_result_dtype(c, g);
         if (!slot->present)
@@ -80,7 +80,7 @@ seldp_status seldp__reduce_commit(reduce_call *c)
     if (c->staged)
         SELDP_CHECK(commit_convert(c));
     for (size_t k = 0; k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
+        const session_param *g = &s->params[s->slot_param[k]];
         reduce_slot *slot = &c->slots[k];
         seldp_dtype dtype = seldp__reduce_result_dtype(c, g);
         if (!slot->present) {

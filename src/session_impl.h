@@ -1,5 +1,6 @@
 /* The session's state and the helpers shared by initialize (session.c) and the
- * reductions (session_reduce.c). Internal: nothing here is public. */
+ * reductions (session_reduce.c); the texts of its errors are in session_messages.h.
+ * Internal: nothing here is public. */
 #ifndef SELDP_SESSION_IMPL_H
 #define SELDP_SESSION_IMPL_H
 
@@ -8,21 +9,19 @@
 #include <stdint.h>
 
 #include "seldp/session.h"
+#include "session_messages.h"
 
-/* Size of the buffers that carry one rank's error message between ranks. */
-#define SESSION_MESSAGE_MAX 1024
-
-/* slot of a group that is never reduced (frozen, or an integer/bool buffer) */
+/* slot of a parameter that is never reduced (frozen, or an integer/bool buffer) */
 #define SESSION_NO_SLOT ((size_t)-1)
 
 /* One selected ParamId: all the paths it is tied at, communicated once. */
-typedef struct session_group {
+typedef struct session_param {
     seldp_param_id id;
     const char *path;    /* its smallest path (the model's string) */
     seldp_tensor tensor; /* the parameter's storage */
     bool frozen;
-    size_t slot; /* index among the reducible groups, or SESSION_NO_SLOT */
-} session_group;
+    size_t slot; /* index among the reducible parameters, or SESSION_NO_SLOT */
+} session_param;
 
 struct seldp_session {
     seldp_comm *comm;
@@ -31,11 +30,11 @@ struct seldp_session {
     seldp_session_config cfg;
     seldp_param_id *ids; /* as given, for seldp_session_selected */
     size_t n_ids;
-    session_group *groups; /* in path order of their smallest paths */
-    size_t n_groups;
-    size_t *slot_group; /* reducible (trainable F32/F16/BF16) groups: slot -> group index */
+    session_param *params; /* in path order of their smallest paths */
+    size_t n_params;
+    size_t *slot_param; /* reducible (trainable F32/F16/BF16) ones: slot -> parameter index */
     size_t n_slots;
-    size_t slot_elems; /* elements of all reducible groups: the staging buffer's capacity */
+    size_t slot_elems; /* elements of all reducible parameters: the staging buffer's capacity */
     float *staging;    /* F32 on `device`, allocated by the first reduction */
     bool fused;        /* the group agreed on the fused reduce path at initialize */
     /* The fingerprint every reduction agrees on: a digest of the selection's schema (the
@@ -58,29 +57,6 @@ struct seldp_session {
 seldp_status seldp__session_choose_fused(const seldp_comm *comm, seldp_device mem,
                                          const seldp_session_config *cfg, bool *fused);
 
-/* Prefix the calling thread's last error with the caller's group and world rank and copy
- * it into message[SESSION_MESSAGE_MAX] (empty when local is SELDP_OK), so that it survives
- * the collectives that follow. */
-void seldp__session_save_message(const seldp_comm *comm, seldp_status local, char *message);
-
-/* Collective, on the error path only: every rank receives group rank `failing`'s message
- * (each rank passes its own, "" when it did not fail), makes it its last error and
- * returns `status`. A transport error of the exchange is returned instead. */
-seldp_status seldp__session_share_error(seldp_comm *comm, int failing, seldp_status status,
-                                        const char *message);
-
-/* Name n group ranks and their world ranks into buf: "group rank 1 (world rank 5)" or
- * "group ranks 1,3 (world ranks 5,7)". */
-void seldp__session_rank_list(const int *ranks, size_t n, const int *world_ranks, char *buf,
-                              size_t size);
-
-/* Make the calling thread's last error start with `call` and the stage of the call a
- * transport error came from ("seldp_session_sum: the agreement of the call failed: ...";
- * `stage` may be NULL) unless it names a public session or shard call already. The transport's
- * message follows without the name of the internal collective it was about ("rank 1 timed
- * out after 2 s: rank 3 had not arrived ..."). Returns st. */
-seldp_status seldp__session_name_call(seldp_status st, const char *call, const char *stage);
-
 /* SELDP_ERR_INVALID_ARGUMENT, with a message naming `call`, when an overlapped reduction is
  * in flight on this session, or on another session of its communicator in this process:
  * its progress thread owns the communicator until seldp_session_finish. Else SELDP_OK. */
@@ -89,8 +65,5 @@ seldp_status seldp__session_busy(const seldp_session *s, const char *call);
 /* Cancel an overlapped reduction in flight (waiting for the collective in progress, at most
  * the transport's timeout), stop the progress thread and free the session's async state. */
 void seldp__session_async_free(seldp_session *s);
-
-/* "host" or "cuda:N" into buf; returns buf. */
-const char *seldp__session_device_name(seldp_device device, char *buf, size_t size);
 
 #endif

@@ -56,7 +56,7 @@ static bool same_shape(const seldp_tensor *a, const seldp_tensor *b)
 
 /* --- prepare --------------------------------------------------------------- */
 
-seldp_status seldp__reduce_check_gradient(reduce_call *c, const session_group *g,
+seldp_status seldp__reduce_check_gradient(reduce_call *c, const session_param *g,
                                           const seldp_tensor *t)
 {
     seldp_status st = SELDP_OK;
@@ -130,12 +130,12 @@ static seldp_status reduce_prepare(reduce_call *c)
     if (c->staged && !s->staging && s->slot_elems)
         SELDP_CHECK(
             seldp__device_alloc(s->device, s->slot_elems * sizeof(float), (void **)&s->staging));
-    for (size_t i = 0; i < s->n_groups; i++) {
-        const seldp_tensor *t = seldp_grads_get(c->grads, s->groups[i].id);
+    for (size_t i = 0; i < s->n_params; i++) {
+        const seldp_tensor *t = seldp_grads_get(c->grads, s->params[i].id);
         if (!t)
             continue;
-        SELDP_CHECK(seldp__reduce_check_gradient(c, &s->groups[i], t));
-        SELDP_CHECK(seldp__reduce_check_finite(c, s->groups[i].slot));
+        SELDP_CHECK(seldp__reduce_check_gradient(c, &s->params[i], t));
+        SELDP_CHECK(seldp__reduce_check_finite(c, s->params[i].slot));
     }
     SELDP_CHECK(seldp__reduce_allocate_results(c));
 fail:
@@ -155,7 +155,7 @@ seldp_status seldp__reduce_allocate_results(reduce_call *c)
         added += !c->slots[k].has_grad;
     SELDP_CHECK(seldp_grads_reserve(c->grads, added));
     for (size_t k = 0; k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
+        const session_param *g = &s->params[s->slot_param[k]];
         reduce_slot *slot = &c->slots[k];
         seldp_dtype dtype = seldp__reduce_result_dtype(c, g);
         if (slot->has_grad && slot->grad.dtype == dtype)
@@ -183,7 +183,7 @@ static seldp_status reduce_pack(reduce_call *c)
 
     c->elems = 0;
     for (size_t k = 0; k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
+        const session_param *g = &s->params[s->slot_param[k]];
         reduce_slot *slot = &c->slots[k];
         size_t n = seldp_tensor_numel(&g->tensor);
         bool contributes = c->weight > 0 && slot->has_grad;
@@ -241,7 +241,7 @@ static seldp_status reduce_fused(reduce_call *c)
 
     c->elems = 0;
     for (size_t k = 0; k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
+        const session_param *g = &s->params[s->slot_param[k]];
         const reduce_slot *slot = &c->slots[k];
         seldp_dtype dtype = seldp__reduce_result_dtype(c, g);
         if (!slot->present)

@@ -57,7 +57,7 @@ typedef struct reduce_record {
     /* the session's fingerprint */
     uint64_t digest;   /* of the selection's schema */
     uint64_t call;     /* this is the session's call-th reduction, from 1 */
-    uint64_t n_groups; /* selected parameters */
+    uint64_t n_params; /* selected parameters */
     uint64_t n_slots;  /* reducible ones: bits in the bitmap */
     /* the first non-finite input gradient (cfg.check_finite, active ranks) */
     uint64_t nonfinite_slot; /* its slot (path order), or NO_NONFINITE */
@@ -102,15 +102,15 @@ static inline const char *seldp__reduce_call_name(const reduce_call *c)
     return seldp__reduce_method(c->kind, c->normalize, c->fp32, c->overlapped);
 }
 
-/* The dtype the result of a group takes in call c. */
-static inline seldp_dtype seldp__reduce_result_dtype(const reduce_call *c, const session_group *g)
+/* The dtype the result of a parameter takes in call c. */
+static inline seldp_dtype seldp__reduce_result_dtype(const reduce_call *c, const session_param *g)
 {
     return c->fp32 ? SELDP_F32 : g->tensor.dtype;
 }
 
-/* Check this rank's gradient t of group g (frozen, dtype, shape, device); on success record
+/* Check this rank's gradient t of parameter g (frozen, dtype, shape, device); on success record
  * it in its slot. Local: the error names the path and what was expected. */
-seldp_status seldp__reduce_check_gradient(reduce_call *c, const session_group *g,
+seldp_status seldp__reduce_check_gradient(reduce_call *c, const session_param *g,
                                           const seldp_tensor *t);
 
 /* With cfg.check_finite on an active rank: look for a non-finite element in the recorded

@@ -101,7 +101,7 @@ static seldp_status shard_prepare(shard_call *sc, const void *range, size_t rang
     } else if (c->range_dtype != SELDP_F32) {
         /* a half range goes into parameters of its dtype, or F32 ones (exactly) */
         for (size_t k = 0; k < s->n_slots; k++) {
-            const session_group *g = &s->groups[s->slot_group[k]];
+            const session_param *g = &s->params[s->slot_param[k]];
             if (g->tensor.dtype != c->range_dtype && g->tensor.dtype != SELDP_F32)
                 SELDP_FAIL(SELDP_ERR_DTYPE,
                            "%s: '%s' is %s, but the ranges are %s (F32 ranges convert into "
@@ -117,12 +117,12 @@ static seldp_status shard_prepare(shard_call *sc, const void *range, size_t rang
     if (c->staged && !s->staging && s->slot_elems)
         SELDP_CHECK(
             seldp__device_alloc(s->device, s->slot_elems * sizeof(float), (void **)&s->staging));
-    for (size_t i = 0; c->kind == REDUCE_KIND_SCATTER && i < s->n_groups; i++) {
-        const seldp_tensor *t = seldp_grads_get(c->grads, s->groups[i].id);
+    for (size_t i = 0; c->kind == REDUCE_KIND_SCATTER && i < s->n_params; i++) {
+        const seldp_tensor *t = seldp_grads_get(c->grads, s->params[i].id);
         if (!t)
             continue;
-        SELDP_CHECK(seldp__reduce_check_gradient(c, &s->groups[i], t));
-        SELDP_CHECK(seldp__reduce_check_finite(c, s->groups[i].slot));
+        SELDP_CHECK(seldp__reduce_check_gradient(c, &s->params[i], t));
+        SELDP_CHECK(seldp__reduce_check_finite(c, s->params[i].slot));
     }
 fail:
     return st;
@@ -139,7 +139,7 @@ static seldp_status scatter_fused(shard_call *sc, bool *written)
     size_t n = 0;
     for (size_t k = 0; k < s->n_slots; k++) {
         const reduce_slot *slot = &c->slots[k];
-        size_t count = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t count = seldp_tensor_numel(&s->params[s->slot_param[k]].tensor);
         if (!slot->present || !count)
             continue;
         bool contributes = c->weight > 0 && slot->has_grad;
@@ -188,7 +188,7 @@ static seldp_status scatter_bucketed(shard_call *sc)
                     .src = contributes ? slot->grad.data : NULL, /* NULL: zeros */
                     .dst_dtype = SELDP_F32,
                     .src_dtype = contributes ? slot->grad.dtype : SELDP_F32,
-                    .n = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor),
+                    .n = seldp_tensor_numel(&s->params[s->slot_param[k]].tensor),
                 }));
     }
     SELDP_CHECK(seldp__convert_queue_flush(&q));
@@ -221,7 +221,7 @@ seldp_status seldp__shard_commit(const reduce_call *c, const seldp_shard_map *ma
     for (size_t i = 0; c->staged && i < map->pieces[me]; i++) {
         size_t k = seldp__shard_piece_slot(map, me, i);
         size_t off = map->offset[k],
-               to = off + seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+               to = off + seldp_tensor_numel(&s->params[s->slot_param[k]].tensor);
         size_t first = off > begin ? off : begin, last = to < end ? to : end;
         if (!c->slots[k].present || last <= first)
             continue;
@@ -331,7 +331,7 @@ static seldp_status gather_fused(shard_call *sc, bool *written)
     seldp_session *s = c->s;
     size_t n = 0;
     for (size_t k = 0; k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
+        const session_param *g = &s->params[s->slot_param[k]];
         size_t count = seldp_tensor_numel(&g->tensor);
         if (!count)
             continue;
@@ -393,7 +393,7 @@ static seldp_status gather_commit(shard_call *sc)
     seldp_dtype from = c->fused ? SELDP_F32 : c->range_dtype;
 
     for (size_t k = 0; c->staged && k < s->n_slots; k++) {
-        const session_group *g = &s->groups[s->slot_group[k]];
+        const session_param *g = &s->params[s->slot_param[k]];
         size_t count = seldp_tensor_numel(&g->tensor);
         if (!count)
             continue;

@@ -41,7 +41,7 @@ seldp_status seldp_shard_map_create(const seldp_session *s, seldp_shard_map **ou
                    s->n_slots, map->size);
     size_t at = 0;
     for (size_t k = 0; k < s->n_slots; k++) {
-        size_t n = seldp_tensor_numel(&s->groups[s->slot_group[k]].tensor);
+        size_t n = seldp_tensor_numel(&s->params[s->slot_param[k]].tensor);
         map->offset[k] = at;
         if (n)
             map->nonempty[map->n_nonempty++] = k;
@@ -58,7 +58,7 @@ seldp_status seldp_shard_map_create(const seldp_session *s, seldp_shard_map **ou
         seldp__shard_range(map, r, &begin, &end);
         while (j < map->n_nonempty &&
                map->offset[map->nonempty[j]] +
-                       seldp_tensor_numel(&s->groups[s->slot_group[map->nonempty[j]]].tensor) <=
+                       seldp_tensor_numel(&s->params[s->slot_param[map->nonempty[j]]].tensor) <=
                    begin)
             j++;
         map->first[r] = j;
@@ -142,7 +142,7 @@ seldp_status seldp_shard_map_piece(const seldp_shard_map *map, int group_rank, s
                            group_rank, map->pieces[group_rank]);
     const seldp_session *s = map->session;
     size_t k = seldp__shard_piece_slot(map, group_rank, i), begin, end;
-    const session_group *g = &s->groups[s->slot_group[k]];
+    const session_param *g = &s->params[s->slot_param[k]];
     size_t off = map->offset[k], n = seldp_tensor_numel(&g->tensor);
     seldp__shard_range(map, group_rank, &begin, &end);
     size_t from = off > begin ? off : begin, to = off + n < end ? off + n : end;

@@ -5,7 +5,7 @@
  * reads every destination line before it writes it (read-for-ownership) and moves three
  * bytes for every two counted: it understates what memory can do. The streaming copy is the
  * best copy seldp has, the one its host transport moves large payloads with
- * (seldp__stream_copy, src/comm/host_copy.h): non-temporal stores (SSE2, AVX2 or AVX-512,
+ * (seldp__stream_copy, src/simd/host_copy.h): non-temporal stores (SSE2, AVX2 or AVX-512,
  * the widest the CPU has), which go to memory without that read, four pages at a time with
  * the source prefetched, and an sfence so that the stores are globally visible when it
  * returns. Both are timed; B is the better of the two, so that a collective's fraction of B
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "bench.h"
-#include "comm/host_copy.h"
+#include "simd/host_copy.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -485,7 +485,7 @@ threads each copy their own buffer of the same size at once, counted as bytes re
 written per second, once with non-temporal (streaming) stores ($copy, fenced with
 \`_mm_sfence\`: the \`stream\` rows) and once with glibc's \`memcpy\` (the \`memcpy\` rows);
 B is the better of the two. The streaming copy is the one seldp's host transport moves large
-payloads with (\`src/comm/host_copy.c\`: the source prefetched, a line of each of four pages in
+payloads with (\`src/simd/host_copy.c\`: the source prefetched, a line of each of four pages in
 turn, as glibc does for its largest copies), so a fraction is what the collective's rendezvous,
 slicing and arithmetic leave of a plain copy by the same threads. An in-process allreduce of N bytes on n ranks must move at least
 2 n N bytes (each slice's owner reads the n inputs of its slice and writes the sum into the n

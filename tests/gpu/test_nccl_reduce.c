@@ -1,4 +1,4 @@
-/* The NCCL transport's fused reduction (src/comm/nccl_reduce.c) on GPUs: one rank per GPU
+/* The NCCL transport's fused reduction (src/comm/nccl/nccl_reduce.c) on GPUs: one rank per GPU
  * (at most two), each passing device segments (F32, BF16 and F16 results, in place and not,
  * rank 0 without a contribution, so that a world of one GPU takes that path too) and host
  * segments in one call, reduced in buckets smaller than, across and larger than the tensors,

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "comm/hybrid_fault.h"
+#include "comm/hybrid/hybrid_fault.h"
 #include "hybrid_test.h"
 
 static int threads = 2;

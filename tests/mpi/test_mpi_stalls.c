@@ -20,7 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/mpi_fault.h"
+#include "comm/mpi/mpi_fault.h"
 #include "mpi_test.h"
 
 #define SHORT_TIMEOUT_S 0.3

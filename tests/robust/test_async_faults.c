@@ -25,7 +25,7 @@
 
 #include <cmocka.h>
 
-#include "comm/host_fault.h"
+#include "comm/host/host_fault.h"
 #include "contract.h"
 
 #define NRANKS    3

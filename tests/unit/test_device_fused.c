@@ -39,7 +39,7 @@ static float gpu_model_mul(float f, double scale)
 }
 #define SELDP_HALF_BITS_MUL(f, scale) gpu_model_mul((f), (scale))
 
-#include "comm/host_sum.h"
+#include "simd/host_sum.h"
 #include "kernels.h"
 #include "ranks.h"
 #include "seldp/seldp.h"

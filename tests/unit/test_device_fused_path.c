@@ -25,7 +25,7 @@
 #include "seldp/seldp.h"
 #include "session_impl.h"
 #ifdef SELDP_HAVE_NCCL
-#include "comm/nccl_impl.h"
+#include "comm/nccl/nccl_impl.h"
 #endif
 
 static const seldp_device host = {SELDP_DEVICE_HOST, 0};

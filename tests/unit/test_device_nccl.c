@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "comm/nccl_impl.h"
+#include "comm/nccl/nccl_impl.h"
 #include "device.h"
 #include "seldp/nccl.h"
 #include "seldp/seldp.h"

@@ -30,7 +30,7 @@
 #include <nccl.h>
 
 #include "comm/comm_impl.h"
-#include "comm/nccl_impl.h"
+#include "comm/nccl/nccl_impl.h"
 #include "device.h"
 #include "fake_cuda.h"
 #include "seldp/nccl.h"

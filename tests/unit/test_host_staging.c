@@ -1,4 +1,4 @@
-/* The host transport's staging of device buffers (seldp__host_stage, src/comm/host.c)
+/* The host transport's staging of device buffers (seldp__host_stage, src/comm/host/host.c)
  * against a scripted CUDA runtime (seldp__cuda_replace) whose "device" memory is host
  * memory: the collectives give the right results on cuda:0 buffers, and each communicator
  * stages through one grow-only pinned buffer, allocated when a collective needs more than

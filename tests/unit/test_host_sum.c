@@ -1,4 +1,4 @@
-/* The host transport's reduction kernels (src/comm/host_sum.h): every vector width this CPU
+/* The host transport's reduction kernels (src/simd/host_sum.h): every vector width this CPU
  * has against the scalar reference, bit for bit, over the dtypes, group sizes, lengths that
  * are not multiples of the vector width, unaligned pointers, in-place outputs, special
  * values (NaN payloads, Inf, subnormals, rounding ties, F16 overflow) and scales. */
@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "comm/host_sum.h"
+#include "simd/host_sum.h"
 #include "seldp/dtype.h"
 
 /* The dtypes the register kernel takes, each as input and as output. */

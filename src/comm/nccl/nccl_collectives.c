@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/nccl_impl.h"
+#include "comm/nccl/nccl_impl.h"
 #include "device.h"
 #include "internal.h"
 
@@ -109,7 +109,7 @@ seldp_status seldp__nccl_allgather(seldp_comm *comm, const void *send, void *rec
     const void *dsend = send;
     void *drecv = recv;
     if (host) {
-        /* In place in the staging buffer: our piece at its slot, as NCCL allows. */
+        /* In place in the staging buffer: our piece at its offset, as NCCL allows. */
         SELDP_CHECK(seldp__nccl_ensure_staging(c, total));
         drecv = c->staging;
         dsend = (char *)c->staging + (size_t)c->rank * bytes;
@@ -133,9 +133,9 @@ static seldp_status gather_host(nccl_comm *c, const void *send, size_t bytes, vo
     seldp_status st = SELDP_OK;
     size_t total = bytes * (size_t)c->size;
     SELDP_CHECK(seldp__nccl_ensure_staging(c, total));
-    char *slot = (char *)c->staging + (size_t)c->rank * bytes;
-    SELDP_CHECK(seldp__nccl_copy_sync(c, slot, send, bytes, cudaMemcpyHostToDevice));
-    ncclResult_t r = ncclAllGather(slot, c->staging, bytes, ncclUint8, c->nccl, c->stream);
+    char *mine = (char *)c->staging + (size_t)c->rank * bytes;
+    SELDP_CHECK(seldp__nccl_copy_sync(c, mine, send, bytes, cudaMemcpyHostToDevice));
+    ncclResult_t r = ncclAllGather(mine, c->staging, bytes, ncclUint8, c->nccl, c->stream);
     if (!nccl_started(r))
         return seldp__nccl_fail_nccl(c, what, r);
     SELDP_CHECK(seldp__nccl_wait_done(c, what, true));

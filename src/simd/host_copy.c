@@ -1,8 +1,8 @@
-/* The streaming copy of the host transport (see host_copy.h). */
+/* The streaming copy of the host transport and of the host kernels (see host_copy.h). */
 #include <stdint.h>
 #include <string.h>
 
-#include "comm/host_copy.h"
+#include "simd/host_copy.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define COPY_X86 1

@@ -25,8 +25,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/mpi_fault.h"
-#include "comm/mpi_impl.h"
+#include "comm/mpi/mpi_fault.h"
+#include "comm/mpi/mpi_impl.h"
 #include "device.h"
 #include "internal.h"
 

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/hybrid_fault.h"
-#include "comm/hybrid_impl.h"
+#include "comm/hybrid/hybrid_fault.h"
+#include "comm/hybrid/hybrid_impl.h"
 #include "internal.h"
 #include "seldp/mpi.h"
 
@@ -30,8 +30,8 @@ static void group_free(hy_group *g)
     free(g->index_in_proc);
     free(g->proc_start);
     free(g->members);
-    free(g->slots);
-    free(g->slot_ex);
+    free(g->cells);
+    free(g->cell_ex);
     free(g->sums);
     free(g->extra);
     pthread_cond_destroy(&g->cv);
@@ -89,9 +89,9 @@ hy_group *seldp__hy_group_new(hy_world *w, int size, const int *world_ranks, con
     free(fill);
     g->n_local = g->proc_start[my_proc + 1] - g->proc_start[my_proc];
     g->local = g->members + g->proc_start[my_proc];
-    g->slots = calloc((size_t)g->n_local, sizeof *g->slots);
-    g->slot_ex = calloc((size_t)g->n_local * 2 * (size_t)size, sizeof(int64_t));
-    if (!g->slots || !g->slot_ex) {
+    g->cells = calloc((size_t)g->n_local, sizeof *g->cells);
+    g->cell_ex = calloc((size_t)g->n_local * 2 * (size_t)size, sizeof(int64_t));
+    if (!g->cells || !g->cell_ex) {
         group_free(g);
         return NULL;
     }
@@ -238,7 +238,7 @@ static seldp_status split_body(hy_group *g, void *ctx)
     if (!all || !wr || !po || !set || !where || !ranks)
         SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: split: out of memory", rank);
     for (int i = 0; i < g->n_local; i++)
-        g->slots[i].child = NULL;
+        g->cells[i].child = NULL;
     for (int r = 0; r < n; r++) {
         const int64_t *ex = seldp__hy_extra(g, r, 2);
         all[r] = (split_rank){r, (int)ex[0], (int)ex[1]};
@@ -286,14 +286,14 @@ static seldp_status split_body(hy_group *g, void *ctx)
                 continue;
             int local = g->index_in_proc[r];
             seldp_comm *h =
-                seldp__hy_handle(child, j, child->index_in_proc[j], g->slots[local].device);
+                seldp__hy_handle(child, j, child->index_in_proc[j], g->cells[local].device);
             if (!h) {
                 /* the handles not made would never release the group */
                 for (int left = child->n_local - made; left > 0; left--)
                     seldp__hy_group_release(child);
                 SELDP_FAIL(SELDP_ERR_NOMEM, "rank %d: split: out of memory", rank);
             }
-            g->slots[local].child = h;
+            g->cells[local].child = h;
             made++;
         }
         a = b;
@@ -301,9 +301,9 @@ static seldp_status split_body(hy_group *g, void *ctx)
 fail:
     if (st != SELDP_OK) {
         for (int i = 0; i < g->n_local; i++) {
-            if (g->slots[i].child)
-                seldp__hy_destroy(g->slots[i].child);
-            g->slots[i].child = NULL;
+            if (g->cells[i].child)
+                seldp__hy_destroy(g->cells[i].child);
+            g->cells[i].child = NULL;
         }
         st = seldp__hy_mpi_failed(g, st);
     }
@@ -318,13 +318,13 @@ fail:
 
 static seldp_status split_finish(hy_group *g, int local, void *ctx)
 {
-    *(seldp_comm **)ctx = g->slots[local].child;
+    *(seldp_comm **)ctx = g->cells[local].child;
     return SELDP_OK;
 }
 
 seldp_status seldp__hy_split(seldp_comm *comm, int color, int key, seldp_comm **out)
 {
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_SPLIT;
     s.h.color = 0; /* colors differ from rank to rank */
     s.color = color;
@@ -520,7 +520,7 @@ seldp_status seldp_hybrid_comm_init(seldp_hybrid_world *world, int local_rank, s
     seldp_comm *comm = seldp__hy_handle(w->root, rank, local_rank, device);
     if (!comm)
         return seldp__fail(SELDP_ERR_NOMEM, "rank %d: hybrid_comm_init: out of memory", rank);
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_INIT;
     seldp_status st = seldp__hy_collective(comm, &s, NULL, NULL, NULL);
     if (st != SELDP_OK) {

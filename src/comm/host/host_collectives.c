@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/host_copy.h"
-#include "comm/host_impl.h"
-#include "comm/host_sum.h"
+#include "simd/host_copy.h"
+#include "comm/host/host_impl.h"
+#include "simd/host_sum.h"
 #include "device.h"
 #include "internal.h"
 
@@ -68,8 +68,8 @@ static void stream_fence(bool stream)
 
 seldp_status seldp__host_barrier(seldp_comm *comm)
 {
-    host_slot slot = {.call = {.op = OP_BARRIER}};
-    return seldp__host_collective_run(comm, &slot, NULL, NULL);
+    host_cell cell = {.call = {.op = OP_BARRIER}};
+    return seldp__host_collective_run(comm, &cell, NULL, NULL);
 }
 
 /* Bytes of the root's buffer copied to every other rank before moving on, so that the
@@ -83,7 +83,7 @@ static bool broadcast_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     size_t bytes = (size_t)s[comm->rank].call.bytes;
     int root = (int)s[comm->rank].call.root;
     size_t slice = slice_elems(bytes, g->size, 1);
@@ -110,11 +110,11 @@ seldp_status seldp__host_broadcast(seldp_comm *comm, void *buf, size_t bytes, in
 {
     bool is_root = comm->rank == root;
     host_stage_view v = {buf, bytes, is_root, NULL};
-    host_slot slot = {.call = {.op = OP_BROADCAST, .bytes = (int64_t)bytes, .root = root}};
-    slot.call.staged = seldp__host_stage(comm, mem, &v, 1);
-    slot.send = v.host;
-    slot.recv = v.host;
-    seldp_status st = seldp__host_collective_run(comm, &slot, broadcast_execute, NULL);
+    host_cell cell = {.call = {.op = OP_BROADCAST, .bytes = (int64_t)bytes, .root = root}};
+    cell.call.staged = seldp__host_stage(comm, mem, &v, 1);
+    cell.send = v.host;
+    cell.recv = v.host;
+    seldp_status st = seldp__host_collective_run(comm, &cell, broadcast_execute, NULL);
     if (st == SELDP_OK && !is_root && mem.kind != SELDP_DEVICE_HOST)
         st = seldp__device_copy(buf, mem, v.host, SELDP_HOST_DEVICE, bytes);
     return st;
@@ -129,7 +129,7 @@ typedef struct sum_side {
 } sum_side;
 
 /* Rank r's side of element `at` of segment `seg` of the collective. */
-static sum_side side_of(const host_slot *s, size_t seg, size_t at)
+static sum_side side_of(const host_cell *s, size_t seg, size_t at)
 {
     sum_side d;
     if (s->call.op == OP_REDUCE_FUSED) {
@@ -149,7 +149,7 @@ static sum_side side_of(const host_slot *s, size_t seg, size_t at)
 /* Elements [begin, end) of segment seg, any dtypes, any group size, in chunks: every
  * rank's contribution upcast to F32 and summed in rank order, then scaled and written
  * to every rank in its output dtype. */
-static void sum_chunked(const host_slot *s, int size, size_t seg, size_t begin, size_t end,
+static void sum_chunked(const host_cell *s, int size, size_t seg, size_t begin, size_t end,
                         const seldp__sum_mode *m)
 {
     float acc[REDUCE_CHUNK], tmp[REDUCE_CHUNK];
@@ -186,7 +186,7 @@ static void sum_chunked(const host_slot *s, int size, size_t seg, size_t begin, 
 
 /* Elements [begin, end) of segment seg: the register kernel in groups of at most
  * HOST_SUM_MAX_RANKS, else the chunked path. */
-static void sum_range(const host_slot *s, int size, size_t seg, size_t begin, size_t end,
+static void sum_range(const host_cell *s, int size, size_t seg, size_t begin, size_t end,
                       const seldp__sum_mode *m)
 {
     const void *in[HOST_SUM_MAX_RANKS];
@@ -212,7 +212,7 @@ static void sum_range(const host_slot *s, int size, size_t seg, size_t begin, si
  * sum into every rank's output, for the dtypes without a dedicated kernel. A chunk is
  * fully read before any output is written, so in-place buffers (send == recv) are safe. */
 #define DEFINE_REDUCE_SLICE(name, type)                                                            \
-    static void name(const host_slot *s, int size, size_t begin, size_t end)                       \
+    static void name(const host_cell *s, int size, size_t begin, size_t end)                       \
     {                                                                                              \
         type acc[REDUCE_CHUNK];                                                                    \
         for (size_t at = begin; at < end; at += REDUCE_CHUNK) {                                    \
@@ -238,7 +238,7 @@ static bool allreduce_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     size_t count = (size_t)s[comm->rank].call.count;
     seldp_dtype dtype = (seldp_dtype)s[comm->rank].call.dtype;
     size_t esize = seldp_dtype_size(dtype);
@@ -281,20 +281,20 @@ seldp_status seldp__host_allreduce(seldp_comm *comm, const void *send, void *rec
                                    seldp_dtype dtype, seldp_device mem)
 {
     size_t bytes = count * seldp_dtype_size(dtype);
-    host_slot slot = {.call = {.op = OP_ALLREDUCE, .count = (int64_t)count, .dtype = dtype}};
+    host_cell cell = {.call = {.op = OP_ALLREDUCE, .count = (int64_t)count, .dtype = dtype}};
     if (mem.kind == SELDP_DEVICE_HOST) {
-        slot.send = send;
-        slot.recv = recv;
+        cell.send = send;
+        cell.recv = recv;
     } else {
         /* One staging slice reduced in place. */
         host_stage_view v = {send, bytes, true, NULL};
-        slot.call.staged = seldp__host_stage(comm, mem, &v, 1);
-        slot.send = v.host;
-        slot.recv = v.host;
+        cell.call.staged = seldp__host_stage(comm, mem, &v, 1);
+        cell.send = v.host;
+        cell.recv = v.host;
     }
-    seldp_status st = seldp__host_collective_run(comm, &slot, allreduce_execute, NULL);
+    seldp_status st = seldp__host_collective_run(comm, &cell, allreduce_execute, NULL);
     if (st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST)
-        st = seldp__device_copy(recv, mem, slot.recv, SELDP_HOST_DEVICE, bytes);
+        st = seldp__device_copy(recv, mem, cell.recv, SELDP_HOST_DEVICE, bytes);
     return st;
 }
 
@@ -321,8 +321,8 @@ DEFINE_EAGER_SUM(eager_sum_u64, uint64_t)
  * same results as the two-phase path, bit for bit. */
 void seldp__host_eager_execute(const seldp_comm *comm)
 {
-    const host_slot *s = slots_of(comm);
-    const host_slot *mine = &s[comm->rank];
+    const host_cell *s = cells_of(comm);
+    const host_cell *mine = &s[comm->rank];
     size_t bytes = (size_t)mine->call.bytes, count = (size_t)mine->call.count;
     int root = (int)mine->call.root;
     switch (mine->call.op) {
@@ -385,8 +385,8 @@ static bool fused_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
-    const host_slot *mine = &s[comm->rank];
+    const host_cell *s = cells_of(comm);
+    const host_cell *mine = &s[comm->rank];
     const seldp__reduce_fused_args *f = mine->fused;
     const size_t *starts = mine->seg_starts;
     size_t total = (size_t)mine->call.count;
@@ -433,7 +433,7 @@ static bool fused_execute(const seldp_comm *comm, void *arg)
 seldp_status seldp__host_reduce_fused(seldp_comm *comm, const seldp__reduce_fused_args *args)
 {
     size_t *starts = malloc((args->n_segs + 1) * sizeof *starts);
-    host_slot slot = {.call = {.op = OP_REDUCE_FUSED,
+    host_cell cell = {.call = {.op = OP_REDUCE_FUSED,
                                .n_segs = (int64_t)args->n_segs,
                                .bucket_elems = (int64_t)args->bucket_elems,
                                .scale = args->scale},
@@ -443,13 +443,13 @@ seldp_status seldp__host_reduce_fused(seldp_comm *comm, const seldp__reduce_fuse
         starts[0] = 0;
         for (size_t j = 0; j < args->n_segs; j++)
             starts[j + 1] = starts[j] + args->segs[j].count;
-        slot.call.count = (int64_t)starts[args->n_segs];
+        cell.call.count = (int64_t)starts[args->n_segs];
     } else {
-        slot.call.staged =
+        cell.call.staged =
             seldp__fail(SELDP_ERR_NOMEM, "rank %d: reduction: out of memory for %zu tensors",
                         comm->rank, args->n_segs);
     }
-    seldp_status st = seldp__host_collective_run(comm, &slot, fused_execute, NULL);
+    seldp_status st = seldp__host_collective_run(comm, &cell, fused_execute, NULL);
     free(starts);
     return st;
 }
@@ -472,7 +472,7 @@ static bool allgather_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     size_t bytes = (size_t)s[comm->rank].call.bytes;
     char *recv = s[comm->rank].recv;
     bool stream = bytes * (size_t)g->size * (size_t)g->size >= STREAM_MIN_BYTES, going = true;
@@ -492,11 +492,11 @@ seldp_status seldp__host_allgather(seldp_comm *comm, const void *send, void *rec
 {
     size_t total = bytes * (size_t)comm->size;
     host_stage_view v[2] = {{send, bytes, true, NULL}, {recv, total, false, NULL}};
-    host_slot slot = {.call = {.op = OP_ALLGATHER, .bytes = (int64_t)bytes}};
-    slot.call.staged = seldp__host_stage(comm, mem, v, 2);
-    slot.send = v[0].host;
-    slot.recv = v[1].host;
-    seldp_status st = seldp__host_collective_run(comm, &slot, allgather_execute, NULL);
+    host_cell cell = {.call = {.op = OP_ALLGATHER, .bytes = (int64_t)bytes}};
+    cell.call.staged = seldp__host_stage(comm, mem, v, 2);
+    cell.send = v[0].host;
+    cell.recv = v[1].host;
+    seldp_status st = seldp__host_collective_run(comm, &cell, allgather_execute, NULL);
     if (st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST)
         st = seldp__device_copy(recv, mem, v[1].host, SELDP_HOST_DEVICE, total);
     return st;
@@ -512,7 +512,7 @@ static bool allgatherv_execute(const seldp_comm *comm, void *arg)
 {
     allgatherv_result *res = arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     size_t total = 0;
     for (int r = 0; r < g->size; r++) {
         if ((size_t)s[r].call.bytes > SIZE_MAX - total) {
@@ -545,9 +545,9 @@ static bool allgatherv_execute(const seldp_comm *comm, void *arg)
 seldp_status seldp__host_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
                                     void **recv, size_t *recv_bytes)
 {
-    host_slot slot = {.call = {.op = OP_ALLGATHERV, .bytes = (int64_t)send_bytes}, .send = send};
+    host_cell cell = {.call = {.op = OP_ALLGATHERV, .bytes = (int64_t)send_bytes}, .send = send};
     allgatherv_result res = {NULL, recv_bytes, SELDP_OK};
-    seldp_status st = seldp__host_collective_run(comm, &slot, allgatherv_execute, &res);
+    seldp_status st = seldp__host_collective_run(comm, &cell, allgatherv_execute, &res);
     if (st == SELDP_OK)
         st = res.status;
     if (st != SELDP_OK) {
@@ -564,8 +564,8 @@ static bool alltoallv_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
-    const host_slot *mine = &s[comm->rank];
+    const host_cell *s = cells_of(comm);
+    const host_cell *mine = &s[comm->rank];
     int me = comm->rank;
     exec_pace pc = {comm, 0};
     bool going = true;
@@ -583,15 +583,15 @@ seldp_status seldp__host_alltoallv(seldp_comm *comm, const void *send, const siz
                                    size_t recv_extent)
 {
     host_stage_view v[2] = {{send, send_extent, true, NULL}, {recv, recv_extent, false, NULL}};
-    host_slot slot = {.call = {.op = OP_ALLTOALLV},
+    host_cell cell = {.call = {.op = OP_ALLTOALLV},
                       .send_bytes = send_bytes,
                       .send_displs = send_displs,
                       .recv_bytes = recv_bytes,
                       .recv_displs = recv_displs};
-    slot.call.staged = seldp__host_stage(comm, mem, v, 2);
-    slot.send = v[0].host;
-    slot.recv = v[1].host;
-    seldp_status st = seldp__host_collective_run(comm, &slot, alltoallv_execute, NULL);
+    cell.call.staged = seldp__host_stage(comm, mem, v, 2);
+    cell.send = v[0].host;
+    cell.recv = v[1].host;
+    seldp_status st = seldp__host_collective_run(comm, &cell, alltoallv_execute, NULL);
     /* Copy back only the pieces received, leaving the rest of recv as it was. */
     for (int p = 0; st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST && p < comm->size; p++)
         if (recv_bytes[p])

@@ -17,9 +17,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/hybrid_fault.h"
-#include "comm/hybrid_impl.h"
-#include "comm/mpi_impl.h"
+#include "comm/hybrid/hybrid_fault.h"
+#include "comm/hybrid/hybrid_impl.h"
+#include "comm/mpi/mpi_impl.h"
 #include "internal.h"
 
 #define SLICE_S        0.02
@@ -106,12 +106,12 @@ static int local_list(const hy_group *g, bool (*pred)(const hy_group *, int), ch
 
 static bool not_in(const hy_group *g, int i)
 {
-    return !g->slots[i].in;
+    return !g->cells[i].in;
 }
 
 static bool step_pending(const hy_group *g, int i)
 {
-    return g->slots[i].done_seq != g->step_seq;
+    return g->cells[i].done_seq != g->step_seq;
 }
 
 /* The extra values a member brings to the agreement (hybrid_impl.h, seldp__hy_collective). */
@@ -129,9 +129,9 @@ static int n_extra_of(const hy_group *g, seldp__comm_op op)
     }
 }
 
-static void fill_extra(hy_group *g, int local, const hy_slot *s)
+static void fill_extra(hy_group *g, int local, const hy_cell *s)
 {
-    int64_t *ex = g->slot_ex + (size_t)local * 2 * (size_t)g->size;
+    int64_t *ex = g->cell_ex + (size_t)local * 2 * (size_t)g->size;
     switch ((seldp__comm_op)s->h.op) {
     case OP_ALLTOALLV:
         for (int p = 0; p < g->size; p++) {
@@ -215,7 +215,7 @@ seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, const
     pthread_mutex_unlock(&g->mu);
 
     stall_point(g, 0, SELDP__HY_STALL_STEP);
-    hy_slot *me = &g->slots[0];
+    hy_cell *me = &g->cells[0];
     me->st = fn(g, 0, g->step_ctx);
     if (me->st != SELDP_OK)
         snprintf(me->why, sizeof me->why, "%s", seldp_last_error());
@@ -250,9 +250,9 @@ seldp_status seldp__hy_step(hy_group *g, seldp__comm_op op, hy_step_fn fn, const
     }
     pthread_mutex_unlock(&g->mu);
     for (int i = 0; i < g->n_local; i++)
-        if (g->slots[i].st != SELDP_OK) {
-            seldp__set_error(g->slots[i].why);
-            return g->slots[i].st;
+        if (g->cells[i].st != SELDP_OK) {
+            seldp__set_error(g->cells[i].why);
+            return g->cells[i].st;
         }
     return SELDP_OK;
 }
@@ -275,7 +275,7 @@ static seldp_status agree(hy_group *g, seldp__comm_op op)
         g->extra = p;
     }
     seldp__proto_view v = {
-        .size = g->n_local, .rank = 0, .headers = &g->slots[0].h, .stride = sizeof(hy_slot)};
+        .size = g->n_local, .rank = 0, .headers = &g->cells[0].h, .stride = sizeof(hy_cell)};
     seldp_status local = seldp__proto_agree(&v);
     char local_msg[1024] = "";
     if (local != SELDP_OK)
@@ -286,7 +286,7 @@ static seldp_status agree(hy_group *g, seldp__comm_op op)
         if (local != SELDP_OK)
             return seldp__fail(local, "%s", local_msg);
         for (int i = 0; i < g->n_local; i++)
-            memcpy(g->extra + (size_t)g->local[i] * per, g->slot_ex + (size_t)i * 2 * g->size,
+            memcpy(g->extra + (size_t)g->local[i] * per, g->cell_ex + (size_t)i * 2 * g->size,
                    per * sizeof(int64_t));
         return SELDP_OK;
     }
@@ -296,7 +296,7 @@ static seldp_status agree(hy_group *g, seldp__comm_op op)
     unsigned char *blob = seldp__hy_buf(g, 3, blob_bytes);
     if (!blob)
         return SELDP_ERR_NOMEM;
-    seldp__call_header sum = g->slots[0].h;
+    seldp__call_header sum = g->cells[0].h;
     sum.staged = local;
     sum.key = g->id; /* the same group everywhere (its tag is made from it) */
     if (op == OP_ALLGATHERV)
@@ -304,7 +304,7 @@ static seldp_status agree(hy_group *g, seldp__comm_op op)
     memcpy(blob, &sum, sizeof sum);
     for (int i = 0; i < g->n_local; i++)
         memcpy(blob + sizeof sum + (size_t)i * per * sizeof(int64_t),
-               g->slot_ex + (size_t)i * 2 * g->size, per * sizeof(int64_t));
+               g->cell_ex + (size_t)i * 2 * g->size, per * sizeof(int64_t));
     void *all = NULL;
     size_t *lens = seldp__hy_tab(g, 5, (size_t)g->n_procs);
     if (!lens)
@@ -385,7 +385,7 @@ static void leave(hy_group *g)
     g->result = SELDP_OK;
     g->message[0] = '\0';
     for (int i = 0; i < g->n_local; i++)
-        g->slots[i].in = false;
+        g->cells[i].in = false;
     pthread_cond_broadcast(&g->cv);
 }
 
@@ -424,7 +424,7 @@ static seldp_status leader_round(seldp_comm *comm, hy_group *g, hy_body_fn body,
                                  hy_finish_fn finish, void *ctx, double t0)
 {
     hy_world *w = g->w;
-    seldp__comm_op op = (seldp__comm_op)g->slots[0].h.op;
+    seldp__comm_op op = (seldp__comm_op)g->cells[0].h.op;
     g->leader_in = true;
     g->progress = seldp__proto_now();
     pthread_cond_broadcast(&g->cv);
@@ -475,7 +475,7 @@ static seldp_status member_round(seldp_comm *comm, hy_group *g, int local, hy_fi
                                  void *ctx, double t0)
 {
     hy_world *w = g->w;
-    seldp__comm_op op = (seldp__comm_op)g->slots[local].h.op;
+    seldp__comm_op op = (seldp__comm_op)g->cells[local].h.op;
     uint64_t seen = g->step_seq;
     for (;;) {
         if (g->closed)
@@ -489,7 +489,7 @@ static seldp_status member_round(seldp_comm *comm, hy_group *g, int local, hy_fi
             if (g->closed || atomic_load(&w->aborted))
                 continue; /* given up on while this rank stalled */
             pthread_mutex_unlock(&g->mu);
-            hy_slot *me = &g->slots[local];
+            hy_cell *me = &g->cells[local];
             me->st = fn(g, local, g->step_ctx);
             if (me->st != SELDP_OK)
                 snprintf(me->why, sizeof me->why, "%s", seldp_last_error());
@@ -540,7 +540,7 @@ static seldp_status member_round(seldp_comm *comm, hy_group *g, int local, hy_fi
     }
 }
 
-seldp_status seldp__hy_collective(seldp_comm *comm, hy_slot *mine, hy_body_fn body,
+seldp_status seldp__hy_collective(seldp_comm *comm, hy_cell *mine, hy_body_fn body,
                                   hy_finish_fn finish, void *ctx)
 {
     hy_member *m = seldp__hy_member(comm);
@@ -582,7 +582,7 @@ seldp_status seldp__hy_collective(seldp_comm *comm, hy_slot *mine, hy_body_fn bo
         pthread_mutex_unlock(&g->mu);
         return aborted_error(g, comm->rank, op);
     }
-    hy_slot *s = &g->slots[m->local];
+    hy_cell *s = &g->cells[m->local];
     uint64_t done = s->done_seq;
     *s = *mine;
     s->done_seq = done;

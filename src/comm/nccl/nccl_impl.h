@@ -70,7 +70,7 @@ typedef struct nccl_comm {
      * (growing staging or reduction buffers, a split's at its destroy): freeing synchronizes
      * the device and its peers (device.h), so they are freed at the world's destroy. */
     seldp__retired retired_buffers;
-    ncclComm_t split_slot; /* where ncclCommSplit's background job stores the child */
+    ncclComm_t split_child; /* where ncclCommSplit's background job stores the child */
     /* Splits are destroyed only at teardown (see nccl_destroy): the rank's world handle
      * keeps every split made from it, or from its splits, in `splits`; a split whose
      * seldp_comm was destroyed is `retired` (finalized, its NCCL communicator kept). */

@@ -7,9 +7,9 @@
  *   hybrid_move.c        the messages between the leaders.
  *
  * A group (hy_group) is the state one process holds of a communicator: its members in
- * this process (slots, one per member thread), where every group rank lives, and for a
+ * this process (cells, one per member thread), where every group rank lives, and for a
  * group over several processes its id, tag and the processes' ranks in the parent. A collective is
- * a round: every member arrives (fills its slot), the leader (local member 0, the smallest group
+ * a round: every member arrives (fills its cell), the leader (local member 0, the smallest group
  * rank of the process) checks the calls, runs the body (steps that every member runs on
  * its own buffers, and MPI calls of its own), and closes the round with one status; each
  * member then copies out its results and leaves, the last one opening the next round.
@@ -32,8 +32,8 @@
 typedef struct hy_group hy_group;
 typedef struct hy_parked hy_parked;
 
-/* One member's call, as it arrives. */
-typedef struct hy_slot {
+/* A member's cell: its call, as it arrives. */
+typedef struct hy_cell {
     seldp__call_header h; /* first: the protocol's views read headers at a stride */
     int world_rank;
     seldp_device device;
@@ -54,10 +54,10 @@ typedef struct hy_slot {
     char why[512];     /* and its message */
     bool in;           /* arrived in the current round */
     uint64_t done_seq; /* the last step this member finished */
-} hy_slot;
+} hy_cell;
 
-/* A step every member runs on its own slot (the leader too), between the leader's MPI
- * calls. Returns the member's status (its message in slot->why). */
+/* A step every member runs on its own cell (the leader too), between the leader's MPI
+ * calls. Returns the member's status (its message in cell->why). */
 typedef seldp_status (*hy_step_fn)(hy_group *g, int local, void *ctx);
 
 /* The process's part of a world. */
@@ -119,7 +119,7 @@ struct hy_group {
     _Alignas(16) unsigned char step_ctx[64];
     seldp_status result;
     char message[1024];
-    hy_slot *slots; /* [n_local] */
+    hy_cell *cells; /* [n_local] */
 
     /* staging, grown by the leader between steps; buf[3] the agreement's blob */
     void *buf[4];
@@ -130,7 +130,7 @@ struct hy_group {
     /* summaries of the processes (agreement), and every rank's split color/key */
     seldp__call_header *sums; /* [n_procs] */
     int64_t *extra;           /* [size * 2 * size]: every group rank's extra values */
-    int64_t *slot_ex;         /* [n_local * 2 * size]: the local members', at arrival */
+    int64_t *cell_ex;         /* [n_local * 2 * size]: the local members', at arrival */
 
     /* test hook (hybrid_fault.h): the member that stalls, where, how long */
     int stall_local, stall_where;
@@ -186,11 +186,11 @@ typedef seldp_status (*hy_body_fn)(hy_group *g, void *ctx);
 /* What a member does after a successful round (may be NULL): copy its outputs out. */
 typedef seldp_status (*hy_finish_fn)(hy_group *g, int local, void *ctx);
 
-/* Run one collective from `comm`'s thread: `mine` is the caller's filled slot (its header
+/* Run one collective from `comm`'s thread: `mine` is the caller's filled cell (its header
  * op and the fields the op reads). The leader agrees the calls (in the process, then
  * across processes with `extra` of `n_extra` int64 per member: alltoallv counts, split
  * colors), then runs body(g, ctx); every member then runs finish. */
-seldp_status seldp__hy_collective(seldp_comm *comm, hy_slot *mine, hy_body_fn body,
+seldp_status seldp__hy_collective(seldp_comm *comm, hy_cell *mine, hy_body_fn body,
                                   hy_finish_fn finish, void *ctx);
 
 /* From the leader's body: every member (the leader too) runs fn(g, local, copy) where copy

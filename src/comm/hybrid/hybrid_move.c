@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/hybrid_impl.h"
-#include "comm/mpi_impl.h"
+#include "comm/hybrid/hybrid_impl.h"
+#include "comm/mpi/mpi_impl.h"
 #include "internal.h"
 
 #define PIECE ((size_t)1 << 30) /* far inside MPI's int counts */

@@ -1,21 +1,21 @@
 /* The rendezvous of the host-staged transport: how every collective runs.
  *
- * Every collective is a shared-memory rendezvous over the group's slot array:
+ * Every collective is a shared-memory rendezvous over the group's cell array:
  *   1. publish: each rank writes its arguments (buffer pointers, sizes) into its
- *      slot and waits until every rank of the group has arrived (phase "arrive");
+ *      cell and waits until every rank of the group has arrived (phase "arrive");
  *   2. execute: each rank reads the others' buffers directly, since ranks share
  *      memory: an allreduce owner sums its slice of every input and writes it into
  *      every output, a broadcast owner copies its slice of the root into every other
  *      rank, so each byte is read and written once, by all the cores together (large
  *      payloads with non-temporal stores); the fused reduction of the sessions does the
  *      same over many tensors, with half upcasts and the 1/W scale in the same pass
- *      (host_collectives.c, host_sum.c);
+ *      (host_collectives.c, src/simd/host_sum.c);
  *   3. leave: wait once more (phase "leave") so that no rank returns, and reuses or
  *      frees a buffer, while another is still reading or writing it.
  * The timeout bounds arrival. A rank that has arrived holds access to the others' buffers
  * until it leaves, so it is waited for however late it is: at the timeout the waiters
  * abort the world, and a rank inside looks at the abort flag between chunks of its work
- * (every EXEC_PACE_BYTES) and stops. Each rank says in its slot whether it finished its
+ * (every EXEC_PACE_BYTES) and stops. Each rank says in its cell whether it finished its
  * share; after "leave" every rank reads the same answer: success, or the world's abort
  * (outputs are then incomplete). A rank that never arrived, or arrives after the others
  * gave up, returns an error and touches nothing.
@@ -41,7 +41,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/host_impl.h"
+#include "comm/host/host_impl.h"
 #include "internal.h"
 
 /* ---- abort and waiting ----------------------------------------------------------- */
@@ -261,101 +261,101 @@ out:
 
 /* ---- the collective rendezvous --------------------------------------------------- */
 
-/* Why the published slots of a collective do not agree, or SELDP_OK. Every rank reads
- * the same slots after "arrive", so every rank reaches the same verdict. */
+/* Why the published cells of a collective do not agree, or SELDP_OK. Every rank reads
+ * the same cells after "arrive", so every rank reaches the same verdict. */
 /* What the agreement check reads beyond the headers: the other ranks' arrays, which the
- * ranks of this transport can see. ctx is the group's slots. */
-static const size_t *slot_send_bytes(const void *ctx, int r)
+ * ranks of this transport can see. ctx is the group's cells. */
+static const size_t *cell_send_bytes(const void *ctx, int r)
 {
-    return ((const host_slot *)ctx)[r].send_bytes;
+    return ((const host_cell *)ctx)[r].send_bytes;
 }
 
-static const size_t *slot_recv_bytes(const void *ctx, int r)
+static const size_t *cell_recv_bytes(const void *ctx, int r)
 {
-    return ((const host_slot *)ctx)[r].recv_bytes;
+    return ((const host_cell *)ctx)[r].recv_bytes;
 }
 
-static const seldp__reduce_seg *slot_segs(const void *ctx, int r)
+static const seldp__reduce_seg *cell_segs(const void *ctx, int r)
 {
-    return ((const host_slot *)ctx)[r].fused->segs;
+    return ((const host_cell *)ctx)[r].fused->segs;
 }
 
-static const seldp__shard_seg *slot_shard_segs(const void *ctx, int r)
+static const seldp__shard_seg *cell_shard_segs(const void *ctx, int r)
 {
-    const host_slot *s = &((const host_slot *)ctx)[r];
+    const host_cell *s = &((const host_cell *)ctx)[r];
     return s->scatter ? s->scatter->segs : s->gather->segs;
 }
 
-seldp_status seldp__host_slots_agree(const seldp_comm *comm)
+seldp_status seldp__host_cells_agree(const seldp_comm *comm)
 {
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     seldp__proto_view v = {.size = comm->size,
                            .rank = comm->rank,
                            .headers = &s[0].call,
                            .stride = sizeof *s,
                            .ctx = s,
-                           .send_bytes = slot_send_bytes,
-                           .recv_bytes = slot_recv_bytes,
-                           .segs = slot_segs,
-                           .shard_segs = slot_shard_segs};
+                           .send_bytes = cell_send_bytes,
+                           .recv_bytes = cell_recv_bytes,
+                           .segs = cell_segs,
+                           .shard_segs = cell_shard_segs};
     return seldp__proto_agree(&v);
 }
 
-static seldp__comm_op op_of(const host_slot *slot)
+static seldp__comm_op op_of(const host_cell *cell)
 {
-    return (seldp__comm_op)slot->call.op;
+    return (seldp__comm_op)cell->call.op;
 }
 
 /* Whether a collective takes one phase, and the bytes of its eager buffers (see
  * EAGER_MAX): this rank's input, or the root's for a broadcast. Every rank computes the
- * same answer once the slots agree. */
-static bool eager_op(const host_slot *slot)
+ * same answer once the cells agree. */
+static bool eager_op(const host_cell *cell)
 {
-    switch (slot->call.op) {
+    switch (cell->call.op) {
     case OP_INIT:
     case OP_BARRIER:
         return true;
     case OP_BROADCAST:
     case OP_ALLGATHER:
-        return (size_t)slot->call.bytes <= EAGER_MAX;
+        return (size_t)cell->call.bytes <= EAGER_MAX;
     case OP_ALLREDUCE:
-        return (size_t)slot->call.count <=
-               EAGER_MAX / seldp_dtype_size((seldp_dtype)slot->call.dtype);
+        return (size_t)cell->call.count <=
+               EAGER_MAX / seldp_dtype_size((seldp_dtype)cell->call.dtype);
     default:
         return false;
     }
 }
 
-static size_t eager_bytes(const host_slot *slot)
+static size_t eager_bytes(const host_cell *cell)
 {
-    if (!eager_op(slot) || slot->call.staged != SELDP_OK)
+    if (!eager_op(cell) || cell->call.staged != SELDP_OK)
         return 0;
-    if (slot->call.op == OP_ALLREDUCE)
-        return (size_t)slot->call.count * seldp_dtype_size((seldp_dtype)slot->call.dtype);
-    return (size_t)slot->call.bytes;
+    if (cell->call.op == OP_ALLREDUCE)
+        return (size_t)cell->call.count * seldp_dtype_size((seldp_dtype)cell->call.dtype);
+    return (size_t)cell->call.bytes;
 }
 
-/* The one place every collective of this transport enters: publish this rank's slot
+/* The one place every collective of this transport enters: publish this rank's cell
  * and wait for the group. A fault-injection point for a collective belongs here. */
-seldp_status seldp__host_collective_enter(seldp_comm *comm, const host_slot *slot)
+seldp_status seldp__host_collective_enter(seldp_comm *comm, const host_cell *cell)
 {
     host_comm *hc = impl_of(comm);
     seldp_status struck;
     if (atomic_load_explicit(&hc->world->faults_on, memory_order_relaxed) &&
-        seldp__host_fault_strike(comm, op_of(slot), &struck))
+        seldp__host_fault_strike(comm, op_of(cell), &struck))
         return struck;
     /* A collective of an aborted world fails at once, without publishing anything: an
-     * earlier collective failed, so the others may never have finished with the slot. */
+     * earlier collective failed, so the others may never have finished with the cell. */
     if (atomic_load(&hc->world->aborted))
-        return seldp__host_phase_wait(comm, op_of(slot), WAIT_UNLESS_ABORTED);
-    /* No other rank reads this slot before the arrival below publishes it, and every rank
+        return seldp__host_phase_wait(comm, op_of(cell), WAIT_UNLESS_ABORTED);
+    /* No other rank reads this cell before the arrival below publishes it, and every rank
      * finished reading its contents of two collectives ago before arriving at the last. */
     hc->collectives++;
-    slots_of(comm)[comm->rank] = *slot;
-    size_t eager = eager_bytes(slot);
-    if (eager && (slot->call.op != OP_BROADCAST || comm->rank == slot->call.root))
-        memcpy(eager_of(comm, comm->rank), slot->send, eager);
-    return seldp__host_phase_wait(comm, op_of(slot), WAIT_UNLESS_ABORTED);
+    cells_of(comm)[comm->rank] = *cell;
+    size_t eager = eager_bytes(cell);
+    if (eager && (cell->call.op != OP_BROADCAST || comm->rank == cell->call.root))
+        memcpy(eager_of(comm, comm->rank), cell->send, eager);
+    return seldp__host_phase_wait(comm, op_of(cell), WAIT_UNLESS_ABORTED);
 }
 
 /* Every rank has finished touching the others' buffers once this returns. */
@@ -391,10 +391,10 @@ bool seldp__host_pace(exec_pace *p, size_t bytes)
 }
 
 /* Whether every rank of the group finished its share of the collective just left: the same
- * answer on every rank, read from the slots after "leave". */
+ * answer on every rank, read from the cells after "leave". */
 static bool every_share_finished(const seldp_comm *comm)
 {
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     for (int r = 0; r < comm->size; r++)
         if (!s[r].finished)
             return false;
@@ -420,15 +420,15 @@ static seldp_status collective_verdict(seldp_comm *comm, seldp__comm_op op, seld
 
 /* Enter, check agreement, execute, leave. Returns the first failure. A small collective
  * that every rank agrees on runs from the eager buffers and needs no "leave". */
-seldp_status seldp__host_collective_run(seldp_comm *comm, const host_slot *slot,
+seldp_status seldp__host_collective_run(seldp_comm *comm, const host_cell *cell,
                                         seldp__host_execute_fn execute, void *arg)
 {
-    seldp_status st = seldp__host_collective_enter(comm, slot);
+    seldp_status st = seldp__host_collective_enter(comm, cell);
     if (st != SELDP_OK)
         return st;
     char why[1024] = "";
-    seldp_status agreed = seldp__host_slots_agree(comm);
-    if (agreed == SELDP_OK && eager_op(slot)) {
+    seldp_status agreed = seldp__host_cells_agree(comm);
+    if (agreed == SELDP_OK && eager_op(cell)) {
         seldp__host_eager_execute(comm);
         seldp__host_stall_inside(comm); /* after the work: no other rank waits for this one */
         return SELDP_OK;
@@ -439,11 +439,11 @@ seldp_status seldp__host_collective_run(seldp_comm *comm, const host_slot *slot,
     else if (agreed != SELDP_OK)
         snprintf(why, sizeof why, "%s", seldp_last_error());
     seldp__host_stall_inside(comm); /* an armed stall the execute step did not take */
-    slots_of(comm)[comm->rank].finished = finished;
-    st = seldp__host_collective_leave(comm, op_of(slot));
+    cells_of(comm)[comm->rank].finished = finished;
+    st = seldp__host_collective_leave(comm, op_of(cell));
     if (agreed != SELDP_OK) {
         seldp__set_error(why);
         return agreed;
     }
-    return collective_verdict(comm, op_of(slot), st);
+    return collective_verdict(comm, op_of(cell), st);
 }

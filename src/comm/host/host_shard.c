@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/host_copy.h"
-#include "comm/host_impl.h"
-#include "comm/host_sum.h"
+#include "simd/host_copy.h"
+#include "comm/host/host_impl.h"
+#include "simd/host_sum.h"
 #include "device.h"
 #include "internal.h"
 
@@ -116,8 +116,8 @@ static bool reduce_scatter_execute(const seldp_comm *comm, void *arg)
 {
     sum_inputs *x = arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
-    const host_slot *mine = &s[comm->rank];
+    const host_cell *s = cells_of(comm);
+    const host_cell *mine = &s[comm->rank];
     size_t total = (size_t)mine->call.count;
     seldp__sum_mode m = {false, 1.0, total * sizeof(float) >= STREAM_MIN_BYTES,
                          impl_of(comm)->world->simd};
@@ -151,18 +151,18 @@ seldp_status seldp__host_reduce_scatter(seldp_comm *comm, const void *send, void
     size_t total = counts_total(recv_counts, comm->size), mine = recv_counts[comm->rank];
     size_t esize = seldp_dtype_size(dtype);
     host_stage_view v[2] = {{send, total * esize, true, NULL}, {recv, mine * esize, false, NULL}};
-    host_slot slot = {.call = {.op = OP_REDUCE_SCATTER,
+    host_cell cell = {.call = {.op = OP_REDUCE_SCATTER,
                                .count = (int64_t)total,
                                .dtype = dtype,
                                .counts = seldp__proto_counts_digest(recv_counts, comm->size)},
                       .counts = recv_counts};
     sum_inputs x;
-    slot.call.staged = inputs_init(&x, comm->size);
-    if (slot.call.staged == SELDP_OK && mem.kind != SELDP_DEVICE_HOST)
-        slot.call.staged = seldp__host_stage(comm, mem, v, 2);
-    slot.send = mem.kind == SELDP_DEVICE_HOST ? send : v[0].host;
-    slot.recv = mem.kind == SELDP_DEVICE_HOST ? recv : v[1].host;
-    seldp_status st = seldp__host_collective_run(comm, &slot, reduce_scatter_execute, &x);
+    cell.call.staged = inputs_init(&x, comm->size);
+    if (cell.call.staged == SELDP_OK && mem.kind != SELDP_DEVICE_HOST)
+        cell.call.staged = seldp__host_stage(comm, mem, v, 2);
+    cell.send = mem.kind == SELDP_DEVICE_HOST ? send : v[0].host;
+    cell.recv = mem.kind == SELDP_DEVICE_HOST ? recv : v[1].host;
+    seldp_status st = seldp__host_collective_run(comm, &cell, reduce_scatter_execute, &x);
     if (st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST && mine)
         st = seldp__device_copy(recv, mem, v[1].host, SELDP_HOST_DEVICE, mine * esize);
     inputs_free(&x);
@@ -175,8 +175,8 @@ static bool allgather_counts_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
-    const host_slot *mine = &s[comm->rank];
+    const host_cell *s = cells_of(comm);
+    const host_cell *mine = &s[comm->rank];
     size_t esize = seldp_dtype_size((seldp_dtype)mine->call.dtype);
     size_t total = (size_t)mine->call.count * esize;
     bool stream = total * (size_t)g->size >= STREAM_MIN_BYTES, going = true;
@@ -214,15 +214,15 @@ seldp_status seldp__host_allgather_counts(seldp_comm *comm, const void *send, vo
     size_t esize = seldp_dtype_size(dtype), total = counts_total(counts, comm->size) * esize;
     host_stage_view v[2] = {{send, counts[comm->rank] * esize, true, NULL},
                             {recv, total, false, NULL}};
-    host_slot slot = {.call = {.op = OP_ALLGATHER_COUNTS,
+    host_cell cell = {.call = {.op = OP_ALLGATHER_COUNTS,
                                .count = (int64_t)(total / esize),
                                .dtype = dtype,
                                .counts = seldp__proto_counts_digest(counts, comm->size)},
                       .counts = counts};
-    slot.call.staged = seldp__host_stage(comm, mem, v, 2);
-    slot.send = v[0].host;
-    slot.recv = v[1].host;
-    seldp_status st = seldp__host_collective_run(comm, &slot, allgather_counts_execute, NULL);
+    cell.call.staged = seldp__host_stage(comm, mem, v, 2);
+    cell.send = v[0].host;
+    cell.recv = v[1].host;
+    seldp_status st = seldp__host_collective_run(comm, &cell, allgather_counts_execute, NULL);
     if (st == SELDP_OK && mem.kind != SELDP_DEVICE_HOST && total)
         st = seldp__device_copy(recv, mem, v[1].host, SELDP_HOST_DEVICE, total);
     return st;
@@ -248,7 +248,7 @@ static bool scatter_fused_execute(const seldp_comm *comm, void *arg)
 {
     sum_inputs *x = arg;
     const host_group *g = impl_of(comm)->group;
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     size_t total = (size_t)s[comm->rank].call.count;
     seldp__sum_mode m = {s[comm->rank].scatter->scale != 1.0, s[comm->rank].scatter->scale,
                          total * sizeof(float) >= STREAM_MIN_BYTES, impl_of(comm)->world->simd};
@@ -290,15 +290,15 @@ seldp_status seldp__host_scatter_fused(seldp_comm *comm, const seldp__scatter_fu
     size_t elems = 0;
     for (size_t j = 0; j < args->n_segs; j++)
         elems += args->segs[j].count;
-    host_slot slot = {.call = {.op = OP_SCATTER_FUSED,
+    host_cell cell = {.call = {.op = OP_SCATTER_FUSED,
                                .count = (int64_t)elems,
                                .n_segs = (int64_t)args->n_segs,
                                .dtype = SELDP_F32,
                                .scale = args->scale},
                       .scatter = args};
     sum_inputs x;
-    slot.call.staged = inputs_init(&x, comm->size);
-    seldp_status st = seldp__host_collective_run(comm, &slot, scatter_fused_execute, &x);
+    cell.call.staged = inputs_init(&x, comm->size);
+    seldp_status st = seldp__host_collective_run(comm, &cell, scatter_fused_execute, &x);
     inputs_free(&x);
     return st;
 }
@@ -321,7 +321,7 @@ static void convert_into(void *dst, seldp_dtype dst_dtype, const void *src, seld
 static void write_everywhere(const seldp_comm *comm, size_t j, size_t at, const void *from,
                              seldp_dtype out_dtype, size_t n, bool stream)
 {
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     size_t esize = seldp_dtype_size(out_dtype);
     for (int q = 0; q < comm->size; q++) {
         const seldp__shard_seg *seg = &s[q].gather->segs[j];
@@ -336,7 +336,7 @@ static void write_everywhere(const seldp_comm *comm, size_t j, size_t at, const 
 static bool gather_fused_execute(const seldp_comm *comm, void *arg)
 {
     (void)arg;
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     size_t out_bytes = 0;
     const seldp__gather_fused_args *own = s[comm->rank].gather;
     for (size_t j = 0; j < own->n_segs; j++)
@@ -382,10 +382,10 @@ seldp_status seldp__host_gather_fused(seldp_comm *comm, const seldp__gather_fuse
     size_t elems = 0;
     for (size_t j = 0; j < args->n_segs; j++)
         elems += args->segs[j].count;
-    host_slot slot = {.call = {.op = OP_GATHER_FUSED,
+    host_cell cell = {.call = {.op = OP_GATHER_FUSED,
                                .count = (int64_t)elems,
                                .n_segs = (int64_t)args->n_segs,
                                .dtype = args->in_dtype},
                       .gather = args};
-    return seldp__host_collective_run(comm, &slot, gather_fused_execute, NULL);
+    return seldp__host_collective_run(comm, &cell, gather_fused_execute, NULL);
 }

@@ -24,8 +24,8 @@
 
 #include <mpi.h>
 
-#include "comm/mpi_fault.h"
-#include "comm/mpi_impl.h"
+#include "comm/mpi/mpi_fault.h"
+#include "comm/mpi/mpi_impl.h"
 #include "device.h"
 #include "internal.h"
 #include "seldp/mpi.h"

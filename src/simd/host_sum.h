@@ -1,4 +1,4 @@
-/* The reduction kernels of the host-staged transport (src/comm/host_sum.c).
+/* The reduction kernels of the host-staged transport (src/simd/host_sum.c).
  *
  * out[r][i] = convert(scale(in[0][i] + in[1][i] + ... + in[P-1][i])) for every output r:
  * every input upcast exactly to F32 and summed in rank order, multiplied by `scale` as

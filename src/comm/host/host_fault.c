@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "comm/host_fault.h"
-#include "comm/host_impl.h"
+#include "comm/host/host_fault.h"
+#include "comm/host/host_impl.h"
 #include "internal.h"
 
 typedef struct host_fault {

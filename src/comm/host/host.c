@@ -2,9 +2,9 @@
  *
  * This file holds its worlds, groups and communicators: creating a world, joining it,
  * splitting a group, aborting and destroying. How a collective runs is in
- * host_rendezvous.c, what it moves in host_collectives.c and host_sum.c, and the test
- * hooks in host_fault.c; host_impl.h is the state they share. Device buffers are staged
- * through pinned host memory before "arrive" and copied back after "leave", so the
+ * host_rendezvous.c, what it moves in host_collectives.c (with the kernels of src/simd/),
+ * and the test hooks in host_fault.c; host_impl.h is the state they share. Device buffers are
+ * staged through pinned host memory before "arrive" and copied back after "leave", so the
  * collectives only ever touch host memory. */
 #define _POSIX_C_SOURCE 200809L /* pthread_condattr_setclock, clock_gettime */
 
@@ -15,8 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "comm/host_impl.h"
-#include "comm/host_sum.h"
+#include "comm/host/host_impl.h"
+#include "simd/host_sum.h"
 #include "device.h"
 #include "internal.h"
 
@@ -25,7 +25,7 @@
 /* A group of `size` ranks with `refs` holders, linked into the world. Caller holds no lock. */
 static host_group *group_new(seldp_host_world *w, int size, const int *world_ranks, int refs)
 {
-    /* aligned_alloc: the counters and slots have cache lines of their own */
+    /* aligned_alloc: the counters and cells have cache lines of their own */
     host_group *g = aligned_alloc(64, (sizeof *g + 63) / 64 * 64);
     if (!g)
         return NULL;
@@ -34,19 +34,19 @@ static host_group *group_new(seldp_host_world *w, int size, const int *world_ran
     g->size = size;
     g->refs = refs;
     g->world_ranks = malloc((size_t)size * sizeof *g->world_ranks);
-    g->slots = aligned_alloc(64, 2 * (size_t)size * sizeof *g->slots);
+    g->cells = aligned_alloc(64, 2 * (size_t)size * sizeof *g->cells);
     g->eager = aligned_alloc(64, 2 * (size_t)size * EAGER_MAX);
     g->entered = aligned_alloc(64, (size_t)size * sizeof *g->entered);
-    if (!g->world_ranks || !g->slots || !g->eager || !g->entered ||
+    if (!g->world_ranks || !g->cells || !g->eager || !g->entered ||
         pthread_cond_init(&g->cond, &w->condattr) != 0) {
         free(g->world_ranks);
-        free(g->slots);
+        free(g->cells);
         free(g->eager);
         free(g->entered);
         free(g);
         return NULL;
     }
-    memset(g->slots, 0, 2 * (size_t)size * sizeof *g->slots);
+    memset(g->cells, 0, 2 * (size_t)size * sizeof *g->cells);
     memset(g->entered, 0, (size_t)size * sizeof *g->entered);
     memcpy(g->world_ranks, world_ranks, (size_t)size * sizeof *g->world_ranks);
     pthread_mutex_lock(&w->lock);
@@ -62,7 +62,7 @@ static void group_free(host_group *g)
 {
     pthread_cond_destroy(&g->cond);
     free(g->world_ranks);
-    free(g->slots);
+    free(g->cells);
     free(g->eager);
     free(g->entered);
     free(g);
@@ -142,12 +142,12 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
     split_member *members = NULL;
     int *world_ranks = NULL;
     seldp_status st = SELDP_OK;
-    host_slot slot = {.call = {.op = OP_SPLIT, .color = color, .key = key}};
+    host_cell cell = {.call = {.op = OP_SPLIT, .color = color, .key = key}};
 
-    st = seldp__host_collective_enter(comm, &slot);
+    st = seldp__host_collective_enter(comm, &cell);
     if (st != SELDP_OK)
         return st;
-    if ((st = seldp__host_slots_agree(comm)) != SELDP_OK) {
+    if ((st = seldp__host_cells_agree(comm)) != SELDP_OK) {
         /* Leave as the other collectives do, so that mismatched ranks stay in step. */
         char why[1024];
         snprintf(why, sizeof why, "%s", seldp_last_error());
@@ -156,7 +156,7 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
         return st;
     }
     /* Every rank has published its color and key: compute this rank's new group. */
-    const host_slot *s = slots_of(comm);
+    const host_cell *s = cells_of(comm);
     int n = 0, new_rank = -1;
     if (color != SELDP_COMM_NO_GROUP) {
         members = malloc((size_t)parent->size * sizeof *members);
@@ -174,14 +174,14 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
         }
     }
     /* The new group's rank 0 creates it for everyone; the others pick it up after
-     * "publish" (the slot is ours until "leave"). */
+     * "publish" (the cell is ours until "leave"). */
     host_group *created = NULL;
     if (new_rank == 0)
         created = group_new(w, n, world_ranks, n);
     seldp__host_stall_inside(comm);
     pthread_mutex_lock(&w->lock);
-    slots_of(comm)[comm->rank].new_group = created;
-    slots_of(comm)[comm->rank].finished = true;
+    cells_of(comm)[comm->rank].new_group = created;
+    cells_of(comm)[comm->rank].finished = true;
     pthread_mutex_unlock(&w->lock);
     /* Every rank has arrived and publishes its group: the wait always completes (a rank
      * slow to publish is waited for) and so does the split, on every rank alike. */
@@ -193,7 +193,7 @@ static seldp_status host_split(seldp_comm *comm, int color, int key, seldp_comm 
             st = seldp__fail(SELDP_ERR_NOMEM, "rank %d: split: out of memory", comm->rank);
         } else {
             pthread_mutex_lock(&w->lock);
-            group = slots_of(comm)[members[0].parent_rank].new_group;
+            group = cells_of(comm)[members[0].parent_rank].new_group;
             pthread_mutex_unlock(&w->lock);
             if (!group)
                 st = seldp__fail(SELDP_ERR_NOMEM,
@@ -378,8 +378,8 @@ seldp_status seldp_host_comm_init(seldp_host_world *world, int rank, seldp_devic
         pthread_mutex_unlock(&world->lock);
         goto fail;
     }
-    host_slot slot = {.call = {.op = OP_INIT}};
-    SELDP_CHECK(seldp__host_collective_run(comm, &slot, NULL, NULL));
+    host_cell cell = {.call = {.op = OP_INIT}};
+    SELDP_CHECK(seldp__host_collective_run(comm, &cell, NULL, NULL));
     *out = comm;
     return SELDP_OK;
 

@@ -1,12 +1,13 @@
-/* The streaming copy of the host transport (src/comm/host_copy.c): large payloads that will
- * not stay in the cache are written with non-temporal stores, which skip the
- * read-for-ownership of every destination line (a third of the traffic of a cached copy). */
+/* The streaming copy of the host transport and of the host kernels (src/simd/host_copy.c,
+ * used by src/comm/host/ and src/kernels.c): large payloads that will not stay in the cache
+ * are written with non-temporal stores, which skip the read-for-ownership of every
+ * destination line (a third of the traffic of a cached copy). */
 #ifndef SELDP_HOST_COPY_H
 #define SELDP_HOST_COPY_H
 
 #include <stddef.h>
 
-#include "comm/host_sum.h"
+#include "simd/host_sum.h"
 
 /* Copy `bytes` from src to dst (not overlapping) with non-temporal stores of width `simd`
  * (at most seldp__host_simd_of_cpu()), the bytes before the first 64-byte boundary of dst

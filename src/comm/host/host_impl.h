@@ -1,13 +1,13 @@
-/* The host-staged transport's shared state (private to src/comm/host*.c).
+/* The host-staged transport's shared state (private to src/comm/host/).
  *
  * The transport is cut along its seams:
  *   host.c             worlds, groups, communicators, split, abort, destroy, staging
  *   host_rendezvous.c  the phases of a collective: publish, agree, wait, give up, leave
  *   host_collectives.c what moves in the execute step of each collective
  *   host_shard.c       the same for the sharded ones: reduce-scatter, all-gather of blocks
- *   host_sum.c         the SIMD kernels of the reductions (host_sum.h)
- *   host_copy.c        the streaming copy of large payloads (host_copy.h)
  *   host_fault.c       fault injection for the tests (host_fault.h)
+ * Below it, in src/simd/: host_sum.c, the SIMD kernels of the reductions (host_sum.h), and
+ * host_copy.c, the streaming copy of large payloads (host_copy.h).
  * See host_rendezvous.c for how a collective runs. */
 #ifndef SELDP_HOST_IMPL_H
 #define SELDP_HOST_IMPL_H
@@ -26,9 +26,9 @@
 
 typedef struct host_group host_group;
 
-/* What one rank publishes for one collective. Pointers are host memory (staged). Each
- * slot has cache lines of its own, so that ranks publishing at once do not contend. */
-typedef struct host_slot {
+/* A rank's cell: what it publishes for one collective. Pointers are host memory (staged). Each
+ * cell has cache lines of its own, so that ranks publishing at once do not contend. */
+typedef struct host_cell {
     /* the call (comm/protocol.h): op, staged, root, bytes (broadcast and allgather: per
      * rank; allgatherv: this rank's blob), count (allreduce; fused: the elements of every
      * segment), dtype, color and key (split), n_segs, bucket_elems and scale (fused) */
@@ -43,7 +43,7 @@ typedef struct host_slot {
     const seldp__scatter_fused_args *scatter; /* fused reduce-scatter */
     const seldp__gather_fused_args *gather;   /* fused all-gather */
     bool finished; /* written before "leave": this rank's share of the execute step is done */
-} host_slot;
+} host_cell;
 
 /* A counter written by one rank, on a cache line of its own. */
 typedef struct rank_counter {
@@ -68,9 +68,9 @@ struct host_group {
     int *world_ranks; /* group rank -> world rank */
     /* [2][size]: a collective uses the half of its parity (each rank counts its
      * collectives on the group), so a rank publishing its next collective never
-     * overwrites a slot another rank may still read */
-    host_slot *slots;
-    unsigned char *eager;  /* [2][size][EAGER_MAX], by parity like the slots */
+     * overwrites a cell another rank may still read */
+    host_cell *cells;
+    unsigned char *eager;  /* [2][size][EAGER_MAX], by parity like the cells */
     rank_counter *entered; /* phases each rank has entered (see seldp__host_phase_wait) */
     _Alignas(64) atomic_int sleepers; /* ranks waiting on cond */
     _Alignas(64) int refs;            /* communicators holding the group */
@@ -108,11 +108,11 @@ static inline host_comm *impl_of(const seldp_comm *comm)
     return comm->impl;
 }
 
-/* The slots of the group's current collective (see host_group). */
-static inline host_slot *slots_of(const seldp_comm *comm)
+/* The cells of the group's current collective (see host_group). */
+static inline host_cell *cells_of(const seldp_comm *comm)
 {
     const host_comm *hc = impl_of(comm);
-    return hc->group->slots + (size_t)((hc->collectives - 1) & 1) * (size_t)hc->group->size;
+    return hc->group->cells + (size_t)((hc->collectives - 1) & 1) * (size_t)hc->group->size;
 }
 
 /* Rank r's eager buffer in the group's current collective. */
@@ -141,17 +141,17 @@ void seldp__host_world_abort_locked(seldp_host_world *w, seldp_status status, co
 seldp_status seldp__host_phase_wait(seldp_comm *comm, seldp__comm_op op,
                                     seldp__host_wait_mode mode);
 
-/* Why the published slots of a collective do not agree, or SELDP_OK. */
-seldp_status seldp__host_slots_agree(const seldp_comm *comm);
+/* Why the published cells of a collective do not agree, or SELDP_OK. */
+seldp_status seldp__host_cells_agree(const seldp_comm *comm);
 
-/* Publish this rank's slot and wait for the group (phase "arrive"). */
-seldp_status seldp__host_collective_enter(seldp_comm *comm, const host_slot *slot);
+/* Publish this rank's cell and wait for the group (phase "arrive"). */
+seldp_status seldp__host_collective_enter(seldp_comm *comm, const host_cell *cell);
 
 /* Every rank has finished touching the others' buffers once this returns. */
 seldp_status seldp__host_collective_leave(seldp_comm *comm, seldp__comm_op op);
 
 /* Enter, check agreement, execute, leave. Returns the first failure. */
-seldp_status seldp__host_collective_run(seldp_comm *comm, const host_slot *slot,
+seldp_status seldp__host_collective_run(seldp_comm *comm, const host_cell *cell,
                                         seldp__host_execute_fn execute, void *arg);
 
 /* A stall armed by SELDP__FAULT_STALL_INSIDE for this collective, if any. */

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/nccl_impl.h"
+#include "comm/nccl/nccl_impl.h"
 #include "device.h"
 #include "internal.h"
 #include "seldp/nccl.h"
@@ -298,7 +298,7 @@ static seldp_status wait_split(nccl_comm *c, bool want_child)
         if (state == ncclSuccess) {
             if (!want_child)
                 return SELDP_OK;
-            ncclComm_t child = c->split_slot;
+            ncclComm_t child = c->split_child;
             if (child) {
                 r = ncclCommGetAsyncError(child, &state);
                 if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
@@ -318,9 +318,9 @@ static seldp_status wait_split(nccl_comm *c, bool want_child)
     }
     /* The parent is aborted by now, which also stops and joins the split's background job;
      * a child it produced is ours to abort. */
-    if (c->split_slot) {
-        ncclCommAbort(c->split_slot);
-        c->split_slot = NULL;
+    if (c->split_child) {
+        ncclCommAbort(c->split_child);
+        c->split_child = NULL;
     }
     return st;
 }
@@ -342,9 +342,9 @@ static seldp_status nccl_split(seldp_comm *comm, int color, int key, seldp_comm 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     config.commName = "seldp";
-    c->split_slot = NULL;
+    c->split_child = NULL;
     ncclResult_t r =
-        ncclCommSplit(c->nccl, member ? color : NCCL_SPLIT_NOCOLOR, key, &c->split_slot, &config);
+        ncclCommSplit(c->nccl, member ? color : NCCL_SPLIT_NOCOLOR, key, &c->split_child, &config);
     if (!nccl_started(r)) {
         st = seldp__nccl_fail_nccl(c, "ncclCommSplit", r);
         goto fail;
@@ -353,8 +353,8 @@ static seldp_status nccl_split(seldp_comm *comm, int color, int key, seldp_comm 
     if (!member)
         return SELDP_OK;
 
-    child->nccl = c->split_slot;
-    c->split_slot = NULL;
+    child->nccl = c->split_child;
+    c->split_child = NULL;
     r = ncclCommUserRank(child->nccl, &child->rank);
     if (r == ncclSuccess)
         r = ncclCommCount(child->nccl, &child->size);

@@ -1,5 +1,5 @@
 /* The bodies of the hybrid collectives (hybrid_impl.h). Each is three parts: the member's
- * slot (its arguments), the leader's body (tables, steps that every member runs on its own
+ * cell (its arguments), the leader's body (tables, steps that every member runs on its own
  * buffers, the MPI calls between the leaders), and the member's finish (its outputs copied
  * out of the group's staging).
  *
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/hybrid_impl.h"
+#include "comm/hybrid/hybrid_impl.h"
 #include "device.h"
 #include "internal.h"
 
@@ -46,7 +46,7 @@ static seldp_status copy_out(void *dst, const void *src, size_t bytes, seldp_dev
 
 seldp_status seldp__hy_barrier(seldp_comm *comm)
 {
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_BARRIER;
     return seldp__hy_collective(comm, &s, NULL, NULL, NULL);
 }
@@ -54,7 +54,7 @@ seldp_status seldp__hy_barrier(seldp_comm *comm)
 static seldp_status bcast_pack(hy_group *g, int local, void *ctx)
 {
     (void)ctx;
-    const hy_slot *s = &g->slots[local];
+    const hy_cell *s = &g->cells[local];
     if (g->local[local] != (int)s->h.root)
         return SELDP_OK;
     return copy_in(BUF(g, 0), s->recv, (size_t)s->h.bytes, s->mem);
@@ -63,8 +63,8 @@ static seldp_status bcast_pack(hy_group *g, int local, void *ctx)
 static seldp_status bcast_body(hy_group *g, void *ctx)
 {
     (void)ctx;
-    size_t bytes = (size_t)g->slots[0].h.bytes;
-    int root = (int)g->slots[0].h.root;
+    size_t bytes = (size_t)g->cells[0].h.bytes;
+    int root = (int)g->cells[0].h.root;
     if (!seldp__hy_buf(g, 0, bytes))
         return seldp__hy_mpi_failed(g, SELDP_ERR_NOMEM);
     seldp_status st = seldp__hy_step(g, OP_BROADCAST, bcast_pack, NULL, 0);
@@ -91,7 +91,7 @@ static seldp_status bcast_body(hy_group *g, void *ctx)
 static seldp_status bcast_finish(hy_group *g, int local, void *ctx)
 {
     (void)ctx;
-    const hy_slot *s = &g->slots[local];
+    const hy_cell *s = &g->cells[local];
     if (g->local[local] == (int)s->h.root)
         return SELDP_OK;
     return copy_out(s->recv, g->buf[0], (size_t)s->h.bytes, s->mem);
@@ -100,7 +100,7 @@ static seldp_status bcast_finish(hy_group *g, int local, void *ctx)
 seldp_status seldp__hy_broadcast(seldp_comm *comm, void *buf, size_t bytes, int root,
                                  seldp_device mem)
 {
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_BROADCAST;
     s.h.root = root;
     s.h.bytes = (int64_t)bytes;
@@ -118,7 +118,7 @@ enum { G_LEN, G_OUT, G_SRC, G_PROC };
 static seldp_status gather_pack(hy_group *g, int local, void *ctx)
 {
     (void)ctx;
-    const hy_slot *s = &g->slots[local];
+    const hy_cell *s = &g->cells[local];
     int r = g->local[local];
     size_t base = g->tab[G_SRC][g->local[0]];
     return copy_in(BUF(g, 0) + g->tab[G_SRC][r] - base, s->send, g->tab[G_LEN][r], s->mem);
@@ -127,7 +127,7 @@ static seldp_status gather_pack(hy_group *g, int local, void *ctx)
 static seldp_status vblock_alloc(hy_group *g, int local, void *ctx)
 {
     (void)ctx;
-    hy_slot *s = &g->slots[local];
+    hy_cell *s = &g->cells[local];
     size_t total = g->tab[G_OUT][g->size - 1] + g->tab[G_LEN][g->size - 1];
     s->vblock = malloc(total ? total : 1);
     if (!s->vblock)
@@ -139,7 +139,7 @@ static seldp_status vblock_alloc(hy_group *g, int local, void *ctx)
 static seldp_status gather_body(hy_group *g, void *ctx)
 {
     (void)ctx;
-    const hy_slot *s0 = &g->slots[0];
+    const hy_cell *s0 = &g->cells[0];
     seldp__comm_op op = (seldp__comm_op)s0->h.op;
     int n = g->size;
     size_t *len = seldp__hy_tab(g, G_LEN, (size_t)n), *out = seldp__hy_tab(g, G_OUT, (size_t)n),
@@ -194,7 +194,7 @@ static seldp_status gather_body(hy_group *g, void *ctx)
 static seldp_status gather_finish(hy_group *g, int local, void *ctx)
 {
     (void)ctx;
-    hy_slot *s = &g->slots[local];
+    hy_cell *s = &g->cells[local];
     const unsigned char *all = g->n_procs > 1 ? BUF(g, 1) : BUF(g, 0);
     const size_t *len = g->tab[G_LEN], *out = g->tab[G_OUT], *src = g->tab[G_SRC];
     unsigned char *dst = s->h.op == OP_ALLGATHERV ? s->vblock : s->recv;
@@ -220,7 +220,7 @@ static seldp_status gather_finish(hy_group *g, int local, void *ctx)
 seldp_status seldp__hy_allgather(seldp_comm *comm, const void *send, void *recv, size_t bytes,
                                  seldp_device mem)
 {
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_ALLGATHER;
     s.h.bytes = (int64_t)bytes;
     s.send = send;
@@ -233,7 +233,7 @@ seldp_status seldp__hy_allgather(seldp_comm *comm, const void *send, void *recv,
 seldp_status seldp__hy_allgather_counts(seldp_comm *comm, const void *send, void *recv,
                                         const size_t *counts, seldp_dtype dtype, seldp_device mem)
 {
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_ALLGATHER_COUNTS;
     s.h.dtype = dtype;
     s.h.counts = seldp__proto_counts_digest(counts, comm->size);
@@ -248,7 +248,7 @@ seldp_status seldp__hy_allgather_counts(seldp_comm *comm, const void *send, void
 seldp_status seldp__hy_allgatherv(seldp_comm *comm, const void *send, size_t send_bytes,
                                   void **recv, size_t *recv_bytes)
 {
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_ALLGATHERV;
     s.h.bytes = (int64_t)send_bytes;
     s.send = send;
@@ -258,10 +258,10 @@ seldp_status seldp__hy_allgatherv(seldp_comm *comm, const void *send, size_t sen
     s.vrecv_bytes = recv_bytes;
     seldp_status st = seldp__hy_collective(comm, &s, gather_body, gather_finish, NULL);
     if (st != SELDP_OK) {
-        /* a block allocated before the round failed (this rank's slot stays its own) */
+        /* a block allocated before the round failed (this rank's cell stays its own) */
         hy_member *m = seldp__hy_member(comm);
-        free(m->g->slots[m->local].vblock);
-        m->g->slots[m->local].vblock = NULL;
+        free(m->g->cells[m->local].vblock);
+        m->g->cells[m->local].vblock = NULL;
     }
     return st;
 }
@@ -276,7 +276,7 @@ enum { A_PACK, A_RECV, A_SC, A_SD, A_RC, A_RD };
 static seldp_status a2a_pack(hy_group *g, int local, void *ctx)
 {
     (void)ctx;
-    const hy_slot *s = &g->slots[local];
+    const hy_cell *s = &g->cells[local];
     const size_t *pack = g->tab[A_PACK] + (size_t)local * g->size;
     seldp_status st = SELDP_OK;
     for (int d = 0; d < g->size && st == SELDP_OK; d++)
@@ -338,7 +338,7 @@ static seldp_status a2a_body(hy_group *g, void *ctx)
 static seldp_status a2a_finish(hy_group *g, int local, void *ctx)
 {
     (void)ctx;
-    const hy_slot *s = &g->slots[local];
+    const hy_cell *s = &g->cells[local];
     const unsigned char *all = g->n_procs > 1 ? BUF(g, 1) : BUF(g, 0);
     const size_t *roff = g->tab[A_RECV] + (size_t)local * g->size;
     seldp_status st = SELDP_OK;
@@ -355,7 +355,7 @@ seldp_status seldp__hy_alltoallv(seldp_comm *comm, const void *send, const size_
 {
     (void)send_extent;
     (void)recv_extent;
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_ALLTOALLV;
     s.send = send;
     s.recv = recv;
@@ -388,7 +388,7 @@ _Static_assert(sizeof(sum_args) <= sizeof(((hy_group *)0)->step_ctx), "a step's 
 static seldp_status sum_pack(hy_group *g, int local, void *ctx)
 {
     const sum_args *a = ctx;
-    const hy_slot *s = &g->slots[local];
+    const hy_cell *s = &g->cells[local];
     seldp_status st = SELDP_OK;
     for (int q = 0; q < g->n_procs && st == SELDP_OK; q++) {
         size_t L = 0;
@@ -429,7 +429,7 @@ static seldp_status sum_write(hy_group *g, int local, const sum_args *a, const v
 {
     int k = g->proc_start[g->my_proc] + local;
     size_t first = g->tab[S_BEG][k] + at;
-    const hy_slot *s = &g->slots[local];
+    const hy_cell *s = &g->cells[local];
     if (s->h.op == OP_ALLREDUCE) {
         memcpy(BUF(g, 2) + first * a->es, acc, m * a->es);
         return SELDP_OK;
@@ -465,7 +465,7 @@ static seldp_status sum_units(hy_group *g, int local, void *ctx)
 static seldp_status sum_body(hy_group *g, void *ctx)
 {
     sum_args *a = ctx;
-    const hy_slot *s0 = &g->slots[0];
+    const hy_cell *s0 = &g->cells[0];
     bool allreduce = s0->h.op == OP_ALLREDUCE;
     seldp__comm_op op = (seldp__comm_op)s0->h.op;
     int n = g->size, P = g->n_procs;
@@ -569,14 +569,14 @@ static seldp_status sum_body(hy_group *g, void *ctx)
 static seldp_status allreduce_finish(hy_group *g, int local, void *ctx)
 {
     const sum_args *a = ctx;
-    const hy_slot *s = &g->slots[local];
+    const hy_cell *s = &g->cells[local];
     return copy_out(s->recv, g->buf[2], a->count * a->es, s->mem);
 }
 
 seldp_status seldp__hy_allreduce(seldp_comm *comm, const void *send, void *recv, size_t count,
                                  seldp_dtype dtype, seldp_device mem)
 {
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_ALLREDUCE;
     s.h.count = (int64_t)count;
     s.h.dtype = dtype;
@@ -592,7 +592,7 @@ seldp_status seldp__hy_reduce_scatter(seldp_comm *comm, const void *send, void *
                                       const size_t *recv_counts, seldp_dtype dtype,
                                       seldp_device mem)
 {
-    hy_slot s = {0};
+    hy_cell s = {0};
     s.h.op = OP_REDUCE_SCATTER;
     s.h.dtype = dtype;
     s.h.counts = seldp__proto_counts_digest(recv_counts, comm->size);

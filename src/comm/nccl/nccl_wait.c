@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/nccl_impl.h"
+#include "comm/nccl/nccl_impl.h"
 #include "device.h"
 #include "internal.h"
 

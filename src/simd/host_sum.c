@@ -2,7 +2,7 @@
  * AVX-512 blocks of 16 elements, chosen at run time, and the scalar reference they match.
  *
  * F32, BF16 and F16 inputs and outputs all take the same register path. The half
- * conversions are those of src/half_simd.h: BF16 by integer shifts and rounding, F16 by
+ * conversions are those of src/simd/half_simd.h: BF16 by integer shifts and rounding, F16 by
  * F16C (VCVTPH2PS/VCVTPS2PH, 256 and 512 bits). The 128-bit kernel, for CPUs without AVX2
  * and F16C, converts F16 a block at a time through the array conversions of src/dtype.c
  * (F16C where the CPU has it after all, else the scalar functions). */
@@ -21,8 +21,8 @@
 #define HOST_AVX2 0
 #endif
 
-#include "comm/host_sum.h"
-#include "half_simd.h"
+#include "simd/host_sum.h"
+#include "simd/half_simd.h"
 #include "seldp_half_bits.cuh"
 
 static seldp__simd_width simd_of_cpu(void)

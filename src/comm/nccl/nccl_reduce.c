@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/nccl_impl.h"
+#include "comm/nccl/nccl_impl.h"
 #include "cuda/cuda_kernels.h"
 #include "internal.h"
 #include "seldp_half_bits.cuh"

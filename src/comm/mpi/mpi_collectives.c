@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/mpi_impl.h"
+#include "comm/mpi/mpi_impl.h"
 #include "device.h"
 #include "internal.h"
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/mpi_impl.h"
+#include "comm/mpi/mpi_impl.h"
 #include "device.h"
 #include "internal.h"
 
