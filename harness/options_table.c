@@ -190,10 +190,9 @@ const hx_option_doc hx_option_docs[] = {
      "micro-batch weighted 1/M"},
     {{"pipeline-schedule", required_argument, NULL, OPT_PIPELINE_SCHEDULE},
      "1f1b|afab|sequential",
-     "with --pp > 1: the order of each stage's micro-batches, several in flight: 1f1b "
-     "(Megatron's warmup forwards, one forward one backward, cooldown backwards), afab (every "
-     "forward, then every backward) or sequential (one micro-batch at a time through every "
-     "stage and back); gradients accumulate in micro-batch order, the same bits under each"},
+     "with --pp > 1: each stage's order of micro-batches, several in flight: 1f1b (Megatron's "
+     "warmup, one forward one backward, cooldown), afab (every forward, then every backward) or "
+     "sequential (one at a time); the same bits under each"},
     {{"global-batch", required_argument, NULL, OPT_GLOBAL_BATCH},
      "N",
      "layout-independent run: N tokens per step from one stream, split over the ranks (the "
