@@ -6,20 +6,23 @@
  * sizes V/tp, F/etp, Fs/tp and its stage's layers) under the logical paths, and computes with
  * them: tiny-moe's tensor parallelism (tm_tp) communicates over the rank's TP group; an
  * expert's rows reach every ETP shard of its owner by an allgather over the expert-TP group,
- * whose partial outputs are summed (dispatch.c); activations and gradients go between adjacent
- * stages by broadcasts on a communicator of each pair (pipeline.h). Each shard is reduced in the
- * session of the group the framework reduces it over: dense   the dense reduce group (data x
- * context of one stage and TP rank): the vocabulary-parallel embedding (pp = 1), the shared
- * expert's column-parallel w1 and row-parallel w2; at tp = 1 also the norms and routers; sp every
- * rank of the stage (dp x cp x tp), tp > 1: the sequence-parallel norms, routers and final norm (a
- * TP rank's gradient covers its own tokens, so the reduction also sums over TP, as Megatron's
- * finalize_model_grads does); emb     pp > 1: the tied embedding's two copies (stage 0's
- * embed.weight, the last stage's lm_head.weight) over the first and last stages of one TP rank: the
- * embedding group and data parallelism in one `sum`; expert  the expert-data group: each owned
- * expert's ETP shard; expert-tp  etp > 1 with quantized experts: the adapters every ETP shard holds
- * whole (w1's lora_a, w2's lora_b) over the expert-data groups of all ETP ranks of the owners,
- * whose partial gradients are summed over expert-TP as well. Checkpoints hold whole logical tensors
- * gathered from the shards (grid_ckpt.h). */
+ * whose partial outputs are summed (dispatch.c); activations and gradients go between
+ * adjacent stages by broadcasts on a communicator of each pair (pipeline.h). Each shard is
+ * reduced in the session of the group the framework reduces it over:
+ *   dense   the dense reduce group (data x context of one stage and TP rank): the
+ *           vocabulary-parallel embedding (pp = 1), the shared expert's column-parallel w1
+ *           and row-parallel w2; at tp = 1 also the norms and routers;
+ *   sp      every rank of the stage (dp x cp x tp), tp > 1: the sequence-parallel norms,
+ *           routers and final norm (a TP rank's gradient covers its own tokens, so the
+ *           reduction also sums over TP, as Megatron's finalize_model_grads does);
+ *   emb     pp > 1: the tied embedding's two copies (stage 0's embed.weight, the last stage's
+ *           lm_head.weight) over the first and last stages of one TP rank: the embedding
+ *           group and data parallelism in one `sum`;
+ *   expert  the expert-data group: each owned expert's ETP shard;
+ *   expert-tp  etp > 1 with quantized experts: the adapters every ETP shard holds whole
+ *           (w1's lora_a, w2's lora_b) over the expert-data groups of all ETP ranks of the
+ *           owners, whose partial gradients are summed over expert-TP as well.
+ * Checkpoints hold whole logical tensors gathered from the shards (grid_ckpt.h). */
 #ifndef HX_GRID_H
 #define HX_GRID_H
 
