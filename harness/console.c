@@ -7,6 +7,7 @@
 #include "grid.h"
 #include "inject.h"
 #include "overlap.h"
+#include "pipeline.h"
 #include "router.h"
 #include "run.h"
 
@@ -156,8 +157,9 @@ void hx_print_header(const hx_run *run, FILE *out)
         fprintf(out, "  adamw   beta1 %g, beta2 %g, eps %g, weight decay %g\n", o->adam_beta1,
                 o->adam_beta2, o->adam_eps, o->weight_decay);
     if (o->micro_batches > 1)
-        fprintf(out, "  micro   %d micro-batches per step, accumulated, reduced once\n",
-                o->micro_batches);
+        fprintf(out, "  micro   %d micro-batches per step, accumulated, reduced once%s%s\n",
+                o->micro_batches, hx_pipe_stages(run) > 1 ? "; pipeline schedule " : "",
+                hx_pipe_stages(run) > 1 ? hx_pipe_schedule_name(hx_pipe_schedule_of(o)) : "");
     if (o->global_batch > 0)
         fprintf(out,
                 "  batch   --global-batch %d: one token stream and logical initial weights, "

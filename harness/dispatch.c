@@ -18,12 +18,13 @@
 
 #include "grid.h"
 #include "overlap.h"
+#include "pipeline.h"
 #include "router.h"
 #include "run.h"
 
 /* Where expert e's rows go inside this rank's EP group this step: its owners there
  * (ascending, as group ranks of the EP communicator), of which the first `active` serve. */
-typedef struct expert_route {
+typedef struct hx_expert_route {
     int *owners; /* group ranks */
     int n;
     int active;
@@ -92,7 +93,7 @@ static seldp_status plan_routes(hx_rank *rk, expert_route *routes)
 }
 
 /* One layer's exchange plan: where each of the T*K slots goes, and what arrives here. */
-typedef struct layer_plan {
+typedef struct hx_layer_plan {
     int64_t *pos;      /* [T*K] row of slot i in the send buffer; -1 when dropped */
     int64_t *kept;     /* [n_kept] the slots that are sent, ascending */
     int64_t *kept_pos; /* [n_kept] their rows in the send buffer */
@@ -405,128 +406,185 @@ fail:
     return st;
 }
 
-/* Pipeline transfers (one micro-batch): the activations of stage s go to stage s + 1 by a
- * broadcast rooted at s on the pipeline group, in which every stage takes part; the
- * gradients go back the same way. Every rank of a pipeline group shares its stage-0 rank's
- * tokens, so the buffers have one size. Roots [from, to) in order, step +1 or -1; the rank
- * sends `mine` when it is the root and otherwise receives into `in` (the last transfer before
- * its own compute is the one it needs) or into `scratch`. */
-static seldp_status pipe_transfers(hx_rank *rk, int from, int to, float *mine, float *in,
-                                   float *scratch, size_t floats, const char *what)
+/* ---- one micro-batch's pass through the rank's stage (pipeline.h) -------------------------- */
+
+static tm_part part_of(const hx_rank *rk)
 {
-    seldp_comm *pp = rk->grid ? rk->grid->pp : NULL;
-    if (!pp || seldp_comm_size(pp) == 1)
-        return SELDP_OK;
-    int stage = rk->grid->stage, step = from <= to ? 1 : -1;
-    for (int root = from; root != to; root += step) {
-        float *buf = root == stage ? mine : (in ? in : scratch);
-        double t0 = hx_now();
-        seldp_status st = seldp_comm_broadcast(pp, buf, floats, SELDP_F32, root, SELDP_HOST_DEVICE);
-        rk->t_dispatch += hx_now() - t0;
-        if (st != SELDP_OK)
-            return hx_fail_lib(st,
-                               "rank %d: stage %d: broadcast of %s from stage %d on its "
-                               "pipeline group",
-                               rk->rank, stage, what, root);
+    return rk->grid ? rk->grid->part : (tm_part){0, rk->run->opts.model.layers, true, true};
+}
+
+void hx_pass_free(hx_rank *rk, hx_pass *p)
+{
+    if (!p)
+        return;
+    const tm_compute_ops *ops = rk->ops;
+    int L = rk->run->opts.model.layers, E = rk->run->layout->experts;
+    for (int l = 0; p->plans && l < L; l++)
+        plan_free(rk, &p->plans[l]);
+    for (int e = 0; p->routes && e < E; e++)
+        free(p->routes[e].owners);
+    free(p->plans);
+    free(p->routes);
+    free(p->token_of_slot);
+    ops->release(rk->compute, p->h);
+    ops->release(rk->compute, p->dh);
+    ops->release(rk->compute, p->slot_in);
+    ops->release(rk->compute, p->slot_out);
+    free(p->choices);
+    free(p->local_routed);
+    free(p);
+}
+
+seldp_status hx_pass_create(hx_rank *rk, hx_pass **out)
+{
+    const tm_compute_ops *ops = rk->ops;
+    const tm_config *cfg = &rk->run->opts.model;
+    size_t L = (size_t)cfg->layers, E = (size_t)rk->run->layout->experts;
+    size_t T = rk->T, D = (size_t)cfg->d_model, slots = T * (size_t)cfg->top_k;
+    hx_pass *p = hx_calloc(1, sizeof *p);
+    *out = NULL;
+    if (!p)
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    p->T = T;
+    p->plans = hx_calloc(L, sizeof *p->plans);
+    p->routes = hx_calloc(E, sizeof *p->routes);
+    p->token_of_slot = hx_calloc(slots, sizeof *p->token_of_slot);
+    p->h = ops->alloc(rk->compute, T * D);
+    p->dh = ops->alloc(rk->compute, T * D);
+    p->slot_in = ops->alloc(rk->compute, slots * D);
+    p->slot_out = ops->alloc(rk->compute, slots * D);
+    p->choices = hx_calloc(L * slots + 1, sizeof *p->choices);
+    p->local_routed = hx_calloc(L * E + 1, sizeof *p->local_routed);
+    if (!p->plans || !p->routes || !p->token_of_slot || !p->h || !p->dh || !p->slot_in ||
+        !p->slot_out || !p->choices || !p->local_routed) {
+        hx_pass_free(rk, p);
+        return hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     }
+    for (size_t i = 0; i < slots; i++)
+        p->token_of_slot[i] = (int64_t)(i / (size_t)cfg->top_k);
+    seldp_status st = plan_routes(rk, p->routes);
+    if (st != SELDP_OK) {
+        hx_pass_free(rk, p);
+        return hx_fail(st, "rank %d: out of memory", rk->rank);
+    }
+    *out = p;
     return SELDP_OK;
 }
 
-seldp_status hx_rank_compute(hx_rank *rk)
+seldp_status hx_pass_embed(hx_rank *rk, hx_pass *p)
 {
     seldp_status st = SELDP_OK;
     const tm_compute_ops *ops = rk->ops;
-    hx_run *run = rk->run;
-    const tm_config *cfg = &run->opts.model;
-    int L = cfg->layers, K = cfg->top_k, E = run->layout->experts;
-    tm_part part = rk->grid ? rk->grid->part : (tm_part){0, L, true, true};
-    int stage = rk->grid ? rk->grid->stage : 0;
-    int pp = rk->grid ? seldp_comm_size(rk->grid->pp) : 1;
-    bool overlap = run->opts.overlap; /* overlap.h: reductions in flight during the backward */
-    size_t T = rk->T, D = (size_t)cfg->d_model, slots = T * (size_t)K;
-    layer_plan *plans = hx_calloc((size_t)L, sizeof *plans);
-    expert_route *routes = hx_calloc((size_t)E, sizeof *routes);
-    int64_t *token_of_slot = hx_calloc(slots, sizeof *token_of_slot);
-    float *h = ops->alloc(rk->compute, T * D);
-    float *dh = ops->alloc(rk->compute, T * D);
-    float *slot_in = ops->alloc(rk->compute, slots * D);
-    float *slot_out = ops->alloc(rk->compute, slots * D);
-    float *scratch = ops->alloc(rk->compute, T * D);
-    int64_t *local_routed = hx_calloc((size_t)(L * E), sizeof *local_routed);
-    if (!plans || !routes || !token_of_slot || !h || !dh || !slot_in || !slot_out || !scratch ||
-        !local_routed)
-        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    HX_CHECK(plan_routes(rk, routes));
-    for (size_t i = 0; i < slots; i++)
-        token_of_slot[i] = (int64_t)(i / (size_t)K);
-
-    free(rk->choices);
-    rk->choices = hx_calloc((size_t)L * slots, sizeof *rk->choices);
-    if (!rk->choices)
-        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     /* a later micro-batch keeps the gradients the earlier ones accumulated (microbatch.h) */
     HX_CHECK_LIB(rk->micro > 0 ? ops->begin_micro(rk->compute) : ops->begin_step(rk->compute),
                  "rank %d: starting the step", rk->rank);
     /* on a later stage this only sizes the caches: h comes from the previous stage */
-    HX_CHECK_LIB(ops->embed_forward(rk->compute, rk->tokens, rk->T, h), "rank %d: embedding",
+    HX_CHECK_LIB(ops->embed_forward(rk->compute, rk->tokens, p->T, p->h), "rank %d: embedding",
                  rk->rank);
-    HX_CHECK(pipe_transfers(rk, 0, stage, NULL, h, scratch, T * D, "activations"));
+fail:
+    return st;
+}
+
+seldp_status hx_pass_layers(hx_rank *rk, hx_pass *p)
+{
+    seldp_status st = SELDP_OK;
+    const tm_compute_ops *ops = rk->ops;
+    tm_part part = part_of(rk);
+    size_t slots = p->T * (size_t)rk->run->opts.model.top_k;
     for (int l = part.first_layer; l < part.end_layer; l++) {
         tm_route route;
-        HX_CHECK_LIB(ops->route_forward(rk->compute, l, h, &route), "rank %d: layer %d: router",
+        HX_CHECK_LIB(ops->route_forward(rk->compute, l, p->h, &route), "rank %d: layer %d: router",
                      rk->rank, l);
-        memcpy(rk->choices + (size_t)l * slots, route.choice ? route.choice : route.expert,
-               slots * sizeof *rk->choices);
+        memcpy(p->choices + (size_t)l * slots, route.choice ? route.choice : route.expert,
+               slots * sizeof *p->choices);
         HX_CHECK(hx_router_balance(rk, l));
         HX_CHECK(hx_router_shard(rk, l));
-        HX_CHECK(plan_layer(rk, l, &route, routes, local_routed, &plans[l]));
-        HX_CHECK(copy_rows(rk, slot_in, NULL, route.x, token_of_slot, slots));
-        HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, false, slot_out));
-        HX_CHECK_LIB(ops->combine_forward(rk->compute, l, slot_out, h),
+        HX_CHECK(plan_layer(rk, l, &route, p->routes, p->local_routed, &p->plans[l]));
+        HX_CHECK(copy_rows(rk, p->slot_in, NULL, route.x, p->token_of_slot, slots));
+        HX_CHECK(round_trip(rk, l, &p->plans[l], p->slot_in, slots, false, p->slot_out));
+        HX_CHECK_LIB(ops->combine_forward(rk->compute, l, p->slot_out, p->h),
                      "rank %d: layer %d: combine", rk->rank, l);
     }
-    HX_CHECK(pipe_transfers(rk, stage, pp - 1, h, NULL, scratch, T * D, "activations"));
-    /* tokens per expert over the world: tells every owner which experts were reached (known
-     * after the forward, where every rank has made its forward transfers) */
-    HX_CHECK_LIB(seldp_comm_allreduce(rk->world, local_routed, rk->routed, (size_t)(L * E),
-                                      SELDP_I64, SELDP_HOST_DEVICE),
-                 "rank %d: allreduce of tokens per expert", rk->rank);
-    if (overlap)
-        HX_CHECK(hx_overlap_begin(rk));
-    rk->loss_sum = 0;
+fail:
+    return st;
+}
+
+seldp_status hx_pass_head(hx_rank *rk, hx_pass *p)
+{
+    seldp_status st = SELDP_OK;
+    tm_part part = part_of(rk);
+    bool overlap = rk->run->opts.overlap; /* overlap.h: reductions in flight */
+    p->loss_sum = 0;
     if (part.head)
-        HX_CHECK_LIB(ops->head(rk->compute, h, rk->targets, &rk->loss_sum, dh), "rank %d: head",
-                     rk->rank);
+        HX_CHECK_LIB(rk->ops->head(rk->compute, p->h, rk->targets, &p->loss_sum, p->dh),
+                     "rank %d: head", rk->rank);
     if (overlap && part.head)
         HX_CHECK(hx_overlap_ready(rk, HX_READY_HEAD));
-    rk->loss_sum += hx_router_loss_sum(rk);
-    HX_CHECK(pipe_transfers(rk, pp - 1, stage, NULL, dh, scratch, T * D, "gradients"));
+    p->loss_sum += hx_router_loss_sum(rk);
+fail:
+    return st;
+}
+
+seldp_status hx_pass_backward(hx_rank *rk, hx_pass *p)
+{
+    seldp_status st = SELDP_OK;
+    const tm_compute_ops *ops = rk->ops;
+    tm_part part = part_of(rk);
+    size_t slots = p->T * (size_t)rk->run->opts.model.top_k;
     for (int l = part.end_layer - 1; l >= part.first_layer; l--) {
-        HX_CHECK_LIB(ops->combine_backward(rk->compute, l, dh, slot_in),
+        HX_CHECK_LIB(ops->combine_backward(rk->compute, l, p->dh, p->slot_in),
                      "rank %d: layer %d: combine backward", rk->rank, l);
-        HX_CHECK(round_trip(rk, l, &plans[l], slot_in, slots, true, slot_out));
-        HX_CHECK_LIB(ops->route_backward(rk->compute, l, slot_out, dh),
+        HX_CHECK(round_trip(rk, l, &p->plans[l], p->slot_in, slots, true, p->slot_out));
+        HX_CHECK_LIB(ops->route_backward(rk->compute, l, p->slot_out, p->dh),
                      "rank %d: layer %d: router backward", rk->rank, l);
-        if (overlap)
+        if (rk->run->opts.overlap)
             HX_CHECK(hx_overlap_ready(rk, l));
     }
-    HX_CHECK(pipe_transfers(rk, stage, 0, dh, NULL, scratch, T * D, "gradients"));
-    HX_CHECK_LIB(ops->embed_backward(rk->compute, dh), "rank %d: embedding backward", rk->rank);
-    if (overlap)
+fail:
+    return st;
+}
+
+seldp_status hx_pass_embed_backward(hx_rank *rk, hx_pass *p)
+{
+    seldp_status st = SELDP_OK;
+    HX_CHECK_LIB(rk->ops->embed_backward(rk->compute, p->dh), "rank %d: embedding backward",
+                 rk->rank);
+    if (rk->run->opts.overlap)
         HX_CHECK(hx_overlap_ready(rk, HX_READY_REST));
 fail:
-    for (int l = 0; plans && l < L; l++)
-        plan_free(rk, &plans[l]);
-    for (int e = 0; routes && e < E; e++)
-        free(routes[e].owners);
-    free(plans);
-    free(routes);
-    free(token_of_slot);
-    ops->release(rk->compute, h);
-    ops->release(rk->compute, dh);
-    ops->release(rk->compute, slot_in);
-    ops->release(rk->compute, slot_out);
-    ops->release(rk->compute, scratch);
-    free(local_routed);
+    return st;
+}
+
+/* One micro-batch: its forward through the stage, the activations passed on, the world's tokens
+ * per expert, the head, the gradients received, the backward and the gradients passed back. */
+seldp_status hx_rank_compute(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    const tm_config *cfg = &rk->run->opts.model;
+    size_t LE = (size_t)cfg->layers * (size_t)rk->run->layout->experts;
+    hx_pass *p = NULL;
+    HX_CHECK(hx_pass_create(rk, &p));
+    HX_CHECK(hx_pass_embed(rk, p));
+    HX_CHECK(hx_pipe_recv_act(rk, p));
+    HX_CHECK(hx_pass_layers(rk, p));
+    HX_CHECK(hx_pipe_send_act(rk, p));
+    free(rk->choices);
+    rk->choices = p->choices; /* the rank's now */
+    p->choices = NULL;
+    /* tokens per expert over the world: tells every owner which experts were reached (known
+     * after the forward, where every rank has made its forward transfers) */
+    HX_CHECK_LIB(seldp_comm_allreduce(rk->world, p->local_routed, rk->routed, LE, SELDP_I64,
+                                      SELDP_HOST_DEVICE),
+                 "rank %d: allreduce of tokens per expert", rk->rank);
+    if (rk->run->opts.overlap)
+        HX_CHECK(hx_overlap_begin(rk));
+    HX_CHECK(hx_pass_head(rk, p));
+    rk->loss_sum = p->loss_sum;
+    HX_CHECK(hx_pipe_recv_grad(rk, p));
+    HX_CHECK(hx_pass_backward(rk, p));
+    HX_CHECK(hx_pipe_send_grad(rk, p));
+    HX_CHECK(hx_pass_embed_backward(rk, p));
+fail:
+    hx_pass_free(rk, p);
     return st;
 }

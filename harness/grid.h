@@ -6,9 +6,9 @@
  * sizes V/tp, F/etp, Fs/tp and its stage's layers) under the logical paths, and computes with
  * them: tiny-moe's tensor parallelism (tm_tp) communicates over the rank's TP group; an
  * expert's rows reach every ETP shard of its owner by an allgather over the expert-TP group,
- * whose partial outputs are summed (dispatch.c); activations go stage to stage by broadcasts
- * on the pipeline group (dispatch.c). Each shard is reduced in the session of the group the
- * framework reduces it over:
+ * whose partial outputs are summed (dispatch.c); activations and gradients go between
+ * adjacent stages by broadcasts on a communicator of each pair (pipeline.h). Each shard is
+ * reduced in the session of the group the framework reduces it over:
  *   dense   the dense reduce group (data x context of one stage and TP rank): the
  *           vocabulary-parallel embedding (pp = 1), the shared expert's column-parallel w1
  *           and row-parallel w2; at tp = 1 also the norms and routers;
@@ -52,8 +52,9 @@ typedef struct hx_grid_rank {
     int stage, tp_rank, etp_rank;
     tm_part part;
     seldp_comm *tp, *pp, *etp;
-    seldp_comm *stage_comm; /* every rank of the stage (load-balancing counts) */
-    seldp_model *emb_view;  /* pp > 1, first and last stage: the tied copy as embed.weight */
+    seldp_comm *prev, *next; /* pp > 1: the links to the previous and next stage (pipeline.h) */
+    seldp_comm *stage_comm;  /* every rank of the stage (load-balancing counts) */
+    seldp_model *emb_view;   /* pp > 1, first and last stage: the tied copy as embed.weight */
 } hx_grid_rank;
 
 /* True when the run shards the model: tp, pp or etp > 1. */

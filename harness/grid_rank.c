@@ -9,6 +9,7 @@
 
 #include "grid.h"
 #include "overlap.h"
+#include "pipeline.h"
 
 /* Split the world by the layout's colour and key of `kind` (NULL where the rank has none). */
 static seldp_status split_kind(hx_rank *rk, seldp_group_kind kind, seldp_comm **out)
@@ -88,6 +89,8 @@ seldp_status hx_grid_setup(hx_rank *rk)
     HX_CHECK(split_kind(rk, SELDP_GROUP_PP, &gr->pp));
     HX_CHECK(split_kind(rk, SELDP_GROUP_EXPERT_TP, &gr->etp));
     HX_CHECK(split_by(rk, gr->stage, "stage", &gr->stage_comm));
+    if (c.pp > 1)
+        HX_CHECK(hx_pipe_links_setup(rk));
 
     tm_config shard_cfg = hx_grid_shard_config(run);
     HX_CHECK_LIB(tm_model_create_part(&shard_cfg, &gr->part, rk->rank, owned, n_owned, NULL, NULL,
@@ -115,6 +118,7 @@ void hx_grid_cleanup(hx_rank *rk)
     hx_grid_rank *gr = rk->grid;
     if (!gr)
         return;
+    hx_pipe_links_cleanup(rk);
     seldp_comm_destroy(gr->tp);
     seldp_comm_destroy(gr->pp);
     seldp_comm_destroy(gr->etp);

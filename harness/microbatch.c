@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "grid.h"
+#include "pipeline.h"
 
 int hx_micro_count(const hx_run *run)
 {
@@ -28,8 +29,9 @@ seldp_status hx_micro_check(const hx_run *run)
 {
     const hx_options *o = &run->opts;
     int M = o->micro_batches;
-    if (M <= 1)
-        return SELDP_OK;
+    seldp_status st = hx_pipe_check(run);
+    if (st != SELDP_OK || M <= 1)
+        return st;
     if (o->global_batch > 0 && o->global_batch % M != 0)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                        "--micro-batches %d: must divide --global-batch %d (every micro-batch "
@@ -61,16 +63,136 @@ static double router_scale(const hx_rank *rk, uint64_t N, int M, uint64_t Nm)
     return Nm > 0 ? (double)N / ((double)M * (double)Nm) : 1.0;
 }
 
+/* A rank's step of M micro-batches: the step's token view, each micro-batch's counts (over the
+ * world, known to every rank before the schedule starts, so that no count is agreed between
+ * stages while they run different micro-batches), and the passes in flight. */
+typedef struct micro_step {
+    hx_rank *rk;
+    int M, W, in_flight;
+    int32_t *tokens, *targets;
+    size_t T;
+    uint64_t N;
+    uint64_t *counts;       /* [W] the step's */
+    uint64_t *micro_counts; /* [M * W] micro-batch m's of every rank */
+    uint64_t *micro_tokens; /* [M] N_m, the micro-batch's global tokens */
+    hx_pass **passes; /* [M] made at the first transfer or the forward, freed after the backward */
+    int *choices;     /* (L,T,K) the step's, micro-batch by micro-batch */
+    int64_t *routed;  /* [L * E] this rank's slots per expert over the micro-batches */
+    double loss;
+} micro_step;
+
+/* The rank's view of micro-batch m: its tokens, targets and counts, and the model's cache set. */
+static seldp_status view_micro(micro_step *ms, int m)
+{
+    hx_rank *rk = ms->rk;
+    size_t off = hx_micro_offset(ms->T, ms->M, m);
+    rk->tokens = ms->tokens + off;
+    rk->targets = ms->targets + off;
+    rk->T = hx_micro_size(ms->T, ms->M, m);
+    memcpy(rk->counts, ms->micro_counts + (size_t)m * (size_t)ms->W,
+           (size_t)ms->W * sizeof *rk->counts);
+    rk->global_tokens = ms->micro_tokens[m];
+    rk->micro = m;
+    seldp_status st = rk->ops->use_caches(rk->compute, m % ms->in_flight);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: micro-batch %d: its activation caches", rk->rank, m + 1);
+    return SELDP_OK;
+}
+
+/* Micro-batch m's pass, made on first use. */
+static seldp_status pass_of(micro_step *ms, int m, hx_pass **out)
+{
+    seldp_status st = SELDP_OK;
+    if (!ms->passes[m]) {
+        st = view_micro(ms, m);
+        if (st == SELDP_OK)
+            st = hx_pass_create(ms->rk, &ms->passes[m]);
+    }
+    *out = ms->passes[m];
+    return st;
+}
+
+static seldp_status micro_forward(micro_step *ms, int m)
+{
+    seldp_status st = SELDP_OK;
+    hx_rank *rk = ms->rk;
+    const tm_config *cfg = &rk->run->opts.model;
+    const size_t L = (size_t)cfg->layers, K = (size_t)cfg->top_k;
+    const size_t LE = L * (size_t)rk->run->layout->experts;
+    hx_pass *p = NULL;
+    HX_CHECK(pass_of(ms, m, &p));
+    HX_CHECK(view_micro(ms, m));
+    st = tm_model_set_router_scale(rk->model, router_scale(rk, ms->N, ms->M, ms->micro_tokens[m]));
+    if (st != SELDP_OK)
+        HX_FAIL_LIB(st, "rank %d: micro-batch %d", rk->rank, m + 1);
+    HX_CHECK(hx_pass_embed(rk, p));
+    HX_CHECK(hx_pass_layers(rk, p));
+    HX_CHECK(hx_pass_head(rk, p));
+    ms->loss += p->loss_sum;
+    for (size_t le = 0; le < LE; le++)
+        ms->routed[le] += p->local_routed[le];
+    memcpy(ms->choices + L * K * hx_micro_offset(ms->T, ms->M, m), p->choices,
+           L * p->T * K * sizeof *ms->choices);
+fail:
+    return st;
+}
+
+static seldp_status micro_backward(micro_step *ms, int m)
+{
+    seldp_status st = SELDP_OK;
+    hx_rank *rk = ms->rk;
+    hx_pass *p = ms->passes[m];
+    if (!p)
+        HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: backward of micro-batch %d before its forward",
+                rk->rank, m + 1);
+    HX_CHECK(view_micro(ms, m));
+    HX_CHECK(hx_pass_backward(rk, p));
+    HX_CHECK(hx_pass_embed_backward(rk, p));
+fail:
+    return st;
+}
+
+/* One action of the stage's schedule (pipeline.h). */
+static seldp_status micro_action(micro_step *ms, const hx_pipe_action *a)
+{
+    seldp_status st = SELDP_OK;
+    hx_rank *rk = ms->rk;
+    hx_pass *pa = NULL;
+    /* a transfer's other passes exist: the plan runs each forward before its sends */
+    switch (a->op) {
+    case HX_PIPE_FORWARD:
+        return micro_forward(ms, a->m);
+    case HX_PIPE_BACKWARD:
+        return micro_backward(ms, a->m);
+    case HX_PIPE_RECV_ACT:
+        HX_CHECK(pass_of(ms, a->m, &pa));
+        return hx_pipe_recv_act(rk, pa);
+    case HX_PIPE_RECV_ACT_SEND_GRAD:
+        HX_CHECK(pass_of(ms, a->m, &pa));
+        return hx_pipe_recv_act_send_grad(rk, pa, ms->passes[a->g]);
+    case HX_PIPE_SEND_ACT:
+        return hx_pipe_send_act(rk, ms->passes[a->m]);
+    case HX_PIPE_RECV_GRAD:
+        return hx_pipe_recv_grad(rk, ms->passes[a->m]);
+    case HX_PIPE_SEND_GRAD:
+        return hx_pipe_send_grad(rk, ms->passes[a->m]);
+    case HX_PIPE_SEND_ACT_RECV_GRAD:
+        return hx_pipe_send_act_recv_grad(rk, ms->passes[a->m], ms->passes[a->g]);
+    }
+fail:
+    return st;
+}
+
 /* After the micro-batches: the step's token counts back in place (every weight and scale of
  * the reduction is the step's: the global token count over every micro-batch). */
-static void step_totals(hx_rank *rk, int32_t *tokens, int32_t *targets, size_t T,
-                        const uint64_t *counts, uint64_t N)
+static void step_totals(micro_step *ms)
 {
-    rk->tokens = tokens;
-    rk->targets = targets;
-    rk->T = T;
-    memcpy(rk->counts, counts, (size_t)rk->run->opts.world * sizeof *counts);
-    rk->global_tokens = N;
+    hx_rank *rk = ms->rk;
+    rk->tokens = ms->tokens;
+    rk->targets = ms->targets;
+    rk->T = ms->T;
+    memcpy(rk->counts, ms->counts, (size_t)ms->W * sizeof *ms->counts);
+    rk->global_tokens = ms->N;
     rk->micro = 0;
 }
 
@@ -85,58 +207,87 @@ seldp_status hx_micro_compute(hx_rank *rk)
     const int W = run->opts.world;
     const size_t L = (size_t)cfg->layers, K = (size_t)cfg->top_k;
     const size_t LE = L * (size_t)run->layout->experts;
-    int32_t *tokens = rk->tokens, *targets = rk->targets;
-    const size_t T = rk->T;
-    const uint64_t N = rk->global_tokens;
-    uint64_t *counts = hx_calloc((size_t)W, sizeof *counts);
-    int *choices = hx_calloc(L * T * K + 1, sizeof *choices);
-    int64_t *routed = hx_calloc(LE + 1, sizeof *routed);
-    double loss = 0.0;
-    if (!counts || !choices || !routed) {
+    const int P = hx_pipe_stages(run), stage = rk->grid ? rk->grid->stage : 0;
+    const hx_pipe_schedule schedule = hx_pipe_schedule_of(&run->opts);
+    micro_step ms = {0};
+    ms.rk = rk;
+    ms.M = M;
+    ms.W = W;
+    ms.in_flight = hx_pipe_in_flight(schedule, P, M);
+    ms.tokens = rk->tokens;
+    ms.targets = rk->targets;
+    ms.T = rk->T;
+    ms.N = rk->global_tokens;
+    hx_pipe_action *plan = hx_calloc(HX_PIPE_ACTIONS_MAX(M), sizeof *plan);
+    ms.counts = hx_calloc((size_t)W, sizeof *ms.counts);
+    ms.micro_counts = hx_calloc((size_t)M * (size_t)W, sizeof *ms.micro_counts);
+    ms.micro_tokens = hx_calloc((size_t)M, sizeof *ms.micro_tokens);
+    ms.passes = hx_calloc((size_t)M, sizeof *ms.passes);
+    ms.choices = hx_calloc(L * ms.T * K + 1, sizeof *ms.choices);
+    ms.routed = hx_calloc(LE + 1, sizeof *ms.routed);
+    if (!plan || !ms.counts || !ms.micro_counts || !ms.micro_tokens || !ms.passes || !ms.choices ||
+        !ms.routed) {
         st = hx_fail(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
         goto out;
     }
-    memcpy(counts, rk->counts, (size_t)W * sizeof *counts);
-    for (int m = 0; m < M; m++) {
-        size_t off = hx_micro_offset(T, M, m), n = hx_micro_size(T, M, m);
-        rk->tokens = tokens + off;
-        rk->targets = targets + off;
-        rk->T = n;
-        uint64_t Nm = 0;
-        for (int r = 0; r < W; r++)
-            rk->counts[r] = hx_micro_size(counts[r], M, m);
-        for (int b = 0; b < run->n_batch; b++)
-            Nm += rk->counts[run->batch_ranks[b]];
-        rk->global_tokens = Nm;
-        rk->micro = m;
-        st = tm_model_set_router_scale(rk->model, router_scale(rk, N, M, Nm));
-        rk->micro_last_tokens = Nm; /* the last micro-batch's, once the loop ends */
-        if (st != SELDP_OK) {
-            st = hx_fail_lib(st, "rank %d: micro-batch %d", rk->rank, m + 1);
-            goto out;
-        }
-        st = hx_rank_compute(rk);
-        if (st != SELDP_OK)
-            goto out;
-        loss += rk->loss_sum;
-        for (size_t le = 0; le < LE; le++)
-            routed[le] += rk->routed[le];
-        if (rk->choices)
-            memcpy(choices + L * K * off, rk->choices, L * n * K * sizeof *choices);
+    if (!rk->ops->use_caches) {
+        st = hx_fail(SELDP_ERR_UNSUPPORTED,
+                     "rank %d: --micro-batches %d: its model keeps one micro-batch's caches",
+                     rk->rank, M);
+        goto out;
     }
-    memcpy(rk->routed, routed, LE * sizeof *routed);
-    rk->loss_sum = loss;
+    memcpy(ms.counts, rk->counts, (size_t)W * sizeof *ms.counts);
+    for (int m = 0; m < M; m++) {
+        uint64_t *c = ms.micro_counts + (size_t)m * (size_t)W;
+        for (int r = 0; r < W; r++)
+            c[r] = hx_micro_size(ms.counts[r], M, m);
+        for (int b = 0; b < run->n_batch; b++)
+            ms.micro_tokens[m] += c[run->batch_ranks[b]];
+    }
+    rk->micro_last_tokens = ms.micro_tokens[M - 1];
+    size_t n = hx_pipe_plan(schedule, stage, P, M, plan);
+    for (size_t i = 0; i < n && st == SELDP_OK; i++) {
+        st = micro_action(&ms, &plan[i]);
+        /* a micro-batch whose backward ran and whose gradients left the stage is done */
+        const hx_pipe_action *a = &plan[i];
+        int done = a->op == HX_PIPE_SEND_GRAD                ? a->m
+                   : a->op == HX_PIPE_RECV_ACT_SEND_GRAD     ? a->g
+                   : a->op == HX_PIPE_BACKWARD && stage == 0 ? a->m
+                                                             : -1;
+        if (done >= 0) {
+            hx_pass_free(rk, ms.passes[done]);
+            ms.passes[done] = NULL;
+        }
+    }
+    if (st != SELDP_OK)
+        goto out;
+    /* tokens per expert over the world, once for the step: every stage has made every
+     * forward, and the counts of the micro-batches add up to the step's */
+    st = seldp_comm_allreduce(rk->world, ms.routed, rk->routed, LE, SELDP_I64, SELDP_HOST_DEVICE);
+    if (st != SELDP_OK) {
+        st = hx_fail_lib(st, "rank %d: allreduce of tokens per expert", rk->rank);
+        goto out;
+    }
+    rk->loss_sum = ms.loss;
     free(rk->choices);
-    rk->choices = choices;
-    choices = NULL;
+    rk->choices = ms.choices;
+    ms.choices = NULL;
 out:
-    if (counts) {
-        step_totals(rk, tokens, targets, T, counts, N);
+    if (ms.counts) {
+        step_totals(&ms);
+        if (rk->ops->use_caches)
+            (void)rk->ops->use_caches(rk->compute, 0);
         (void)tm_model_set_router_scale(rk->model, 1.0);
     }
-    free(counts);
-    free(choices);
-    free(routed);
+    for (int m = 0; ms.passes && m < M; m++)
+        hx_pass_free(rk, ms.passes[m]);
+    free(plan);
+    free(ms.counts);
+    free(ms.micro_counts);
+    free(ms.micro_tokens);
+    free(ms.passes);
+    free(ms.choices);
+    free(ms.routed);
     return st;
 }
 

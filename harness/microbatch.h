@@ -21,15 +21,20 @@ size_t hx_micro_size(size_t T, int M, int m);
 size_t hx_micro_offset(size_t T, int M, int m);
 
 /* --micro-batches against the other options and the ranks' devices (a usage error, one
- * line): --global-batch a multiple of M; --overlap and ranks on a GPU refused. */
+ * line): --global-batch a multiple of M; --overlap and ranks on a GPU refused;
+ * --pipeline-schedule without pipeline stages refused (hx_pipe_check). */
 seldp_status hx_micro_check(const hx_run *run);
 
 /* Rank rk's forward and backward of the step: with one micro-batch hx_rank_compute; with M,
- * each micro-batch in turn (every rank of a pipeline and of an EP group in the same order, the
- * pipeline's stages passing each micro-batch on), its gradients added into the accumulators the
- * earlier ones left, its router losses scaled to carry 1/M. Afterwards rk->T, rk->counts and
- * rk->global_tokens are the step's, rk->loss_sum and rk->routed the sums over the
- * micro-batches, rk->choices every micro-batch's. */
+ * the forwards and backwards of the micro-batches in the order of the run's pipeline schedule
+ * (pipeline.h; every rank of a stage in the same order, so the collectives inside a stage
+ * align; one stage: each micro-batch's forward and backward in turn), micro-batch m's
+ * activations in the model's cache set m mod the micro-batches in flight, its gradients added
+ * into the accumulators in micro-batch order, its router losses scaled to carry 1/M. Every
+ * micro-batch's counts are computed before the schedule starts and the world's tokens per
+ * expert are allreduced once after it. Afterwards rk->T, rk->counts and rk->global_tokens are
+ * the step's, rk->loss_sum and rk->routed the sums over the micro-batches, rk->choices every
+ * micro-batch's. */
 seldp_status hx_micro_compute(hx_rank *rk);
 
 /* The main thread: the FP64 reference of the step from every batch rank's (or data shard's)

@@ -53,6 +53,15 @@ typedef enum hx_optimizer {
     HX_OPT_ADAMW = 1 /* decoupled weight decay, bias-corrected moments (torch.optim.AdamW) */
 } hx_optimizer;
 
+/* --pipeline-schedule (docs/harness.md, Micro-batches: Pipelines): the order in which a stage runs
+ * its micro-batches' forwards and backwards. */
+typedef enum hx_pipe_schedule {
+    HX_PIPE_DEFAULT = 0,   /* not given: 1F1B */
+    HX_PIPE_1F1B = 1,      /* Megatron's: warmup forwards, one forward one backward, cooldown */
+    HX_PIPE_AFAB = 2,      /* every forward, then every backward */
+    HX_PIPE_SEQUENTIAL = 3 /* one micro-batch at a time through every stage and back */
+} hx_pipe_schedule;
+
 typedef struct hx_options {
     int world;
     int ep;
@@ -110,8 +119,9 @@ typedef struct hx_options {
     const char *from_deepspeed;
 
     /* the training step (docs/harness.md, The training step; step_options.c) */
-    int micro_batches;      /* --micro-batches: gradient accumulation over M micro-batches (1) */
-    hx_optimizer optimizer; /* --optimizer (sgd) */
+    int micro_batches; /* --micro-batches: gradient accumulation over M micro-batches (1) */
+    hx_pipe_schedule pipeline_schedule; /* --pipeline-schedule (HX_PIPE_DEFAULT: 1F1B) */
+    hx_optimizer optimizer;             /* --optimizer (sgd) */
     double adam_beta1, adam_beta2, adam_eps, weight_decay; /* AdamW's (0.9, 0.999, 1e-8, 0) */
     bool adam_given;        /* one of --adam-beta1/-beta2/-eps or --weight-decay given */
     int zero;               /* --zero 1: the distributed optimizer (zero.h); 0: all-reduce */
@@ -147,6 +157,9 @@ const char *hx_order_name(hx_order order);
 const char *hx_roots_name(hx_roots roots);
 const char *hx_fault_name(hx_fault fault);
 const char *hx_optimizer_name(hx_optimizer opt);
+/* The schedule a run uses (the default resolved: 1F1B) and its option value's name. */
+hx_pipe_schedule hx_pipe_schedule_of(const hx_options *o);
+const char *hx_pipe_schedule_name(hx_pipe_schedule s);
 
 /* What of the training step's options a lockstep sweep cannot run (step_options.c): a
  * one-line reason, or NULL. */

@@ -69,6 +69,7 @@ enum {
     OPT_FROM_DEEPSPEED,
     /* the training step (step_options.c) */
     OPT_MICRO_BATCHES,
+    OPT_PIPELINE_SCHEDULE,
     OPT_OPTIMIZER,
     OPT_ADAM_BETA1,
     OPT_ADAM_BETA2,

@@ -188,6 +188,11 @@ const hx_option_doc hx_option_docs[] = {
      "gradient accumulation: each step runs M micro-batches (each rank's tokens cut in M; "
      "--global-batch must be a multiple of M), accumulates and reduces once; router losses per "
      "micro-batch weighted 1/M"},
+    {{"pipeline-schedule", required_argument, NULL, OPT_PIPELINE_SCHEDULE},
+     "1f1b|afab|sequential",
+     "with --pp > 1: each stage's order of micro-batches, several in flight: 1f1b (Megatron's "
+     "warmup, one forward one backward, cooldown), afab (every forward, then every backward) or "
+     "sequential (one at a time); the same bits under each"},
     {{"global-batch", required_argument, NULL, OPT_GLOBAL_BATCH},
      "N",
      "layout-independent run: N tokens per step from one stream, split over the ranks (the "

@@ -165,9 +165,12 @@ static void report_json(const hx_run *run, hx_buf *b)
     hx_buf_json_number(b, o->lr);
     hx_buf_printf(b,
                   ", \"backend\": \"%s\", \"transport\": \"%s\", \"overlap\": %s, "
-                  "\"bucket_bytes\": %zu},\n  \"config\": ",
+                  "\"bucket_bytes\": %zu, \"micro_batches\": %d, \"pipeline_schedule\": "
+                  "\"%s\"},\n  \"config\": ",
                   hx_backend_name(o->backend), hx_backend_transport(run->backend),
-                  o->overlap ? "true" : "false", o->bucket_bytes);
+                  o->overlap ? "true" : "false", o->bucket_bytes,
+                  o->micro_batches > 1 ? o->micro_batches : 1,
+                  hx_pipe_schedule_name(hx_pipe_schedule_of(o)));
     hx_config_json(&o->model, b);
     hx_buf_puts(b, ",\n  \"layout\": ");
     hx_layout_json(run->layout, b);

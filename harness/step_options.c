@@ -29,6 +29,23 @@ const char *hx_optimizer_name(hx_optimizer opt)
     return opt == HX_OPT_ADAMW ? "adamw" : "sgd";
 }
 
+hx_pipe_schedule hx_pipe_schedule_of(const hx_options *o)
+{
+    return o->pipeline_schedule == HX_PIPE_DEFAULT ? HX_PIPE_1F1B : o->pipeline_schedule;
+}
+
+const char *hx_pipe_schedule_name(hx_pipe_schedule s)
+{
+    switch (s) {
+    case HX_PIPE_AFAB:
+        return "afab";
+    case HX_PIPE_SEQUENTIAL:
+        return "sequential";
+    default:
+        return "1f1b";
+    }
+}
+
 const char *hx_step_sweep_refusal(const hx_options *o)
 {
     /* AdamW's state, --zero 1's ranges and the loss scale go with the weights in lockstep
@@ -42,6 +59,9 @@ void hx_step_option_default_text(int id, char *buf, size_t size)
     switch (id) {
     case OPT_MICRO_BATCHES:
         snprintf(buf, size, "1");
+        break;
+    case OPT_PIPELINE_SCHEDULE:
+        snprintf(buf, size, "1f1b");
         break;
     case OPT_OPTIMIZER:
         snprintf(buf, size, "sgd");
@@ -108,6 +128,18 @@ bool hx_step_option_parse(int id, const char *arg, hx_options *o, bool *ok, cons
         *expected = "an integer in 1..4096";
         if (*ok)
             o->micro_batches = (int)v;
+        return true;
+    case OPT_PIPELINE_SCHEDULE:
+        *ok = true;
+        *expected = "1f1b, afab or sequential";
+        if (strcmp(arg, "1f1b") == 0)
+            o->pipeline_schedule = HX_PIPE_1F1B;
+        else if (strcmp(arg, "afab") == 0)
+            o->pipeline_schedule = HX_PIPE_AFAB;
+        else if (strcmp(arg, "sequential") == 0)
+            o->pipeline_schedule = HX_PIPE_SEQUENTIAL;
+        else
+            *ok = false;
         return true;
     case OPT_OPTIMIZER:
         *ok = strcmp(arg, "sgd") == 0 || strcmp(arg, "adamw") == 0;

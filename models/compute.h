@@ -49,6 +49,9 @@ typedef struct tm_compute_ops {
     /* the next micro-batch of a step: begin_step keeping the gradients and the experts' seen
      * marks (tm_begin_micro_batch); NULL where the model cannot accumulate micro-batches */
     seldp_status (*begin_micro)(void *model);
+    /* micro-batches in flight: the activation caches of set `set` in use from now on
+     * (tm_model_use_caches); NULL where the model keeps one micro-batch's caches only */
+    seldp_status (*use_caches)(void *model, int set);
 } tm_compute_ops;
 
 /* The CPU model (compute_cpu.c): `model` is a tm_model *. */

@@ -45,6 +45,11 @@ static seldp_status cpu_begin_micro(void *model)
     return SELDP_OK;
 }
 
+static seldp_status cpu_use_caches(void *model, int set)
+{
+    return tm_model_use_caches(model, set);
+}
+
 static seldp_status cpu_embed_forward(void *model, const int32_t *tokens, size_t T, float *h)
 {
     return tm_embed_forward(model, tokens, T, h);
@@ -121,4 +126,5 @@ const tm_compute_ops tm_cpu_compute = {
     .export_grad = cpu_export_grad,
     .expert_seen = cpu_expert_seen,
     .begin_micro = cpu_begin_micro,
+    .use_caches = cpu_use_caches,
 };

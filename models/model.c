@@ -462,41 +462,12 @@ fail:
     return st;
 }
 
-static void free_caches(tm_model *m)
-{
-    for (int l = 0; l < m->cfg.layers; l++) {
-        tm_layer_cache *c = &m->cache[l];
-        free(c->h_in);
-        free(c->rstd);
-        free(c->u);
-        free(c->probs);
-        free(c->choice);
-        free(c->expert);
-        free(c->gate);
-        free(c->y);
-        free(c->dgate);
-        free(c->lse);
-        free(c->s_pre);
-        free(c->s_du);
-        free(c->counts);
-        free(c->fill);
-        free(c->bal_counts);
-        free(c->tp_u);
-        free(c->tp_pre);
-        memset(c, 0, sizeof *c);
-    }
-    free(m->tokens);
-    m->tokens = NULL;
-    m->T_capacity = 0;
-}
-
 void tm_model_destroy(tm_model *m)
 {
     if (!m)
         return;
     seldp_model_destroy(m->view);
-    if (m->cache)
-        free_caches(m);
+    tm__free_cache_sets(m);
     if (m->params) {
         for (size_t i = 0; i < m->n_params; i++)
             free((char *)m->params[i].path);
@@ -515,9 +486,6 @@ void tm_model_destroy(tm_model *m)
     free(m->shared_w2);
     free(m->experts);
     free(m->seen);
-    free(m->cache);
-    free(m->tp_counts);
-    free(m->tp_tokens);
     free(m);
 }
 
@@ -595,46 +563,4 @@ static void begin(tm_model *m, bool zero_grads)
     for (int l = 0; l < m->cfg.layers; l++) {
         m->cache[l].routed = m->cache[l].combined = m->cache[l].combined_back = false;
     }
-}
-
-seldp_status tm__ensure_caches(tm_model *m, size_t T)
-{
-    if (T <= m->T_capacity && m->tokens)
-        return SELDP_OK;
-    free_caches(m);
-    const size_t cap = T ? T : 1;
-    const size_t D = (size_t)m->cfg.d_model, E = (size_t)m->cfg.experts;
-    const size_t K = (size_t)m->cfg.top_k, Fs = (size_t)m->cfg.d_ff_shared;
-    m->tokens = malloc(cap * sizeof *m->tokens);
-    bool ok = m->tokens != NULL;
-    for (int l = 0; l < m->cfg.layers && ok; l++) {
-        tm_layer_cache *c = &m->cache[l];
-        c->h_in = malloc(cap * D * sizeof(float));
-        c->rstd = malloc(cap * sizeof(float));
-        c->u = malloc(cap * D * sizeof(float));
-        c->probs = malloc(cap * E * sizeof(float));
-        c->choice = malloc(cap * K * sizeof(int));
-        c->expert = malloc(cap * K * sizeof(int));
-        c->gate = malloc(cap * K * sizeof(float));
-        c->y = malloc(cap * K * D * sizeof(float));
-        c->dgate = malloc(cap * K * sizeof(float));
-        c->lse = malloc(cap * sizeof(float));
-        c->counts = calloc(E, sizeof *c->counts);
-        c->fill = calloc(E, sizeof *c->fill);
-        c->bal_counts = calloc(E, sizeof *c->bal_counts);
-        ok = c->h_in && c->rstd && c->u && c->probs && c->choice && c->expert && c->gate && c->y &&
-             c->dgate && c->lse && c->counts && c->fill && c->bal_counts;
-        if (ok && Fs) {
-            c->s_pre = malloc(cap * Fs * sizeof(float));
-            c->s_du = malloc(cap * D * sizeof(float));
-            ok = c->s_pre && c->s_du;
-        }
-    }
-    if (!ok) {
-        free_caches(m);
-        return tm__fail(SELDP_ERR_NOMEM, "rank %d: out of memory for activations of %zu tokens",
-                        m->rank, T);
-    }
-    m->T_capacity = cap;
-    return SELDP_OK;
 }

@@ -42,6 +42,7 @@ seldp_status tm_model_set_tp(tm_model *m, const tm_tp *tp)
         return tm__fail(SELDP_ERR_NOMEM, "rank %d: out of memory", m->rank);
     free(m->tp_counts);
     m->tp_counts = counts;
+    m->tp_counts_n = tp->size;
     m->tp = *tp;
     return SELDP_OK;
 }

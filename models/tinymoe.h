@@ -337,6 +337,19 @@ void tm_begin_micro_batch(tm_model *m);
  * router-loss gradients are multiplied by it. INVALID_ARGUMENT unless finite and >= 0. */
 seldp_status tm_model_set_router_scale(tm_model *m, double scale);
 
+/** Micro-batches in flight (a pipeline schedule, docs/model.md, Micro-batches): the model keeps
+ * what a forward leaves for its backward (every layer's activations, the token ids, the
+ * tensor-parallel token counts and the router losses' factor of tm_model_set_router_scale) in
+ * numbered cache sets; set 0 is the one a model starts with. tm_model_use_caches makes set
+ * `set` (created empty the first time) the one every forward and backward piece reads and
+ * writes until the next call; tm_begin_step and tm_begin_micro_batch reset only the set in use.
+ * The weights, gradient accumulators and seen marks are shared by every set, so micro-batch m's
+ * forward in set k and its backward later in the same set add into the one set of gradients.
+ * INVALID_ARGUMENT for set outside 0..4095, NOMEM. */
+seldp_status tm_model_use_caches(tm_model *m, int set);
+/** The cache set in use. */
+int tm_model_cache_set(const tm_model *m);
+
 /** Embedding lookup for this rank's T tokens. tokens (T) ids in [0, V); h (T,D) out.
  * Sizes the step's activation caches for T (T may be 0). Returns INVALID_ARGUMENT for a
  * token out of range, NOMEM. */

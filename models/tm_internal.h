@@ -50,6 +50,20 @@ typedef struct tm_layer_cache {
     bool routed, combined, combined_back;
 } tm_layer_cache;
 
+/* A set of activation caches not in use (caches.c, tm_model_use_caches): the model's fields of
+ * the same names while another set is the model's. */
+typedef struct tm_cache_set {
+    size_t T, T_capacity;
+    int32_t *tokens;
+    tm_layer_cache *cache;
+    bool embedded;
+    size_t *tp_counts;
+    int tp_counts_n;
+    size_t S, S_offset;
+    int32_t *tp_tokens;
+    double router_scale;
+} tm_cache_set;
+
 struct tm_model {
     tm_config cfg;
     tm_part part; /* what of the logical model this one holds */
@@ -80,6 +94,7 @@ struct tm_model {
      * sum S and where this rank's tokens begin among them; the gathered token ids (S). */
     tm_tp tp;
     size_t *tp_counts;
+    int tp_counts_n; /* entries of tp_counts */
     size_t S, S_offset;
     int32_t *tp_tokens;
 
@@ -92,10 +107,18 @@ struct tm_model {
     int32_t *tokens;       /* (T) */
     tm_layer_cache *cache; /* (L) */
     bool embedded;
+
+    /* The cache sets of micro-batches in flight (caches.c): the set in use is in the fields
+     * above (the step caches, the TP state, router_scale); sets[k] holds set k otherwise. */
+    tm_cache_set *sets;
+    int n_sets, active_set;
 };
 
-/* Size the step's activation caches for T tokens. */
+/* Size the step's activation caches for T tokens (caches.c). */
 seldp_status tm__ensure_caches(tm_model *m, size_t T);
+
+/* Free every cache set, the one in use included (caches.c; tm_model_destroy). */
+void tm__free_cache_sets(tm_model *m);
 
 /* Element i of a tensor of `dtype` (F32, F16, BF16) set to v, rounded to nearest even. */
 void tm__store_value(void *data, seldp_dtype dtype, size_t i, float v);
