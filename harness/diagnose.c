@@ -191,14 +191,17 @@ static double last_micro_factor(const hx_run *run)
                                      : 1.0;
 }
 
-/* Every class that failed is off by about factor f, with little residual. */
+/* Every class the step holds is off by about factor f, with little residual (a class that
+ * agrees rules it out: ep-scale's experts alone at the EP size are not every gradient). */
 static bool common_scale(const hx_run *run, double f)
 {
     int seen = 0;
     for (int c = 0; c < HX_DIAG_CLASSES; c++) {
         const hx_diag_fit *d = &run->diag[c];
+        if (!(d->rr > 0))
+            continue; /* no tensor of the class */
         if (!failed(d))
-            continue;
+            return false;
         if (!near(fit_scale(d), f) || !(fit_residual(d) < 0.05 * fabs(f)))
             return false;
         seen++;

@@ -513,7 +513,7 @@ seldp_status hx_pass_head(hx_rank *rk, hx_pass *p)
 {
     seldp_status st = SELDP_OK;
     tm_part part = part_of(rk);
-    bool overlap = rk->run->opts.overlap; /* overlap.h: reductions in flight */
+    bool overlap = rk->overlap_live; /* overlap.h: reductions in flight */
     p->loss_sum = 0;
     if (part.head)
         HX_CHECK_LIB(rk->ops->head(rk->compute, p->h, rk->targets, &p->loss_sum, p->dh),
@@ -537,7 +537,7 @@ seldp_status hx_pass_backward(hx_rank *rk, hx_pass *p)
         HX_CHECK(round_trip(rk, l, &p->plans[l], p->slot_in, slots, true, p->slot_out));
         HX_CHECK_LIB(ops->route_backward(rk->compute, l, p->slot_out, p->dh),
                      "rank %d: layer %d: router backward", rk->rank, l);
-        if (rk->run->opts.overlap)
+        if (rk->overlap_live)
             HX_CHECK(hx_overlap_ready(rk, l));
     }
 fail:
@@ -549,7 +549,7 @@ seldp_status hx_pass_embed_backward(hx_rank *rk, hx_pass *p)
     seldp_status st = SELDP_OK;
     HX_CHECK_LIB(rk->ops->embed_backward(rk->compute, p->dh), "rank %d: embedding backward",
                  rk->rank);
-    if (rk->run->opts.overlap)
+    if (rk->overlap_live)
         HX_CHECK(hx_overlap_ready(rk, HX_READY_REST));
 fail:
     return st;
@@ -563,6 +563,7 @@ seldp_status hx_rank_compute(hx_rank *rk)
     const tm_config *cfg = &rk->run->opts.model;
     size_t LE = (size_t)cfg->layers * (size_t)rk->run->layout->experts;
     hx_pass *p = NULL;
+    rk->overlap_live = rk->run->opts.overlap;
     HX_CHECK(hx_pass_create(rk, &p));
     HX_CHECK(hx_pass_embed(rk, p));
     HX_CHECK(hx_pipe_recv_act(rk, p));

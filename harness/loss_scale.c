@@ -66,6 +66,15 @@ void hx_loss_scale_plant(hx_rank *rk, size_t i, seldp_grads *grads)
     const seldp_tensor *g = seldp_grads_get(grads, p->id);
     if (!g || p->expert < 0 || g->device.kind != SELDP_DEVICE_HOST)
         return;
+    /* the first reached expert's first parameter in the model's order, whatever the order of
+     * the exports (--overlap exports the last layer first) */
+    int E = rk->run->layout->experts;
+    for (size_t k = 0; k < i; k++) {
+        const tm_param_info *q = tm_param_at(rk->model, k);
+        if (!q->alias && !q->frozen && q->expert >= 0 && (q->role & TM_ROLES_TRAINABLE) &&
+            rk->routed[q->layer * E + q->expert] > 0)
+            return;
+    }
     /* its first element: inf in the gradient's dtype */
     float inf = INFINITY;
     seldp_tensor one = *g;

@@ -29,8 +29,8 @@ void hx_loss_scale_init(hx_run *run);
 double hx_loss_scale_factor(const hx_rank *rk);
 
 /* --inject-overflow: after the export of occurrence i into `grads` on the last rank in the
- * planted step, the first element of the first expert gradient (else of the first) becomes
- * inf. */
+ * planted step, the first element of the gradient of the first reached expert's first
+ * parameter in the model's order (whatever the order of the exports) becomes inf. */
 void hx_loss_scale_plant(hx_rank *rk, size_t i, seldp_grads *grads);
 
 /* Collective over the world, before the update: whether any rank's reduced gradients hold a

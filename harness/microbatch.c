@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "microbatch.h"
+#include "overlap.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,10 +38,12 @@ seldp_status hx_micro_check(const hx_run *run)
                        "--micro-batches %d: must divide --global-batch %d (every micro-batch "
                        "takes N/M tokens of the step's stream)",
                        M, o->global_batch);
-    if (o->overlap)
+    if (o->overlap && hx_pipe_stages(run) > 1)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--micro-batches %d and --overlap exclude each other: the overlapped "
-                       "reductions start in the backward, before the last micro-batch's",
+                       "--micro-batches %d with --overlap: needs one pipeline stage (the "
+                       "overlapped reductions start in the last micro-batch's forward, after the "
+                       "world's tokens per expert, which the stages of a pipeline agree on only "
+                       "after the schedule)",
                        M);
     for (int r = 0; r < o->world; r++)
         if (hx_backend_device(run->backend, r).kind == SELDP_DEVICE_CUDA)
@@ -112,6 +115,35 @@ static seldp_status pass_of(micro_step *ms, int m, hx_pass **out)
     return st;
 }
 
+/* The step's token counts (every weight and scale of the reduction is the step's), the
+ * micro-batch's tokens and targets left in view. */
+static void step_counts(micro_step *ms)
+{
+    hx_rank *rk = ms->rk;
+    rk->T = ms->T;
+    memcpy(rk->counts, ms->counts, (size_t)ms->W * sizeof *ms->counts);
+    rk->global_tokens = ms->N;
+}
+
+/* --overlap: in the last micro-batch's forward, after its layers (every forward of the stage's
+ * only stage has run): the world's tokens per expert of the step, and the start of the
+ * overlapped reductions with the step's weights; the head then marks its gradients ready. */
+static seldp_status overlap_begin(micro_step *ms)
+{
+    hx_rank *rk = ms->rk;
+    size_t LE = (size_t)rk->run->opts.model.layers * (size_t)rk->run->layout->experts;
+    seldp_status st =
+        seldp_comm_allreduce(rk->world, ms->routed, rk->routed, LE, SELDP_I64, SELDP_HOST_DEVICE);
+    if (st != SELDP_OK)
+        return hx_fail_lib(st, "rank %d: allreduce of tokens per expert", rk->rank);
+    /* the head reads the micro-batch's targets only: its gradients go out with the step's
+     * counts, which stay until the head is done */
+    step_counts(ms);
+    st = hx_overlap_begin(rk);
+    rk->overlap_live = st == SELDP_OK;
+    return st;
+}
+
 static seldp_status micro_forward(micro_step *ms, int m)
 {
     seldp_status st = SELDP_OK;
@@ -127,10 +159,16 @@ static seldp_status micro_forward(micro_step *ms, int m)
         HX_FAIL_LIB(st, "rank %d: micro-batch %d", rk->rank, m + 1);
     HX_CHECK(hx_pass_embed(rk, p));
     HX_CHECK(hx_pass_layers(rk, p));
-    HX_CHECK(hx_pass_head(rk, p));
-    ms->loss += p->loss_sum;
     for (size_t le = 0; le < LE; le++)
         ms->routed[le] += p->local_routed[le];
+    if (rk->run->opts.overlap && m == ms->M - 1)
+        HX_CHECK(overlap_begin(ms));
+    HX_CHECK(hx_pass_head(rk, p));
+    if (rk->overlap_live) {
+        rk->overlap_live = false; /* the backwards before the last add to the accumulators */
+        HX_CHECK(view_micro(ms, m));
+    }
+    ms->loss += p->loss_sum;
     memcpy(ms->choices + L * K * hx_micro_offset(ms->T, ms->M, m), p->choices,
            L * p->T * K * sizeof *ms->choices);
 fail:
@@ -146,8 +184,15 @@ static seldp_status micro_backward(micro_step *ms, int m)
         HX_FAIL(SELDP_ERR_INTERNAL, "rank %d: backward of micro-batch %d before its forward",
                 rk->rank, m + 1);
     HX_CHECK(view_micro(ms, m));
+    if (rk->run->opts.overlap && m == ms->M - 1) {
+        /* the last micro-batch's backward leaves each layer's gradients final: marked ready
+         * as it goes, exported with the step's scales */
+        step_counts(ms);
+        rk->overlap_live = true;
+    }
     HX_CHECK(hx_pass_backward(rk, p));
     HX_CHECK(hx_pass_embed_backward(rk, p));
+    rk->overlap_live = false;
 fail:
     return st;
 }
@@ -208,6 +253,7 @@ seldp_status hx_micro_compute(hx_rank *rk)
     const size_t L = (size_t)cfg->layers, K = (size_t)cfg->top_k;
     const size_t LE = L * (size_t)run->layout->experts;
     const int P = hx_pipe_stages(run), stage = rk->grid ? rk->grid->stage : 0;
+    rk->overlap_live = false;
     const hx_pipe_schedule schedule = hx_pipe_schedule_of(&run->opts);
     micro_step ms = {0};
     ms.rk = rk;

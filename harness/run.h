@@ -295,21 +295,23 @@ struct hx_rank {
 
     struct hx_grid_rank *grid;  /* a sharded run's part of the grid (grid.h); NULL otherwise */
     struct hx_overlap *overlap; /* --overlap: this step's overlapped reductions (overlap.h) */
-    double lock_update;         /* lockstep: its last update's ratio to the bound (lockstep.c) */
-    seldp_comm *shard_comm;     /* its data shard's ranks when the shard spans several (TP x CP)
-                                   and capacity or the local load-balancing loss needs them */
-    int batch_rank;             /* whose tokens this rank draws: itself, or its pipeline's
-                                   stage-0 rank */
-    int micro;                  /* the micro-batch hx_rank_compute runs (microbatch.h) */
-    uint64_t micro_last_tokens; /* the global tokens of the step's last micro-batch */
-    struct hx_opt *opt;         /* its optimizer state and last update (optimizer.h) */
-    struct hx_zero *zero;       /* --zero 1: its shard maps and ranges (zero.h) */
-    int step;                   /* the step it runs (0-based) */
-    double loss_scale;          /* --loss-scale: this step's S (loss_scale.h); 1 without */
-    int64_t scale_good;         /* steps since the last overflow or growth */
-    bool found_inf;             /* the world's found_inf of this step */
-    bool found_inf_dense;       /* --inject found-inf-local: the dense optimizer's own */
-    bool found_inf_expert;      /* --inject found-inf-local: the expert optimizer's own */
+    bool overlap_live;      /* --overlap: the backward marks gradients ready (with micro-batches the
+                               last micro-batch's only) */
+    double lock_update;     /* lockstep: its last update's ratio to the bound (lockstep.c) */
+    seldp_comm *shard_comm; /* its data shard's ranks when the shard spans several (TP x CP)
+                               and capacity or the local load-balancing loss needs them */
+    int batch_rank;         /* whose tokens this rank draws: itself, or its pipeline's
+                               stage-0 rank */
+    int micro;              /* the micro-batch hx_rank_compute runs (microbatch.h) */
+    uint64_t micro_last_tokens;        /* the global tokens of the step's last micro-batch */
+    struct hx_opt *opt;                /* its optimizer state and last update (optimizer.h) */
+    struct hx_zero *zero;              /* --zero 1: its shard maps and ranges (zero.h) */
+    int step;                          /* the step it runs (0-based) */
+    double loss_scale;                 /* --loss-scale: this step's S (loss_scale.h); 1 without */
+    int64_t scale_good;                /* steps since the last overflow or growth */
+    bool found_inf;                    /* the world's found_inf of this step */
+    bool found_inf_dense;              /* --inject found-inf-local: the dense optimizer's own */
+    bool found_inf_expert;             /* --inject found-inf-local: the expert optimizer's own */
     int skip_changed[2], skip_seen[2]; /* a skipped step: [dense, expert] params that moved */
     bool overflow_planted;             /* --inject-overflow planted its inf this step */
 

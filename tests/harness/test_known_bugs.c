@@ -276,9 +276,9 @@ static void test_one_table(void **state)
     assert_int_equal(pending, 0);
 }
 
-/* Under the distributed optimizer the bugs planted in the export, the weights and the model
- * act as they do on the all-reduce path, and are named. */
-static void test_under_zero(void **state)
+/* Under the distributed optimizer (and with micro-batches overlapped) the bugs planted in the
+ * export, the weights and the model act as they do on the all-reduce path, and are named. */
+static void test_other_steps(void **state)
 {
     (void)state;
     static const struct {
@@ -288,6 +288,8 @@ static void test_under_zero(void **state)
         {"shared-expert-tp", "--world 4 --tp 2 --ep 2 --shared-expert-ff 32 --zero 1"},
         {"last-microbatch", "--world 8 --ep 4 --micro-batches 4 --zero 1"},
         {"aux-cp", "--world 4 --cp 2 --ep 2 --aux-loss-coeff 0.1 --zero 1"},
+        /* with M = ep the experts alone are x M: not every gradient, not last-microbatch */
+        {"ep-scale", "--world 8 --ep 4 --micro-batches 4 --overlap"},
         {"found-inf-local", "--world 4 --ep 2 --optimizer adamw --loss-scale dynamic "
                             "--inject-overflow 1 --zero 1"},
     };
@@ -310,7 +312,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_table),   cmocka_unit_test(test_refused),
         cmocka_unit_test(test_table_demos), cmocka_unit_test(test_other_layouts),
-        cmocka_unit_test(test_under_zero),
+        cmocka_unit_test(test_other_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -170,7 +170,8 @@ static void bad_input(void **state)
 {
     (void)state;
     usage_error("--micro-batches 3 --global-batch 100", "must divide --global-batch 100");
-    usage_error("--micro-batches 2 --overlap", "--overlap exclude each other");
+    usage_error("--micro-batches 2 --overlap --world 4 --pp 2 --ep 2",
+                "with --overlap: needs one pipeline stage");
     usage_error("--micro-batches 0", "--micro-batches '0': expected an integer in 1..4096");
     usage_error("--micro-batches x", "expected an integer");
 }

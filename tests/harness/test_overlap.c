@@ -126,6 +126,23 @@ static void dtypes_quantization_and_features(void **state)
               4, SMALL_BUCKETS);
 }
 
+/* Micro-batches: the reductions start in the last micro-batch's forward and each layer's
+ * gradients go out as its last backward leaves them final; the same bits as blocking. */
+static void micro_batches(void **state)
+{
+    (void)state;
+    same_bits("--world 4 --ep 2 --micro-batches 4", 4, SMALL_BUCKETS);
+    same_bits("--world 4 --ep 4 --micro-batches 3 --expert-reduce mean --aux-loss-coeff 0.01 "
+              "--optimizer adamw --lr 0.01 --dtype f32",
+              4, SMALL_BUCKETS);
+    same_bits("--world 4 --tp 2 --ep 2 --experts 4 --micro-batches 2 --shared-expert-ff 32 "
+              "--capacity-factor 1.5",
+              4, SMALL_BUCKETS);
+    same_bits("--world 4 --cp 2 --ep 2 --micro-batches 2 --dtype f16 --loss-scale dynamic "
+              "--inject-overflow 2 --clip-grad 0.5",
+              4, "");
+}
+
 static void expect_usage_error(const char *args, const char *needle)
 {
     hx_test_usage_error(needle, "%s", args);
@@ -137,6 +154,8 @@ static void refused_where_it_cannot_hold(void **state)
     expect_usage_error("--overlap --backend mpi --steps 1", "--overlap: not with one rank per MPI");
     expect_usage_error("--overlap --backend nccl --steps 1", "--overlap: not with --backend nccl");
     expect_usage_error("--bucket-bytes -1 --steps 1", "--bucket-bytes");
+    expect_usage_error("--world 4 --pp 2 --ep 2 --micro-batches 2 --overlap --steps 1",
+                       "--micro-batches 2 with --overlap: needs one pipeline stage");
     /* without --overlap the same backends are not refused for it */
     hx_test_run run;
     hx_test_harness(&run, "--backend nccl --steps 1 --quiet --out none");
@@ -202,6 +221,7 @@ int main(void)
         cmocka_unit_test(expert_parallel_sizes_and_flows),
         cmocka_unit_test(sharded_layouts),
         cmocka_unit_test(dtypes_quantization_and_features),
+        cmocka_unit_test(micro_batches),
         cmocka_unit_test(refused_where_it_cannot_hold),
         cmocka_unit_test(documented_in_help),
         cmocka_unit_test(recorded_in_the_report),
