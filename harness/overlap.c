@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "sets.h"
+#include "zero.h"
 
 struct hx_overlap {
     bool *exported; /* [n_params] this step, by tm_param_at index */
@@ -93,7 +94,9 @@ seldp_status hx_overlap_begin(hx_rank *rk)
     memset(ov->exported, 0, rk->n_params * sizeof *ov->exported);
     HX_CHECK(hx_reset_grads(rk));
     HX_CHECK(hx_params_checksum(rk, &ov->params_before));
-    for (int i = 0; i < rk->n_sets; i++)
+    if (rk->run->opts.zero) /* --zero 1: reduce-scatters into the ranks' ranges */
+        HX_CHECK(hx_zero_start(rk));
+    for (int i = 0; i < rk->n_sets && !rk->run->opts.zero; i++)
         HX_CHECK(start_set(rk, &rk->sets[i]));
 fail:
     return st;

@@ -6,7 +6,9 @@
  * head copy after the head, the embedding after its backward; hx_rank_reduce then finishes
  * the sessions in the blocking order, with the blocking reductions' checks. The library
  * reduces a bucket as soon as its gradients are marked, so the results are those of the
- * blocking reductions, bit for bit.
+ * blocking reductions, bit for bit. Under --zero 1 the sessions' overlapped reductions are
+ * reduce-scatters into the ranks' ranges (zero.h); with micro-batches only the last one's
+ * forward starts them and its backward marks the gradients ready (microbatch.c).
  *
  * Host ranks in one process only: the MPI transport runs one collective of a world at a time
  * in a process (the backward's dispatch would wait for the reductions in flight, and MPI is

@@ -10,6 +10,7 @@
 #include "inject.h"
 #include "loss_scale.h"
 #include "optimizer.h"
+#include "overlap.h"
 
 /* The planted faults that act on the all-reduce path alone (why), or NULL: those planted in
  * the export's scale and weights, in the model or before the reduction act here as well. */
@@ -44,8 +45,6 @@ seldp_status hx_zero_check(const hx_run *run)
     if (hx_backend_multiprocess(run->backend))
         why = "one rank per process: the checks assemble each set's reduced gradient from every "
               "member's range, which needs the ranks as threads of one process";
-    else if (o->overlap)
-        why = "--overlap: the overlapped reductions are all-reduces";
     else if (zero_refuses(o->inject))
         why = zero_refuses(o->inject);
     for (int r = 0; !why && r < o->world; r++)
@@ -116,16 +115,43 @@ static seldp_norm_range *norm_ranges(hx_rank *rk)
     return r;
 }
 
+seldp_status hx_zero_start(hx_rank *rk)
+{
+    seldp_status st = SELDP_OK;
+    HX_CHECK(ensure(rk));
+    for (int i = 0; i < rk->n_sets; i++) {
+        hx_rank_set *rs = &rk->sets[i];
+        hx_zero_set *zs = &rk->zero->sets[i];
+        uint64_t w = hx_set_weight_of(rk, rs->set);
+        st = rs->set->sums ? seldp_shard_reduce_scatter_sum_start(rs->session, zs->map, rk->grads,
+                                                                  w > 0, rk->run->opts.policy,
+                                                                  zs->range, zs->count, zs->present)
+                           : seldp_shard_reduce_scatter_start(rs->session, zs->map, rk->grads, w,
+                                                              rk->run->opts.policy, zs->range,
+                                                              zs->count, zs->present);
+        if (st != SELDP_OK)
+            HX_FAIL_LIB(st, "rank %d: starting the overlapped reduce-scatter over %s", rk->rank,
+                        rs->set->label);
+    }
+fail:
+    return st;
+}
+
 seldp_status hx_zero_reduce(hx_rank *rk)
 {
     seldp_status st = SELDP_OK;
     double t0 = hx_now();
     seldp_norm_range *ranges = NULL;
     HX_CHECK(ensure(rk));
-    HX_CHECK(hx_reset_grads(rk));
-    for (size_t i = 0; i < rk->n_params; i++)
-        HX_CHECK(hx_export_grad(rk, i, rk->grads));
-    for (int i = 0; i < rk->n_sets; i++) {
+    if (rk->run->opts.overlap) {
+        /* started by hx_zero_start, its gradients marked as the backward made them */
+        HX_CHECK(hx_overlap_finish(rk));
+    } else {
+        HX_CHECK(hx_reset_grads(rk));
+        for (size_t i = 0; i < rk->n_params; i++)
+            HX_CHECK(hx_export_grad(rk, i, rk->grads));
+    }
+    for (int i = 0; i < rk->n_sets && !rk->run->opts.overlap; i++) {
         hx_rank_set *rs = &rk->sets[i];
         hx_zero_set *zs = &rk->zero->sets[i];
         uint64_t w = hx_set_weight_of(rk, rs->set);
@@ -139,7 +165,10 @@ seldp_status hx_zero_reduce(hx_rank *rk)
                                               zs->present, &rs->global_weight);
         if (st != SELDP_OK)
             HX_FAIL_LIB(st, "rank %d: reduce-scatter over %s", rk->rank, rs->set->label);
-        HX_CHECK(hx_inject_zero_emb(rk, rs, zs->map, zs->group_rank, zs->range));
+    }
+    for (int i = 0; i < rk->n_sets; i++) {
+        hx_zero_set *zs = &rk->zero->sets[i];
+        HX_CHECK(hx_inject_zero_emb(rk, &rk->sets[i], zs->map, zs->group_rank, zs->range));
     }
     /* the exported inputs are captured; the main thread assembles the results here */
     HX_CHECK(hx_reset_grads(rk));

@@ -31,8 +31,13 @@ typedef struct hx_zero {
 } hx_zero;
 
 /* --zero against the run (a usage error, one line): ranks as threads of one process on the
- * host transport, on the host; no --overlap, and only the planted faults that act here. */
+ * host transport, on the host; only the planted faults that act here. */
 seldp_status hx_zero_check(const hx_run *run);
+
+/* --overlap: rank rk's maps and ranges, and the start of every set's overlapped reduce-scatter
+ * into them (seldp_shard_reduce_scatter_start, _sum_start; the blocking step's weights); the
+ * backward marks the gradients ready (overlap.c) and hx_zero_reduce finishes them. */
+seldp_status hx_zero_start(hx_rank *rk);
 
 /* Rank rk's reductions under --zero 1: every gradient exported as in the blocking flow (and
  * captured), every set reduce-scattered into its range; rk->grads left empty for the main

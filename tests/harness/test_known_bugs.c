@@ -290,6 +290,7 @@ static void test_other_steps(void **state)
         {"aux-cp", "--world 4 --cp 2 --ep 2 --aux-loss-coeff 0.1 --zero 1"},
         /* with M = ep the experts alone are x M: not every gradient, not last-microbatch */
         {"ep-scale", "--world 8 --ep 4 --micro-batches 4 --overlap"},
+        {"tied-zero", "--world 4 --pp 2 --ep 2 --zero 1 --overlap"},
         {"found-inf-local", "--world 4 --ep 2 --optimizer adamw --loss-scale dynamic "
                             "--inject-overflow 1 --zero 1"},
     };

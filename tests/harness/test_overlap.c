@@ -143,6 +143,19 @@ static void micro_batches(void **state)
               4, "");
 }
 
+/* --zero 1: each set's overlapped reduce-scatter into the ranks' ranges (seldp/shard.h) */
+static void distributed_optimizer(void **state)
+{
+    (void)state;
+    same_bits("--world 8 --ep 4 --zero 1", 8, SMALL_BUCKETS);
+    same_bits("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --zero 1 --optimizer adamw "
+              "--lr 0.01 --clip-grad 0.5",
+              8, SMALL_BUCKETS);
+    same_bits("--world 4 --ep 2 --zero 1 --micro-batches 2 --dtype f16 --loss-scale dynamic "
+              "--inject-overflow 2",
+              4, "");
+}
+
 static void expect_usage_error(const char *args, const char *needle)
 {
     hx_test_usage_error(needle, "%s", args);
@@ -222,6 +235,7 @@ int main(void)
         cmocka_unit_test(sharded_layouts),
         cmocka_unit_test(dtypes_quantization_and_features),
         cmocka_unit_test(micro_batches),
+        cmocka_unit_test(distributed_optimizer),
         cmocka_unit_test(refused_where_it_cannot_hold),
         cmocka_unit_test(documented_in_help),
         cmocka_unit_test(recorded_in_the_report),

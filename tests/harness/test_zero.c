@@ -112,7 +112,6 @@ static void refusals(void **state)
 {
     (void)state;
     usage_error("--zero 2", "--zero '2': expected 0 or 1");
-    usage_error("--zero 1 --overlap", "--zero 1 cannot run here: --overlap");
     usage_error("--zero 1 --inject grad", "--zero 1 cannot run here: --inject grad");
     usage_error("--zero 1 --inject half-accum --world 4 --ep 2",
                 "--zero 1 cannot run here: --inject half-accum");
