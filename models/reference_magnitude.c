@@ -31,10 +31,6 @@
 #include "reference_magnitude.h"
 #include "tm_error.h"
 
-/* The router is taken in blocks of this many tokens: its (tokens, E) arrays stay small at any
- * world. */
-#define ROUTER_BLOCK 1024
-
 #define MAG_NOMEM() tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for the error scales")
 
 /* The own-rounding factor of a sum of n terms of one sign, squared: (sqrt(n) / 3)^2, 1 at
@@ -122,14 +118,14 @@ static seldp_status pass_alloc(pass *s)
     tm_reference *ref = s->ref;
     const size_t N = s->N, D = (size_t)s->D, F = (size_t)s->F, E = (size_t)s->E;
     const size_t K = (size_t)s->K, L = (size_t)s->L, V = (size_t)s->V, Fs = (size_t)s->Fs;
-    const size_t NK = N * K, LE2 = L * E * 2, RB = N < ROUTER_BLOCK ? N : ROUTER_BLOCK;
+    const size_t NK = N * K, LE2 = L * E * 2, RB = N < TM_REF_TOKEN_BLOCK ? N : TM_REF_TOKEN_BLOCK;
     const bool losses = s->w->DLR != NULL;
 #define A(field, count) (s->field = tm__ref_calloc(ref, (count), sizeof(double)))
     if (!A(VH, (L + 1) * N * D) || !A(VU, L * N * D) || !A(VR, (L + 1) * N) || !A(VG, L * NK) ||
         !A(VSA, L * N * Fs) || !A(VZ, N * D) || !A(VLOG, N * V) || !A(AH, N * D) ||
         !A(F_AUX, (size_t)(s->w->n_shards > 1 ? s->w->n_shards : 1) * E) || !A(dH, N * D) ||
         !A(VdH, N * D) || !A(dU, N * D) || !A(VdU, N * D) || !A(dgate, NK) || !A(Vdgate, NK) ||
-        !A(VdSS, N * Fs) || !A(VdSA, N * Fs) || !A(SL, N * Fs) || !A(VSLs, N * Fs) ||
+        !A(VDZ, NK) || !A(VdSS, N * Fs) || !A(VdSA, N * Fs) || !A(SL, N * Fs) || !A(VSLs, N * Fs) ||
         (losses && !A(VDLR, L * N * E)))
         return MAG_NOMEM();
 #undef A
@@ -144,7 +140,7 @@ static seldp_status pass_alloc(pass *s)
         if (!A(VX, N * D) || !A(VA, N * F) || !A(VS, N * F) || !A(VY, N * D) || !A(VSL, N * F) ||
             !A(VdHr, N * D) || !A(VP, N * F) || !A(VdA, N * F) || !A(VdYE, N * D) ||
             !A(VdX, N * D) || !A(VdW, D * F) || !A(LG, RB * E) || !A(VLG, RB * E) ||
-            !A(PR, RB * E) || !A(VPR, RB * E))
+            !A(PR, RB * E) || !A(VPR, RB * E) || !A(TB, RB * 3 * D))
             return MAG_NOMEM();
 #undef A
     }
@@ -218,9 +214,9 @@ static double rms_row_var(const double *x, const double *vx, const double *g, do
 
 /* rms_row_back with variances: dx_j += dy_j g_j r - c x_j, c = r^3 (sum_i dy_i g_i x_i) / D,
  * dg_j += dy_j x_j r (a token sum: its terms into ts). */
-void tm__mag_rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
-                          int D, const double *dy, const double *vdy, double *dx, double *vdx,
-                          double *vdg, token_sum ts)
+static void rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
+                         int D, const double *dy, const double *vdy, double *dx, double *vdx,
+                         double *terms)
 {
     double dot = 0.0, vdot = 0.0, adot = 0.0;
     for (int i = 0; i < D; i++) {
@@ -238,11 +234,56 @@ void tm__mag_rms_back_var(const double *x, const double *vx, const double *g, do
         dx[j] += a - b;
         vdx[j] += dy[j] * dy[j] * g[j] * g[j] * vr + r * r * g[j] * g[j] * vdy[j] +
                   x[j] * x[j] * vc + c * c * vx[j] + (fabs(a) + fabs(b)) * (fabs(a) + fabs(b));
-        vdg[j] += x[j] * x[j] * r * r * vdy[j] + dy[j] * dy[j] * r * r * vx[j] +
-                  dy[j] * dy[j] * x[j] * x[j] * vr;
-        ts.abs[j] += fabs(dy[j] * x[j] * r);
-        ts.value[j] += dy[j] * x[j] * r;
+        terms[j] = x[j] * x[j] * r * r * vdy[j] + dy[j] * dy[j] * r * r * vx[j] +
+                   dy[j] * dy[j] * x[j] * x[j] * vr;
+        terms[D + j] = fabs(dy[j] * x[j] * r);
+        terms[2 * D + j] = dy[j] * x[j] * r;
     }
+}
+
+typedef struct norm_back {
+    pass *s;
+    const double *x, *vx, *g, *r, *vr; /* (N,D) (N,D) (D) (N) (N) */
+    double *vdg;                       /* (D) */
+    token_sum ts;
+} norm_back;
+
+static bool norm_back_block(void *ctx, int worker, size_t t0, size_t t1)
+{
+    const norm_back *nb = ctx;
+    pass *s = nb->s;
+    const size_t D = (size_t)s->D;
+    double *terms = s->mr[worker].TB;
+    for (size_t t = t0; t < t1; t++)
+        rms_back_var(nb->x + t * D, nb->vx + t * D, nb->g, nb->r[t], nb->vr[t], s->D, s->dU + t * D,
+                     s->VdU + t * D, s->dH + t * D, s->VdH + t * D, terms + (t - t0) * 3 * D);
+    return true;
+}
+
+/* the block's terms of the weight's variance and of its token sum, in token order */
+static void norm_back_commit(void *ctx, int worker, size_t t0, size_t t1)
+{
+    const norm_back *nb = ctx;
+    const size_t D = (size_t)nb->s->D;
+    const double *terms = nb->s->mr[worker].TB;
+    for (size_t i = 0; i < t1 - t0; i++, terms += 3 * D)
+        for (size_t j = 0; j < D; j++) {
+            nb->vdg[j] += terms[j];
+            nb->ts.abs[j] += terms[D + j];
+            nb->ts.value[j] += terms[2 * D + j];
+        }
+}
+
+bool tm__mag_norm_backward(pass *s, const double *x, const double *vx, const double *g,
+                           const double *r, const double *vr, double *vdg)
+{
+    norm_back nb = {s, x, vx, g, r, vr, vdg, {NULL, NULL}};
+    if (!tm__mag_token_sum_of(&s->ar, 4, (size_t)s->D, &nb.ts))
+        return false;
+    tm__ref_blocks_for(s->N, TM_REF_TOKEN_BLOCK, s->w->workers, norm_back_block, norm_back_commit,
+                       &nb);
+    tm__mag_close_sum(vdg, nb.ts, (size_t)s->D, s->N);
+    return true;
 }
 
 /* Add the own rounding of a sum of `terms` terms (tm__mag_var_gemm's rule) into a weight's
@@ -278,179 +319,11 @@ void tm__mag_softmax_var(const double *p, const double *vz, int n, double *vp)
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-/* The router's logits, probabilities and their variances (m's LG, VLG, PR, VPR: n rows) of
- * layer l's tokens [t0, t0 + n). */
-static bool router_var(const pass *s, mag_rows *m, int l, size_t t0, size_t n)
-{
-    const int D = s->D, E = s->E;
-    const size_t ND = s->N * (size_t)D;
-    const double *u = s->w->U + (size_t)l * ND + t0 * D, *vu = s->VU + (size_t)l * ND + t0 * D;
-    const double *rw = s->p->router[l]->w;
-    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, E, D, 1.0, u, D, rw, D, 0.0, m->LG, E);
-    if (!tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasTrans, (int)n, E, D, u, vu, n, (size_t)D,
-                             rw, NULL, (size_t)E, (size_t)D, m->LG, 0.0, m->VLG))
-        return false;
-    for (size_t t = 0; t < n; t++) {
-        const double *z = m->LG + t * E;
-        double mx = z[0], se = 0.0;
-        for (int e = 1; e < E; e++)
-            mx = fmax(mx, z[e]);
-        for (int e = 0; e < E; e++)
-            se += exp(z[e] - mx);
-        for (int e = 0; e < E; e++)
-            m->PR[t * E + e] = exp(z[e] - mx) / se;
-        tm__mag_softmax_var(m->PR + t * E, m->VLG + t * E, E, m->VPR + t * E);
-    }
-    return true;
-}
-
-/* The load-balancing loss's expert fractions f (E per data shard, one shard for the global
- * scope) of layer l, into s->F_AUX: f_e = (assignments to e) / (tokens K). */
-static void aux_fractions(pass *s, int l, int shards, bool global)
-{
-    const int E = s->E, K = s->K;
-    const size_t N = s->N;
-    const int *sel = s->w->SEL + (size_t)l * N * (size_t)K;
-    memset(s->F_AUX, 0, (size_t)shards * (size_t)E * sizeof *s->F_AUX);
-    for (int r = 0; r < shards; r++) {
-        size_t first = global ? 0 : s->w->shard_begin[r];
-        size_t end = global ? N : s->w->shard_begin[r + 1];
-        double *f = s->F_AUX + (size_t)r * E;
-        for (size_t t = first; t < end; t++)
-            for (int k = 0; k < K; k++)
-                f[sel[t * K + k]] += 1.0 / ((double)(end - first) * K);
-    }
-}
-
-/* The router losses' logit gradients' variances of layer l's tokens [t0, t0 + n) (the
- * gradients reference_router.c computes: aux (alpha E / N_s) p_j (f_j - sum_e f_e p_e), z
- * (2 beta / N) lse p_j), and their loss's variance into m->loss_var. m's LG, VLG, PR and VPR
- * hold the block's rows (router_var), F_AUX the fractions (aux_fractions). */
-static void router_loss_var(const pass *s, mag_rows *m, int l, size_t t0, size_t n)
-{
-    const tm_config *c = &s->ref->cfg;
-    const int E = s->E;
-    const size_t N = s->N;
-    double *vd = s->VDLR + (size_t)l * N * (size_t)E;
-    for (size_t i = 0; i < n && c->z_loss_coeff > 0.0; i++) {
-        const size_t t = t0 + i;
-        const double *p = m->PR + i * E, *vp = m->VPR + i * E, *vz = m->VLG + i * E;
-        const double *z = m->LG + i * E;
-        double mx = z[0], se = 0.0, vlse = 0.0;
-        for (int e = 1; e < E; e++)
-            mx = fmax(mx, z[e]);
-        for (int e = 0; e < E; e++) {
-            se += exp(z[e] - mx);
-            vlse += p[e] * p[e] * vz[e];
-        }
-        const double lse = mx + log(se), b = 2.0 * c->z_loss_coeff / (double)N;
-        vlse += tm__mag_same_sign((size_t)E) * lse * lse;
-        for (int e = 0; e < E; e++)
-            vd[t * E + e] +=
-                b * b * (p[e] * p[e] * vlse + lse * lse * vp[e] + lse * lse * p[e] * p[e]);
-        m->loss_var += c->z_loss_coeff * c->z_loss_coeff * 4.0 * lse * lse * vlse / ((double)N * N);
-    }
-    if (c->aux_loss_coeff <= 0.0)
-        return;
-    const bool global = c->aux_loss_scope == TM_AUX_GLOBAL;
-    const double a = c->aux_loss_coeff * E / (double)N;
-    int shard = 0; /* the data shard of token t0, then of t */
-    while (!global && t0 >= s->w->shard_begin[shard + 1])
-        shard++;
-    for (size_t i = 0; i < n; i++) {
-        const size_t t = t0 + i;
-        while (!global && t >= s->w->shard_begin[shard + 1])
-            shard++;
-        const double *f = s->F_AUX + (size_t)(global ? 0 : shard) * E;
-        const double *p = m->PR + i * E, *vp = m->VPR + i * E;
-        double fp = 0.0, vfp = 0.0;
-        for (int e = 0; e < E; e++) {
-            fp += f[e] * p[e];
-            vfp += f[e] * f[e] * vp[e];
-        }
-        for (int j = 0; j < E; j++) {
-            double d = f[j] - fp;
-            vd[t * E + j] +=
-                a * a *
-                (d * d * vp[j] + p[j] * p[j] * vfp + p[j] * p[j] * (f[j] + fp) * (f[j] + fp));
-        }
-        m->loss_var += a * a * vfp;
-    }
-}
-
-/* The gates' variances of the block's tokens [t0, t0 + n): a softmax over the K selected
- * logits (m->VLG holds the block's rows). The FP32 model takes them from its probabilities
- * over all E experts, which underflow far below the largest logit: each gate also errs by up
- * to E times two roundings at half FP32's smallest subnormal (the exponential's and the
- * division's), whatever its value, a floor that matters only to gates near 1e-38 and below
- * (an expert a near tie in underflow sent a token to; reference_router.c). */
-static void gates_var(const pass *s, const mag_rows *m, int l, size_t t0, size_t n)
-{
-    const int E = s->E, K = s->K;
-    const size_t NK = s->N * (size_t)K;
-    const int *sel = s->w->SEL + (size_t)l * NK;
-    const double *gate = s->w->GATE + (size_t)l * NK;
-    double *VG = s->VG + (size_t)l * NK;
-    const double floor = 3.0 * E * 0x1p-126; /* 3 E 2^-150 in units of u = 2^-24 */
-    for (size_t i = 0; i < n; i++) {
-        const size_t t = t0 + i;
-        double pz = 0.0;
-        for (int k = 0; k < K; k++)
-            pz += gate[t * K + k] * gate[t * K + k] * m->VLG[i * E + sel[t * K + k]];
-        for (int k = 0; k < K; k++) {
-            double g = gate[t * K + k];
-            VG[t * K + k] =
-                g * g * (m->VLG[i * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0) +
-                floor * floor;
-        }
-    }
-}
-
-/* A layer's router blocks or experts on the pass's workers (ref_pool.h). */
+/* A layer's experts on the pass's workers (ref_pool.h). */
 typedef struct layer_loop {
     pass *s;
     int l;
 } layer_loop;
-
-static bool router_block_var(void *ctx, int worker, int block)
-{
-    layer_loop *lp = ctx;
-    const pass *s = lp->s;
-    mag_rows *m = &s->mr[worker];
-    const size_t t0 = (size_t)block * ROUTER_BLOCK;
-    const size_t n = s->N - t0 < ROUTER_BLOCK ? s->N - t0 : ROUTER_BLOCK;
-    m->loss_var = 0.0;
-    if (!router_var(s, m, lp->l, t0, n))
-        return false;
-    gates_var(s, m, lp->l, t0, n);
-    if (s->VDLR)
-        router_loss_var(s, m, lp->l, t0, n);
-    return true;
-}
-
-/* The block's part of the loss's variance, in block order. */
-static void router_block_commit(void *ctx, int worker, int block)
-{
-    (void)block;
-    layer_loop *lp = ctx;
-    lp->s->loss_var += lp->s->mr[worker].loss_var;
-}
-
-/* Layer l's router in blocks of tokens: the gates' variances and the router losses'. */
-static bool router_layer_var(pass *s, int l)
-{
-    const tm_config *c = &s->ref->cfg;
-    const bool global = c->aux_loss_scope == TM_AUX_GLOBAL;
-    const int shards = global ? 1 : s->w->n_shards;
-    if (s->VDLR) {
-        memset(s->VDLR + (size_t)l * s->N * (size_t)s->E, 0, s->N * (size_t)s->E * sizeof(double));
-        if (c->aux_loss_coeff > 0.0)
-            aux_fractions(s, l, shards, global);
-    }
-    layer_loop lp = {s, l};
-    const int blocks = (int)((s->N + ROUTER_BLOCK - 1) / ROUTER_BLOCK);
-    return tm__ref_ordered_for(blocks, s->w->workers, router_block_var, router_block_commit, &lp);
-}
 
 /* One expert's output's variances (m->VY) and values (the worker's YE) over its rows. */
 static bool expert_forward_var(void *ctx, int worker, int e)
@@ -518,7 +391,7 @@ static bool layer_forward_var(pass *s, int l)
     for (size_t t = 0; t < N; t++)
         s->VR[(size_t)l * N + t] = rms_row_var(H + t * D, VH + t * D, s->p->norm[l]->w,
                                                w->R[(size_t)l * N + t], D, VU + t * D);
-    if (!router_layer_var(s, l))
+    if (!tm__mag_router_layer_var(s, l))
         return false;
     /* the residual and each expert's gated output; AH the magnitudes the sum rounds */
     memcpy(VHo, VH, ND * sizeof(double));

@@ -174,8 +174,6 @@ bool tm__mag_layer_backward_var(pass *s, int l)
     const size_t N = s->N, ND = N * (size_t)D, NK = N * (size_t)K;
     const double *Hin = w->H + (size_t)l * ND, *VHin = s->VH + (size_t)l * ND;
     const double *u = w->U + (size_t)l * ND, *VU = s->VU + (size_t)l * ND;
-    const int *sel = w->SEL + (size_t)l * NK;
-    const double *gate = w->GATE + (size_t)l * NK, *VG = s->VG + (size_t)l * NK;
     memset(s->dU, 0, ND * sizeof(double));
     memset(s->VdU, 0, ND * sizeof(double));
     if (Fs > 0) {
@@ -211,37 +209,11 @@ bool tm__mag_layer_backward_var(pass *s, int l)
     layer_loop lp = {s, l};
     if (!tm__ref_ordered_for(E, w->workers, expert_backward_var, expert_backward_var_commit, &lp))
         return false;
-    /* the gates' softmax: dz_k = gate_k (dgate_k - sum_j gate_j dgate_j) */
+    /* the gates' softmax into the router's rows and dU (reference_magnitude_router.c) */
+    if (!tm__mag_router_backward_var(s, l))
+        return false;
     const double *rw = s->p->router[l]->w;
     double *rv = s->p->router[l]->m;
-    token_sum rts;
-    if (!tm__mag_token_sum_of(&s->ar, 3, (size_t)E * (size_t)D, &rts))
-        return false;
-    for (size_t t = 0; t < N; t++) {
-        double mean = 0.0, vmean = 0.0, amean = 0.0;
-        for (int k = 0; k < K; k++) {
-            const size_t q = t * K + k;
-            mean += gate[q] * s->dgate[q];
-            amean += fabs(gate[q] * s->dgate[q]);
-            vmean += s->dgate[q] * s->dgate[q] * VG[q] + gate[q] * gate[q] * s->Vdgate[q];
-        }
-        vmean += amean * amean;
-        for (int k = 0; k < K; k++) {
-            const size_t q = t * K + k, e = (size_t)sel[q];
-            const double d = s->dgate[q] - mean, dz = gate[q] * d;
-            const double ad = gate[q] * (fabs(s->dgate[q]) + fabs(mean));
-            const double vdz = d * d * VG[q] + gate[q] * gate[q] * (s->Vdgate[q] + vmean) + ad * ad;
-            for (int j = 0; j < D; j++) {
-                const double x = u[t * D + j];
-                rv[e * D + j] += dz * dz * VU[t * D + j] + x * x * vdz;
-                rts.abs[e * D + j] += fabs(dz * x);
-                rts.value[e * D + j] += dz * x;
-                s->dU[t * D + j] += dz * rw[e * D + j];
-                s->VdU[t * D + j] += rw[e * D + j] * rw[e * D + j] * vdz;
-            }
-        }
-    }
-    tm__mag_close_sum(rv, rts, (size_t)E * (size_t)D, N);
     /* the router losses reach every logit */
     if (w->DLR) {
         const double *dlr = w->DLR + (size_t)l * N * E, *vdlr = s->VDLR + (size_t)l * N * E;
@@ -257,15 +229,8 @@ bool tm__mag_layer_backward_var(pass *s, int l)
             s->VdU[i] += v[i];
     }
     /* the residual passes dH through; the norm adds its part */
-    token_sum nts;
-    if (!tm__mag_token_sum_of(&s->ar, 4, (size_t)D, &nts))
-        return false;
-    for (size_t t = 0; t < N; t++)
-        tm__mag_rms_back_var(Hin + t * D, VHin + t * D, s->p->norm[l]->w, w->R[(size_t)l * N + t],
-                             s->VR[(size_t)l * N + t], D, s->dU + t * D, s->VdU + t * D,
-                             s->dH + t * D, s->VdH + t * D, s->p->norm[l]->m, nts);
-    tm__mag_close_sum(s->p->norm[l]->m, nts, (size_t)D, N);
-    return true;
+    return tm__mag_norm_backward(s, Hin, VHin, s->p->norm[l]->w, w->R + (size_t)l * N,
+                                 s->VR + (size_t)l * N, s->p->norm[l]->m);
 }
 
 /* The head's backward with variances: the embedding's (tied head) part and dZ into dU, then
@@ -301,15 +266,8 @@ bool tm__mag_head_backward_var(pass *s)
                           (size_t)V, s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VdU))
         return false;
     const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
-    token_sum nts;
-    if (!tm__mag_token_sum_of(&s->ar, 4, (size_t)D, &nts))
-        return false;
     memset(s->dH, 0, ND * sizeof(double));
     memset(s->VdH, 0, ND * sizeof(double));
-    for (size_t t = 0; t < N; t++)
-        tm__mag_rms_back_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t],
-                             s->VR[(size_t)L * N + t], D, s->dU + t * D, s->VdU + t * D,
-                             s->dH + t * D, s->VdH + t * D, s->p->fnorm->m, nts);
-    tm__mag_close_sum(s->p->fnorm->m, nts, (size_t)D, N);
-    return true;
+    return tm__mag_norm_backward(s, Hf, VHf, s->p->fnorm->w, w->RF, s->VR + (size_t)L * N,
+                                 s->p->fnorm->m);
 }
