@@ -379,24 +379,51 @@ static void expert_forward_var_commit(void *ctx, int worker, int e)
     }
 }
 
+/* A block of layer l's tokens: its norm's VR and VU, its output's residual VH and |H| (AH). */
+static bool norm_var_block(void *ctx, int worker, size_t t0, size_t t1)
+{
+    (void)worker;
+    const layer_loop *lp = ctx;
+    pass *s = lp->s;
+    const int D = s->D, l = lp->l;
+    const size_t N = s->N, ND = N * (size_t)D, n = (t1 - t0) * (size_t)D;
+    const double *H = s->w->H + (size_t)l * ND, *VH = s->VH + (size_t)l * ND;
+    double *VU = s->VU + (size_t)l * ND, *VHo = s->VH + (size_t)(l + 1) * ND;
+    for (size_t t = t0; t < t1; t++)
+        s->VR[(size_t)l * N + t] = rms_row_var(H + t * D, VH + t * D, s->p->norm[l]->w,
+                                               s->w->R[(size_t)l * N + t], D, VU + t * D);
+    memcpy(VHo + t0 * D, VH + t0 * D, n * sizeof(double));
+    tm__mag_fill_abs(s->AH + t0 * D, H + t0 * D, n);
+    return true;
+}
+
+/* the residual sum's own rounding into a block of layer l's output variances */
+static bool residual_var_block(void *ctx, int worker, size_t t0, size_t t1)
+{
+    (void)worker;
+    const layer_loop *lp = ctx;
+    pass *s = lp->s;
+    const size_t D = (size_t)s->D;
+    double *VHo = s->VH + (size_t)(lp->l + 1) * s->N * D;
+    for (size_t i = t0 * D; i < t1 * D; i++)
+        VHo[i] += s->AH[i] * s->AH[i];
+    return true;
+}
+
 /* Layer l's activations' variances: VU, VR, VG, VSA, VH of its output, the router losses'. */
 static bool layer_forward_var(pass *s, int l)
 {
     const ref_work *w = s->w;
     const int D = s->D, E = s->E, Fs = s->Fs;
     const size_t N = s->N, ND = N * (size_t)D;
-    const double *H = w->H + (size_t)l * ND, *VH = s->VH + (size_t)l * ND;
     const double *u = w->U + (size_t)l * ND;
     double *VU = s->VU + (size_t)l * ND, *VHo = s->VH + (size_t)(l + 1) * ND;
-    for (size_t t = 0; t < N; t++)
-        s->VR[(size_t)l * N + t] = rms_row_var(H + t * D, VH + t * D, s->p->norm[l]->w,
-                                               w->R[(size_t)l * N + t], D, VU + t * D);
+    layer_loop lp = {s, l};
+    /* the norm; the residual and (below) each expert's gated output, AH the magnitudes the sum
+     * rounds */
+    tm__ref_blocks_for(N, TM_REF_TOKEN_BLOCK, w->workers, norm_var_block, NULL, &lp);
     if (!tm__mag_router_layer_var(s, l))
         return false;
-    /* the residual and each expert's gated output; AH the magnitudes the sum rounds */
-    memcpy(VHo, VH, ND * sizeof(double));
-    tm__mag_fill_abs(s->AH, H, ND);
-    layer_loop lp = {s, l};
     if (!tm__ref_ordered_for(E, w->workers, expert_forward_var, expert_forward_var_commit, &lp))
         return false;
     if (Fs > 0) {
@@ -419,27 +446,35 @@ static bool layer_forward_var(pass *s, int l)
         tm__mag_fill_abs(aW, s->p->sw2[l]->w, (size_t)D * (size_t)Fs);
         tm__dgemm(CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, aSS, Fs, aW, Fs, 1.0, s->AH, D);
     }
-    for (size_t i = 0; i < ND; i++)
-        VHo[i] += s->AH[i] * s->AH[i];
+    tm__ref_blocks_for(N, TM_REF_TOKEN_BLOCK, w->workers, residual_var_block, NULL, &lp);
     return true;
 }
 
-/* The final norm and the head: VZ, the logits' VLOG, the loss's variance. */
-static bool head_forward_var(pass *s)
+typedef struct head_loop {
+    pass *s;
+    double vloss; /* the commits' sum */
+} head_loop;
+
+/* A block of tokens' final norm (VR, VZ), logits' variances (VLOG) and token losses'
+ * variances (into the worker's TB until the commit). */
+static bool head_var_block(void *ctx, int worker, size_t t0, size_t t1)
 {
+    const head_loop *hl = ctx;
+    pass *s = hl->s;
+    mag_rows *m = &s->mr[worker];
     const ref_work *w = s->w;
     const int D = s->D, V = s->V, L = s->L;
-    const size_t N = s->N, ND = N * (size_t)D;
+    const size_t N = s->N, ND = N * (size_t)D, n = t1 - t0;
     const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
-    for (size_t t = 0; t < N; t++)
+    for (size_t t = t0; t < t1; t++)
         s->VR[(size_t)L * N + t] =
             rms_row_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t], D, s->VZ + t * D);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, V, D, w->Z, s->VZ, N, (size_t)D,
-                          s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VLOG))
+    if (!tm__mag_var_gemm(&m->ar, CblasNoTrans, CblasTrans, (int)n, V, D, w->Z + t0 * D,
+                          s->VZ + t0 * D, n, (size_t)D, s->p->emb->w, NULL, (size_t)V, (size_t)D,
+                          0.0, s->VLOG + t0 * V))
         return false;
     /* a token's loss lse - z_y, lse = z_y - log p_y: V = V(lse) + V(z_y) + the difference's */
-    double vloss = 0.0;
-    for (size_t t = 0; t < N; t++) {
+    for (size_t t = t0; t < t1; t++) {
         const double *row = w->LOG + t * V, *vz = s->VLOG + t * V;
         const int y = w->tgt[t];
         double vlse = 0.0, z_y = 0.0;
@@ -451,9 +486,28 @@ static bool head_forward_var(pass *s)
             z_y += w->Z[t * D + j] * s->p->emb->w[(size_t)y * D + j];
         const double lse = z_y - log((double)N * row[y] + 1.0);
         vlse += tm__mag_same_sign((size_t)V) * lse * lse;
-        vloss += vlse + vz[y] + (fabs(lse) + fabs(z_y)) * (fabs(lse) + fabs(z_y));
+        m->TB[t - t0] = vlse + vz[y] + (fabs(lse) + fabs(z_y)) * (fabs(lse) + fabs(z_y));
     }
-    s->loss_var += vloss / ((double)N * N);
+    return true;
+}
+
+/* the block's token losses' variances into the loss's, in token order */
+static void head_var_commit(void *ctx, int worker, size_t t0, size_t t1)
+{
+    head_loop *hl = ctx;
+    const double *terms = hl->s->mr[worker].TB;
+    for (size_t i = 0; i < t1 - t0; i++)
+        hl->vloss += terms[i];
+}
+
+/* The final norm and the head: VZ, the logits' VLOG, the loss's variance. */
+static bool head_forward_var(pass *s)
+{
+    head_loop hl = {s, 0.0};
+    if (!tm__ref_blocks_for(s->N, TM_REF_TOKEN_BLOCK, s->w->workers, head_var_block,
+                            head_var_commit, &hl))
+        return false;
+    s->loss_var += hl.vloss / ((double)s->N * s->N);
     return true;
 }
 
