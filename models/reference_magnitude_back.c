@@ -235,19 +235,25 @@ bool tm__mag_layer_backward_var(pass *s, int l)
 
 /* The head's backward with variances: the embedding's (tied head) part and dZ into dU, then
  * the final norm's into dH. LOG holds (p - onehot(y)) / N. */
-bool tm__mag_head_backward_var(pass *s)
+typedef struct head_back {
+    pass *s;
+    double *VLOGd; /* (N,V) the variance of (p - onehot(y)) / N */
+} head_back;
+
+/* A block of tokens' VLOGd, and their rows of dU = LOG W_emb and of its variance. */
+static bool head_back_block(void *ctx, int worker, size_t t0, size_t t1)
 {
-    ref_work *w = s->w;
-    const int D = s->D, V = s->V, L = s->L;
-    const size_t N = s->N, ND = N * (size_t)D, NV = N * (size_t)V;
-    double *VLOGd = tm__mag_room(&s->ar, 3, NV); /* the variance of (p - onehot(y)) / N */
-    if (!VLOGd)
+    const head_back *hb = ctx;
+    pass *s = hb->s;
+    mag_rows *m = &s->mr[worker];
+    const ref_work *w = s->w;
+    const int D = s->D, V = s->V;
+    const size_t N = s->N, n = t1 - t0;
+    double *VLOGd = hb->VLOGd, *p = tm__mag_room(&m->ar, 4, (size_t)V);
+    if (!p)
         return false;
-    for (size_t t = 0; t < N; t++) {
+    for (size_t t = t0; t < t1; t++) {
         const double *row = w->LOG + t * V;
-        double *p = tm__mag_room(&s->ar, 4, (size_t)V);
-        if (!p)
-            return false;
         for (int v = 0; v < V; v++)
             p[v] = (double)N * row[v] + (v == w->tgt[t]);
         tm__mag_softmax_var(p, s->VLOG + t * V, V, VLOGd + t * V);
@@ -256,14 +262,25 @@ bool tm__mag_head_backward_var(pass *s)
             VLOGd[t * V + v] = (VLOGd[t * V + v] + a * a) / ((double)N * N);
         }
     }
-    /* VLOGd is arena slot 3; tm__mag_var_gemm uses slots 0 to 2 */
-    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, V, D, (int)N, w->LOG, VLOGd, N,
-                          (size_t)V, w->Z, s->VZ, N, (size_t)D, 1.0, s->p->emb->m))
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, V, 1.0, w->LOG + t0 * V, V, s->p->emb->w, D,
+              0.0, s->dU + t0 * D, D);
+    return tm__mag_var_gemm(&m->ar, CblasNoTrans, CblasNoTrans, (int)n, D, V, w->LOG + t0 * V,
+                            VLOGd + t0 * V, n, (size_t)V, s->p->emb->w, NULL, (size_t)V, (size_t)D,
+                            0.0, s->VdU + t0 * D);
+}
+
+bool tm__mag_head_backward_var(pass *s)
+{
+    ref_work *w = s->w;
+    const int D = s->D, V = s->V, L = s->L;
+    const size_t N = s->N, ND = N * (size_t)D, NV = N * (size_t)V;
+    head_back hb = {s, tm__mag_room(&s->ar, 3, NV)};
+    if (!hb.VLOGd ||
+        !tm__ref_blocks_for(N, TM_REF_TOKEN_BLOCK, w->workers, head_back_block, NULL, &hb))
         return false;
-    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, s->p->emb->w, D, 0.0, s->dU,
-              D);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, V, w->LOG, VLOGd, N,
-                          (size_t)V, s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VdU))
+    /* VLOGd is arena slot 3; tm__mag_var_gemm uses slots 0 to 2 */
+    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, V, D, (int)N, w->LOG, hb.VLOGd, N,
+                          (size_t)V, w->Z, s->VZ, N, (size_t)D, 1.0, s->p->emb->m))
         return false;
     const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
     memset(s->dH, 0, ND * sizeof(double));
