@@ -64,6 +64,36 @@ void tm__mag_fill_sq(double *dst, const double *src, size_t n)
         dst[i] = src[i] * src[i];
 }
 
+/* An elementwise copy, |x| or x^2, in fixed blocks on the arena's workers (bits do not
+ * depend on the partition). */
+typedef struct fill_job {
+    double *dst;
+    const double *src;
+    bool square;
+} fill_job;
+
+#define FILL_BLOCK ((size_t)1 << 16)
+
+static bool fill_block(void *ctx, int worker, size_t begin, size_t end)
+{
+    (void)worker;
+    const fill_job *j = ctx;
+    if (j->square)
+        tm__mag_fill_sq(j->dst + begin, j->src + begin, end - begin);
+    else
+        tm__mag_fill_abs(j->dst + begin, j->src + begin, end - begin);
+    return true;
+}
+
+static void fill(const arena *a, double *dst, const double *src, size_t n, bool square)
+{
+    fill_job j = {dst, src, square};
+    if (a->workers > 1 && n > FILL_BLOCK)
+        tm__ref_blocks_for(n, FILL_BLOCK, a->workers, fill_block, NULL, &j);
+    else
+        fill_block(&j, 0, 0, n);
+}
+
 /* The variance of C = op(A) op(B) (m,n; k the inner size; row-major as cblas_dgemm):
  * VC = beta VC + (|A| |B|)^2 + (k / 9) C^2 + VA B^2 + A^2 VB: the own rounding of a sum of k
  * terms of both signs and, where they share one sign, of a sum whose partial sums grow with
@@ -95,17 +125,17 @@ bool tm__mag_var_gemm_of(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m
     }
     for (size_t i = 0; i < nc; i++)
         VC[i] = beta * VC[i] + drift * C[i] * C[i];
-    tm__mag_fill_abs(tA, A, na);
-    tm__mag_fill_abs(tB, B, nb);
+    fill(a, tA, A, na, false);
+    fill(a, tB, B, nb, false);
     tm__dgemm(ta, tb, m, n, k, 1.0, tA, (int)ac, tB, (int)bc, 0.0, tC, n);
     for (size_t i = 0; i < nc; i++)
         VC[i] += tC[i] * tC[i];
     if (VA) {
-        tm__mag_fill_sq(tB, B, nb);
+        fill(a, tB, B, nb, true);
         tm__dgemm(ta, tb, m, n, k, 1.0, VA, (int)ac, tB, (int)bc, 1.0, VC, n);
     }
     if (VB) {
-        tm__mag_fill_sq(tA, A, na);
+        fill(a, tA, A, na, true);
         tm__dgemm(ta, tb, m, n, k, 1.0, tA, (int)ac, VB, (int)bc, 1.0, VC, n);
     }
     return true;
@@ -528,7 +558,7 @@ seldp_status tm__ref_magnitudes(tm_reference *ref, const ref_params *p, ref_work
     pass s = {.ref = ref,
               .p = p,
               .w = w,
-              .ar = {.ref = ref},
+              .ar = {.ref = ref, .workers = w->workers},
               .D = c->d_model,
               .F = c->d_ff,
               .E = c->experts,

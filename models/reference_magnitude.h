@@ -16,6 +16,7 @@ typedef struct arena {
     tm_reference *ref;
     double *buf[7];
     size_t cap[7];
+    int workers; /* the pass's own arena: its products' copies are filled on the workers */
 } arena;
 
 /* A sum over tokens accumulated term by term (a norm's or the router's weight gradient): the
