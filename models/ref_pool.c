@@ -114,3 +114,39 @@ bool tm__ref_ordered_for(int items, int workers, tm__ref_compute_fn compute,
     pthread_mutex_destroy(&lp.lock);
     return !atomic_load(&lp.stop);
 }
+
+typedef struct blocks {
+    size_t n, block;
+    tm__ref_block_fn compute;
+    tm__ref_block_commit_fn commit;
+    void *ctx;
+} blocks;
+
+static size_t block_end(const blocks *b, int item)
+{
+    const size_t end = ((size_t)item + 1) * b->block;
+    return end < b->n ? end : b->n;
+}
+
+static bool block_compute(void *ctx, int id, int item)
+{
+    const blocks *b = ctx;
+    return b->compute(b->ctx, id, (size_t)item * b->block, block_end(b, item));
+}
+
+static void block_commit(void *ctx, int id, int item)
+{
+    const blocks *b = ctx;
+    b->commit(b->ctx, id, (size_t)item * b->block, block_end(b, item));
+}
+
+bool tm__ref_blocks_for(size_t n, size_t block, int workers, tm__ref_block_fn compute,
+                        tm__ref_block_commit_fn commit, void *ctx)
+{
+    if (block == 0)
+        block = 1;
+    blocks b = {n, block, compute, commit, ctx};
+    const size_t items = (n + block - 1) / block;
+    return tm__ref_ordered_for((int)items, workers, block_compute, commit ? block_commit : NULL,
+                               &b);
+}

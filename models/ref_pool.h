@@ -8,6 +8,7 @@
 #define TM_REF_POOL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* compute(ctx, worker, item): false stops the loop (the later items are neither computed nor
  * committed); commit(ctx, worker, item), or NULL: after item - 1's commit. */
@@ -18,6 +19,19 @@ typedef void (*tm__ref_commit_fn)(void *ctx, int worker, int item);
  * order). Returns false when a compute did. */
 bool tm__ref_ordered_for(int items, int workers, tm__ref_compute_fn compute,
                          tm__ref_commit_fn commit, void *ctx);
+
+/* Token loops run in blocks of this many tokens, whatever the number of workers: a block's
+ * partial results (its part of a sum over tokens) are committed in block order. */
+#define TM_REF_TOKEN_BLOCK 1024
+
+/* compute(ctx, worker, begin, end): items [begin, end) of a block; commit as above, or NULL. */
+typedef bool (*tm__ref_block_fn)(void *ctx, int worker, size_t begin, size_t end);
+typedef void (*tm__ref_block_commit_fn)(void *ctx, int worker, size_t begin, size_t end);
+
+/* tm__ref_ordered_for over items 0 to n - 1 in blocks of `block` (the last one shorter): block
+ * b is [b * block, min(n, (b + 1) * block)). Returns false when a compute did. */
+bool tm__ref_blocks_for(size_t n, size_t block, int workers, tm__ref_block_fn compute,
+                        tm__ref_block_commit_fn commit, void *ctx);
 
 /* The reference's worker count: tm_reference_set_threads's, or the online cores (1 to 64). */
 int tm__ref_workers(void);

@@ -48,82 +48,7 @@ static double silu_d(double a)
     return a / (1.0 + exp(-a));
 }
 
-/* y = x * r * g with r = 1 / sqrt(mean(x^2) + eps); returns r. */
-static double rms_row(const double *x, const double *g, int D, double eps, double *y)
-{
-    double ms = 0.0;
-    for (int i = 0; i < D; i++)
-        ms += x[i] * x[i];
-    double r = 1.0 / sqrt(ms / D + eps);
-    for (int i = 0; i < D; i++)
-        y[i] = x[i] * r * g[i];
-    return r;
-}
-
-/* Vector-Jacobian product of rms_row: dx += J^T dy, dg += dy * x * r. */
-static void rms_row_back(const double *x, const double *g, double r, int D, const double *dy,
-                         double *dx, double *dg)
-{
-    double s = 0.0;
-    for (int i = 0; i < D; i++)
-        s += dy[i] * g[i] * x[i];
-    for (int j = 0; j < D; j++) {
-        dx[j] += dy[j] * g[j] * r - s * r * r * r * x[j] / D;
-        dg[j] += dy[j] * x[j] * r;
-    }
-}
-
-/* ---- routing ------------------------------------------------------------------------- */
-
-/* The top-K of one token's logits z (E) into sel (K): expert e takes slot rank(e) =
- * #{j : z_j > z_e, or z_j == z_e and j < e} when that is below K (softmax is monotone, so
- * ranking logits ranks probabilities). The experts come in index order, so e ranks after
- * every kept expert whose logit is not below its own: one insertion per expert that enters. */
-static void top_k_ranked(const double *z, int E, int K, int *sel)
-{
-    int held = 0;
-    for (int e = 0; e < E; e++) {
-        int at = held;
-        while (at > 0 && z[sel[at - 1]] < z[e])
-            at--;
-        if (at >= K)
-            continue;
-        for (int i = held < K ? held : K - 1; i > at; i--)
-            sel[i] = sel[i - 1];
-        sel[at] = e;
-        held += held < K;
-    }
-}
-
-/* The kept slots of one layer (sel, kept (N*K)) grouped by expert, in slot order within
- * each (a counting sort): expert e's are order[first[e] .. first[e + 1]). next (E) is work. */
-static void group_by_expert(const int *sel, const unsigned char *kept, size_t NK, int E,
-                            size_t *first, size_t *order, size_t *next)
-{
-    memset(first, 0, ((size_t)E + 1) * sizeof *first);
-    for (size_t s = 0; s < NK; s++)
-        first[sel[s] + 1] += kept[s];
-    for (int e = 0; e < E; e++)
-        first[e + 1] += first[e];
-    memcpy(next, first, (size_t)E * sizeof *next);
-    for (size_t s = 0; s < NK; s++)
-        if (kept[s])
-            order[next[sel[s]]++] = s;
-}
-
 /* ---- the computation ----------------------------------------------------------------- */
-
-/* The norms' sums of squares D (1/r^2 - eps) of n rows into ref->largest: the FP32 model forms
- * them, and past FP32's range it overflows where the reference does not. */
-static void note_norms(tm_reference *ref, const double *r, size_t n, int D)
-{
-    for (size_t t = 0; t < n; t++)
-        ref->largest = fmax(ref->largest, (double)D / (r[t] * r[t]));
-}
-
-/* Without router losses a layer's logits are taken this many tokens at a time: (N, E) of them
- * would be a quarter of the reference's memory at world 2048. */
-#define REF_LOGIT_BLOCK 1024
 
 static seldp_status work_alloc(tm_reference *ref, ref_work *w)
 {
@@ -144,8 +69,15 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->DLR = losses ? tm__ref_calloc(r, L * N * E, sizeof(double)) : NULL;
     w->RW = losses ? tm__ref_calloc(r, N * E + 2 * E, sizeof(double)) : NULL;
     w->SA = tm__ref_calloc(r, L * NF, sizeof(double));
-    w->LG = tm__ref_calloc(r, (losses || N < REF_LOGIT_BLOCK ? N : REF_LOGIT_BLOCK) * E,
-                           sizeof(double));
+    /* without router losses each worker takes a block of logits at a time: (N, E) of them
+     * would be a quarter of the reference's memory at world 2048 */
+    w->LG = losses ? tm__ref_calloc(r, N * E, sizeof(double)) : NULL;
+    w->DZ = tm__ref_calloc(r, NK, sizeof(double));
+    if (c->capacity_factor > 0.0) {
+        w->AFIRST = tm__ref_calloc(r, E + 1, sizeof(size_t));
+        w->AORDER = tm__ref_calloc(r, NK, sizeof(size_t));
+    }
+    const size_t RB = N < TM_REF_TOKEN_BLOCK ? N : TM_REF_TOKEN_BLOCK;
     w->next = tm__ref_calloc(r, E, sizeof(size_t));
     w->taken = tm__ref_calloc(r, E, sizeof(double));
     w->workers = tm__ref_workers();
@@ -162,8 +94,10 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
         x->dHr = tm__ref_calloc(r, N * D, sizeof(double));
         x->P = tm__ref_calloc(r, N * F, sizeof(double));
         x->dW = tm__ref_calloc(r, D * F, sizeof(double));
+        x->LG = losses ? NULL : tm__ref_calloc(r, RB * E, sizeof(double));
+        x->T = tm__ref_calloc(r, RB * D, sizeof(double));
         if (!x->X || !x->A || !x->S || !x->YE || !x->dYE || !x->dA || !x->dX || !x->dHr || !x->P ||
-            !x->dW)
+            !x->dW || (!losses && !x->LG) || !x->T)
             return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     }
     w->dgate = tm__ref_calloc(r, NK, sizeof(double));
@@ -177,9 +111,10 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->dH = tm__ref_calloc(r, N * D, sizeof(double));
     w->dU = tm__ref_calloc(r, N * D, sizeof(double));
     if (!w->H || !w->U || !w->R || !w->SEL || !w->GATE || !w->KEPT || !w->FIRST || !w->ORDER ||
-        (losses && (!w->DLR || !w->RW)) || !w->SA || !w->LG || !w->next || !w->taken || !w->rows ||
-        !w->dgate || !w->SS || !w->dSA || !w->dSS || !w->Z || !w->RF || !w->LOG || !w->dZ ||
-        !w->dH || !w->dU)
+        (losses && (!w->DLR || !w->RW || !w->LG)) || !w->SA || !w->DZ ||
+        (c->capacity_factor > 0.0 && (!w->AFIRST || !w->AORDER)) || !w->next || !w->taken ||
+        !w->rows || !w->dgate || !w->SS || !w->dSA || !w->dSS || !w->Z || !w->RF || !w->LOG ||
+        !w->dZ || !w->dH || !w->dU)
         return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     return SELDP_OK;
 }
@@ -254,49 +189,23 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     const tm_config *c = &ref->cfg;
     const int D = c->d_model, E = c->experts, K = c->top_k, Fs = c->d_ff_shared;
     const size_t N = w->N, ND = N * (size_t)D, NK = N * (size_t)K;
-    const double *Hin = w->H + (size_t)l * ND;
-    double *Hout = w->H + (size_t)(l + 1) * ND, *u = w->U + (size_t)l * ND, *lg = w->LG;
+    double *Hout = w->H + (size_t)(l + 1) * ND;
+    const double *u = w->U + (size_t)l * ND;
     int *sel = w->SEL + (size_t)l * NK;
-    double *gate = w->GATE + (size_t)l * NK;
     unsigned char *kept = w->KEPT + (size_t)l * NK;
     double router_loss = 0.0;
-    for (size_t t = 0; t < N; t++)
-        w->R[(size_t)l * N + t] = rms_row(Hin + t * D, p->norm[l]->w, D, c->eps, u + t * D);
-    note_norms(ref, w->R + (size_t)l * N, N, D);
-    /* the logits: all of them where the router losses need them, else a block at a time */
-    const size_t block = w->DLR ? N : REF_LOGIT_BLOCK;
-    for (size_t t = 0, r = 0; t < N; t++) {
-        if (t % block == 0) {
-            const size_t n = N - t < block ? N - t : block;
-            tm__dgemm(CblasNoTrans, CblasTrans, (int)n, E, D, 1.0, u + t * D, D, p->router[l]->w, D,
-                      0.0, lg, E);
-        }
-        const double *z = lg + (t % block) * E;
-        while (t >= w->shard_begin[r + 1])
-            r++;
-        top_k_ranked(z, E, K, sel + t * K);
-        if (choices && choices[r] &&
-            tm__ref_follow_tie(z, E, K,
-                               choices[r] + ((size_t)l * counts[r] + (t - w->shard_begin[r])) * K,
-                               sel + t * K))
-            ref->ties_followed++;
-        /* Renormalized top-K gates = softmax over the selected logits. */
-        double mx = z[sel[t * K]], den = 0.0;
-        for (int k = 0; k < K; k++)
-            den += exp(z[sel[t * K + k]] - mx);
-        for (int k = 0; k < K; k++)
-            gate[t * K + k] = exp(z[sel[t * K + k]] - mx) / den;
-    }
+    tm__ref_norm_forward(ref, p, w, l); /* the residual into Hout too */
+    tm__ref_note_norms(ref, w->R + (size_t)l * N, N, D);
+    tm__ref_route(ref, p, w, l, choices, counts);
     tm__ref_capacity(c, sel, w->shard_begin, w->n_shards, w->taken, kept);
     for (size_t s = 0; s < NK; s++)
         ref->dropped += !kept[s];
     if (w->DLR)
-        router_loss = tm__ref_router_losses(c, lg, sel, w->shard_begin, w->n_shards, w->RW,
+        router_loss = tm__ref_router_losses(c, w->LG, sel, w->shard_begin, w->n_shards, w->RW,
                                             w->DLR + (size_t)l * N * E);
     size_t *first = w->FIRST + (size_t)l * ((size_t)E + 1);
-    group_by_expert(sel, kept, NK, E, first, w->ORDER + (size_t)l * NK, w->next);
-    /* the residual, then each expert adds its gated output to the rows it serves */
-    memcpy(Hout, Hin, ND * sizeof(double));
+    tm__ref_group_by_expert(sel, kept, NK, E, first, w->ORDER + (size_t)l * NK, w->next);
+    /* each expert adds its gated output to the rows it serves */
     expert_loop lp = {ref, p, w, l};
     tm__ref_ordered_for(E, w->workers, expert_forward_rows, expert_forward_commit, &lp);
     if (Fs > 0) {
@@ -310,40 +219,6 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
                   Hout, D);
     }
     return router_loss;
-}
-
-/* Final norm, tied head and the mean token loss; leaves dZ = dloss/dZ and adds the head's
- * part of the embedding gradient. */
-static double head_forward_backward(tm_reference *ref, const ref_params *p, ref_work *w)
-{
-    const tm_config *c = &ref->cfg;
-    const int D = c->d_model, V = c->vocab;
-    const size_t N = w->N;
-    const double *Hf = w->H + (size_t)c->layers * N * (size_t)D;
-    for (size_t t = 0; t < N; t++)
-        w->RF[t] = rms_row(Hf + t * D, p->fnorm->w, D, c->eps, w->Z + t * D);
-    note_norms(ref, w->RF, N, D);
-    tm__dgemm(CblasNoTrans, CblasTrans, (int)N, V, D, 1.0, w->Z, D, p->emb->w, D, 0.0, w->LOG, V);
-    double loss = 0.0;
-    for (size_t t = 0; t < N; t++) {
-        double *row = w->LOG + t * V;
-        double mx = row[0];
-        for (int v = 1; v < V; v++)
-            mx = row[v] > mx ? row[v] : mx;
-        double se = 0.0;
-        for (int v = 0; v < V; v++)
-            se += exp(row[v] - mx);
-        const double lse = mx + log(se);
-        loss += lse - row[w->tgt[t]];
-        ref->largest = fmax(ref->largest, fmax(fabs(mx), fabs(lse)));
-        for (int v = 0; v < V; v++)
-            row[v] = exp(row[v] - lse) / (double)N;
-        row[w->tgt[t]] -= 1.0 / (double)N;
-    }
-    tm__dgemm(CblasTrans, CblasNoTrans, V, D, (int)N, 1.0, w->LOG, V, w->Z, D, 1.0, p->emb->g, D);
-    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, p->emb->w, D, 0.0, w->dZ,
-              D);
-    return loss / (double)N;
 }
 
 /* Add the gradient dW (out,in) of an expert linear's effective weight to its trainable
@@ -430,8 +305,6 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
     const int D = c->d_model, E = c->experts, K = c->top_k, Fs = c->d_ff_shared;
     const size_t N = w->N, ND = N * (size_t)D, NK = N * (size_t)K;
     const double *Hin = w->H + (size_t)l * ND, *u = w->U + (size_t)l * ND;
-    const int *sel = w->SEL + (size_t)l * NK;
-    const double *gate = w->GATE + (size_t)l * NK;
     double *dU = w->dU, *dH = w->dH;
     /* dH is the gradient of this layer's output; the residual passes it through. */
     memset(dU, 0, ND * sizeof(double));
@@ -457,30 +330,16 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
     tm__ref_ordered_for(E, w->workers, expert_backward, expert_backward_commit, &lp);
     /* Gates are a softmax over the selected logits: only the K selected logits of a token get
      * a gradient from them, added to the router's rows of those experts. */
+    tm__ref_router_backward(ref, p, w, l);
     double *rg = p->router[l]->g;
     const double *rw = p->router[l]->w;
-    for (size_t t = 0; t < N; t++) {
-        double mean = 0.0;
-        for (int k = 0; k < K; k++)
-            mean += gate[t * K + k] * w->dgate[t * K + k];
-        for (int k = 0; k < K; k++) {
-            const double dz = gate[t * K + k] * (w->dgate[t * K + k] - mean);
-            const size_t e = (size_t)sel[t * K + k];
-            for (int j = 0; j < D; j++) {
-                rg[e * D + j] += dz * u[t * D + j];
-                dU[t * D + j] += dz * rw[e * D + j];
-            }
-        }
-    }
     /* the router losses reach every logit */
     if (w->DLR) {
         const double *dlr = w->DLR + (size_t)l * N * E;
         tm__dgemm(CblasTrans, CblasNoTrans, E, D, (int)N, 1.0, dlr, E, u, D, 1.0, rg, D);
         tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D, 1.0, dU, D);
     }
-    for (size_t t = 0; t < N; t++)
-        rms_row_back(Hin + t * D, p->norm[l]->w, w->R[(size_t)l * N + t], D, dU + t * D, dH + t * D,
-                     p->norm[l]->g);
+    tm__ref_norm_backward(w, D, Hin, p->norm[l]->w, w->R + (size_t)l * N, dU, dH, p->norm[l]->g);
 }
 
 seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weights,
@@ -551,16 +410,14 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
     TM_CHECK(work_alloc(ref, &w));
 
     double router_loss = 0.0;
-    for (size_t t = 0; t < N; t++)
-        memcpy(w.H + t * D, p.emb->w + (size_t)tok[t] * D, (size_t)D * sizeof(double));
+    tm__ref_embed(ref, &p, &w);
     for (int l = 0; l < L; l++)
         router_loss += forward_layer(ref, &p, &w, l, choices, counts);
-    ref->loss = head_forward_backward(ref, &p, &w) + router_loss;
+    ref->loss = tm__ref_head(ref, &p, &w) + router_loss;
 
     /* Backward: dH the gradient of the last layer's output, then of each layer's input. */
     const double *Hf = w.H + (size_t)L * N * (size_t)D;
-    for (size_t t = 0; t < N; t++)
-        rms_row_back(Hf + t * D, p.fnorm->w, w.RF[t], D, w.dZ + t * D, w.dH + t * D, p.fnorm->g);
+    tm__ref_norm_backward(&w, D, Hf, p.fnorm->w, w.RF, w.dZ, w.dH, p.fnorm->g);
     for (int l = L - 1; l >= 0; l--)
         backward_layer(ref, &p, &w, l);
     for (size_t t = 0; t < N; t++)

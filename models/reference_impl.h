@@ -27,7 +27,9 @@ typedef struct ref_work {
     double *DLR;                    /* (L,N,E) router-loss logit gradients, or NULL */
     double *RW;                     /* (N*E + 2E) router-loss work, or NULL */
     double *SA;                     /* (L,N,Fs) shared expert pre-activations */
-    double *LG;                     /* (N,E) a layer's logits; (1024,E) without losses */
+    double *LG;                     /* (N,E) a layer's logits with router losses, else NULL */
+    double *DZ;                     /* (N,K) the selected logits' gradients from the gates */
+    size_t *AFIRST, *AORDER;        /* (E+1) (N*K) every selected slot by expert, or NULL */
     size_t *next;                   /* (E) */
     double *taken;                  /* (E) */
     struct ref_rows *rows;          /* (workers) each worker's buffers for one expert */
@@ -43,6 +45,11 @@ typedef struct ref_rows {
     double *dHr, *P, *dW;                   /* (n,D) rows of dH, (n,F) dH W2, (D*F) */
     const size_t *slots;                    /* (n) the rows' slots (token * K + k) */
     size_t n;
+    /* a block of tokens' (reference_tokens.c): its logits without router losses, its terms
+     * of a sum over tokens, until its commit */
+    double *LG, *T; /* (block,E) or NULL, (block,D) */
+    size_t count;
+    double big;
 } ref_rows;
 
 /* silu(a), and its derivative into *slope, from one exponential */
@@ -57,6 +64,32 @@ static inline double tm__ref_silu_slope(double a, double *slope)
  * *rows points at their slots (token * K + k). */
 size_t tm__ref_gather_rows(const tm_reference *ref, const ref_work *w, int l, int e, double *X,
                            const size_t **rows);
+
+/* The token loops (reference_tokens.c), in blocks of TM_REF_TOKEN_BLOCK on the workers, the
+ * same bits for any number of them. The embedding rows of the tokens into H: */
+void tm__ref_embed(tm_reference *ref, const ref_params *p, ref_work *w);
+/* layer l's norm (U, R) and its output's residual (H of l + 1 = H of l) */
+void tm__ref_norm_forward(tm_reference *ref, const ref_params *p, ref_work *w, int l);
+/* layer l's logits, top-K (following the model's choices at near ties) and gates */
+void tm__ref_route(tm_reference *ref, const ref_params *p, ref_work *w, int l,
+                   const int *const *choices, const size_t *counts);
+/* the final norm, the head and the mean token loss (returned); leaves LOG = (p - onehot) / N
+ * and dZ, and adds the head's part of the embedding gradient */
+double tm__ref_head(tm_reference *ref, const ref_params *p, ref_work *w);
+/* the norms' sums of squares D (1/r^2 - eps) of n rows into ref->largest */
+void tm__ref_note_norms(tm_reference *ref, const double *r, size_t n, int D);
+/* an RMS norm's backward over the N tokens: dx += J^T dy, dg += sum over tokens of dy x r */
+void tm__ref_norm_backward(ref_work *w, int D, const double *x, const double *g, const double *r,
+                           const double *dy, double *dx, double *dg);
+/* layer l's router gradient from the gates (w->dgate): into its weight's gradient, and dU */
+void tm__ref_router_backward(tm_reference *ref, const ref_params *p, ref_work *w, int l);
+/* The kept slots sel, kept (N*K) grouped by expert in slot order (a counting sort; kept NULL:
+ * every slot): expert e's are order[first[e] .. first[e + 1]). next (E) is work. */
+void tm__ref_group_by_expert(const int *sel, const unsigned char *kept, size_t NK, int E,
+                             size_t *first, size_t *order, size_t *next);
+/* every slot layer l selected (dropped or not) grouped by expert in slot order */
+void tm__ref_selected_by_expert(const tm_config *c, ref_work *w, int l, const size_t **first,
+                                const size_t **order);
 
 /* After the backward: the magnitude of every gradient element (ref_entry.m) and of the loss
  * (ref->loss_magnitude), from the activations the forward kept in w. The magnitude of a

@@ -31,10 +31,6 @@
 #include "reference_magnitude.h"
 #include "tm_error.h"
 
-/* The router is taken in blocks of this many tokens: its (tokens, E) arrays stay small at any
- * world. */
-#define ROUTER_BLOCK 1024
-
 #define MAG_NOMEM() tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for the error scales")
 
 /* The own-rounding factor of a sum of n terms of one sign, squared: (sqrt(n) / 3)^2, 1 at
@@ -68,6 +64,36 @@ void tm__mag_fill_sq(double *dst, const double *src, size_t n)
         dst[i] = src[i] * src[i];
 }
 
+/* An elementwise copy, |x| or x^2, in fixed blocks on the arena's workers (bits do not
+ * depend on the partition). */
+typedef struct fill_job {
+    double *dst;
+    const double *src;
+    bool square;
+} fill_job;
+
+#define FILL_BLOCK ((size_t)1 << 16)
+
+static bool fill_block(void *ctx, int worker, size_t begin, size_t end)
+{
+    (void)worker;
+    const fill_job *j = ctx;
+    if (j->square)
+        tm__mag_fill_sq(j->dst + begin, j->src + begin, end - begin);
+    else
+        tm__mag_fill_abs(j->dst + begin, j->src + begin, end - begin);
+    return true;
+}
+
+static void fill(const arena *a, double *dst, const double *src, size_t n, bool square)
+{
+    fill_job j = {dst, src, square};
+    if (a->workers > 1 && n > FILL_BLOCK)
+        tm__ref_blocks_for(n, FILL_BLOCK, a->workers, fill_block, NULL, &j);
+    else
+        fill_block(&j, 0, 0, n);
+}
+
 /* The variance of C = op(A) op(B) (m,n; k the inner size; row-major as cblas_dgemm):
  * VC = beta VC + (|A| |B|)^2 + (k / 9) C^2 + VA B^2 + A^2 VB: the own rounding of a sum of k
  * terms of both signs and, where they share one sign, of a sum whose partial sums grow with
@@ -99,17 +125,17 @@ bool tm__mag_var_gemm_of(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m
     }
     for (size_t i = 0; i < nc; i++)
         VC[i] = beta * VC[i] + drift * C[i] * C[i];
-    tm__mag_fill_abs(tA, A, na);
-    tm__mag_fill_abs(tB, B, nb);
+    fill(a, tA, A, na, false);
+    fill(a, tB, B, nb, false);
     tm__dgemm(ta, tb, m, n, k, 1.0, tA, (int)ac, tB, (int)bc, 0.0, tC, n);
     for (size_t i = 0; i < nc; i++)
         VC[i] += tC[i] * tC[i];
     if (VA) {
-        tm__mag_fill_sq(tB, B, nb);
+        fill(a, tB, B, nb, true);
         tm__dgemm(ta, tb, m, n, k, 1.0, VA, (int)ac, tB, (int)bc, 1.0, VC, n);
     }
     if (VB) {
-        tm__mag_fill_sq(tA, A, na);
+        fill(a, tA, A, na, true);
         tm__dgemm(ta, tb, m, n, k, 1.0, tA, (int)ac, VB, (int)bc, 1.0, VC, n);
     }
     return true;
@@ -122,14 +148,14 @@ static seldp_status pass_alloc(pass *s)
     tm_reference *ref = s->ref;
     const size_t N = s->N, D = (size_t)s->D, F = (size_t)s->F, E = (size_t)s->E;
     const size_t K = (size_t)s->K, L = (size_t)s->L, V = (size_t)s->V, Fs = (size_t)s->Fs;
-    const size_t NK = N * K, LE2 = L * E * 2, RB = N < ROUTER_BLOCK ? N : ROUTER_BLOCK;
+    const size_t NK = N * K, LE2 = L * E * 2, RB = N < TM_REF_TOKEN_BLOCK ? N : TM_REF_TOKEN_BLOCK;
     const bool losses = s->w->DLR != NULL;
 #define A(field, count) (s->field = tm__ref_calloc(ref, (count), sizeof(double)))
     if (!A(VH, (L + 1) * N * D) || !A(VU, L * N * D) || !A(VR, (L + 1) * N) || !A(VG, L * NK) ||
         !A(VSA, L * N * Fs) || !A(VZ, N * D) || !A(VLOG, N * V) || !A(AH, N * D) ||
         !A(F_AUX, (size_t)(s->w->n_shards > 1 ? s->w->n_shards : 1) * E) || !A(dH, N * D) ||
         !A(VdH, N * D) || !A(dU, N * D) || !A(VdU, N * D) || !A(dgate, NK) || !A(Vdgate, NK) ||
-        !A(VdSS, N * Fs) || !A(VdSA, N * Fs) || !A(SL, N * Fs) || !A(VSLs, N * Fs) ||
+        !A(VDZ, NK) || !A(VdSS, N * Fs) || !A(VdSA, N * Fs) || !A(SL, N * Fs) || !A(VSLs, N * Fs) ||
         (losses && !A(VDLR, L * N * E)))
         return MAG_NOMEM();
 #undef A
@@ -144,7 +170,7 @@ static seldp_status pass_alloc(pass *s)
         if (!A(VX, N * D) || !A(VA, N * F) || !A(VS, N * F) || !A(VY, N * D) || !A(VSL, N * F) ||
             !A(VdHr, N * D) || !A(VP, N * F) || !A(VdA, N * F) || !A(VdYE, N * D) ||
             !A(VdX, N * D) || !A(VdW, D * F) || !A(LG, RB * E) || !A(VLG, RB * E) ||
-            !A(PR, RB * E) || !A(VPR, RB * E))
+            !A(PR, RB * E) || !A(VPR, RB * E) || !A(TB, RB * 3 * D))
             return MAG_NOMEM();
 #undef A
     }
@@ -218,9 +244,9 @@ static double rms_row_var(const double *x, const double *vx, const double *g, do
 
 /* rms_row_back with variances: dx_j += dy_j g_j r - c x_j, c = r^3 (sum_i dy_i g_i x_i) / D,
  * dg_j += dy_j x_j r (a token sum: its terms into ts). */
-void tm__mag_rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
-                          int D, const double *dy, const double *vdy, double *dx, double *vdx,
-                          double *vdg, token_sum ts)
+static void rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
+                         int D, const double *dy, const double *vdy, double *dx, double *vdx,
+                         double *terms)
 {
     double dot = 0.0, vdot = 0.0, adot = 0.0;
     for (int i = 0; i < D; i++) {
@@ -238,11 +264,56 @@ void tm__mag_rms_back_var(const double *x, const double *vx, const double *g, do
         dx[j] += a - b;
         vdx[j] += dy[j] * dy[j] * g[j] * g[j] * vr + r * r * g[j] * g[j] * vdy[j] +
                   x[j] * x[j] * vc + c * c * vx[j] + (fabs(a) + fabs(b)) * (fabs(a) + fabs(b));
-        vdg[j] += x[j] * x[j] * r * r * vdy[j] + dy[j] * dy[j] * r * r * vx[j] +
-                  dy[j] * dy[j] * x[j] * x[j] * vr;
-        ts.abs[j] += fabs(dy[j] * x[j] * r);
-        ts.value[j] += dy[j] * x[j] * r;
+        terms[j] = x[j] * x[j] * r * r * vdy[j] + dy[j] * dy[j] * r * r * vx[j] +
+                   dy[j] * dy[j] * x[j] * x[j] * vr;
+        terms[D + j] = fabs(dy[j] * x[j] * r);
+        terms[2 * D + j] = dy[j] * x[j] * r;
     }
+}
+
+typedef struct norm_back {
+    pass *s;
+    const double *x, *vx, *g, *r, *vr; /* (N,D) (N,D) (D) (N) (N) */
+    double *vdg;                       /* (D) */
+    token_sum ts;
+} norm_back;
+
+static bool norm_back_block(void *ctx, int worker, size_t t0, size_t t1)
+{
+    const norm_back *nb = ctx;
+    pass *s = nb->s;
+    const size_t D = (size_t)s->D;
+    double *terms = s->mr[worker].TB;
+    for (size_t t = t0; t < t1; t++)
+        rms_back_var(nb->x + t * D, nb->vx + t * D, nb->g, nb->r[t], nb->vr[t], s->D, s->dU + t * D,
+                     s->VdU + t * D, s->dH + t * D, s->VdH + t * D, terms + (t - t0) * 3 * D);
+    return true;
+}
+
+/* the block's terms of the weight's variance and of its token sum, in token order */
+static void norm_back_commit(void *ctx, int worker, size_t t0, size_t t1)
+{
+    const norm_back *nb = ctx;
+    const size_t D = (size_t)nb->s->D;
+    const double *terms = nb->s->mr[worker].TB;
+    for (size_t i = 0; i < t1 - t0; i++, terms += 3 * D)
+        for (size_t j = 0; j < D; j++) {
+            nb->vdg[j] += terms[j];
+            nb->ts.abs[j] += terms[D + j];
+            nb->ts.value[j] += terms[2 * D + j];
+        }
+}
+
+bool tm__mag_norm_backward(pass *s, const double *x, const double *vx, const double *g,
+                           const double *r, const double *vr, double *vdg)
+{
+    norm_back nb = {s, x, vx, g, r, vr, vdg, {NULL, NULL}};
+    if (!tm__mag_token_sum_of(&s->ar, 4, (size_t)s->D, &nb.ts))
+        return false;
+    tm__ref_blocks_for(s->N, TM_REF_TOKEN_BLOCK, s->w->workers, norm_back_block, norm_back_commit,
+                       &nb);
+    tm__mag_close_sum(vdg, nb.ts, (size_t)s->D, s->N);
+    return true;
 }
 
 /* Add the own rounding of a sum of `terms` terms (tm__mag_var_gemm's rule) into a weight's
@@ -278,179 +349,11 @@ void tm__mag_softmax_var(const double *p, const double *vz, int n, double *vp)
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-/* The router's logits, probabilities and their variances (m's LG, VLG, PR, VPR: n rows) of
- * layer l's tokens [t0, t0 + n). */
-static bool router_var(const pass *s, mag_rows *m, int l, size_t t0, size_t n)
-{
-    const int D = s->D, E = s->E;
-    const size_t ND = s->N * (size_t)D;
-    const double *u = s->w->U + (size_t)l * ND + t0 * D, *vu = s->VU + (size_t)l * ND + t0 * D;
-    const double *rw = s->p->router[l]->w;
-    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, E, D, 1.0, u, D, rw, D, 0.0, m->LG, E);
-    if (!tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasTrans, (int)n, E, D, u, vu, n, (size_t)D,
-                             rw, NULL, (size_t)E, (size_t)D, m->LG, 0.0, m->VLG))
-        return false;
-    for (size_t t = 0; t < n; t++) {
-        const double *z = m->LG + t * E;
-        double mx = z[0], se = 0.0;
-        for (int e = 1; e < E; e++)
-            mx = fmax(mx, z[e]);
-        for (int e = 0; e < E; e++)
-            se += exp(z[e] - mx);
-        for (int e = 0; e < E; e++)
-            m->PR[t * E + e] = exp(z[e] - mx) / se;
-        tm__mag_softmax_var(m->PR + t * E, m->VLG + t * E, E, m->VPR + t * E);
-    }
-    return true;
-}
-
-/* The load-balancing loss's expert fractions f (E per data shard, one shard for the global
- * scope) of layer l, into s->F_AUX: f_e = (assignments to e) / (tokens K). */
-static void aux_fractions(pass *s, int l, int shards, bool global)
-{
-    const int E = s->E, K = s->K;
-    const size_t N = s->N;
-    const int *sel = s->w->SEL + (size_t)l * N * (size_t)K;
-    memset(s->F_AUX, 0, (size_t)shards * (size_t)E * sizeof *s->F_AUX);
-    for (int r = 0; r < shards; r++) {
-        size_t first = global ? 0 : s->w->shard_begin[r];
-        size_t end = global ? N : s->w->shard_begin[r + 1];
-        double *f = s->F_AUX + (size_t)r * E;
-        for (size_t t = first; t < end; t++)
-            for (int k = 0; k < K; k++)
-                f[sel[t * K + k]] += 1.0 / ((double)(end - first) * K);
-    }
-}
-
-/* The router losses' logit gradients' variances of layer l's tokens [t0, t0 + n) (the
- * gradients reference_router.c computes: aux (alpha E / N_s) p_j (f_j - sum_e f_e p_e), z
- * (2 beta / N) lse p_j), and their loss's variance into m->loss_var. m's LG, VLG, PR and VPR
- * hold the block's rows (router_var), F_AUX the fractions (aux_fractions). */
-static void router_loss_var(const pass *s, mag_rows *m, int l, size_t t0, size_t n)
-{
-    const tm_config *c = &s->ref->cfg;
-    const int E = s->E;
-    const size_t N = s->N;
-    double *vd = s->VDLR + (size_t)l * N * (size_t)E;
-    for (size_t i = 0; i < n && c->z_loss_coeff > 0.0; i++) {
-        const size_t t = t0 + i;
-        const double *p = m->PR + i * E, *vp = m->VPR + i * E, *vz = m->VLG + i * E;
-        const double *z = m->LG + i * E;
-        double mx = z[0], se = 0.0, vlse = 0.0;
-        for (int e = 1; e < E; e++)
-            mx = fmax(mx, z[e]);
-        for (int e = 0; e < E; e++) {
-            se += exp(z[e] - mx);
-            vlse += p[e] * p[e] * vz[e];
-        }
-        const double lse = mx + log(se), b = 2.0 * c->z_loss_coeff / (double)N;
-        vlse += tm__mag_same_sign((size_t)E) * lse * lse;
-        for (int e = 0; e < E; e++)
-            vd[t * E + e] +=
-                b * b * (p[e] * p[e] * vlse + lse * lse * vp[e] + lse * lse * p[e] * p[e]);
-        m->loss_var += c->z_loss_coeff * c->z_loss_coeff * 4.0 * lse * lse * vlse / ((double)N * N);
-    }
-    if (c->aux_loss_coeff <= 0.0)
-        return;
-    const bool global = c->aux_loss_scope == TM_AUX_GLOBAL;
-    const double a = c->aux_loss_coeff * E / (double)N;
-    int shard = 0; /* the data shard of token t0, then of t */
-    while (!global && t0 >= s->w->shard_begin[shard + 1])
-        shard++;
-    for (size_t i = 0; i < n; i++) {
-        const size_t t = t0 + i;
-        while (!global && t >= s->w->shard_begin[shard + 1])
-            shard++;
-        const double *f = s->F_AUX + (size_t)(global ? 0 : shard) * E;
-        const double *p = m->PR + i * E, *vp = m->VPR + i * E;
-        double fp = 0.0, vfp = 0.0;
-        for (int e = 0; e < E; e++) {
-            fp += f[e] * p[e];
-            vfp += f[e] * f[e] * vp[e];
-        }
-        for (int j = 0; j < E; j++) {
-            double d = f[j] - fp;
-            vd[t * E + j] +=
-                a * a *
-                (d * d * vp[j] + p[j] * p[j] * vfp + p[j] * p[j] * (f[j] + fp) * (f[j] + fp));
-        }
-        m->loss_var += a * a * vfp;
-    }
-}
-
-/* The gates' variances of the block's tokens [t0, t0 + n): a softmax over the K selected
- * logits (m->VLG holds the block's rows). The FP32 model takes them from its probabilities
- * over all E experts, which underflow far below the largest logit: each gate also errs by up
- * to E times two roundings at half FP32's smallest subnormal (the exponential's and the
- * division's), whatever its value, a floor that matters only to gates near 1e-38 and below
- * (an expert a near tie in underflow sent a token to; reference_router.c). */
-static void gates_var(const pass *s, const mag_rows *m, int l, size_t t0, size_t n)
-{
-    const int E = s->E, K = s->K;
-    const size_t NK = s->N * (size_t)K;
-    const int *sel = s->w->SEL + (size_t)l * NK;
-    const double *gate = s->w->GATE + (size_t)l * NK;
-    double *VG = s->VG + (size_t)l * NK;
-    const double floor = 3.0 * E * 0x1p-126; /* 3 E 2^-150 in units of u = 2^-24 */
-    for (size_t i = 0; i < n; i++) {
-        const size_t t = t0 + i;
-        double pz = 0.0;
-        for (int k = 0; k < K; k++)
-            pz += gate[t * K + k] * gate[t * K + k] * m->VLG[i * E + sel[t * K + k]];
-        for (int k = 0; k < K; k++) {
-            double g = gate[t * K + k];
-            VG[t * K + k] =
-                g * g * (m->VLG[i * E + sel[t * K + k]] + pz + tm__mag_same_sign(K) + 2.0) +
-                floor * floor;
-        }
-    }
-}
-
-/* A layer's router blocks or experts on the pass's workers (ref_pool.h). */
+/* A layer's experts on the pass's workers (ref_pool.h). */
 typedef struct layer_loop {
     pass *s;
     int l;
 } layer_loop;
-
-static bool router_block_var(void *ctx, int worker, int block)
-{
-    layer_loop *lp = ctx;
-    const pass *s = lp->s;
-    mag_rows *m = &s->mr[worker];
-    const size_t t0 = (size_t)block * ROUTER_BLOCK;
-    const size_t n = s->N - t0 < ROUTER_BLOCK ? s->N - t0 : ROUTER_BLOCK;
-    m->loss_var = 0.0;
-    if (!router_var(s, m, lp->l, t0, n))
-        return false;
-    gates_var(s, m, lp->l, t0, n);
-    if (s->VDLR)
-        router_loss_var(s, m, lp->l, t0, n);
-    return true;
-}
-
-/* The block's part of the loss's variance, in block order. */
-static void router_block_commit(void *ctx, int worker, int block)
-{
-    (void)block;
-    layer_loop *lp = ctx;
-    lp->s->loss_var += lp->s->mr[worker].loss_var;
-}
-
-/* Layer l's router in blocks of tokens: the gates' variances and the router losses'. */
-static bool router_layer_var(pass *s, int l)
-{
-    const tm_config *c = &s->ref->cfg;
-    const bool global = c->aux_loss_scope == TM_AUX_GLOBAL;
-    const int shards = global ? 1 : s->w->n_shards;
-    if (s->VDLR) {
-        memset(s->VDLR + (size_t)l * s->N * (size_t)s->E, 0, s->N * (size_t)s->E * sizeof(double));
-        if (c->aux_loss_coeff > 0.0)
-            aux_fractions(s, l, shards, global);
-    }
-    layer_loop lp = {s, l};
-    const int blocks = (int)((s->N + ROUTER_BLOCK - 1) / ROUTER_BLOCK);
-    return tm__ref_ordered_for(blocks, s->w->workers, router_block_var, router_block_commit, &lp);
-}
 
 /* One expert's output's variances (m->VY) and values (the worker's YE) over its rows. */
 static bool expert_forward_var(void *ctx, int worker, int e)
@@ -506,24 +409,51 @@ static void expert_forward_var_commit(void *ctx, int worker, int e)
     }
 }
 
+/* A block of layer l's tokens: its norm's VR and VU, its output's residual VH and |H| (AH). */
+static bool norm_var_block(void *ctx, int worker, size_t t0, size_t t1)
+{
+    (void)worker;
+    const layer_loop *lp = ctx;
+    pass *s = lp->s;
+    const int D = s->D, l = lp->l;
+    const size_t N = s->N, ND = N * (size_t)D, n = (t1 - t0) * (size_t)D;
+    const double *H = s->w->H + (size_t)l * ND, *VH = s->VH + (size_t)l * ND;
+    double *VU = s->VU + (size_t)l * ND, *VHo = s->VH + (size_t)(l + 1) * ND;
+    for (size_t t = t0; t < t1; t++)
+        s->VR[(size_t)l * N + t] = rms_row_var(H + t * D, VH + t * D, s->p->norm[l]->w,
+                                               s->w->R[(size_t)l * N + t], D, VU + t * D);
+    memcpy(VHo + t0 * D, VH + t0 * D, n * sizeof(double));
+    tm__mag_fill_abs(s->AH + t0 * D, H + t0 * D, n);
+    return true;
+}
+
+/* the residual sum's own rounding into a block of layer l's output variances */
+static bool residual_var_block(void *ctx, int worker, size_t t0, size_t t1)
+{
+    (void)worker;
+    const layer_loop *lp = ctx;
+    pass *s = lp->s;
+    const size_t D = (size_t)s->D;
+    double *VHo = s->VH + (size_t)(lp->l + 1) * s->N * D;
+    for (size_t i = t0 * D; i < t1 * D; i++)
+        VHo[i] += s->AH[i] * s->AH[i];
+    return true;
+}
+
 /* Layer l's activations' variances: VU, VR, VG, VSA, VH of its output, the router losses'. */
 static bool layer_forward_var(pass *s, int l)
 {
     const ref_work *w = s->w;
     const int D = s->D, E = s->E, Fs = s->Fs;
     const size_t N = s->N, ND = N * (size_t)D;
-    const double *H = w->H + (size_t)l * ND, *VH = s->VH + (size_t)l * ND;
     const double *u = w->U + (size_t)l * ND;
     double *VU = s->VU + (size_t)l * ND, *VHo = s->VH + (size_t)(l + 1) * ND;
-    for (size_t t = 0; t < N; t++)
-        s->VR[(size_t)l * N + t] = rms_row_var(H + t * D, VH + t * D, s->p->norm[l]->w,
-                                               w->R[(size_t)l * N + t], D, VU + t * D);
-    if (!router_layer_var(s, l))
-        return false;
-    /* the residual and each expert's gated output; AH the magnitudes the sum rounds */
-    memcpy(VHo, VH, ND * sizeof(double));
-    tm__mag_fill_abs(s->AH, H, ND);
     layer_loop lp = {s, l};
+    /* the norm; the residual and (below) each expert's gated output, AH the magnitudes the sum
+     * rounds */
+    tm__ref_blocks_for(N, TM_REF_TOKEN_BLOCK, w->workers, norm_var_block, NULL, &lp);
+    if (!tm__mag_router_layer_var(s, l))
+        return false;
     if (!tm__ref_ordered_for(E, w->workers, expert_forward_var, expert_forward_var_commit, &lp))
         return false;
     if (Fs > 0) {
@@ -546,27 +476,35 @@ static bool layer_forward_var(pass *s, int l)
         tm__mag_fill_abs(aW, s->p->sw2[l]->w, (size_t)D * (size_t)Fs);
         tm__dgemm(CblasNoTrans, CblasTrans, (int)N, D, Fs, 1.0, aSS, Fs, aW, Fs, 1.0, s->AH, D);
     }
-    for (size_t i = 0; i < ND; i++)
-        VHo[i] += s->AH[i] * s->AH[i];
+    tm__ref_blocks_for(N, TM_REF_TOKEN_BLOCK, w->workers, residual_var_block, NULL, &lp);
     return true;
 }
 
-/* The final norm and the head: VZ, the logits' VLOG, the loss's variance. */
-static bool head_forward_var(pass *s)
+typedef struct head_loop {
+    pass *s;
+    double vloss; /* the commits' sum */
+} head_loop;
+
+/* A block of tokens' final norm (VR, VZ), logits' variances (VLOG) and token losses'
+ * variances (into the worker's TB until the commit). */
+static bool head_var_block(void *ctx, int worker, size_t t0, size_t t1)
 {
+    const head_loop *hl = ctx;
+    pass *s = hl->s;
+    mag_rows *m = &s->mr[worker];
     const ref_work *w = s->w;
     const int D = s->D, V = s->V, L = s->L;
-    const size_t N = s->N, ND = N * (size_t)D;
+    const size_t N = s->N, ND = N * (size_t)D, n = t1 - t0;
     const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
-    for (size_t t = 0; t < N; t++)
+    for (size_t t = t0; t < t1; t++)
         s->VR[(size_t)L * N + t] =
             rms_row_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t], D, s->VZ + t * D);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasTrans, (int)N, V, D, w->Z, s->VZ, N, (size_t)D,
-                          s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VLOG))
+    if (!tm__mag_var_gemm(&m->ar, CblasNoTrans, CblasTrans, (int)n, V, D, w->Z + t0 * D,
+                          s->VZ + t0 * D, n, (size_t)D, s->p->emb->w, NULL, (size_t)V, (size_t)D,
+                          0.0, s->VLOG + t0 * V))
         return false;
     /* a token's loss lse - z_y, lse = z_y - log p_y: V = V(lse) + V(z_y) + the difference's */
-    double vloss = 0.0;
-    for (size_t t = 0; t < N; t++) {
+    for (size_t t = t0; t < t1; t++) {
         const double *row = w->LOG + t * V, *vz = s->VLOG + t * V;
         const int y = w->tgt[t];
         double vlse = 0.0, z_y = 0.0;
@@ -578,9 +516,28 @@ static bool head_forward_var(pass *s)
             z_y += w->Z[t * D + j] * s->p->emb->w[(size_t)y * D + j];
         const double lse = z_y - log((double)N * row[y] + 1.0);
         vlse += tm__mag_same_sign((size_t)V) * lse * lse;
-        vloss += vlse + vz[y] + (fabs(lse) + fabs(z_y)) * (fabs(lse) + fabs(z_y));
+        m->TB[t - t0] = vlse + vz[y] + (fabs(lse) + fabs(z_y)) * (fabs(lse) + fabs(z_y));
     }
-    s->loss_var += vloss / ((double)N * N);
+    return true;
+}
+
+/* the block's token losses' variances into the loss's, in token order */
+static void head_var_commit(void *ctx, int worker, size_t t0, size_t t1)
+{
+    head_loop *hl = ctx;
+    const double *terms = hl->s->mr[worker].TB;
+    for (size_t i = 0; i < t1 - t0; i++)
+        hl->vloss += terms[i];
+}
+
+/* The final norm and the head: VZ, the logits' VLOG, the loss's variance. */
+static bool head_forward_var(pass *s)
+{
+    head_loop hl = {s, 0.0};
+    if (!tm__ref_blocks_for(s->N, TM_REF_TOKEN_BLOCK, s->w->workers, head_var_block,
+                            head_var_commit, &hl))
+        return false;
+    s->loss_var += hl.vloss / ((double)s->N * s->N);
     return true;
 }
 
@@ -601,7 +558,7 @@ seldp_status tm__ref_magnitudes(tm_reference *ref, const ref_params *p, ref_work
     pass s = {.ref = ref,
               .p = p,
               .w = w,
-              .ar = {.ref = ref},
+              .ar = {.ref = ref, .workers = w->workers},
               .D = c->d_model,
               .F = c->d_ff,
               .E = c->experts,

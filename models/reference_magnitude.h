@@ -16,6 +16,7 @@ typedef struct arena {
     tm_reference *ref;
     double *buf[7];
     size_t cap[7];
+    int workers; /* the pass's own arena: its products' copies are filled on the workers */
 } arena;
 
 /* A sum over tokens accumulated term by term (a norm's or the router's weight gradient): the
@@ -32,6 +33,7 @@ typedef struct mag_rows {
     double *VX, *VA, *VS, *VY, *VSL; /* (n,D) (n,F) (n,F) (n,D) (n,F) silu' */
     double *VdHr, *VP, *VdA, *VdYE, *VdX, *VdW;
     double *LG, *VLG, *PR, *VPR; /* (block,E) logits, probabilities and their variances */
+    double *TB;                  /* (block,3D) a block's terms of a norm's token sums */
     double loss_var;
 } mag_rows;
 
@@ -55,6 +57,7 @@ typedef struct pass {
     /* backward */
     double *dH, *VdH, *dU, *VdU;     /* (N,D) */
     double *dgate, *Vdgate;          /* (N,K) */
+    double *VDZ;                     /* (N,K) the selected logits' gradients' (w->DZ) */
     double *VdSS, *VdSA, *SL, *VSLs; /* (N,Fs) shared expert */
     double loss_var;
 } pass;
@@ -79,12 +82,19 @@ bool tm__mag_var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, i
 void tm__mag_silu_var(const double *a, const double *va, size_t n, double *y, double *vy,
                       double *sl, double *vsl);
 void tm__mag_softmax_var(const double *p, const double *vz, int n, double *vp);
-void tm__mag_rms_back_var(const double *x, const double *vx, const double *g, double r, double vr,
-                          int D, const double *dy, const double *vdy, double *dx, double *vdx,
-                          double *vdg, token_sum ts);
+/* An RMS norm's backward over the N tokens with variances (x, vx its input, g its weight, r,
+ * vr the tokens' 1/rms): s->dH, s->VdH += the input's gradient from s->dU, s->VdU; the
+ * weight's gradient's variance into vdg, its token sum's rounding included. */
+bool tm__mag_norm_backward(pass *s, const double *x, const double *vx, const double *g,
+                           const double *r, const double *vr, double *vdg);
 /* A token sum: its own rounding into v at the end; two arena slots as a zeroed one. */
 void tm__mag_close_sum(double *v, token_sum ts, size_t n, size_t terms);
 bool tm__mag_token_sum_of(arena *a, int slot, size_t n, token_sum *ts);
+
+/* The router (reference_magnitude_router.c): layer l's logits in blocks, the gates' and the
+ * router losses' variances; backward, the gates' softmax into the router's rows and dU. */
+bool tm__mag_router_layer_var(pass *s, int l);
+bool tm__mag_router_backward_var(pass *s, int l);
 
 /* The backward (reference_magnitude_back.c): the head's, then one layer's. */
 bool tm__mag_head_backward_var(pass *s);

@@ -174,8 +174,6 @@ bool tm__mag_layer_backward_var(pass *s, int l)
     const size_t N = s->N, ND = N * (size_t)D, NK = N * (size_t)K;
     const double *Hin = w->H + (size_t)l * ND, *VHin = s->VH + (size_t)l * ND;
     const double *u = w->U + (size_t)l * ND, *VU = s->VU + (size_t)l * ND;
-    const int *sel = w->SEL + (size_t)l * NK;
-    const double *gate = w->GATE + (size_t)l * NK, *VG = s->VG + (size_t)l * NK;
     memset(s->dU, 0, ND * sizeof(double));
     memset(s->VdU, 0, ND * sizeof(double));
     if (Fs > 0) {
@@ -211,37 +209,11 @@ bool tm__mag_layer_backward_var(pass *s, int l)
     layer_loop lp = {s, l};
     if (!tm__ref_ordered_for(E, w->workers, expert_backward_var, expert_backward_var_commit, &lp))
         return false;
-    /* the gates' softmax: dz_k = gate_k (dgate_k - sum_j gate_j dgate_j) */
+    /* the gates' softmax into the router's rows and dU (reference_magnitude_router.c) */
+    if (!tm__mag_router_backward_var(s, l))
+        return false;
     const double *rw = s->p->router[l]->w;
     double *rv = s->p->router[l]->m;
-    token_sum rts;
-    if (!tm__mag_token_sum_of(&s->ar, 3, (size_t)E * (size_t)D, &rts))
-        return false;
-    for (size_t t = 0; t < N; t++) {
-        double mean = 0.0, vmean = 0.0, amean = 0.0;
-        for (int k = 0; k < K; k++) {
-            const size_t q = t * K + k;
-            mean += gate[q] * s->dgate[q];
-            amean += fabs(gate[q] * s->dgate[q]);
-            vmean += s->dgate[q] * s->dgate[q] * VG[q] + gate[q] * gate[q] * s->Vdgate[q];
-        }
-        vmean += amean * amean;
-        for (int k = 0; k < K; k++) {
-            const size_t q = t * K + k, e = (size_t)sel[q];
-            const double d = s->dgate[q] - mean, dz = gate[q] * d;
-            const double ad = gate[q] * (fabs(s->dgate[q]) + fabs(mean));
-            const double vdz = d * d * VG[q] + gate[q] * gate[q] * (s->Vdgate[q] + vmean) + ad * ad;
-            for (int j = 0; j < D; j++) {
-                const double x = u[t * D + j];
-                rv[e * D + j] += dz * dz * VU[t * D + j] + x * x * vdz;
-                rts.abs[e * D + j] += fabs(dz * x);
-                rts.value[e * D + j] += dz * x;
-                s->dU[t * D + j] += dz * rw[e * D + j];
-                s->VdU[t * D + j] += rw[e * D + j] * rw[e * D + j] * vdz;
-            }
-        }
-    }
-    tm__mag_close_sum(rv, rts, (size_t)E * (size_t)D, N);
     /* the router losses reach every logit */
     if (w->DLR) {
         const double *dlr = w->DLR + (size_t)l * N * E, *vdlr = s->VDLR + (size_t)l * N * E;
@@ -257,32 +229,31 @@ bool tm__mag_layer_backward_var(pass *s, int l)
             s->VdU[i] += v[i];
     }
     /* the residual passes dH through; the norm adds its part */
-    token_sum nts;
-    if (!tm__mag_token_sum_of(&s->ar, 4, (size_t)D, &nts))
-        return false;
-    for (size_t t = 0; t < N; t++)
-        tm__mag_rms_back_var(Hin + t * D, VHin + t * D, s->p->norm[l]->w, w->R[(size_t)l * N + t],
-                             s->VR[(size_t)l * N + t], D, s->dU + t * D, s->VdU + t * D,
-                             s->dH + t * D, s->VdH + t * D, s->p->norm[l]->m, nts);
-    tm__mag_close_sum(s->p->norm[l]->m, nts, (size_t)D, N);
-    return true;
+    return tm__mag_norm_backward(s, Hin, VHin, s->p->norm[l]->w, w->R + (size_t)l * N,
+                                 s->VR + (size_t)l * N, s->p->norm[l]->m);
 }
 
 /* The head's backward with variances: the embedding's (tied head) part and dZ into dU, then
  * the final norm's into dH. LOG holds (p - onehot(y)) / N. */
-bool tm__mag_head_backward_var(pass *s)
+typedef struct head_back {
+    pass *s;
+    double *VLOGd; /* (N,V) the variance of (p - onehot(y)) / N */
+} head_back;
+
+/* A block of tokens' VLOGd, and their rows of dU = LOG W_emb and of its variance. */
+static bool head_back_block(void *ctx, int worker, size_t t0, size_t t1)
 {
-    ref_work *w = s->w;
-    const int D = s->D, V = s->V, L = s->L;
-    const size_t N = s->N, ND = N * (size_t)D, NV = N * (size_t)V;
-    double *VLOGd = tm__mag_room(&s->ar, 3, NV); /* the variance of (p - onehot(y)) / N */
-    if (!VLOGd)
+    const head_back *hb = ctx;
+    pass *s = hb->s;
+    mag_rows *m = &s->mr[worker];
+    const ref_work *w = s->w;
+    const int D = s->D, V = s->V;
+    const size_t N = s->N, n = t1 - t0;
+    double *VLOGd = hb->VLOGd, *p = tm__mag_room(&m->ar, 4, (size_t)V);
+    if (!p)
         return false;
-    for (size_t t = 0; t < N; t++) {
+    for (size_t t = t0; t < t1; t++) {
         const double *row = w->LOG + t * V;
-        double *p = tm__mag_room(&s->ar, 4, (size_t)V);
-        if (!p)
-            return false;
         for (int v = 0; v < V; v++)
             p[v] = (double)N * row[v] + (v == w->tgt[t]);
         tm__mag_softmax_var(p, s->VLOG + t * V, V, VLOGd + t * V);
@@ -291,25 +262,29 @@ bool tm__mag_head_backward_var(pass *s)
             VLOGd[t * V + v] = (VLOGd[t * V + v] + a * a) / ((double)N * N);
         }
     }
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, V, 1.0, w->LOG + t0 * V, V, s->p->emb->w, D,
+              0.0, s->dU + t0 * D, D);
+    return tm__mag_var_gemm(&m->ar, CblasNoTrans, CblasNoTrans, (int)n, D, V, w->LOG + t0 * V,
+                            VLOGd + t0 * V, n, (size_t)V, s->p->emb->w, NULL, (size_t)V, (size_t)D,
+                            0.0, s->VdU + t0 * D);
+}
+
+bool tm__mag_head_backward_var(pass *s)
+{
+    ref_work *w = s->w;
+    const int D = s->D, V = s->V, L = s->L;
+    const size_t N = s->N, ND = N * (size_t)D, NV = N * (size_t)V;
+    head_back hb = {s, tm__mag_room(&s->ar, 3, NV)};
+    if (!hb.VLOGd ||
+        !tm__ref_blocks_for(N, TM_REF_TOKEN_BLOCK, w->workers, head_back_block, NULL, &hb))
+        return false;
     /* VLOGd is arena slot 3; tm__mag_var_gemm uses slots 0 to 2 */
-    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, V, D, (int)N, w->LOG, VLOGd, N,
+    if (!tm__mag_var_gemm(&s->ar, CblasTrans, CblasNoTrans, V, D, (int)N, w->LOG, hb.VLOGd, N,
                           (size_t)V, w->Z, s->VZ, N, (size_t)D, 1.0, s->p->emb->m))
         return false;
-    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0, w->LOG, V, s->p->emb->w, D, 0.0, s->dU,
-              D);
-    if (!tm__mag_var_gemm(&s->ar, CblasNoTrans, CblasNoTrans, (int)N, D, V, w->LOG, VLOGd, N,
-                          (size_t)V, s->p->emb->w, NULL, (size_t)V, (size_t)D, 0.0, s->VdU))
-        return false;
     const double *Hf = w->H + (size_t)L * ND, *VHf = s->VH + (size_t)L * ND;
-    token_sum nts;
-    if (!tm__mag_token_sum_of(&s->ar, 4, (size_t)D, &nts))
-        return false;
     memset(s->dH, 0, ND * sizeof(double));
     memset(s->VdH, 0, ND * sizeof(double));
-    for (size_t t = 0; t < N; t++)
-        tm__mag_rms_back_var(Hf + t * D, VHf + t * D, s->p->fnorm->w, w->RF[t],
-                             s->VR[(size_t)L * N + t], D, s->dU + t * D, s->VdU + t * D,
-                             s->dH + t * D, s->VdH + t * D, s->p->fnorm->m, nts);
-    tm__mag_close_sum(s->p->fnorm->m, nts, (size_t)D, N);
-    return true;
+    return tm__mag_norm_backward(s, Hf, VHf, s->p->fnorm->w, w->RF, s->VR + (size_t)L * N,
+                                 s->p->fnorm->m);
 }
