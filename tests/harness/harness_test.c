@@ -65,19 +65,24 @@ const char *hx_test_dir(const char *name)
     return path;
 }
 
-hx_json *hx_test_report(const char *dir)
+hx_json *hx_test_json(const char *dir, const char *file)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/report.json", dir);
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
     char *text = NULL;
     size_t len = 0;
     if (hx_read_file(path, &text, &len) != SELDP_OK)
         fail_msg("%s", hx_last_error());
-    hx_json *report = NULL;
-    if (hx_json_parse(text, len, path, &report) != SELDP_OK)
+    hx_json *doc = NULL;
+    if (hx_json_parse(text, len, path, &doc) != SELDP_OK)
         fail_msg("%s", hx_last_error());
     free(text);
-    return report;
+    return doc;
+}
+
+hx_json *hx_test_report(const char *dir)
+{
+    return hx_test_json(dir, "report.json");
 }
 
 void hx_test_check(const hx_json *report, const char *name, int64_t *tested, int64_t *failed)
@@ -94,6 +99,14 @@ void hx_test_check(const hx_json *report, const char *name, int64_t *tested, int
         }
     }
     fail_msg("report.json has no check \"%s\"", name);
+}
+
+double hx_test_number(const hx_json *object, const char *key)
+{
+    const hx_json *v = hx_json_get(object, key);
+    if (!v || v->type != HX_JSON_NUMBER)
+        fail_msg("\"%s\" is not a number member", key);
+    return v->number;
 }
 
 int64_t hx_test_int(const hx_json *object, const char *key)

@@ -35,12 +35,16 @@ void hx_test_usage_error(const char *needle, const char *fmt, ...);
 
 /* Parse dir/report.json; fails the test when it cannot. Free with hx_json_free. */
 hx_json *hx_test_report(const char *dir);
+/* dir/file parsed as JSON (sweep.json, manifest.json, ...); a failure fails the test. */
+hx_json *hx_test_json(const char *dir, const char *file);
 
 /* The check `name` of a report: its "tested" and "failed" counts (fails the test if absent). */
 void hx_test_check(const hx_json *report, const char *name, int64_t *tested, int64_t *failed);
 
 /* An integer member of an object (fails the test when absent or not an integer). */
 int64_t hx_test_int(const hx_json *object, const char *key);
+/* A number member (fails the test when absent or not a number). */
+double hx_test_number(const hx_json *object, const char *key);
 
 /* Run `seldp-harness <args> --steps 2 --tokens 24` and require that it passes and that the
  * gradient, initialize, replica and routing checks tested something and found nothing. */

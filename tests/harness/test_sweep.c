@@ -18,27 +18,6 @@
 #include "cli.h"
 #include "harness_test.h"
 
-static hx_json *read_sweep(const char *dir)
-{
-    char path[1200], *text = NULL;
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/sweep.json", dir);
-    assert_int_equal(hx_read_file(path, &text, &len), SELDP_OK);
-    hx_json *s = NULL;
-    if (hx_json_parse(text, len, path, &s) != SELDP_OK)
-        fail_msg("%s", hx_last_error());
-    free(text);
-    return s;
-}
-
-static double number(const hx_json *obj, const char *key)
-{
-    const hx_json *v = hx_json_get(obj, key);
-    if (!v || v->type != HX_JSON_NUMBER)
-        fail_msg("sweep.json: no number \"%s\"", key);
-    return v->number;
-}
-
 static bool flag(const hx_json *obj, const char *key)
 {
     const hx_json *v = hx_json_get(obj, key);
@@ -71,7 +50,7 @@ static void ep_sweep_agrees(const char *dtype, double limit)
     assert_non_null(strstr(run.out, "sweep ep: leaves out world 8, ep 1 dp-ep: the same groups as "
                                     "run 1"));
     assert_non_null(strstr(run.out, "sweep result: PASS (6 of 6 runs"));
-    hx_json *s = read_sweep(dir);
+    hx_json *s = hx_test_json(dir, "sweep.json");
     const hx_json *runs = hx_json_get(s, "runs");
     assert_non_null(runs);
     assert_int_equal(runs->count, 6);
@@ -84,9 +63,9 @@ static void ep_sweep_agrees(const char *dtype, double limit)
         assert_string_equal(hx_json_get(r, "order")->string, orders[i]);
         assert_true(flag(r, "checks_passed"));
         assert_true(flag(r, "agrees"));
-        assert_true(number(r, "max_loss_deviation") <= limit);
-        assert_true(number(r, "weight_deviation") <= limit);
-        assert_true(number(r, "tolerance") == limit);
+        assert_true(hx_test_number(r, "max_loss_deviation") <= limit);
+        assert_true(hx_test_number(r, "weight_deviation") <= limit);
+        assert_true(hx_test_number(r, "tolerance") == limit);
         assert_int_equal(hx_json_get(r, "loss")->count, 3);
     }
     /* the layouts differ in their reduction order, not in what they compute: not bit-equal in
@@ -141,7 +120,7 @@ static void test_sweep_file(void **state)
                     dir);
     if (run.status != HX_EXIT_PASS)
         fail_msg("sweep file exited %d\n%s%s", run.status, run.err, run.out);
-    hx_json *s = read_sweep(dir);
+    hx_json *s = hx_test_json(dir, "sweep.json");
     const hx_json *runs = hx_json_get(s, "runs");
     assert_int_equal(runs->count, 3);
     assert_string_equal(hx_json_get(&runs->items[0], "name")->string, "one");
@@ -165,7 +144,7 @@ static void test_sweep_detects_deviation(void **state)
                     dir);
     assert_int_equal(run.status, HX_EXIT_FAIL);
     assert_non_null(strstr(run.out, "DEVIATES"));
-    hx_json *s = read_sweep(dir);
+    hx_json *s = hx_test_json(dir, "sweep.json");
     assert_string_equal(hx_json_get(s, "result")->string, "FAIL");
     const hx_json *runs = hx_json_get(s, "runs");
     assert_true(flag(&runs->items[0], "agrees"));
@@ -175,7 +154,7 @@ static void test_sweep_detects_deviation(void **state)
         if (!flag(r, "agrees")) {
             any = true;
             assert_true(flag(r, "lockstep"));
-            assert_true(number(r, "lockstep_gradients") > 1.0);
+            assert_true(hx_test_number(r, "lockstep_gradients") > 1.0);
             assert_int_equal(hx_json_get(r, "lockstep_ratio")->count, 2);
         }
     }
@@ -199,13 +178,13 @@ static void test_lockstep_agrees_where_free_runs_part(void **state)
                     dir);
     if (run.status != HX_EXIT_PASS)
         fail_msg("lockstep ep sweep exited %d\n%s%s", run.status, run.err, run.out);
-    hx_json *s = read_sweep(dir);
+    hx_json *s = hx_test_json(dir, "sweep.json");
     const hx_json *runs = hx_json_get(s, "runs");
     double parted = 0;
     for (size_t i = 1; i < runs->count; i++) {
         assert_true(flag(&runs->items[i], "agrees"));
-        assert_true(number(&runs->items[i], "lockstep_gradients") <= 1.0);
-        parted = fmax(parted, number(&runs->items[i], "max_loss_deviation"));
+        assert_true(hx_test_number(&runs->items[i], "lockstep_gradients") <= 1.0);
+        parted = fmax(parted, hx_test_number(&runs->items[i], "max_loss_deviation"));
     }
     if (!(parted > 1e-2))
         fail_msg("no free-running curve parted (largest %.3e): the case no longer shows what "
@@ -291,7 +270,7 @@ static void test_frameworks_sweep(void **state)
                     dir);
     if (run.status != HX_EXIT_PASS)
         fail_msg("frameworks sweep exited %d\n%s%s", run.status, run.err, run.out);
-    hx_json *s = read_sweep(dir);
+    hx_json *s = hx_test_json(dir, "sweep.json");
     const hx_json *runs = hx_json_get(s, "runs");
     static const char *const expected[][2] = {{"megatron", "tp-cp-ep-dp-pp"},
                                               {"megatron", "tp-cp-dp-ep-pp"},
@@ -308,8 +287,8 @@ static void test_frameworks_sweep(void **state)
         assert_int_equal(hx_test_int(r, "ep"), 4);
         assert_true(flag(r, "checks_passed"));
         assert_true(flag(r, "agrees"));
-        assert_true(number(r, "max_loss_deviation") <= 1e-5);
-        assert_true(number(r, "weight_deviation") <= 1e-5);
+        assert_true(hx_test_number(r, "max_loss_deviation") <= 1e-5);
+        assert_true(hx_test_number(r, "weight_deviation") <= 1e-5);
     }
     assert_string_equal(hx_json_get(&runs->items[0], "name")->string,
                         "w8-megatron-ep4-tp-cp-ep-dp-pp-f32");
@@ -325,7 +304,7 @@ static void test_frameworks_sweep(void **state)
                     file, dir);
     if (run.status != HX_EXIT_PASS)
         fail_msg("framework file exited %d\n%s%s", run.status, run.err, run.out);
-    s = read_sweep(dir);
+    s = hx_test_json(dir, "sweep.json");
     runs = hx_json_get(s, "runs");
     assert_string_equal(hx_json_get(&runs->items[0], "name")->string, "w8-deepspeed-ep2-dp-ep-f32");
     assert_string_equal(hx_json_get(&runs->items[1], "framework")->string, "torchtitan");
@@ -358,20 +337,20 @@ static void test_scope_sweep(void **state)
         fail_msg("scope sweep exited %d\n%s%s", run.status, run.err, run.out);
     assert_non_null(strstr(run.out, "objective aux 0.01 local: compared with run 3; differs from "
                                     "run 1 (aux 0.01 global) by "));
-    hx_json *s = read_sweep(dir);
+    hx_json *s = hx_test_json(dir, "sweep.json");
     const hx_json *runs = hx_json_get(s, "runs");
     static const int baseline[] = {1, 1, 3, 3};
     for (size_t i = 0; i < 4; i++) {
         const hx_json *r = &runs->items[i];
         assert_int_equal(hx_test_int(r, "compared_with_run"), baseline[i]);
         assert_true(flag(r, "agrees"));
-        assert_true(number(r, "max_loss_deviation") <= 1e-5);
+        assert_true(hx_test_number(r, "max_loss_deviation") <= 1e-5);
     }
     assert_string_equal(hx_json_get(&runs->items[2], "objective")->string, "aux 0.01 local");
-    assert_true(number(&runs->items[1], "objective_deviation_from_run_1") == 0);
+    assert_true(hx_test_number(&runs->items[1], "objective_deviation_from_run_1") == 0);
     /* the local scope's loss is another objective: well beyond f32's tolerance from run 1 */
-    assert_true(number(&runs->items[2], "objective_deviation_from_run_1") > 1e-4);
-    assert_true(number(&runs->items[3], "objective_deviation_from_run_1") > 1e-4);
+    assert_true(hx_test_number(&runs->items[2], "objective_deviation_from_run_1") > 1e-4);
+    assert_true(hx_test_number(&runs->items[3], "objective_deviation_from_run_1") > 1e-4);
     hx_json_free(s);
     char path[1300], *md = NULL;
     snprintf(path, sizeof path, "%s/sweep.md", dir);

@@ -18,27 +18,6 @@
 #include "json.h"
 #include "util.h"
 
-static hx_json *read_sweep(const char *dir)
-{
-    char path[1300], *text = NULL;
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/sweep.json", dir);
-    assert_int_equal(hx_read_file(path, &text, &len), SELDP_OK);
-    hx_json *s = NULL;
-    if (hx_json_parse(text, len, path, &s) != SELDP_OK)
-        fail_msg("%s", hx_last_error());
-    free(text);
-    return s;
-}
-
-static double number(const hx_json *obj, const char *key)
-{
-    const hx_json *v = hx_json_get(obj, key);
-    if (!v || v->type != HX_JSON_NUMBER)
-        fail_msg("sweep.json: no number \"%s\"", key);
-    return v->number;
-}
-
 /* The sweep `args` exits `want`; its sweep.json (the caller frees it). */
 static hx_json *sweep(const char *name, int want, const char *args)
 {
@@ -49,7 +28,7 @@ static hx_json *sweep(const char *name, int want, const char *args)
     if (run.status != want)
         fail_msg("seldp-harness %s: exit %d, expected %d\n%s%s", args, run.status, want, run.err,
                  run.out);
-    return read_sweep(dir);
+    return hx_test_json(dir, "sweep.json");
 }
 
 /* Every run after the first in lockstep with it and agreeing, each ratio below `limit`. */
@@ -63,8 +42,9 @@ static void all_agree(const hx_json *s, double limit, const char *what)
         const hx_json *lock = hx_json_get(r, "lockstep");
         if (!lock || lock->type != HX_JSON_BOOL || !lock->boolean)
             fail_msg("%s: run %zu not in lockstep", what, i + 1);
-        double worst = fmax(number(r, "lockstep_loss"),
-                            fmax(number(r, "lockstep_gradients"), number(r, "lockstep_update")));
+        double worst =
+            fmax(hx_test_number(r, "lockstep_loss"), fmax(hx_test_number(r, "lockstep_gradients"),
+                                                          hx_test_number(r, "lockstep_update")));
         if (!(worst <= limit))
             fail_msg("%s: run %zu: lockstep ratio %g over %g", what, i + 1, worst, limit);
     }
@@ -107,8 +87,8 @@ static void zero_in_lockstep(void **state)
     /* the same layout under --zero 1: the same bits, nothing for the bounds to absorb (the
      * update's ratio is the FP64 rounding of the two clipping coefficients' difference) */
     const hx_json *r = &hx_json_get(s, "runs")->items[1];
-    assert_true(number(r, "lockstep_gradients") == 0.0);
-    assert_true(number(r, "lockstep_update") < 1e-6);
+    assert_true(hx_test_number(r, "lockstep_gradients") == 0.0);
+    assert_true(hx_test_number(r, "lockstep_update") < 1e-6);
     hx_json_free(s);
 }
 
@@ -134,7 +114,7 @@ static void bug_still_deviates(void **state)
     const hx_json *runs = hx_json_get(s, "runs");
     int deviates = 0;
     for (size_t i = 1; i < runs->count; i++)
-        deviates += number(&runs->items[i], "lockstep_gradients") > 1.0;
+        deviates += hx_test_number(&runs->items[i], "lockstep_gradients") > 1.0;
     assert_true(deviates > 0);
     hx_json_free(s);
 }
