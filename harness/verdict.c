@@ -169,10 +169,31 @@ static set_step set_step_of(const hx_run *run, const hx_set *s)
     return ss;
 }
 
-/* The reduction check of one member's result `got` against the entry's inputs. */
-static void check_reduction(hx_run *run, int step, const set_step *ss, int r,
-                            const tm_param_info *p, const seldp_tensor *got,
-                            const hx_capture_entry *e)
+/* What one member's result of one tensor measures, computed on the reference's threads
+ * (tm_parallel_for) and recorded afterwards in the sets' order: its reduction against the
+ * inputs, its fit to the reference and, at the set's root, the members' FP32 gradients' fit. */
+typedef struct measure {
+    double worst, resolution, at_S, at_R, rs, ss2; /* the reduction */
+    size_t worst_i;
+    hx_fit result, ranks; /* against the reference */
+} measure;
+
+/* One item of the step's checks: a member's trainable tensor in a set. */
+typedef struct item {
+    const hx_set *set;
+    const set_step *ss;
+    int r;
+    const tm_param_info *p;
+    const seldp_tensor *got;
+    hx_capture_entry *e;
+    bool has_ref;        /* the reference has it (else: an expert no token reached) */
+    const char *missing; /* why there is nothing to compare, or NULL */
+    bool skipped;        /* a loss-scale overflow reached it */
+    measure m;
+} item;
+
+static void measure_reduction(const hx_run *run, const set_step *ss, const seldp_tensor *got,
+                              const hx_capture_entry *e, measure *m)
 {
     const hx_tolerance *t = &run->tol;
     double worst = 0, resolution = INFINITY, at_S = 0, at_R = 0;
@@ -195,29 +216,44 @@ static void check_reduction(hx_run *run, int step, const set_step *ss, int r,
         if (fabs(S) > 0 && allowed / fabs(S) < resolution)
             resolution = allowed / fabs(S);
     }
+    m->worst = worst;
+    m->worst_i = worst_i;
+    m->resolution = resolution;
+    m->at_S = at_S;
+    m->at_R = at_R;
+    m->rs = rs;
+    m->ss2 = ss2;
+}
+
+/* The reduction check of one member's result against the entry's inputs. */
+static void check_reduction(hx_run *run, int step, const item *it)
+{
+    const hx_tolerance *t = &run->tol;
+    const set_step *ss = it->ss;
+    const measure *m = &it->m;
+    const double worst = m->worst, resolution = m->resolution;
     hx_check_metric(run, HX_CHECK_REDUCTION, !(worst <= 1.0), worst, resolution, resolution,
                     "step %d: rank %d: %s over %s: element %zu is %.9g, the FP64 %s of the %d "
                     "members' inputs rounded to %s is %.9g (%.2f of the allowed difference)",
-                    step + 1, r, p->path, ss->set->label, worst_i, at_R,
+                    step + 1, it->r, it->p->path, ss->set->label, m->worst_i, m->at_R,
                     ss->set->sums ? "sum" : "mean", ss->active, seldp_dtype_name(t->result),
-                    t->result == SELDP_F32 ? at_S : hx_round_to(t->result, at_S), worst);
-    step_ratio(&run->steps[step], worst, p->path, r, "reduction");
+                    t->result == SELDP_F32 ? m->at_S : hx_round_to(t->result, m->at_S), worst);
+    step_ratio(&run->steps[step], worst, it->p->path, it->r, "reduction");
     if (!(worst <= 1.0)) {
-        hx_diag_fit *d = &run->diag[hx_diag_class_of(p)];
+        hx_diag_fit *d = &run->diag[hx_diag_class_of(it->p)];
         d->reduction_failed = true;
-        double k = ss2 > 0 ? rs / ss2 : 0;
+        double k = m->ss2 > 0 ? m->rs / m->ss2 : 0;
         if (fabs(k) > fabs(d->ratio))
             d->ratio = k;
     }
 }
 
 /* The members' FP32 gradients against the reference (once per set and tensor). */
-static void check_rank_grads(hx_run *run, int step, const set_step *ss, int r,
-                             const tm_param_info *p, const hx_capture_entry *e, const ref_view *v)
+static void check_rank_grads(hx_run *run, int step, const item *it)
 {
-    hx_fit f = {0};
-    for (size_t i = 0; i < e->n; i++)
-        hx_fit_add(&f, e->local_sum[i] / ss->tokens, v->want[i], v->mag[i], 0);
+    const set_step *ss = it->ss;
+    const tm_param_info *p = it->p;
+    const hx_fit f = it->m.ranks;
     double bound = hx_fit_bound(&run->tol, &f, ss->active, false);
     double err = sqrt(f.err2), norm = sqrt(f.want2);
     double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, ss->active, false);
@@ -235,17 +271,16 @@ static void check_rank_grads(hx_run *run, int step, const set_step *ss, int r,
     d->mdd += f.err2;
     d->mrr += f.want2;
     note_model(&run->set_errors[ss->set->index], ratio, resolution);
-    step_ratio(&run->steps[step], ratio, p->path, r, "ranks' gradients");
+    step_ratio(&run->steps[step], ratio, p->path, it->r, "ranks' gradients");
 }
 
 /* One member's result against the reference. Returns its bound (for the norm's). */
-static double check_result(hx_run *run, int step, const set_step *ss, int r, const tm_param_info *p,
-                           const seldp_tensor *got, const hx_capture_entry *e, const ref_view *v)
+static double check_result(hx_run *run, int step, const item *it)
 {
-    hx_fit f = {0};
-    for (size_t i = 0; i < v->n; i++)
-        hx_fit_add(&f, stored(got, i) * ss->unscale, v->want[i], v->mag[i],
-                   ss->sigma * e->in_abs[i] * ss->unscale);
+    const set_step *ss = it->ss;
+    const tm_param_info *p = it->p;
+    const int r = it->r;
+    const hx_fit f = it->m.result;
     double bound = hx_fit_bound(&run->tol, &f, ss->active, true);
     double err = sqrt(f.err2), norm = sqrt(f.want2);
     double scale = hx_fit_scale(&f), sbound = hx_fit_scale_bound(&run->tol, &f, ss->active, true);
@@ -276,57 +311,142 @@ static double check_result(hx_run *run, int step, const set_step *ss, int r, con
     return bound;
 }
 
+typedef struct measure_loop {
+    const hx_run *run;
+    const tm_reference *ref;
+    item *items;
+} measure_loop;
+
+/* Item i's measures: what depends on its tensors only, so any thread may take it. */
+static void measure_item(void *ctx, int i)
+{
+    const measure_loop *lp = ctx;
+    const hx_run *run = lp->run;
+    item *it = &lp->items[i];
+    if (!it->has_ref || it->missing)
+        return;
+    if (run->overflow && !all_finite(it->got)) {
+        /* a loss-scale overflow reached it: the world skips the step, which the post-step
+         * check requires (loss_scale.h) */
+        it->skipped = true;
+        return;
+    }
+    ref_view v;
+    if (!ref_of(run, lp->ref, it->r, it->p, &v)) {
+        it->has_ref = false; /* as an expert no token reached */
+        return;
+    }
+    const set_step *ss = it->ss;
+    const hx_capture_entry *e = it->e;
+    measure *m = &it->m;
+    measure_reduction(run, ss, it->got, e, m);
+    for (size_t k = 0; k < v.n; k++)
+        hx_fit_add(&m->result, stored(it->got, k) * ss->unscale, v.want[k], v.mag[k],
+                   ss->sigma * e->in_abs[k] * ss->unscale);
+    if (it->r == ss->set->root)
+        for (size_t k = 0; k < e->n; k++)
+            hx_fit_add(&m->ranks, e->local_sum[k] / ss->tokens, v.want[k], v.mag[k], 0);
+    free(v.own);
+}
+
+/* Every member's trainable tensor of every set, in the order they are recorded. */
+static item *list_items(hx_run *run, const tm_reference *ref, const set_step *steps, size_t *n)
+{
+    size_t count = 0, cap = 0;
+    item *items = NULL;
+    for (int i = 0; i < run->sets.n; i++) {
+        const hx_set *s = &run->sets.sets[i];
+        const set_step *ss = &steps[i];
+        for (int k = 0; k < s->size; k++) {
+            const hx_rank *rk = &run->ranks[s->ranks[k]];
+            const int r = rk->rank;
+            for (size_t j = 0; j < rk->n_params; j++) {
+                const tm_param_info *p = tm_param_at(rk->model, j);
+                if (p->frozen || !(p->role & TM_ROLES_TRAINABLE) || !hx_set_covers(run, s, r, p))
+                    continue;
+                if (count == cap) {
+                    cap = cap ? 2 * cap : 256;
+                    item *grown = realloc(items, cap * sizeof *items);
+                    if (!grown) {
+                        free(items);
+                        *n = count + 1; /* not 0: the caller reports it */
+                        return NULL;
+                    }
+                    items = grown;
+                }
+                item *it = &items[count++];
+                *it = (item){.set = s, .ss = ss, .r = r, .p = p};
+                it->got = seldp_grads_get(rk->grads, p->id);
+                size_t numel = 0;
+                it->has_ref = tm_reference_grad(ref, p->path, &numel) &&
+                              tm_reference_magnitude(ref, p->path, &numel);
+                if (!it->has_ref)
+                    continue;
+                hx_shard shard = hx_grid_shard(run, r, p->path);
+                if (shard.parts > 1)
+                    numel = seldp_tensor_numel(&p->tensor);
+                it->e = hx_capture_find(run, s, hx_grid_logical_path(p->path));
+                it->missing = !it->e || ss->sigma == 0 ? "no member passed one to the reduction"
+                              : !it->got               ? "no reduced gradient came back"
+                              : it->got->dtype != run->grad_dtype ? "it came back in another dtype"
+                              : seldp_tensor_numel(it->got) != numel
+                                  ? "it came back with another shape"
+                                  : NULL;
+            }
+        }
+    }
+    *n = count;
+    return items;
+}
+
 void hx_verdict_gradients(hx_run *run, int step, const tm_reference *ref)
 {
     hx_step_record *rec = &run->steps[step];
     rec->norm_bound2 = 0;
     memset(run->diag, 0, sizeof run->diag);
-    for (int i = 0; i < run->sets.n; i++) {
-        const hx_set *s = &run->sets.sets[i];
-        set_step ss = set_step_of(run, s);
-        for (int k = 0; k < s->size; k++) {
-            const hx_rank *rk = &run->ranks[s->ranks[k]];
-            int r = rk->rank;
-            for (size_t j = 0; j < rk->n_params; j++) {
-                const tm_param_info *p = tm_param_at(rk->model, j);
-                if (p->frozen || !(p->role & TM_ROLES_TRAINABLE) || !hx_set_covers(run, s, r, p))
-                    continue;
-                const seldp_tensor *got = seldp_grads_get(rk->grads, p->id);
-                ref_view v;
-                if (!ref_of(run, ref, r, p, &v)) {
-                    hx_check_record(run, HX_CHECK_ABSENT, got != NULL, 0,
-                                    "step %d: rank %d has a gradient of %s, but no token reached "
-                                    "expert %d of layer %d",
-                                    step + 1, r, p->path, p->expert, p->layer);
-                    continue;
-                }
-                hx_capture_entry *e = hx_capture_find(run, s, hx_grid_logical_path(p->path));
-                const char *missing =
-                    !e || ss.sigma == 0              ? "no member passed one to the reduction"
-                    : !got                           ? "no reduced gradient came back"
-                    : got->dtype != run->grad_dtype  ? "it came back in another dtype"
-                    : seldp_tensor_numel(got) != v.n ? "it came back with another shape"
-                                                     : NULL;
-                if (missing) {
-                    hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
-                                    "step %d: rank %d: %s over %s: %s", step + 1, r, p->path,
-                                    s->label, missing);
-                } else if (run->overflow && !all_finite(got)) {
-                    /* a loss-scale overflow reached it: the world skips the step, which the
-                     * post-step check requires (loss_scale.h) */
-                } else {
-                    check_reduction(run, step, &ss, r, p, got, e);
-                    double bound = check_result(run, step, &ss, r, p, got, e, &v);
-                    if (r == s->root) {
-                        check_rank_grads(run, step, &ss, r, p, e, &v);
-                        rec->norm_bound2 += bound * bound;
-                        e->bound = bound;
-                    }
-                }
-                free(v.own);
+    set_step *steps = hx_calloc((size_t)run->sets.n + 1, sizeof *steps);
+    size_t n = 0;
+    item *items = NULL;
+    if (steps) {
+        for (int i = 0; i < run->sets.n; i++)
+            steps[i] = set_step_of(run, &run->sets.sets[i]);
+        items = list_items(run, ref, steps, &n);
+    }
+    if (!steps || (!items && n > 0)) {
+        hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
+                        "step %d: out of memory for the list of the step's gradient checks",
+                        step + 1);
+        free(steps);
+        return;
+    }
+    measure_loop lp = {run, ref, items};
+    tm_parallel_for((int)n, measure_item, &lp);
+    for (size_t i = 0; i < n; i++) {
+        const item *it = &items[i];
+        const hx_set *s = it->set;
+        const int r = it->r;
+        const tm_param_info *p = it->p;
+        if (!it->has_ref) {
+            hx_check_record(run, HX_CHECK_ABSENT, it->got != NULL, 0,
+                            "step %d: rank %d has a gradient of %s, but no token reached expert "
+                            "%d of layer %d",
+                            step + 1, r, p->path, p->expert, p->layer);
+        } else if (it->missing) {
+            hx_check_record(run, HX_CHECK_GRAD_ERROR, true, INFINITY,
+                            "step %d: rank %d: %s over %s: %s", step + 1, r, p->path, s->label,
+                            it->missing);
+        } else if (!it->skipped) {
+            check_reduction(run, step, it);
+            double bound = check_result(run, step, it);
+            if (r == s->root) {
+                check_rank_grads(run, step, it);
+                rec->norm_bound2 += bound * bound;
+                it->e->bound = bound;
             }
         }
     }
+    free(items);
+    free(steps);
 }
 
 void hx_verdict_loss(hx_run *run, int step, const tm_reference *ref)

@@ -69,7 +69,7 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->DLR = losses ? tm__ref_calloc(r, L * N * E, sizeof(double)) : NULL;
     w->RW = losses ? tm__ref_calloc(r, N * E + 2 * E, sizeof(double)) : NULL;
     w->SA = tm__ref_calloc(r, L * NF, sizeof(double));
-    /* without router losses each worker takes a block of logits at a time: (N, E) of them
+    /* without router losses each lane takes a block of logits at a time: (N, E) of them
      * would be a quarter of the reference's memory at world 2048 */
     w->LG = losses ? tm__ref_calloc(r, N * E, sizeof(double)) : NULL;
     w->DZ = tm__ref_calloc(r, NK, sizeof(double));
@@ -81,8 +81,9 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->next = tm__ref_calloc(r, E, sizeof(size_t));
     w->taken = tm__ref_calloc(r, E, sizeof(double));
     w->workers = tm__ref_workers();
-    w->rows = tm__ref_calloc(r, (size_t)w->workers, sizeof *w->rows);
-    for (int i = 0; w->rows && i < w->workers; i++) {
+    w->lanes = tm__ref_lanes(w->workers);
+    w->rows = tm__ref_calloc(r, (size_t)w->lanes, sizeof *w->rows);
+    for (int i = 0; w->rows && i < w->lanes; i++) {
         ref_rows *x = &w->rows[i];
         x->X = tm__ref_calloc(r, N * D, sizeof(double));
         x->A = tm__ref_calloc(r, N * F, sizeof(double));
@@ -152,11 +153,11 @@ typedef struct expert_loop {
     int l;
 } expert_loop;
 
-static bool expert_forward_rows(void *ctx, int worker, int e)
+static bool expert_forward_rows(void *ctx, int lane, int e)
 {
     expert_loop *lp = ctx;
     const tm_config *c = &lp->ref->cfg;
-    ref_rows *x = &lp->w->rows[worker];
+    ref_rows *x = &lp->w->rows[lane];
     const ref_linear *w1 = &lp->p->lin[((size_t)lp->l * c->experts + e) * 2], *w2 = w1 + 1;
     x->n = tm__ref_gather_rows(lp->ref, lp->w, lp->l, e, x->X, &x->slots);
     lp->ref->routed[(size_t)lp->l * c->experts + e] = x->n;
@@ -166,12 +167,12 @@ static bool expert_forward_rows(void *ctx, int worker, int e)
 }
 
 /* The expert's gated output into the rows it serves, in expert order. */
-static void expert_forward_commit(void *ctx, int worker, int e)
+static void expert_forward_commit(void *ctx, int lane, int e)
 {
     (void)e;
     expert_loop *lp = ctx;
     const int D = lp->ref->cfg.d_model, K = lp->ref->cfg.top_k;
-    const ref_rows *x = &lp->w->rows[worker];
+    const ref_rows *x = &lp->w->rows[lane];
     const double *gate = lp->w->GATE + (size_t)lp->l * lp->w->N * (size_t)K;
     double *Hout = lp->w->H + (size_t)(lp->l + 1) * lp->w->N * (size_t)D;
     for (size_t i = 0; i < x->n; i++) {
@@ -243,7 +244,7 @@ static void add_linear_grad(const tm_config *c, ref_linear *li, const double *dW
 /* Expert e of layer l backward: dgate of its slots, its weights' gradients and its rows'
  * part of dU. A and S are recomputed from X; the output y = S W2^T is not: with
  * P = dH W2 (n,F), the gate's gradient dH . y is P . S and dS is gate * P. */
-static bool expert_backward(void *ctx, int worker, int e)
+static bool expert_backward(void *ctx, int lane, int e)
 {
     expert_loop *lp = ctx;
     tm_reference *ref = lp->ref;
@@ -253,7 +254,7 @@ static bool expert_backward(void *ctx, int worker, int e)
     const int D = c->d_model, F = c->d_ff, E = c->experts, K = c->top_k;
     const double *gate = wk->GATE + (size_t)l * wk->N * (size_t)K;
     ref_linear *w1 = &lp->p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
-    ref_rows *w = &wk->rows[worker];
+    ref_rows *w = &wk->rows[lane];
     const size_t n = tm__ref_gather_rows(ref, wk, l, e, w->X, &w->slots);
     const size_t *rows = w->slots;
     w->n = n;
@@ -287,12 +288,12 @@ static bool expert_backward(void *ctx, int worker, int e)
 }
 
 /* The expert's rows' part of dU, in expert order. */
-static void expert_backward_commit(void *ctx, int worker, int e)
+static void expert_backward_commit(void *ctx, int lane, int e)
 {
     (void)e;
     expert_loop *lp = ctx;
     const int D = lp->ref->cfg.d_model, K = lp->ref->cfg.top_k;
-    const ref_rows *x = &lp->w->rows[worker];
+    const ref_rows *x = &lp->w->rows[lane];
     for (size_t i = 0; i < x->n; i++)
         for (int j = 0; j < D; j++)
             lp->w->dU[(x->slots[i] / K) * D + j] += x->dX[i * D + j];

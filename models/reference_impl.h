@@ -32,8 +32,8 @@ typedef struct ref_work {
     size_t *AFIRST, *AORDER;        /* (E+1) (N*K) every selected slot by expert, or NULL */
     size_t *next;                   /* (E) */
     double *taken;                  /* (E) */
-    struct ref_rows *rows;          /* (workers) each worker's buffers for one expert */
-    int workers;                    /* ref_pool.h */
+    struct ref_rows *rows;          /* (lanes) each lane's buffers for one expert */
+    int workers, lanes;             /* ref_pool.h */
     double *dgate, *SS, *dSS, *dSA; /* (N,K) (N,Fs) x3 */
     double *Z, *RF, *LOG, *dZ, *dH, *dU; /* head: (N,D) (N) (N,V); (N,D) x3 */
 } ref_work;

@@ -74,9 +74,9 @@ typedef struct fill_job {
 
 #define FILL_BLOCK ((size_t)1 << 16)
 
-static bool fill_block(void *ctx, int worker, size_t begin, size_t end)
+static bool fill_block(void *ctx, int lane, size_t begin, size_t end)
 {
-    (void)worker;
+    (void)lane;
     const fill_job *j = ctx;
     if (j->square)
         tm__mag_fill_sq(j->dst + begin, j->src + begin, end - begin);
@@ -159,11 +159,11 @@ static seldp_status pass_alloc(pass *s)
         (losses && !A(VDLR, L * N * E)))
         return MAG_NOMEM();
 #undef A
-    /* each worker's: an expert has at most N rows */
-    s->mr = tm__ref_calloc(ref, (size_t)s->w->workers, sizeof *s->mr);
+    /* each lane's: an expert has at most N rows */
+    s->mr = tm__ref_calloc(ref, (size_t)s->w->lanes, sizeof *s->mr);
     if (!s->mr)
         return MAG_NOMEM();
-    for (int i = 0; i < s->w->workers; i++) {
+    for (int i = 0; i < s->w->lanes; i++) {
         mag_rows *m = &s->mr[i];
         m->ar.ref = ref;
 #define A(field, count) (m->field = tm__ref_calloc(ref, (count), sizeof(double)))
@@ -278,12 +278,12 @@ typedef struct norm_back {
     token_sum ts;
 } norm_back;
 
-static bool norm_back_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool norm_back_block(void *ctx, int lane, size_t t0, size_t t1)
 {
     const norm_back *nb = ctx;
     pass *s = nb->s;
     const size_t D = (size_t)s->D;
-    double *terms = s->mr[worker].TB;
+    double *terms = s->mr[lane].TB;
     for (size_t t = t0; t < t1; t++)
         rms_back_var(nb->x + t * D, nb->vx + t * D, nb->g, nb->r[t], nb->vr[t], s->D, s->dU + t * D,
                      s->VdU + t * D, s->dH + t * D, s->VdH + t * D, terms + (t - t0) * 3 * D);
@@ -291,11 +291,11 @@ static bool norm_back_block(void *ctx, int worker, size_t t0, size_t t1)
 }
 
 /* the block's terms of the weight's variance and of its token sum, in token order */
-static void norm_back_commit(void *ctx, int worker, size_t t0, size_t t1)
+static void norm_back_commit(void *ctx, int lane, size_t t0, size_t t1)
 {
     const norm_back *nb = ctx;
     const size_t D = (size_t)nb->s->D;
-    const double *terms = nb->s->mr[worker].TB;
+    const double *terms = nb->s->mr[lane].TB;
     for (size_t i = 0; i < t1 - t0; i++, terms += 3 * D)
         for (size_t j = 0; j < D; j++) {
             nb->vdg[j] += terms[j];
@@ -355,15 +355,15 @@ typedef struct layer_loop {
     int l;
 } layer_loop;
 
-/* One expert's output's variances (m->VY) and values (the worker's YE) over its rows. */
-static bool expert_forward_var(void *ctx, int worker, int e)
+/* One expert's output's variances (m->VY) and values (the lane's YE) over its rows. */
+static bool expert_forward_var(void *ctx, int lane, int e)
 {
     layer_loop *lp = ctx;
     const pass *s = lp->s;
     const int l = lp->l, D = s->D, F = s->F, E = s->E, K = s->K;
     const ref_work *w = s->w;
-    ref_rows *x = &w->rows[worker];
-    mag_rows *m = &s->mr[worker];
+    ref_rows *x = &w->rows[lane];
+    mag_rows *m = &s->mr[lane];
     const double *VU = s->VU + (size_t)l * s->N * (size_t)D;
     const size_t i1 = ((size_t)l * E + e) * 2;
     const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
@@ -386,15 +386,15 @@ static bool expert_forward_var(void *ctx, int worker, int e)
 
 /* The expert's gated output into its rows' variances and the residual sum's magnitudes, in
  * expert order. */
-static void expert_forward_var_commit(void *ctx, int worker, int e)
+static void expert_forward_var_commit(void *ctx, int lane, int e)
 {
     (void)e;
     layer_loop *lp = ctx;
     const pass *s = lp->s;
     const int l = lp->l, D = s->D, K = s->K;
     const size_t N = s->N, NK = N * (size_t)K;
-    const ref_rows *x = &s->w->rows[worker];
-    const mag_rows *m = &s->mr[worker];
+    const ref_rows *x = &s->w->rows[lane];
+    const mag_rows *m = &s->mr[lane];
     const double *gate = s->w->GATE + (size_t)l * NK, *VG = s->VG + (size_t)l * NK;
     double *VHo = s->VH + (size_t)(l + 1) * N * (size_t)D;
     for (size_t i = 0; i < x->n; i++) {
@@ -410,9 +410,9 @@ static void expert_forward_var_commit(void *ctx, int worker, int e)
 }
 
 /* A block of layer l's tokens: its norm's VR and VU, its output's residual VH and |H| (AH). */
-static bool norm_var_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool norm_var_block(void *ctx, int lane, size_t t0, size_t t1)
 {
-    (void)worker;
+    (void)lane;
     const layer_loop *lp = ctx;
     pass *s = lp->s;
     const int D = s->D, l = lp->l;
@@ -428,9 +428,9 @@ static bool norm_var_block(void *ctx, int worker, size_t t0, size_t t1)
 }
 
 /* the residual sum's own rounding into a block of layer l's output variances */
-static bool residual_var_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool residual_var_block(void *ctx, int lane, size_t t0, size_t t1)
 {
-    (void)worker;
+    (void)lane;
     const layer_loop *lp = ctx;
     pass *s = lp->s;
     const size_t D = (size_t)s->D;
@@ -486,12 +486,12 @@ typedef struct head_loop {
 } head_loop;
 
 /* A block of tokens' final norm (VR, VZ), logits' variances (VLOG) and token losses'
- * variances (into the worker's TB until the commit). */
-static bool head_var_block(void *ctx, int worker, size_t t0, size_t t1)
+ * variances (into the lane's TB until the commit). */
+static bool head_var_block(void *ctx, int lane, size_t t0, size_t t1)
 {
     const head_loop *hl = ctx;
     pass *s = hl->s;
-    mag_rows *m = &s->mr[worker];
+    mag_rows *m = &s->mr[lane];
     const ref_work *w = s->w;
     const int D = s->D, V = s->V, L = s->L;
     const size_t N = s->N, ND = N * (size_t)D, n = t1 - t0;
@@ -522,10 +522,10 @@ static bool head_var_block(void *ctx, int worker, size_t t0, size_t t1)
 }
 
 /* the block's token losses' variances into the loss's, in token order */
-static void head_var_commit(void *ctx, int worker, size_t t0, size_t t1)
+static void head_var_commit(void *ctx, int lane, size_t t0, size_t t1)
 {
     head_loop *hl = ctx;
-    const double *terms = hl->s->mr[worker].TB;
+    const double *terms = hl->s->mr[lane].TB;
     for (size_t i = 0; i < t1 - t0; i++)
         hl->vloss += terms[i];
 }

@@ -25,7 +25,7 @@ typedef struct token_sum {
     double *abs, *value; /* (n) */
 } token_sum;
 
-/* One worker's buffers (ref_pool.h): the variances of the rows of the expert it computes, the
+/* One lane's buffers (ref_pool.h): the variances of the rows of the expert it computes, the
  * arrays of a router block, its own arena, and a router block's part of the loss's variance
  * until the block's commit. */
 typedef struct mag_rows {
@@ -52,7 +52,7 @@ typedef struct pass {
     double *VZ, *VLOG;    /* (N,D) (N,V) */
     double *VDLR;         /* (L,N,E) router-loss logit gradients, or NULL */
     double *AH;           /* (N,D) |terms| of one layer's residual sum */
-    mag_rows *mr;         /* (w->workers) */
+    mag_rows *mr;         /* (w->lanes) */
     double *F_AUX;        /* (shards,E) the load-balancing loss's expert fractions */
     /* backward */
     double *dH, *VdH, *dU, *VdU;     /* (N,D) */

@@ -72,16 +72,16 @@ typedef struct layer_loop {
 } layer_loop;
 
 /* expert_backward with variances: the gates' values and variances (dgate, Vdgate), the
- * weights' variances, and (in the worker's buffers, until the commit) the rows' part of dU
+ * weights' variances, and (in the lane's buffers, until the commit) the rows' part of dU
  * and VdU. */
-static bool expert_backward_var(void *ctx, int worker, int e)
+static bool expert_backward_var(void *ctx, int lane, int e)
 {
     layer_loop *lp = ctx;
     pass *s = lp->s;
     const int l = lp->l;
     const ref_work *w = s->w;
-    ref_rows *x = &w->rows[worker];
-    mag_rows *m = &s->mr[worker];
+    ref_rows *x = &w->rows[lane];
+    mag_rows *m = &s->mr[lane];
     const int D = s->D, F = s->F, E = s->E, K = s->K;
     const size_t N = s->N, ND = N * (size_t)D;
     const double *gate = w->GATE + (size_t)l * N * (size_t)K, *VG = s->VG + (size_t)l * N * K;
@@ -150,14 +150,14 @@ static bool expert_backward_var(void *ctx, int worker, int e)
 }
 
 /* The expert's rows' part of dU and VdU, in expert order. */
-static void expert_backward_var_commit(void *ctx, int worker, int e)
+static void expert_backward_var_commit(void *ctx, int lane, int e)
 {
     (void)e;
     layer_loop *lp = ctx;
     pass *s = lp->s;
     const int D = s->D, K = s->K;
-    const ref_rows *x = &s->w->rows[worker];
-    const mag_rows *m = &s->mr[worker];
+    const ref_rows *x = &s->w->rows[lane];
+    const mag_rows *m = &s->mr[lane];
     for (size_t i = 0; i < x->n; i++)
         for (int j = 0; j < D; j++) {
             s->dU[(x->slots[i] / K) * D + j] += x->dX[i * D + j];
@@ -241,11 +241,11 @@ typedef struct head_back {
 } head_back;
 
 /* A block of tokens' VLOGd, and their rows of dU = LOG W_emb and of its variance. */
-static bool head_back_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool head_back_block(void *ctx, int lane, size_t t0, size_t t1)
 {
     const head_back *hb = ctx;
     pass *s = hb->s;
-    mag_rows *m = &s->mr[worker];
+    mag_rows *m = &s->mr[lane];
     const ref_work *w = s->w;
     const int D = s->D, V = s->V;
     const size_t N = s->N, n = t1 - t0;

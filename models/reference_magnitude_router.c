@@ -145,11 +145,11 @@ typedef struct layer_loop {
     int l;
 } layer_loop;
 
-static bool router_block_var(void *ctx, int worker, size_t t0, size_t t1)
+static bool router_block_var(void *ctx, int lane, size_t t0, size_t t1)
 {
     layer_loop *lp = ctx;
     const pass *s = lp->s;
-    mag_rows *m = &s->mr[worker];
+    mag_rows *m = &s->mr[lane];
     const size_t n = t1 - t0;
     m->loss_var = 0.0;
     if (!router_var(s, m, lp->l, t0, n))
@@ -161,11 +161,11 @@ static bool router_block_var(void *ctx, int worker, size_t t0, size_t t1)
 }
 
 /* The block's part of the loss's variance, in block order. */
-static void router_block_commit(void *ctx, int worker, size_t t0, size_t t1)
+static void router_block_commit(void *ctx, int lane, size_t t0, size_t t1)
 {
     (void)t0, (void)t1;
     layer_loop *lp = ctx;
-    lp->s->loss_var += lp->s->mr[worker].loss_var;
+    lp->s->loss_var += lp->s->mr[lane].loss_var;
 }
 
 /* Layer l's router in blocks of tokens: the gates' variances and the router losses'. */
@@ -189,9 +189,9 @@ bool tm__mag_router_layer_var(pass *s, int l)
 /* The gates' softmax: a token's K selected logits get dz_k = gate_k (dgate_k - sum_j gate_j
  * dgate_j) with its variance (into w->DZ and s->VDZ), and its rows of dU and VdU the router's
  * rows of those experts. */
-static bool router_back_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool router_back_block(void *ctx, int lane, size_t t0, size_t t1)
 {
-    (void)worker;
+    (void)lane;
     const layer_loop *lp = ctx;
     pass *s = lp->s;
     const int D = s->D, K = s->K, l = lp->l;
@@ -232,9 +232,9 @@ typedef struct router_rows {
 
 /* Router row e's variance and its token sum's terms, over the tokens that selected e in token
  * order. */
-static bool router_row_back_var(void *ctx, int worker, int e)
+static bool router_row_back_var(void *ctx, int lane, int e)
 {
-    (void)worker;
+    (void)lane;
     const router_rows *rr = ctx;
     const pass *s = rr->lp.s;
     const int D = s->D, K = s->K, l = rr->lp.l;

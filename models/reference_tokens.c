@@ -106,9 +106,9 @@ typedef struct tok_loop {
     double sum; /* the commits' sum */
 } tok_loop;
 
-static bool embed_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool embed_block(void *ctx, int lane, size_t t0, size_t t1)
 {
-    (void)worker;
+    (void)lane;
     const tok_loop *lp = ctx;
     const size_t D = (size_t)lp->ref->cfg.d_model;
     for (size_t t = t0; t < t1; t++)
@@ -124,9 +124,9 @@ void tm__ref_embed(tm_reference *ref, const ref_params *p, ref_work *w)
 
 /* layer l's normed inputs U and their 1/rms R, and its output's residual (a copy of its
  * input) */
-static bool norm_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool norm_block(void *ctx, int lane, size_t t0, size_t t1)
 {
-    (void)worker;
+    (void)lane;
     const tok_loop *lp = ctx;
     const tm_config *c = &lp->ref->cfg;
     const int D = c->d_model, l = lp->l;
@@ -161,12 +161,12 @@ static size_t shard_of(const ref_work *w, size_t t)
 
 /* A block's logits (its own product, or its rows of w->LG where the router losses keep them
  * all), top-K (following the model at near ties) and gates. */
-static bool route_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool route_block(void *ctx, int lane, size_t t0, size_t t1)
 {
     const tok_loop *lp = ctx;
     const tm_config *c = &lp->ref->cfg;
     ref_work *w = lp->w;
-    ref_rows *x = &w->rows[worker];
+    ref_rows *x = &w->rows[lane];
     const int D = c->d_model, E = c->experts, K = c->top_k, l = lp->l;
     const size_t N = w->N, NK = N * (size_t)K;
     int *sel = w->SEL + (size_t)l * NK;
@@ -199,11 +199,11 @@ static bool route_block(void *ctx, int worker, size_t t0, size_t t1)
     return true;
 }
 
-static void route_commit(void *ctx, int worker, size_t t0, size_t t1)
+static void route_commit(void *ctx, int lane, size_t t0, size_t t1)
 {
     (void)t0, (void)t1;
     tok_loop *lp = ctx;
-    lp->ref->ties_followed += lp->w->rows[worker].count;
+    lp->ref->ties_followed += lp->w->rows[lane].count;
 }
 
 void tm__ref_route(tm_reference *ref, const ref_params *p, ref_work *w, int l,
@@ -218,15 +218,15 @@ void tm__ref_route(tm_reference *ref, const ref_params *p, ref_work *w, int l,
     tm__ref_blocks_for(w->N, TM_REF_TOKEN_BLOCK, w->workers, route_block, route_commit, &lp);
 }
 
-/* The final norm, the block's logits, their token losses (into the worker's T) and
+/* The final norm, the block's logits, their token losses (into the lane's T) and
  * (p - onehot(y)) / N in their place, and the block's rows of dZ. */
-static bool head_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool head_block(void *ctx, int lane, size_t t0, size_t t1)
 {
     const tok_loop *lp = ctx;
     const tm_config *c = &lp->ref->cfg;
     const ref_params *p = lp->p;
     ref_work *w = lp->w;
-    ref_rows *x = &w->rows[worker];
+    ref_rows *x = &w->rows[lane];
     const int D = c->d_model, V = c->vocab;
     const size_t N = w->N, n = t1 - t0;
     const double *Hf = w->H + (size_t)c->layers * N * (size_t)D;
@@ -256,10 +256,10 @@ static bool head_block(void *ctx, int worker, size_t t0, size_t t1)
 }
 
 /* the block's token losses into the loss, in token order */
-static void head_commit(void *ctx, int worker, size_t t0, size_t t1)
+static void head_commit(void *ctx, int lane, size_t t0, size_t t1)
 {
     tok_loop *lp = ctx;
-    const ref_rows *x = &lp->w->rows[worker];
+    const ref_rows *x = &lp->w->rows[lane];
     for (size_t t = t0; t < t1; t++)
         lp->sum += x->T[t - t0];
     lp->ref->largest = fmax(lp->ref->largest, x->big);
@@ -292,11 +292,11 @@ typedef struct norm_back {
     int D;
 } norm_back;
 
-static bool norm_back_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool norm_back_block(void *ctx, int lane, size_t t0, size_t t1)
 {
     const norm_back *nb = ctx;
     const size_t D = (size_t)nb->D;
-    double *tg = nb->w->rows[worker].T;
+    double *tg = nb->w->rows[lane].T;
     for (size_t t = t0; t < t1; t++)
         rms_row_back(nb->x + t * D, nb->g, nb->r[t], nb->D, nb->dy + t * D, nb->dx + t * D,
                      tg + (t - t0) * D);
@@ -304,11 +304,11 @@ static bool norm_back_block(void *ctx, int worker, size_t t0, size_t t1)
 }
 
 /* the block's terms of the norm's weight gradient, in token order */
-static void norm_back_commit(void *ctx, int worker, size_t t0, size_t t1)
+static void norm_back_commit(void *ctx, int lane, size_t t0, size_t t1)
 {
     const norm_back *nb = ctx;
     const size_t D = (size_t)nb->D;
-    const double *tg = nb->w->rows[worker].T;
+    const double *tg = nb->w->rows[lane].T;
     for (size_t i = 0; i < t1 - t0; i++)
         for (size_t j = 0; j < D; j++)
             nb->dg[j] += tg[i * D + j];
@@ -325,9 +325,9 @@ void tm__ref_norm_backward(ref_work *w, int D, const double *x, const double *g,
 /* The gates are a softmax over the selected logits: a token's K selected logits get
  * dz_k = gate_k (dgate_k - sum_j gate_j dgate_j) (into w->DZ), and its rows of dU the
  * router's rows of those experts, dz_k times. */
-static bool router_back_block(void *ctx, int worker, size_t t0, size_t t1)
+static bool router_back_block(void *ctx, int lane, size_t t0, size_t t1)
 {
-    (void)worker;
+    (void)lane;
     const tok_loop *lp = ctx;
     const tm_config *c = &lp->ref->cfg;
     ref_work *w = lp->w;
@@ -356,9 +356,9 @@ typedef struct router_rows {
 } router_rows;
 
 /* Router row e's gradient: dz u over the tokens that selected e, in token order. */
-static bool router_row_back(void *ctx, int worker, int e)
+static bool router_row_back(void *ctx, int lane, int e)
 {
-    (void)worker;
+    (void)lane;
     const router_rows *rr = ctx;
     const tm_config *c = &rr->lp.ref->cfg;
     const ref_work *w = rr->lp.w;

@@ -545,6 +545,10 @@ typedef struct tm_ref_perturb {
 void tm_reference_set_threads(int threads);
 /** The thread count the next reference will use. */
 int tm_reference_threads(void);
+/** fn(ctx, item) for items 0 to items - 1 on the reference's threads, each once, on any of
+ * them in any order; returns when all have run. For work whose items write only their own
+ * results (the harness's checks), so the results do not depend on the thread count. */
+void tm_parallel_for(int items, void (*fn)(void *ctx, int item), void *ctx);
 
 /** The global objective in FP64 (cblas_dgemm), by code independent of the
  * FP32 path: the mean over all tokens of all ranks of the token loss, plus the router losses

@@ -1,7 +1,8 @@
-/* --reference-threads: the FP64 reference, its error scales and so every verdict are the same
- * bits on 1 and on 3 threads, and from one run to the next (the reductions' captured inputs
- * are summed in whatever order the rank threads arrive, and must not show it): report.json's
- * checks, steps, tensor classes and groups compared value for value, times aside. */
+/* --reference-threads: the FP64 reference, its error scales and the checks, which run on the
+ * same threads, and so every verdict are the same bits on 1 and on 3 threads, and from one run
+ * to the next (the reductions' captured inputs are summed in whatever order the rank threads
+ * arrive, and must not show it): report.json's checks (their first failures' texts included),
+ * steps, tensor classes and groups compared value for value, times aside. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -60,23 +61,23 @@ static bool same(const hx_json *a, const hx_json *b, char *where, size_t size, c
     }
 }
 
-static hx_json *run_with(const char *layout, int threads, const char *name)
+static hx_json *run_expecting(const char *layout, int threads, const char *name, int status)
 {
     char dir[1200];
     snprintf(dir, sizeof dir, "%s", hx_test_dir(name));
     hx_test_run run;
     hx_test_harness(&run, "%s --reference-threads %d --quiet --out %s", layout, threads, dir);
-    if (run.status != HX_EXIT_PASS)
+    if (run.status != status)
         fail_msg("%s --reference-threads %d: exit %d\n%s%s", layout, threads, run.status, run.err,
                  run.out);
     return hx_test_report(dir);
 }
 
-static void compare(const char *layout)
+static void compare_expecting(const char *layout, int status)
 {
-    hx_json *one = run_with(layout, 1, "one");
-    hx_json *again = run_with(layout, 1, "again");
-    hx_json *three = run_with(layout, 3, "three");
+    hx_json *one = run_expecting(layout, 1, "one", status);
+    hx_json *again = run_expecting(layout, 1, "again", status);
+    hx_json *three = run_expecting(layout, 3, "three", status);
     static const char *const parts[] = {"checks", "steps", "tensor_classes", "groups",
                                         "expert_tokens"};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
@@ -93,6 +94,11 @@ static void compare(const char *layout)
     hx_json_free(three);
 }
 
+static void compare(const char *layout)
+{
+    compare_expecting(layout, HX_EXIT_PASS);
+}
+
 static void many_experts(void **state)
 {
     (void)state;
@@ -106,11 +112,23 @@ static void framework_grid(void **state)
             "--steps 2");
 }
 
+/* A failing run: which failure each check names first, and every count, whatever the threads
+ * the checks ran on. */
+static void planted_bug(void **state)
+{
+    (void)state;
+    compare_expecting("--world 8 --ep 4 --experts 16 --steps 2 --inject ep-scale", HX_EXIT_FAIL);
+    compare_expecting("--framework megatron --world 8 --tp 2 --pp 2 --ep 2 --steps 1 --inject "
+                      "shared-expert-tp --shared-expert-ff 32",
+                      HX_EXIT_FAIL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(many_experts),
         cmocka_unit_test(framework_grid),
+        cmocka_unit_test(planted_bug),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
