@@ -290,11 +290,24 @@ static void merge_ranks(hx_run *run, int step)
         hx_diagnose_skip(run, step, changed, seen);
 }
 
+typedef struct rank_loop {
+    hx_run *run;
+    int step;
+    bool skip;
+} rank_loop;
+
+static void check_rank_item(void *ctx, int r)
+{
+    const rank_loop *lp = ctx;
+    check_rank(lp->run, lp->step, &lp->run->ranks[r], lp->skip);
+}
+
+/* Each rank's check writes only its own result, so the ranks run on the reference's threads
+ * (tm_parallel_for) and merge in rank order: the same verdict for any thread count. */
 void hx_opt_check_step(hx_run *run, int step)
 {
-    bool skip = skip_expected(run);
-    for (int r = 0; r < run->opts.world; r++)
-        check_rank(run, step, &run->ranks[r], skip);
+    rank_loop lp = {run, step, skip_expected(run)};
+    tm_parallel_for(run->opts.world, check_rank_item, &lp);
     merge_ranks(run, step);
 }
 

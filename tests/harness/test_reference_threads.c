@@ -112,6 +112,14 @@ static void framework_grid(void **state)
             "--steps 2");
 }
 
+/* The post-step check of AdamW with clipping and FP32 masters, rank by rank on the threads. */
+static void optimizer_step(void **state)
+{
+    (void)state;
+    compare("--world 8 --ep 4 --experts 16 --steps 2 --optimizer adamw --clip-grad 0.5 --dtype "
+            "bf16 --fp32-master");
+}
+
 /* A failing run: which failure each check names first, and every count, whatever the threads
  * the checks ran on. */
 static void planted_bug(void **state)
@@ -128,6 +136,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(many_experts),
         cmocka_unit_test(framework_grid),
+        cmocka_unit_test(optimizer_step),
         cmocka_unit_test(planted_bug),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
