@@ -85,20 +85,11 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
     w->rows = tm__ref_calloc(r, (size_t)w->lanes, sizeof *w->rows);
     for (int i = 0; w->rows && i < w->lanes; i++) {
         ref_rows *x = &w->rows[i];
-        x->X = tm__ref_calloc(r, N * D, sizeof(double));
-        x->A = tm__ref_calloc(r, N * F, sizeof(double));
-        x->S = tm__ref_calloc(r, N * F, sizeof(double));
-        x->YE = tm__ref_calloc(r, N * D, sizeof(double));
-        x->dYE = tm__ref_calloc(r, N * D, sizeof(double));
-        x->dA = tm__ref_calloc(r, N * F, sizeof(double));
-        x->dX = tm__ref_calloc(r, N * D, sizeof(double));
-        x->dHr = tm__ref_calloc(r, N * D, sizeof(double));
-        x->P = tm__ref_calloc(r, N * F, sizeof(double));
+        /* the rows' buffers come with the first layer's routing (tm__ref_lanes_room) */
         x->dW = tm__ref_calloc(r, D * F, sizeof(double));
         x->LG = losses ? NULL : tm__ref_calloc(r, RB * E, sizeof(double));
         x->T = tm__ref_calloc(r, RB * D, sizeof(double));
-        if (!x->X || !x->A || !x->S || !x->YE || !x->dYE || !x->dA || !x->dX || !x->dHr || !x->P ||
-            !x->dW || (!losses && !x->LG) || !x->T)
+        if (!x->dW || (!losses && !x->LG) || !x->T)
             return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     }
     w->dgate = tm__ref_calloc(r, NK, sizeof(double));
@@ -118,6 +109,47 @@ static seldp_status work_alloc(tm_reference *ref, ref_work *w)
         !w->dZ || !w->dH || !w->dU)
         return tm__fail(SELDP_ERR_NOMEM, "reference: out of memory for %zu tokens", N);
     return SELDP_OK;
+}
+
+size_t tm__ref_layer_most_rows(const tm_reference *ref, const ref_work *w, int l)
+{
+    const int E = ref->cfg.experts;
+    const size_t *first = w->FIRST + (size_t)l * ((size_t)E + 1);
+    size_t most = 0;
+    for (int e = 0; e < E; e++)
+        if (first[e + 1] - first[e] > most)
+            most = first[e + 1] - first[e];
+    return most;
+}
+
+bool tm__ref_lanes_room(tm_reference *ref, ref_work *w, int l)
+{
+    const size_t most = tm__ref_layer_most_rows(ref, w, l);
+    const size_t D = (size_t)ref->cfg.d_model, F = (size_t)ref->cfg.d_ff;
+    for (int i = 0; i < w->lanes; i++) {
+        ref_rows *x = &w->rows[i];
+        if (x->cap >= most)
+            continue;
+        /* an eighth more: the next layer's busiest expert is seldom much busier */
+        const size_t cap = most + most / 8 + 1;
+        double **nd[] = {&x->X, &x->YE, &x->dYE, &x->dX, &x->dHr};
+        double **nf[] = {&x->A, &x->S, &x->dA, &x->P};
+        for (size_t k = 0; k < sizeof nd / sizeof nd[0]; k++) {
+            tm__ref_free(ref, *nd[k]);
+            if (!(*nd[k] = tm__ref_calloc(ref, cap * D, sizeof(double))))
+                goto nomem;
+        }
+        for (size_t k = 0; k < sizeof nf / sizeof nf[0]; k++) {
+            tm__ref_free(ref, *nf[k]);
+            if (!(*nf[k] = tm__ref_calloc(ref, cap * F, sizeof(double))))
+                goto nomem;
+        }
+        x->cap = cap;
+    }
+    return true;
+nomem:
+    w->out_of_memory = true;
+    return false;
 }
 
 /* Rows of expert e in layer l: copies the normed inputs of its slots into X, returns n. */
@@ -208,7 +240,8 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
     tm__ref_group_by_expert(sel, kept, NK, E, first, w->ORDER + (size_t)l * NK, w->next);
     /* each expert adds its gated output to the rows it serves */
     expert_loop lp = {ref, p, w, l};
-    tm__ref_ordered_for(E, w->workers, expert_forward_rows, expert_forward_commit, &lp);
+    if (tm__ref_lanes_room(ref, w, l))
+        tm__ref_ordered_for(E, w->workers, expert_forward_rows, expert_forward_commit, &lp);
     if (Fs > 0) {
         /* the shared expert: Hout += silu(u W1s^T) W2s^T, ungated */
         const size_t NF = N * (size_t)Fs;
@@ -328,7 +361,8 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
     }
     memset(w->dgate, 0, NK * sizeof(double)); /* a dropped slot adds nothing */
     expert_loop lp = {ref, p, w, l};
-    tm__ref_ordered_for(E, w->workers, expert_backward, expert_backward_commit, &lp);
+    if (tm__ref_lanes_room(ref, w, l))
+        tm__ref_ordered_for(E, w->workers, expert_backward, expert_backward_commit, &lp);
     /* Gates are a softmax over the selected logits: only the K selected logits of a token get
      * a gradient from them, added to the router's rows of those experts. */
     tm__ref_router_backward(ref, p, w, l);
@@ -421,6 +455,8 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
     tm__ref_norm_backward(&w, D, Hf, p.fnorm->w, w.RF, w.dZ, w.dH, p.fnorm->g);
     for (int l = L - 1; l >= 0; l--)
         backward_layer(ref, &p, &w, l);
+    if (w.out_of_memory)
+        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for the rows of an expert");
     for (size_t t = 0; t < N; t++)
         for (int i = 0; i < D; i++)
             p.emb->g[(size_t)tok[t] * D + i] += w.dH[t * D + i];

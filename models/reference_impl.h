@@ -34,17 +34,19 @@ typedef struct ref_work {
     double *taken;                  /* (E) */
     struct ref_rows *rows;          /* (lanes) each lane's buffers for one expert */
     int workers, lanes;             /* ref_pool.h */
+    bool out_of_memory;             /* a lane's buffers could not grow (tm__ref_lanes_room) */
     double *dgate, *SS, *dSS, *dSA; /* (N,K) (N,Fs) x3 */
     double *Z, *RF, *LOG, *dZ, *dH, *dU; /* head: (N,D) (N) (N,V); (N,D) x3 */
 } ref_work;
 
-/* One worker's buffers for the rows of the expert it is computing (n at most N: a token's K
- * slots go to K different experts), and which rows they are until its commit. */
+/* One lane's buffers for the rows of the expert it is computing, and which rows they are
+ * until its commit. They hold `cap` rows: the most any expert of the layers so far was sent
+ * (tm__ref_lanes_room), a few thousand where the tokens are a hundred thousand. */
 typedef struct ref_rows {
     double *X, *A, *S, *YE, *dYE, *dA, *dX; /* (n,D) (n,F) (n,F) (n,D) (n,D) (n,F) (n,D) */
     double *dHr, *P, *dW;                   /* (n,D) rows of dH, (n,F) dH W2, (D*F) */
     const size_t *slots;                    /* (n) the rows' slots (token * K + k) */
-    size_t n;
+    size_t n, cap;
     /* a block of tokens' (reference_tokens.c): its logits without router losses, its terms
      * of a sum over tokens, until its commit */
     double *LG, *T; /* (block,E) or NULL, (block,D) */
@@ -59,6 +61,13 @@ static inline double tm__ref_silu_slope(double a, double *slope)
     *slope = s + a * s * (1.0 - s);
     return a * s;
 }
+
+/* The rows layer l sends its busiest expert. */
+size_t tm__ref_layer_most_rows(const tm_reference *ref, const ref_work *w, int l);
+
+/* Room in every lane for the rows of layer l's busiest expert: the lanes' buffers grow (never
+ * shrink) before the layer's expert loop. false (and w->out_of_memory) when they cannot. */
+bool tm__ref_lanes_room(tm_reference *ref, ref_work *w, int l);
 
 /* Rows of expert e in layer l: copies the normed inputs of its slots into X, returns n;
  * *rows points at their slots (token * K + k). */

@@ -46,6 +46,9 @@ double tm__mag_same_sign(size_t n)
 double *tm__mag_room(arena *a, int i, size_t n)
 {
     if (a->cap[i] < n) {
+        /* the old buffer goes: the slots grow layer by layer, and kept they would be a sixth
+         * of the reference's memory */
+        tm__ref_free(a->ref, a->buf[i]);
         a->buf[i] = tm__ref_calloc(a->ref, n, sizeof(double));
         a->cap[i] = a->buf[i] ? n : 0;
     }
@@ -143,6 +146,34 @@ bool tm__mag_var_gemm_of(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m
 
 /* ---- the pass's state ---------------------------------------------------------------------- */
 
+bool tm__mag_lanes_room(pass *s, int l)
+{
+    if (!tm__ref_lanes_room(s->ref, s->w, l))
+        return false;
+    const size_t most = tm__ref_layer_most_rows(s->ref, s->w, l);
+    const size_t D = (size_t)s->D, F = (size_t)s->F;
+    for (int i = 0; i < s->w->lanes; i++) {
+        mag_rows *m = &s->mr[i];
+        if (m->cap >= most)
+            continue;
+        const size_t cap = most + most / 8 + 1; /* as the reference's lanes */
+        double **nd[] = {&m->VX, &m->VY, &m->VdHr, &m->VdYE, &m->VdX};
+        double **nf[] = {&m->VA, &m->VS, &m->VSL, &m->VP, &m->VdA};
+        for (size_t k = 0; k < sizeof nd / sizeof nd[0]; k++) {
+            tm__ref_free(s->ref, *nd[k]);
+            if (!(*nd[k] = tm__ref_calloc(s->ref, cap * D, sizeof(double))))
+                return false;
+        }
+        for (size_t k = 0; k < sizeof nf / sizeof nf[0]; k++) {
+            tm__ref_free(s->ref, *nf[k]);
+            if (!(*nf[k] = tm__ref_calloc(s->ref, cap * F, sizeof(double))))
+                return false;
+        }
+        m->cap = cap;
+    }
+    return true;
+}
+
 static seldp_status pass_alloc(pass *s)
 {
     tm_reference *ref = s->ref;
@@ -159,7 +190,7 @@ static seldp_status pass_alloc(pass *s)
         (losses && !A(VDLR, L * N * E)))
         return MAG_NOMEM();
 #undef A
-    /* each lane's: an expert has at most N rows */
+    /* each lane's; the rows' buffers come with each layer's expert loop (tm__mag_lanes_room) */
     s->mr = tm__ref_calloc(ref, (size_t)s->w->lanes, sizeof *s->mr);
     if (!s->mr)
         return MAG_NOMEM();
@@ -167,10 +198,8 @@ static seldp_status pass_alloc(pass *s)
         mag_rows *m = &s->mr[i];
         m->ar.ref = ref;
 #define A(field, count) (m->field = tm__ref_calloc(ref, (count), sizeof(double)))
-        if (!A(VX, N * D) || !A(VA, N * F) || !A(VS, N * F) || !A(VY, N * D) || !A(VSL, N * F) ||
-            !A(VdHr, N * D) || !A(VP, N * F) || !A(VdA, N * F) || !A(VdYE, N * D) ||
-            !A(VdX, N * D) || !A(VdW, D * F) || !A(LG, RB * E) || !A(VLG, RB * E) ||
-            !A(PR, RB * E) || !A(VPR, RB * E) || !A(TB, RB * 3 * D))
+        if (!A(VdW, D * F) || !A(LG, RB * E) || !A(VLG, RB * E) || !A(PR, RB * E) ||
+            !A(VPR, RB * E) || !A(TB, RB * 3 * D))
             return MAG_NOMEM();
 #undef A
     }
@@ -454,7 +483,8 @@ static bool layer_forward_var(pass *s, int l)
     tm__ref_blocks_for(N, TM_REF_TOKEN_BLOCK, w->workers, norm_var_block, NULL, &lp);
     if (!tm__mag_router_layer_var(s, l))
         return false;
-    if (!tm__ref_ordered_for(E, w->workers, expert_forward_var, expert_forward_var_commit, &lp))
+    if (!tm__mag_lanes_room(s, l) ||
+        !tm__ref_ordered_for(E, w->workers, expert_forward_var, expert_forward_var_commit, &lp))
         return false;
     if (Fs > 0) {
         const size_t NF = N * (size_t)Fs;

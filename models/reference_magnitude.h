@@ -35,6 +35,7 @@ typedef struct mag_rows {
     double *LG, *VLG, *PR, *VPR; /* (block,E) logits, probabilities and their variances */
     double *TB;                  /* (block,3D) a block's terms of a norm's token sums */
     double loss_var;
+    size_t cap; /* the rows' buffers' (tm__mag_lanes_room) */
 } mag_rows;
 
 typedef struct pass {
@@ -61,6 +62,10 @@ typedef struct pass {
     double *VdSS, *VdSA, *SL, *VSLs; /* (N,Fs) shared expert */
     double loss_var;
 } pass;
+
+/* Room in every lane, the reference's buffers and the pass's, for the rows of layer l's
+ * busiest expert; false when out of memory. */
+bool tm__mag_lanes_room(pass *s, int l);
 
 /* The own-rounding factor of a sum of n terms of one sign, squared: (sqrt(n) / 3)^2, 1 at
  * least. */

@@ -207,7 +207,8 @@ bool tm__mag_layer_backward_var(pass *s, int l)
     memset(s->dgate, 0, NK * sizeof(double));
     memset(s->Vdgate, 0, NK * sizeof(double));
     layer_loop lp = {s, l};
-    if (!tm__ref_ordered_for(E, w->workers, expert_backward_var, expert_backward_var_commit, &lp))
+    if (!tm__mag_lanes_room(s, l) ||
+        !tm__ref_ordered_for(E, w->workers, expert_backward_var, expert_backward_var_commit, &lp))
         return false;
     /* the gates' softmax into the router's rows and dU (reference_magnitude_router.c) */
     if (!tm__mag_router_backward_var(s, l))

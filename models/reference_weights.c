@@ -35,6 +35,22 @@ void *tm__ref_calloc(tm_reference *ref, size_t count, size_t size)
     return p;
 }
 
+void tm__ref_free(tm_reference *ref, void *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&ref->alloc_lock);
+    /* the buffers that grow are among the latest */
+    for (size_t i = ref->n_allocs; i-- > 0;) {
+        if (ref->allocs[i] == p) {
+            ref->allocs[i] = ref->allocs[--ref->n_allocs];
+            free(p);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ref->alloc_lock);
+}
+
 /* ---- reading stored weights ---------------------------------------------------------- */
 
 double tm__ref_stored_float(const seldp_tensor *t, size_t i)

@@ -60,6 +60,10 @@ struct tm_reference {
  * NULL when out of memory. Safe to call from the reference's workers. */
 void *tm__ref_calloc(tm_reference *ref, size_t count, size_t size);
 
+/* Frees p, one of ref's tm__ref_calloc buffers, before tm_reference_destroy (NULL: nothing).
+ * Safe to call from the reference's workers. */
+void tm__ref_free(tm_reference *ref, void *p);
+
 /* The entry of `path` (lm_head.weight: the tied embed.weight), or NULL. */
 ref_entry *tm__ref_find(const tm_reference *ref, const char *path);
 
