@@ -18,6 +18,8 @@
 #include "grid_ckpt.h"
 #include "json.h"
 #include "resume.h"
+#include "rank.h"
+#include "report.h"
 #include "run.h"
 #include "safetensors.h"
 

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "grid.h"
+#include "checks.h"
+#include "rank.h"
 #include "run.h"
 #include "verdict.h"
 

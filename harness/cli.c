@@ -6,6 +6,7 @@
 #include "checkpoint.h"
 #include "layout_show.h"
 #include "options.h"
+#include "report.h"
 #include "run.h"
 #include "sweep.h"
 

@@ -8,6 +8,9 @@
 #include "loss_scale.h"
 #include "verdict.h"
 #include "util.h"
+#include "run.h"
+#include "rank.h"
+#include "checks.h"
 
 /* The rank's replica sets as the parts of a norm call: each holds replicas of its shards, so
  * every shard counts once. parts has room for rk->n_sets. */

@@ -7,7 +7,17 @@
 #ifndef HX_CLIP_H
 #define HX_CLIP_H
 
-#include "run.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* Collective over the world, after the reductions: seldp_grad_norm of `grads` (the
  * container the sessions reduced) into rk->grad_norm. */

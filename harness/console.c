@@ -9,7 +9,10 @@
 #include "overlap.h"
 #include "pipeline.h"
 #include "router.h"
+#include "checks.h"
+#include "console.h"
 #include "run.h"
+#include "rank.h"
 
 /* "[0,4]*" for the ranks of a group (the star where r is its root). */
 static void ranks_cell(const int *ranks, int n, int r, int root, char *buf, size_t size)

@@ -17,6 +17,9 @@
 #include "grid.h"
 #include "inject.h"
 #include "microbatch.h"
+#include "run.h"
+#include "rank.h"
+#include "checks.h"
 
 static const char *const class_names[HX_DIAG_CLASSES] = {
     "expert gradients (layers.*.experts.*)",

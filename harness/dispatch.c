@@ -20,6 +20,8 @@
 #include "overlap.h"
 #include "pipeline.h"
 #include "router.h"
+#include "dispatch.h"
+#include "rank.h"
 #include "run.h"
 
 /* Where expert e's rows go inside this rank's EP group this step: its owners there

@@ -10,6 +10,7 @@
 
 #include "bounds.h"
 #include "capture.h"
+#include "run.h"
 
 /* The largest finite value of a gradient dtype. */
 static double largest(seldp_dtype dtype)

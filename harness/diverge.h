@@ -5,7 +5,15 @@
 
 #include <stdbool.h>
 
-#include "run.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "util.h"
+
+typedef struct hx_run hx_run;
 
 /* True when step `step` cannot be checked: an earlier step diverged, or this one's loss (the
  * ranks' or the reference's) is not finite, or an element of the reference's gradient is

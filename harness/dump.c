@@ -11,6 +11,9 @@
 #include "grid.h"
 #include "microbatch.h"
 #include "optimizer.h"
+#include "dump.h"
+#include "rank.h"
+#include "report.h"
 #include "run.h"
 #include "safetensors.h"
 

@@ -19,6 +19,9 @@
 
 #include "capture.h"
 #include "grid.h"
+#include "checks.h"
+#include "gather.h"
+#include "rank.h"
 #include "run.h"
 
 /* ---- packing ----------------------------------------------------------------------------- */

@@ -11,7 +11,7 @@
 #include "cuda/tinymoe_cuda.h"
 #endif
 
-#include "run.h"
+#include "rank.h"
 #include "util.h"
 
 int hx_gpu_count(void)

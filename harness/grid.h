@@ -26,7 +26,17 @@
 #ifndef HX_GRID_H
 #define HX_GRID_H
 
-#include "run.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* How a rank's tensor is a shard of the logical one: a contiguous range along `dim`, part
  * `index` of `parts` equal parts (parts == 1: the whole tensor), of the logical tensor seen as

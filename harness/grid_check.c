@@ -6,6 +6,8 @@
 
 #include "grid.h"
 #include "router.h"
+#include "run.h"
+#include "rank.h"
 
 static seldp_layout_config grid_config(const hx_run *run)
 {

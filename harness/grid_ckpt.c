@@ -11,6 +11,7 @@
 #include "grid.h"
 #include "grid_ckpt.h"
 #include "optimizer.h"
+#include "rank.h"
 
 seldp_tensor hx_grid_logical_view(const seldp_tensor *shard, hx_shard s, seldp_dtype dtype)
 {

@@ -10,6 +10,8 @@
 #include "grid.h"
 #include "overlap.h"
 #include "pipeline.h"
+#include "run.h"
+#include "rank.h"
 
 /* Split the world by the layout's colour and key of `kind` (NULL where the rank has none). */
 static seldp_status split_kind(hx_rank *rk, seldp_group_kind kind, seldp_comm **out)

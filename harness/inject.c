@@ -13,6 +13,8 @@
 #include "grid.h"
 #include "router.h"
 #include "util.h"
+#include "run.h"
+#include "rank.h"
 
 bool hx_inject_is_framework_bug(hx_fault fault)
 {

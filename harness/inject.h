@@ -7,7 +7,18 @@
 
 #include <stdbool.h>
 
-#include "run.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "options.h"
+#include "sets.h"
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* The smallest replica set on which --inject half-accum's roundings exceed an FP32
  * accumulation's bound (docs/harness.md, Planted bugs). */

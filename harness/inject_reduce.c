@@ -9,6 +9,9 @@
 #include "grid.h"
 #include "inject.h"
 #include "util.h"
+#include "run.h"
+#include "rank.h"
+#include "reduce.h"
 
 static void to_f32(const seldp_tensor *t, float *out)
 {

@@ -21,6 +21,9 @@
 #include "grid.h"
 #include "inject.h"
 #include "util.h"
+#include "run.h"
+#include "rank.h"
+#include "checks.h"
 
 /* Whether data-parallel rank d of a stage owns element e of an n-element embedding after its
  * stage's reduce-scatter over D ranks. */

@@ -11,6 +11,7 @@
 #include "grid.h"
 #include "layout_impl.h"
 #include "run.h"
+#include "rank.h"
 
 /* The framework's word for the dense reduce group and for plain data parallelism when cp > 1
  * (Megatron's dp-cp and dp; torchtitan's dp_cp and dp). */

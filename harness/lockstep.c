@@ -9,6 +9,9 @@
 #include "capture.h"
 #include "grid.h"
 #include "optimizer.h"
+#include "checks.h"
+#include "gpu.h"
+#include "rank.h"
 #include "run.h"
 #include "zero.h"
 

@@ -9,6 +9,9 @@
 
 #include "checkpoint.h"
 #include "sets.h"
+#include "run.h"
+#include "rank.h"
+#include "checks.h"
 
 seldp_status hx_loss_scale_check(const hx_run *run)
 {

@@ -16,7 +16,16 @@
 
 #include <stdbool.h>
 
-#include "run.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* The options against the run (a usage error, one line): F16 parameters, host ranks, no
  * --inject-overflow within the steps and with --loss-scale. */

@@ -9,6 +9,9 @@
 
 #include "grid.h"
 #include "pipeline.h"
+#include "run.h"
+#include "rank.h"
+#include "dispatch.h"
 
 int hx_micro_count(const hx_run *run)
 {

@@ -11,7 +11,17 @@
 #ifndef HX_MICROBATCH_H
 #define HX_MICROBATCH_H
 
-#include "run.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* The step's micro-batches (--micro-batches, at least 1). */
 int hx_micro_count(const hx_run *run);

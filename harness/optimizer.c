@@ -12,6 +12,9 @@
 #include "gpu.h"
 #include "loss_scale.h"
 #include "zero.h"
+#include "run.h"
+#include "rank.h"
+#include "checks.h"
 
 seldp_status hx_opt_check(const hx_run *run)
 {

@@ -11,7 +11,18 @@
 #ifndef HX_OPTIMIZER_H
 #define HX_OPTIMIZER_H
 
-#include "run.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "options.h"
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 typedef struct hx_opt_param {
     float *master;  /* its own FP32 master (AdamW, half parameter, no --fp32-master) */

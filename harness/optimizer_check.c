@@ -16,6 +16,10 @@
 #include "optimizer.h"
 #include "verdict.h"
 #include "zero.h"
+#include "run.h"
+#include "rank.h"
+#include "checks.h"
+#include "gather.h"
 
 /* One outcome into a rank's own result, as hx_check_metric records into the run's. */
 HX_PRINTF(6, 7)

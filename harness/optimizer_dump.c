@@ -6,6 +6,8 @@
 #include "optimizer.h"
 #include "safetensors.h"
 #include "zero.h"
+#include "run.h"
+#include "rank.h"
 
 /* rk's record of the dumped step's update of occurrence i, or NULL (no gradient). */
 static const hx_opt_param *record(const hx_run *run, const hx_rank *rk, size_t i)

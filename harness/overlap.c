@@ -10,6 +10,9 @@
 
 #include "sets.h"
 #include "zero.h"
+#include "run.h"
+#include "rank.h"
+#include "reduce.h"
 
 struct hx_overlap {
     bool *exported; /* [n_params] this step, by tm_param_at index */

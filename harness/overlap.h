@@ -16,7 +16,18 @@
 #ifndef HX_OVERLAP_H
 #define HX_OVERLAP_H
 
-#include "run.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "options.h"
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* hx_overlap_ready's points of the backward besides a layer index: after the head (the final
  * norm, an untied head copy), and after the embedding's backward (everything left). */

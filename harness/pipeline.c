@@ -5,6 +5,8 @@
 #include "pipeline.h"
 
 #include "grid.h"
+#include "run.h"
+#include "rank.h"
 
 /* ---- the schedules ------------------------------------------------------------------------ */
 

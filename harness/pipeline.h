@@ -15,7 +15,18 @@
 #ifndef HX_PIPELINE_H
 #define HX_PIPELINE_H
 
-#include "run.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "options.h"
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* What a stage does next: a forward or a backward of micro-batch m, or a transfer on the link
  * to the previous stage (RECV_ACT, SEND_GRAD, RECV_ACT_SEND_GRAD) or to the next one

@@ -12,6 +12,9 @@
 #include "inject.h"
 #include "optimizer.h"
 #include "overlap.h"
+#include "checks.h"
+#include "rank.h"
+#include "rank_setup.h"
 #include "run.h"
 
 /* ---- rank setup: groups, model, sessions ------------------------------------------------- */

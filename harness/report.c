@@ -4,7 +4,10 @@
 #include <string.h>
 
 #include "grid.h"
+#include "checks.h"
+#include "report.h"
 #include "run.h"
+#include "rank.h"
 
 void hx_config_json(const tm_config *cfg, hx_buf *buf)
 {

@@ -6,6 +6,8 @@
 
 #include "grid.h"
 #include "router.h"
+#include "run.h"
+#include "rank.h"
 
 bool hx_router_enabled(const tm_config *cfg)
 {

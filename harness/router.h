@@ -7,7 +7,16 @@
 
 #include <stdbool.h>
 
-#include "run.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* True when the model config enables any routing extension. */
 bool hx_router_enabled(const tm_config *cfg);

@@ -2,6 +2,13 @@
  * update, and the main thread's phases (see run.h); creating a run is run_create.c. */
 #define _POSIX_C_SOURCE 200809L
 
+#include "checks.h"
+#include "console.h"
+#include "dump.h"
+#include "gather.h"
+#include "rank.h"
+#include "rank_setup.h"
+#include "reduce.h"
 #include "run.h"
 
 #include <malloc.h>

@@ -2,6 +2,7 @@
  * checked before any step (run.h); refused runs create nothing. */
 #define _POSIX_C_SOURCE 200809L
 
+#include "checks.h"
 #include "run.h"
 
 #include <math.h>
@@ -18,6 +19,7 @@
 #include "optimizer.h"
 #include "zero.h"
 #include "loss_scale.h"
+#include "rank.h"
 
 static double tolerance_for(seldp_dtype dtype)
 {

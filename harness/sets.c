@@ -8,6 +8,7 @@
 
 #include "grid.h"
 #include "run.h"
+#include "rank.h"
 
 static const char *const kind_names[HX_SET_KINDS] = {
     [HX_SET_SHARED] = "shared",

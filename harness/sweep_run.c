@@ -10,6 +10,7 @@
 
 #include "grid.h"
 #include "lockstep.h"
+#include "report.h"
 #include "run.h"
 #include "sweep.h"
 #include "sweep_report.h"

@@ -21,6 +21,9 @@
 
 #include "capture.h"
 #include "grid.h"
+#include "checks.h"
+#include "diagnose.h"
+#include "rank.h"
 #include "run.h"
 #include "verdict.h"
 

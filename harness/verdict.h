@@ -2,7 +2,19 @@
 #ifndef HX_VERDICT_H
 #define HX_VERDICT_H
 
-#include "run.h"
+#include "checks.h"
+#include "diagnose.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "util.h"
+
+typedef struct hx_run hx_run;
 
 /* Record one outcome of metric check `id`: its error-to-bound ratio (1 or less passes), the
  * relative bound and the resolution of the tensor it was measured on. */

@@ -11,6 +11,9 @@
 #include "loss_scale.h"
 #include "optimizer.h"
 #include "overlap.h"
+#include "run.h"
+#include "rank.h"
+#include "reduce.h"
 
 /* The planted faults that act on the all-reduce path alone (why), or NULL: those planted in
  * the export's scale and weights, in the model or before the reduction act here as well. */

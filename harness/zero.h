@@ -12,7 +12,16 @@
 
 #include <stdbool.h>
 
-#include "run.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seldp/seldp.h"
+#include "tinymoe.h"
+
+#include "util.h"
+
+typedef struct hx_run hx_run;
+typedef struct hx_rank hx_rank;
 
 /* One replica set's sharded state on a rank (aligned with rk->sets). */
 typedef struct hx_zero_set {
