@@ -1,4 +1,4 @@
-/* seldp-bugs: the known framework bugs of the harness (harness/bugs.c), as the documents show
+/* seldp-bugs: the known framework bugs of the harness (harness/check/bugs.c), as the documents show
  * them. `seldp-bugs` prints docs/harness.md's --inject table, `seldp-bugs --catalog` the
  * catalog of results/bugs/README.md, `seldp-bugs --names` one name per line, `seldp-bugs
  * --demo NAME` the command line a bug shows on, `--pending NAME` the option it waits for

@@ -16,7 +16,7 @@ bugs = json.loads(subprocess.run([bugs_bin, "--json"], check=True, capture_outpu
 # Where each bug is planted in the harness: the framework's own place for the mistake.
 WHERE = {
     "aux-microbatch": "the router losses' factor of each micro-batch (`router_scale` in "
-                      "harness/microbatch.c, `tm_model_set_router_scale`): N / N_m instead of "
+                      "harness/run/microbatch.c, `tm_model_set_router_scale`): N / N_m instead of "
                       "N / (M N_m), the division by the number of micro-batches left out.",
     "last-microbatch": "the export scale of every set (`hx_inject_scale`): the step's tokens "
                        "over the last micro-batch's, as if the loss had been normalized by the "
@@ -55,7 +55,7 @@ WHERE = {
                         "reduction (`hx_inject_exported`): a sum over the TP group, the second "
                         "TP all-reduce of parameters marked as needing one.",
     "tied-zero": "the embedding set's reduce-scatter under `--zero 1` "
-                 "(`hx_inject_zero_emb`, harness/inject_zero.c): each stage's data-parallel "
+                 "(`hx_inject_zero_emb`, harness/check/inject_zero.c): each stage's data-parallel "
                  "reduce-scatter first, the embedding group's cross-stage sum of the whole tied "
                  "gradient after it, so a range holds one stage's sum plus the other stage's "
                  "unreduced local gradient (the embedding lies first in stage 0's buffer and "
@@ -122,7 +122,7 @@ def cell(text):
 
 
 print("# Planted framework bugs: each mistake, where it shows, and how the checks name it\n")
-print("Every gradient mistake of the harness's known-bug table (`harness/bugs.c`, "
+print("Every gradient mistake of the harness's known-bug table (`harness/check/bugs.c`, "
       "[docs/harness.md](../../docs/harness.md#planted-bugs)) planted with `--inject NAME` where "
       "the framework made it, on the layout where it shows: what the reference check reports "
       "at step 1 in f32 (half-accum: f16) and in bf16, and a lockstep sweep over layouts where "

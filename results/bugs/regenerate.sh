@@ -1,5 +1,5 @@
 #!/bin/sh
-# results/bugs/: every known framework bug of the harness (harness/bugs.c, docs/harness.md,
+# results/bugs/: every known framework bug of the harness (harness/check/bugs.c, docs/harness.md,
 # Planted bugs) planted on the layout where it shows: the step-1 reports in f32 (half-accum:
 # f16) and in bf16, a lockstep sweep over the layouts where it shows with the bug planted and
 # the same sweep clean, and README.md assembled from them (readme.py). A bug whose option of

@@ -1,4 +1,4 @@
-/* libFuzzer target: the layout-file parser (harness/json.c, harness/layout.c) on arbitrary
+/* libFuzzer target: the layout-file parser (harness/core/json.c, harness/layout/layout.c) on arbitrary
  * bytes. The first byte picks how roots are chosen; the rest is the file.
  *
  * Properties: parsing never reads outside the text (which has no terminating NUL), never

@@ -1,4 +1,4 @@
-/* libFuzzer target: the Megatron command-line import (harness/import_megatron.c) on arbitrary
+/* libFuzzer target: the Megatron command-line import (harness/import/import_megatron.c) on arbitrary
  * text: the shell-like splitting, the launcher, the arguments and their mapping, the settings
  * derived from the sizes. A text starting with '@' names a file, so that byte is replaced.
  *

@@ -1,5 +1,5 @@
-/* libFuzzer target: the safetensors reader (harness/safetensors.c) and the checkpoint index
- * parser (harness/checkpoint_index.c) on arbitrary bytes.
+/* libFuzzer target: the safetensors reader (harness/ckpt/safetensors.c) and the checkpoint index
+ * parser (harness/ckpt/checkpoint_index.c) on arbitrary bytes.
  *
  * Properties: parsing never reads outside the input, never crashes and leaks nothing; a
  * file that parses has tensors whose byte sizes match their dtypes and shapes and tile the

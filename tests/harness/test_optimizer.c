@@ -21,8 +21,9 @@
 
 #include "cli.h"
 #include "harness_test.h"
-#include "run.h"
+#include "checks.h"
 #include "safetensors.h"
+#include "run.h"
 
 #define COMMON "--timeout 60"
 

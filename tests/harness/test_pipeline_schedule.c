@@ -26,6 +26,7 @@
 #include "cli.h"
 #include "harness_test.h"
 #include "pipeline.h"
+#include "run.h"
 
 #define COMMON "--quiet --timeout 60"
 #define MAX_P  8

@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "harness_test.h"
 #include "router.h"
+#include "run.h"
 
 #define ROUTING "--shared-expert-ff 16 --aux-loss-coeff 0.02 --z-loss-coeff 0.001"
 

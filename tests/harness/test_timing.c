@@ -1,4 +1,4 @@
-/* The split of a step's time (harness/timing.h): report.json gives every step's wall time by
+/* The split of a step's time (harness/core/timing.h): report.json gives every step's wall time by
  * phase (ranks, reference, check, other) with each phase's CPU time, the phases add up to the
  * step, and the step line names them. The run is the scale layout of results/bench/scale.sh
  * (many experts, top-8) on a small world, so it also pins that the FP64 reference routes and

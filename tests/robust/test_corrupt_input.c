@@ -256,7 +256,7 @@ static void safetensors_sweep(void **state)
 
 /* --- regressions ---------------------------------------------------------------------------- */
 
-/* harness/json.c compared each member name with every earlier one: a safetensors header of
+/* harness/core/json.c compared each member name with every earlier one: a safetensors header of
  * 80,000 tensors took 25 s to read, 10^6 (within the 100 MB header limit) hours. */
 static void json_object_of_many_members(void **state)
 {

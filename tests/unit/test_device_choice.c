@@ -1,4 +1,4 @@
-/* The harness's GPU choice for one-process-per-rank launches (harness/gpu.h): a process
+/* The harness's GPU choice for one-process-per-rank launches (harness/core/gpu.h): a process
  * takes GPU (local rank % GPUs it sees), so launchers that give every process its own
  * CUDA_VISIBLE_DEVICES put each on cuda:0; NCCL is chosen by `auto` only when the node's
  * processes use pairwise different GPUs, compared by PCI bus id. */
