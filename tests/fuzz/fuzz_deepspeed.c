@@ -1,5 +1,5 @@
-/* libFuzzer target: the DeepSpeed ds_config import (harness/import/import_deepspeed.c, on the strict
- * JSON reader harness/core/json.c) on arbitrary bytes.
+/* libFuzzer target: the DeepSpeed ds_config import (harness/import/import_deepspeed.c, on the
+ * strict JSON reader harness/core/json.c) on arbitrary bytes.
  *
  * Properties (fuzz_import.h): never a crash, a leak or a read outside the input (a copy of
  * exactly its length); a refusal is one line; every setting is a harness option. */

@@ -1,5 +1,5 @@
-/* libFuzzer target: the --compare-groups file (harness/layout/compare.c) on arbitrary bytes. The first
- * byte picks the layout it is compared with (the layouts of the seed corpus's groups files:
+/* libFuzzer target: the --compare-groups file (harness/layout/compare.c) on arbitrary bytes. The
+ * first byte picks the layout it is compared with (the layouts of the seed corpus's groups files:
  * Megatron's Mixtral grid of 32 ranks, its gpt-oss pipeline of 8, DeepSpeed's and torchtitan's
  * ep 8, a hot-expert layout file without the grid); the rest is the file.
  *

@@ -1,5 +1,5 @@
-/* libFuzzer target: the layout-file parser (harness/core/json.c, harness/layout/layout.c) on arbitrary
- * bytes. The first byte picks how roots are chosen; the rest is the file.
+/* libFuzzer target: the layout-file parser (harness/core/json.c, harness/layout/layout.c) on
+ * arbitrary bytes. The first byte picks how roots are chosen; the rest is the file.
  *
  * Properties: parsing never reads outside the text (which has no terminating NUL), never
  * crashes and leaks nothing; a layout that loads satisfies its invariants (checked again by

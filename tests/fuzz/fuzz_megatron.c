@@ -1,6 +1,6 @@
-/* libFuzzer target: the Megatron command-line import (harness/import/import_megatron.c) on arbitrary
- * text: the shell-like splitting, the launcher, the arguments and their mapping, the settings
- * derived from the sizes. A text starting with '@' names a file, so that byte is replaced.
+/* libFuzzer target: the Megatron command-line import (harness/import/import_megatron.c) on
+ * arbitrary text: the shell-like splitting, the launcher, the arguments and their mapping, the
+ * settings derived from the sizes. A text starting with '@' names a file, so that byte is replaced.
  *
  * Properties (fuzz_import.h): never a crash, a leak or a read outside the text; a refusal is
  * one line; every setting is a harness option. */

@@ -1,6 +1,6 @@
-/* libFuzzer target: the sweep file (harness/sweep/sweep_entries.c: hx_sweep_file_parse) on arbitrary
- * bytes: the JSON list, each object's keys, and each value through the harness's own option
- * parser (harness/cli/options.c), as --sweep FILE reads it before anything runs.
+/* libFuzzer target: the sweep file (harness/sweep/sweep_entries.c: hx_sweep_file_parse) on
+ * arbitrary bytes: the JSON list, each object's keys, and each value through the harness's own
+ * option parser (harness/cli/options.c), as --sweep FILE reads it before anything runs.
  *
  * Properties: never a crash, a leak or a read outside the input; a refusal prints one line; a
  * file that reads has 1 to 256 runs, each a list of "--option" words with their values, that

@@ -1,5 +1,5 @@
-/* libFuzzer target: the strict TOML reader (harness/import/toml.c) and the torchtitan import on top of
- * it (harness/import/import_torchtitan.c) on arbitrary bytes.
+/* libFuzzer target: the strict TOML reader (harness/import/toml.c) and the torchtitan import on top
+ * of it (harness/import/import_torchtitan.c) on arbitrary bytes.
  *
  * Properties: never a crash, a leak or a read outside the input (a copy of exactly its length,
  * no NUL after it); a tree that reads has objects whose keys are distinct and arrays and

@@ -1,5 +1,5 @@
-/* The known framework bugs (harness/check/bugs.c, docs/harness.md, Planted bugs): the table is the one
- * docs/harness.md shows and --inject accepts; each planted bug of the second set fails the
+/* The known framework bugs (harness/check/bugs.c, docs/harness.md, Planted bugs): the table is the
+ * one docs/harness.md shows and --inject accepts; each planted bug of the second set fails the
  * checks at step 1 in f32 and in bf16 (half-accum in its half dtypes) on replicated and sharded
  * layouts and is named with its citation, the clean run of the same layout passes without a
  * diagnosis, and a layout where the bug cannot show is refused (exit 2, one line). */
