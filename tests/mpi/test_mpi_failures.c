@@ -294,6 +294,51 @@ static void test_a_new_world_after_an_abort(void **state)
     assert_int_equal(count, mt_size);
 }
 
+/* Messages on their way to an aborted world never reach the next one. The last rank aborts
+ * and leaves at once while the others start collectives it never joins, so their headers
+ * are still travelling to it when it destroys its communicators; the next world, made at
+ * once, must see only its own traffic (MPI gives a new communicator the context id of a
+ * freed one, and delivers to it what was on its way to the old). Rounds, for the timing. */
+static void test_no_stale_messages_after_an_abort(void **state)
+{
+    (void)state;
+    notes ns = {"", 0};
+    int aborter = mt_size - 1;
+    for (int round = 0; round < 12; round++) {
+        seldp_comm *world = mt_world(LONG_TIMEOUT_S), *group = NULL;
+        expect_status(&ns, seldp_comm_split(world, 0, mt_rank, &group), SELDP_OK, NULL);
+        if (mt_rank == aborter) {
+            seldp_comm_abort(group);
+        } else {
+            double data[64] = {0}, out[64];
+            (void)seldp_comm_allreduce(group, data, out, 64, SELDP_F64, SELDP_HOST_DEVICE);
+            (void)seldp_comm_allreduce(world, data, out, 64, SELDP_F64, SELDP_HOST_DEVICE);
+        }
+        seldp_comm_destroy(group);
+        seldp_comm_destroy(world);
+
+        seldp_comm *fresh = mt_world(LONG_TIMEOUT_S), *pair = NULL;
+        expect_status(&ns, seldp_comm_split(fresh, mt_rank / 2, mt_rank, &pair), SELDP_OK, NULL);
+        int64_t mine = mt_rank + 1, sum = 0, word = mt_rank == 0 ? 1000 + round : -1;
+        expect_status(&ns,
+                      seldp_comm_allreduce(fresh, &mine, &sum, 1, SELDP_I64, SELDP_HOST_DEVICE),
+                      SELDP_OK, NULL);
+        if (sum != (int64_t)mt_size * (mt_size + 1) / 2)
+            note(&ns, "rank %d, round %d: the fresh world's sum is %lld, expected %lld", mt_rank,
+                 round, (long long)sum, (long long)mt_size * (mt_size + 1) / 2);
+        expect_status(&ns, seldp_comm_broadcast(fresh, &word, 1, SELDP_I64, 0, SELDP_HOST_DEVICE),
+                      SELDP_OK, NULL);
+        if (word != 1000 + round)
+            note(&ns, "rank %d, round %d: the fresh world's broadcast gave %lld", mt_rank, round,
+                 (long long)word);
+        if (pair)
+            expect_status(&ns, seldp_comm_barrier(pair), SELDP_OK, NULL);
+        seldp_comm_destroy(pair);
+        seldp_comm_destroy(fresh);
+    }
+    assert_no_notes(&ns);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -303,6 +348,7 @@ int main(int argc, char **argv)
         MT_TEST(test_abort_from_a_watchdog_thread_during_a_call),
         MT_TEST(test_abort_from_a_watchdog_thread_between_calls),
         MT_TEST(test_a_new_world_after_an_abort),
+        MT_TEST(test_no_stale_messages_after_an_abort),
     };
     return mt_main(argc, argv, "mpi_failures", tests, sizeof tests / sizeof *tests);
 }

@@ -341,7 +341,8 @@ static void world_free(hy_world *w)
         return;
     if (w->mpi)
         seldp_comm_destroy(w->mpi);
-    if (w->data != MPI_COMM_NULL)
+    /* kept when aborted: messages may still be on their way to it (mpi.c, group_free) */
+    if (w->data != MPI_COMM_NULL && !atomic_load(&w->aborted))
         MPI_Comm_free(&w->data);
     free(w->first);
     pthread_mutex_destroy(&w->mu);

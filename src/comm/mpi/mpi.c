@@ -51,15 +51,21 @@ static void world_release(mpi_world *w)
         }
     }
     seldp__mpi_unpark_world(w);
-    MPI_Comm_free(&w->ctrl);
+    if (!w->aborted)
+        MPI_Comm_free(&w->ctrl);
     pthread_mutex_destroy(&w->lock);
     free(w);
 }
 
+/* A communicator of an aborted world is never freed. Other processes may still have
+ * messages on their way to it (a header exchange this rank never joined, a notice), and
+ * MPI delivers a message for a freed communicator to the next one it creates with the
+ * same context id: a later world would match them in place of its own. Kept, they land in
+ * the old communicator's queue, at the cost of one handle per group of an aborted world. */
 static void group_free(mpi_group *g)
 {
     /* Operations still pending keep the communicator alive inside MPI. */
-    if (g->comm != MPI_COMM_NULL)
+    if (g->comm != MPI_COMM_NULL && !g->world->aborted)
         MPI_Comm_free(&g->comm);
     for (int k = 0; k < BUF_COUNT; k++)
         seldp__pinned_free(g->buf[k]);
