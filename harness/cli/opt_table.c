@@ -73,6 +73,12 @@ void hx_opt_defaults(const hx_opt_table *t, void *base)
         hx_opt_kind k = r->kind == HX_OPT_CUSTOM ? r->store : r->kind;
         if (r->kind == HX_OPT_ACTION || (r->kind == HX_OPT_CUSTOM && k == HX_OPT_FLAG))
             continue;
+        if (k == HX_OPT_CUSTOM) {
+            /* a default only the row's parser can store (a list): its text parsed */
+            if (r->def_string)
+                (void)r->parse(r, r->def_string, base);
+            continue;
+        }
         switch (k) {
         case HX_OPT_FLAG:
             store_bool(r, base, r->def != 0);
@@ -469,6 +475,9 @@ void hx_opt_default_text(const hx_opt_row *r, char *buf, size_t size)
         break;
     case HX_OPT_SIZE:
         size_text(r->def, buf, size);
+        break;
+    case HX_OPT_CUSTOM:
+        snprintf(buf, size, "%s", r->def_string ? r->def_string : "none");
         break;
     default:
         break;

@@ -63,8 +63,8 @@ typedef struct hx_opt_row {
     long long def;            /* default of FLAG (0/1), INT, ENUM, SEED, SIZE, CUSTOM int */
     double def_double;        /* default of DOUBLE (CUSTOM double) */
     const char *def_string;   /* default of STRING and PATH (NULL: none) */
-    hx_opt_kind store;        /* CUSTOM: how its default is stored (INT, DOUBLE, STRING);
-                                 FLAG: the default is not stored */
+    hx_opt_kind store;        /* CUSTOM: how its default is stored (INT, DOUBLE, STRING;
+                                 CUSTOM: def_string through `parse`; FLAG: not stored) */
     const char *metavar;
     const char *help;
     int section;        /* the table's --help section */
