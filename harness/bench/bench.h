@@ -57,8 +57,10 @@ typedef struct bench_opts {
     double ratios[BENCH_MAX_LIST]; /* --compute-ratio: overlap, backward time over the
                                       communication's, each its own rows (0: --compute-us) */
     int n_ratios;
-    int repeat; /* -r, --repeat: the whole measurement this many times, each row the median
-                   of the repetitions with their spread (repeat.c); 1: once */
+    int repeat;         /* -r, --repeat: the whole measurement this many times, each row the median
+                           of the repetitions with their spread (repeat.c); 1: once */
+    bool sizes_given;   /* -b or -e passed (else --op reduce and overlap have their own) */
+    bool buckets_given; /* --bucket passed (else --op overlap has its own) */
 } bench_opts;
 
 /* One measurement: a line of the table, a JSON object, a CSV row. */
@@ -93,8 +95,9 @@ typedef struct bench_row {
     double over_max;
 } bench_row;
 
-/* Parse argv into opts. Returns 0 to run, 1 when --help was printed, 2 on an error (printed
- * to stderr). `mpi` selects the options of seldp-bench-mpi. */
+/* Parse argv into opts through the option table of help.c (harness/cli/opt_table.h's rows
+ * and loop). Returns 0 to run, 1 when --help was printed, 2 on an error (printed to stderr).
+ * `mpi` selects the options of seldp-bench-mpi. */
 int bench_parse(int argc, char **argv, bench_opts *opts, bool mpi);
 
 /* The --help text of seldp-bench, or of seldp-bench-mpi (`mpi`), into f (help.c). */

@@ -1,5 +1,6 @@
-/* Command-line options of seldp-harness: one struct, its defaults, the getopt_long parser
- * and the --help text (which lists every option with its default). */
+/* Command-line options of seldp-harness: one struct, whose fields the rows of the option
+ * table (options_table.c) parse, default, print in --help and write into report.json; the
+ * parser, and the one check of the rules between options. */
 #ifndef HX_OPTIONS_H
 #define HX_OPTIONS_H
 
@@ -146,6 +147,24 @@ typedef enum hx_parse_result {
  * Help goes to `out`, errors (one line, naming the option) to `err`. Resets getopt's state
  * first, so it may be called more than once per process. */
 hx_parse_result hx_options_parse(int argc, char **argv, hx_options *opts, FILE *out, FILE *err);
+
+/* Every rule between options (docs/harness.md): one line on err and false when o breaks one.
+ * given: [hx_option_docs_n] the rows the command line named (NULL: the rules on what
+ * --print-layout would ignore are skipped). hx_options_parse calls it last. */
+bool hx_options_check(const hx_options *o, const bool *given, FILE *err);
+
+/* report.json's "options": {"world": 8, ...} from the rows with a report key, in table order
+ * (their values as the run uses them: the order, the spread and the schedule resolved);
+ * after(key) may append members behind each (report.c: the transport after the backend). */
+struct hx_buf;
+struct hx_json;
+void hx_options_json(const hx_options *o, struct hx_buf *b,
+                     void (*after)(const char *key, struct hx_buf *b, const void *ctx),
+                     const void *ctx);
+
+/* That object read back through the same rows into *o (start from hx_options_default): false
+ * with the row's error in msg. o borrows the document's strings. */
+bool hx_options_from_json(const struct hx_json *obj, hx_options *o, char *msg, size_t size);
 
 /* Print the --help text. */
 void hx_options_usage(FILE *out);

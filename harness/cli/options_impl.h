@@ -1,12 +1,15 @@
-/* What the files of seldp-harness's command line share: the option ids and the one table
- * of getopt entries and help lines (options_table.c) that options.c parses with and
- * options_help.c prints. */
+/* What the files of seldp-harness's command line share: the option ids, the --help sections
+ * and the one option table (options_table.c, rows of opt_table.h) that options.c parses with,
+ * options_help.c prints, sweep_entries.c reads sweep keys through and report.c writes
+ * report.json's "options" from. */
 #ifndef HX_OPTIONS_IMPL_H
 #define HX_OPTIONS_IMPL_H
 
 #include <getopt.h>
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "opt_table.h"
 
 enum {
     OPT_WORLD = 256,
@@ -82,28 +85,50 @@ enum {
     OPT_INJECT_OVERFLOW
 };
 
-/* The training step's options (step_options.c, docs/harness.md, The training step): the
- * defaults into *o; the --help text of a default ("" for an option of another table part);
- * parsing option `id` with its argument, true when `id` is one of them (then
- * *ok says whether the argument was valid and *expected what it must be). */
-struct hx_options;
-void hx_step_options_default(struct hx_options *o);
-void hx_step_option_default_text(int id, char *buf, size_t size);
-bool hx_step_option_parse(int id, const char *arg, struct hx_options *o, bool *ok,
-                          const char **expected);
+/* --help's sections, in the order printed (options_help.c); every row is in one. */
+enum {
+    HX_SEC_LAYOUT,
+    HX_SEC_MODEL,
+    HX_SEC_TRAINING,
+    HX_SEC_EXPERIMENTS,
+    HX_SEC_OUTPUT,
+    HX_SEC_CHECKPOINTS,
+    HX_SEC_SELF_TESTS,
+    HX_SEC_PROGRAM,
+    HX_SEC_COUNT
+};
 
-/* One row per option: the getopt entry, its argument's name and its help line. The help
- * text and the parser come from this one table. */
-typedef struct hx_option_doc {
-    struct option opt;
-    const char *metavar;
-    const char *help;
-} hx_option_doc;
-
-/* More rows than the table may have (the parser's getopt array is this long). */
-#define HX_OPTIONS_MAX 128
-
-extern const hx_option_doc hx_option_docs[];
+/* The one table of seldp-harness's options (options_table.c): parsing, defaults, --help,
+ * sweep keys, report.json's "options" come from its rows. */
+extern const hx_opt_row hx_option_docs[];
 extern const size_t hx_option_docs_n;
+extern const hx_opt_table hx_options_table;
+
+/* More rows than the table may have (the parser's given[] arrays are this long). */
+#define HX_OPTIONS_MAX HX_OPT_ROWS_MAX
+
+/* The rows' callbacks for the options no kind describes (options_custom.c). */
+bool hx_opt_order_parse(const hx_opt_row *row, const char *arg, void *base);
+void hx_opt_order_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+void hx_opt_order_show(const hx_opt_row *row, const void *base, char *buf, size_t size);
+bool hx_opt_framework_parse(const hx_opt_row *row, const char *arg, void *base);
+void hx_opt_framework_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+bool hx_opt_dtype_parse(const hx_opt_row *row, const char *arg, void *base);
+void hx_opt_dtype_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+bool hx_opt_quant_parse(const hx_opt_row *row, const char *arg, void *base);
+void hx_opt_quant_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+bool hx_opt_aux_scope_parse(const hx_opt_row *row, const char *arg, void *base);
+void hx_opt_aux_scope_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+bool hx_opt_backend_parse(const hx_opt_row *row, const char *arg, void *base);
+void hx_opt_backend_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+bool hx_opt_inject_parse(const hx_opt_row *row, const char *arg, void *base);
+void hx_opt_inject_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+bool hx_opt_out_parse(const hx_opt_row *row, const char *arg, void *base);
+bool hx_opt_loss_scale_parse(const hx_opt_row *row, const char *arg, void *base);
+void hx_opt_spread_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+void hx_opt_spread_show(const hx_opt_row *row, const void *base, char *buf, size_t size);
+void hx_opt_schedule_value(const hx_opt_row *row, const void *base, char *buf, size_t size);
+void hx_opt_threads_show(const hx_opt_row *row, const void *base, char *buf, size_t size);
+void hx_opt_name_show(const hx_opt_row *row, const void *base, char *buf, size_t size);
 
 #endif

@@ -18,10 +18,8 @@ const char *hx_import_name(hx_import_kind kind)
 
 static int option_row(const char *option)
 {
-    for (size_t i = 0; i < hx_option_docs_n; i++)
-        if (strcmp(hx_option_docs[i].opt.name, option) == 0)
-            return (int)i;
-    return -1;
+    const hx_opt_row *row = hx_opt_find(&hx_options_table, option, false);
+    return row ? (int)(row - hx_option_docs) : -1;
 }
 
 bool hx_import_given(const hx_import *imp, const char *option)

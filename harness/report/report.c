@@ -141,6 +141,14 @@ static void json_error_stat(const hx_error_stat *s, hx_buf *b)
     }
 }
 
+/* report.json's "options" hold the transport the backend resolved to, after the backend */
+static void options_after(const char *key, hx_buf *b, const void *ctx)
+{
+    const hx_run *run = ctx;
+    if (strcmp(key, "backend") == 0)
+        hx_buf_printf(b, ", \"transport\": \"%s\"", hx_backend_transport(run->backend));
+}
+
 static void report_json(const hx_run *run, hx_buf *b)
 {
     const hx_options *o = &run->opts;
@@ -151,29 +159,9 @@ static void report_json(const hx_run *run, hx_buf *b)
         hx_buf_json_string(b, run->error);
     else
         hx_buf_puts(b, "null");
-    hx_buf_printf(b,
-                  ",\n  \"options\": {\"world\": %d, \"ep\": %d, \"order\": \"%s\", "
-                  "\"layout_file\": ",
-                  o->world, o->ep, o->grid.order ? o->grid.order : hx_order_name(o->order));
-    if (o->layout_file)
-        hx_buf_json_string(b, o->layout_file);
-    else
-        hx_buf_puts(b, "null");
-    hx_buf_printf(b,
-                  ", \"roots\": \"%s\", \"expert_reduce\": \"%s\", \"fp32_master\": %s, "
-                  "\"policy\": \"%s\", \"steps\": %d, \"tokens\": %d, \"token_spread\": %d, "
-                  "\"lr\": ",
-                  hx_roots_name(o->roots), hx_flow_name(o->flow), o->fp32_master ? "true" : "false",
-                  hx_policy_name(o->policy), o->steps, o->tokens, hx_options_spread(o));
-    hx_buf_json_number(b, o->lr);
-    hx_buf_printf(b,
-                  ", \"backend\": \"%s\", \"transport\": \"%s\", \"overlap\": %s, "
-                  "\"bucket_bytes\": %zu, \"micro_batches\": %d, \"pipeline_schedule\": "
-                  "\"%s\"},\n  \"config\": ",
-                  hx_backend_name(o->backend), hx_backend_transport(run->backend),
-                  o->overlap ? "true" : "false", o->bucket_bytes,
-                  o->micro_batches > 1 ? o->micro_batches : 1,
-                  hx_pipe_schedule_name(hx_pipe_schedule_of(o)));
+    hx_buf_puts(b, ",\n  \"options\": ");
+    hx_options_json(o, b, options_after, run);
+    hx_buf_puts(b, ",\n  \"config\": ");
     hx_config_json(&o->model, b);
     hx_buf_puts(b, ",\n  \"layout\": ");
     hx_layout_json(run->layout, b);

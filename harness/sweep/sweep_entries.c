@@ -8,49 +8,32 @@
 
 #include "json.h"
 #include "layout.h"
+#include "options_impl.h"
 #include "util.h"
 
 #define MAX_RUNS 256
 
-/* Option keys of a sweep file: the JSON key, the harness option, whether it takes no value. */
-static const struct {
-    const char *key;
-    const char *option;
-    bool flag;
-} sweep_keys[] = {
-    {"world", "world", false},
-    {"ep", "ep", false},
-    {"order", "order", false},
-    {"framework", "framework", false},
-    {"tp", "tp", false},
-    {"pp", "pp", false},
-    {"cp", "cp", false},
-    {"etp", "etp", false},
-    {"layout-file", "layout-file", false},
-    {"roots", "roots", false},
-    {"dtype", "dtype", false},
-    {"quant", "quant", false},
-    {"flow", "expert-reduce", false},
-    {"expert-reduce", "expert-reduce", false},
-    {"fp32-master", "fp32-master", true},
-    {"zero", "zero", false},
-    {"policy", "policy", false},
-    {"inject", "inject", false},
-    {"lora-rank", "lora-rank", false},
-    {"lora-alpha", "lora-alpha", false},
-    /* the objective: a run that differs in these is compared with the first run of its own
-     * objective, and its difference from run 1 is reported */
-    {"aux-loss-coeff", "aux-loss-coeff", false},
-    {"aux-loss-scope", "aux-loss-scope", false},
-    {"z-loss-coeff", "z-loss-coeff", false},
-    {"capacity-factor", "capacity-factor", false},
-};
-#define N_SWEEP_KEYS (sizeof sweep_keys / sizeof sweep_keys[0])
+/* The keys of a sweep file are the option table's rows (options_table.c): a row's `sweep` says
+ * whether a run may set it (HX_SWEEP_KEY), or the command line only (HX_SWEEP_SHARED), and
+ * its value parses through the row as on the command line. */
 
-/* Options that must be the same in every run, and so only come from the command line. */
-static const char *const shared_keys[] = {
-    "seed",    "global-batch", "steps",   "tokens", "token-spread", "lr",      "vocab",
-    "d-model", "d-ff",         "experts", "top-k",  "layers",       "backend", "shared-expert-ff"};
+/* "name, world, ep, ... or capacity-factor": the keys a run may have. */
+static void sweep_key_list(char *buf, size_t size)
+{
+    size_t at = (size_t)snprintf(buf, size, "name"), n = 0, k = 0;
+    for (size_t i = 0; i < hx_option_docs_n; i++)
+        n += (hx_option_docs[i].sweep == HX_SWEEP_KEY) + (hx_option_docs[i].sweep_alias != NULL);
+    for (size_t i = 0; i < hx_option_docs_n && at < size; i++) {
+        const hx_opt_row *r = &hx_option_docs[i];
+        if (r->sweep != HX_SWEEP_KEY)
+            continue;
+        const char *names[2] = {r->sweep_alias, r->opt.name};
+        for (int j = 0; j < 2 && at < size; j++)
+            if (names[j])
+                at += (size_t)snprintf(buf + at, size - at, "%s%s", ++k == n ? " or " : ", ",
+                                       names[j]);
+    }
+}
 
 static bool entry_add(hx_sweep_entry *e, const char *option, const char *value)
 {
@@ -91,8 +74,9 @@ bool hx_sweep_parse_options(int argc, char **argv, hx_options *o, char *msg, siz
     return r == HX_PARSE_RUN;
 }
 
-/* The options of one object of a sweep file. */
-static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry *e, FILE *err)
+/* The options of one object of a sweep file, run `run` (1-based). */
+static bool entry_from_json(const char *file, int run, const hx_json *obj, hx_sweep_entry *e,
+                            FILE *err)
 {
     e->line = obj->line;
     e->column = obj->column;
@@ -115,36 +99,29 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
             hx_printable(v->string, e->label, sizeof e->label);
             continue;
         }
-        for (size_t s = 0; s < sizeof shared_keys / sizeof shared_keys[0]; s++) {
-            if (strcmp(key, shared_keys[s]) == 0) {
-                fprintf(err,
-                        "seldp-harness: %s:%d:%d: \"%s\": the same in every run of a sweep; give "
-                        "--%s on the command line\n",
-                        file, v->line, v->column, key, key);
-                return false;
-            }
-        }
-        size_t s = 0;
-        while (s < N_SWEEP_KEYS && strcmp(key, sweep_keys[s].key) != 0)
-            s++;
-        if (s == N_SWEEP_KEYS) {
+        const hx_opt_row *r = hx_opt_find(&hx_options_table, key, true);
+        if (r && r->sweep == HX_SWEEP_SHARED) {
             fprintf(err,
-                    "seldp-harness: %s:%d:%d: unknown key \"%s\": expected name, world, ep, "
-                    "order, framework, tp, pp, cp, etp, layout-file, roots, dtype, quant, flow, "
-                    "fp32-master, "
-                    "policy, inject, lora-rank, lora-alpha, aux-loss-coeff, aux-loss-scope, "
-                    "z-loss-coeff or capacity-factor\n",
-                    file, v->line, v->column, key);
+                    "seldp-harness: %s:%d:%d: \"%s\": the same in every run of a sweep; give "
+                    "--%s on the command line\n",
+                    file, v->line, v->column, key, r->opt.name);
+            return false;
+        }
+        if (!r || r->sweep != HX_SWEEP_KEY) {
+            char keys[1024];
+            sweep_key_list(keys, sizeof keys);
+            fprintf(err, "seldp-harness: %s:%d:%d: unknown key \"%s\": expected %s\n", file,
+                    v->line, v->column, key, keys);
             return false;
         }
         char value[256];
-        if (sweep_keys[s].flag) {
+        if (r->kind == HX_OPT_FLAG) {
             if (v->type != HX_JSON_BOOL) {
                 fprintf(err, "seldp-harness: %s:%d:%d: \"%s\": expected true or false\n", file,
                         v->line, v->column, key);
                 return false;
             }
-            if (v->boolean && !entry_add(e, sweep_keys[s].option, NULL))
+            if (v->boolean && !entry_add(e, r->opt.name, NULL))
                 goto nomem;
             continue;
         }
@@ -152,9 +129,7 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
             snprintf(value, sizeof value, "%s", v->string);
         else if (v->type == HX_JSON_NUMBER && v->is_integer)
             snprintf(value, sizeof value, "%lld", (long long)v->integer);
-        else if (v->type == HX_JSON_NUMBER &&
-                 (strcmp(key, "lora-alpha") == 0 || strstr(key, "-coeff") ||
-                  strcmp(key, "capacity-factor") == 0))
+        else if (v->type == HX_JSON_NUMBER && r->kind == HX_OPT_DOUBLE)
             snprintf(value, sizeof value, "%.17g", v->number);
         else {
             fprintf(err,
@@ -162,21 +137,18 @@ static bool entry_from_json(const char *file, const hx_json *obj, hx_sweep_entry
                     file, v->line, v->column, key, hx_json_type_name(v->type));
             return false;
         }
-        /* the value alone, so that its error points at it */
-        char opt[64], msg[512];
-        snprintf(opt, sizeof opt, "--%s", sweep_keys[s].option);
-        char *one[] = {"seldp-harness", opt, value, NULL};
-        /* a planted bug's requirements on other options are checked with the whole run; here
-         * only its name (local-aux needs a load-balancing loss) */
-        char *bug[] = {"seldp-harness", "--aux-loss-coeff", "1", opt, value, NULL};
-        bool is_inject = strcmp(key, "inject") == 0;
+        /* the value alone through its row, so that its error points at it and reads as the
+         * command line's; the rules between options are checked with the whole run
+         * (hx_options_check, sweep.c) */
+        char msg[640];
         hx_options scratch;
-        if (!hx_sweep_parse_options(is_inject ? 5 : 3, is_inject ? bug : one, &scratch, msg,
-                                    sizeof msg)) {
-            fprintf(err, "seldp-harness: %s:%d:%d: %s\n", file, v->line, v->column, msg);
+        hx_options_default(&scratch);
+        if (!hx_opt_parse_value(r, value, &scratch, msg, sizeof msg)) {
+            fprintf(err, "seldp-harness: %s:%d:%d: %s (run %d%s%s%s)\n", file, v->line, v->column,
+                    msg, run, e->label[0] ? ", \"" : "", e->label, e->label[0] ? "\"" : "");
             return false;
         }
-        if (!entry_add(e, sweep_keys[s].option, value))
+        if (!entry_add(e, r->opt.name, value))
             goto nomem;
     }
     return true;
@@ -205,7 +177,7 @@ bool hx_sweep_file_parse(hx_sweep *s, const char *text, size_t len, FILE *err)
     }
     s->n = (int)root->count;
     for (size_t i = 0; i < root->count; i++)
-        if (!entry_from_json(s->name, &root->items[i], &s->entries[i], err))
+        if (!entry_from_json(s->name, (int)i + 1, &root->items[i], &s->entries[i], err))
             goto out;
     ok = true;
 out:

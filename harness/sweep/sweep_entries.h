@@ -1,7 +1,8 @@
 /* The runs of a sweep (sweep.h): a sweep file's list of option objects, or a preset's layouts.
  *
  * A sweep file is a JSON array of 1 to 256 objects, each the options one run adds to the
- * command line's ("name" labels the run; the keys are harness options, docs: sweep.c). The
+ * command line's ("name" labels the run; the keys are the option table's rows marked
+ * HX_SWEEP_KEY, their values parsed through those rows, docs: sweep.c). The
  * presets build their layouts on the command line's grid (--framework, --tp, --pp, --cp,
  * --etp): ep every ep the framework accepts, in both of its orders (Megatron's ep inside and
  * outside dp, DeepSpeed's expert- and data-first; torchtitan's mesh has one); frameworks every
