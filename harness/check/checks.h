@@ -1,5 +1,6 @@
 /* The checks of a run (checks.c, docs/harness.md): their ids and results, the tensor classes of
- * the error tables, and the main thread's checks after initialize and after each step. */
+ * the error tables; the main thread's checks after initialize and after each step are
+ * step_checks.h, recording one outcome of a run's check is run.h's hx_check_record. */
 #ifndef HX_CHECKS_H
 #define HX_CHECKS_H
 
@@ -11,8 +12,6 @@
 #include "tinymoe.h"
 
 #include "util.h"
-
-typedef struct hx_run hx_run;
 
 /* What the run checks (docs/harness.md). */
 typedef enum hx_check_id {
@@ -88,15 +87,7 @@ void hx_tensor_from_f32(const float *in, seldp_tensor *t);
 HX_PRINTF(3, 4)
 void hx_record_local(hx_check_result *c, bool failed, const char *fmt, ...);
 
-void hx_check_init(hx_run *run);
-seldp_status hx_check_step(hx_run *run, int step, const tm_reference *ref);
-
 /* Record one outcome in `c` (the shared body of every recording function). */
 void hx_check_vnote(hx_check_result *c, bool failed, double value, const char *fmt, va_list ap);
-
-/* Record one outcome of check `id`: `failed` with a printf-style description of the first
- * failure. `value` updates `worst` for metric checks. */
-HX_PRINTF(5, 6)
-void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...);
 
 #endif

@@ -6,6 +6,7 @@
  * scale, the weights, the group) is wrong. The factor by which a class is off then names the
  * mistake, from the known-bug table (bugs.h); a router-loss scale is confirmed against a second
  * FP64 reference whose coefficients carry the suspected factor. */
+#include "sets.h"
 #include "diagnose.h"
 
 #include <math.h>

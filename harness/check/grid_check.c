@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sets.h"
 #include "grid.h"
 #include "router.h"
 #include "run.h"

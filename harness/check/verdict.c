@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sets.h"
+#include "set_rank.h"
 #include "capture.h"
 #include "grid.h"
 #include "checks.h"

@@ -2,6 +2,7 @@
  * checkpoint.h for the format and the order of the writes). */
 #define _POSIX_C_SOURCE 200809L
 
+#include "sets.h"
 #include "checkpoint_index.h"
 #include "optimizer.h"
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sets.h"
 #include "grid.h"
 #include "grid_ckpt.h"
 #include "optimizer.h"

@@ -8,6 +8,8 @@
 #include "options.h"
 #include "report.h"
 #include "run.h"
+#include "execute.h"
+#include "run_create.h"
 #include "sweep.h"
 
 int hx_main(int argc, char **argv, FILE *out, FILE *err)

@@ -1,6 +1,7 @@
 /* --print-layout (text and --json) and --compare-groups (see layout_show.h): the layout and the
  * replica sets of a run that is never started. The sets come from sets.c's builders, so what is
  * printed is what a run of the same options reduces over, roots included. */
+#include "sets.h"
 #include "layout_show.h"
 
 #include <stdlib.h>

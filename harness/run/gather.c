@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "set_rank.h"
 #include "capture.h"
 #include "grid.h"
 #include "checks.h"

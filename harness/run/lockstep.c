@@ -1,4 +1,5 @@
 /* Lockstep runs of a sweep (lockstep.h). */
+#include "sets.h"
 #include "lockstep.h"
 
 #include <math.h>

@@ -2,6 +2,7 @@
  * gradients exported and marked ready layer by layer, the sessions finished after it. */
 #define _POSIX_C_SOURCE 200809L
 
+#include "set_rank.h"
 #include "overlap.h"
 
 #include <stdio.h>

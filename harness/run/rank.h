@@ -14,7 +14,7 @@
 
 #include "checks.h"
 #include "layout.h"
-#include "sets.h"
+#include "replica_sets.h"
 
 typedef struct hx_run hx_run;
 typedef struct hx_rank hx_rank;

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sets.h"
+#include "set_rank.h"
 #include "checkpoint.h"
 #include "gpu.h"
 #include "grid.h"

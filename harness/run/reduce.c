@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sets.h"
+#include "set_rank.h"
 #include "capture.h"
 #include "clip.h"
 #include "grid.h"

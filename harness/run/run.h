@@ -34,10 +34,10 @@
 #include "backend.h"
 #include "bounds.h"
 #include "checks.h"
-#include "diagnose.h"
+#include "diag_fit.h"
 #include "layout.h"
 #include "options.h"
-#include "sets.h"
+#include "replica_sets.h"
 #include "timing.h"
 
 typedef struct hx_step_record {
@@ -138,15 +138,6 @@ typedef struct hx_run {
     bool gate_broken;
 } hx_run;
 
-/* Validate the options (model config, layout) and prepare a run. A failure here is a usage
- * error: SELDP_ERR_INVALID_ARGUMENT or _PARSE or _UNSUPPORTED, hx_last_error one line. */
-seldp_status hx_run_create(const hx_options *opts, hx_run **out);
-
-/* Run every step. Progress and tables go to `out` (NULL: nothing). Returns SELDP_OK when the
- * run completed, whatever the checks found (see hx_run_passed); otherwise the status of the
- * failure, with run->error naming the rank. */
-seldp_status hx_run_execute(hx_run *run, FILE *out);
-
 /* True in the process that prints, checks and writes the reports: the only one in-process,
  * rank 0's with one rank per MPI process. */
 bool hx_run_is_root(const hx_run *run);
@@ -157,6 +148,9 @@ bool hx_run_passed(const hx_run *run);
 /* Total failed checks. */
 int64_t hx_run_failures(const hx_run *run);
 
-void hx_run_destroy(hx_run *run);
+/* Record one outcome of check `id`: `failed` with a printf-style description of the first
+ * failure. `value` updates `worst` for metric checks. */
+HX_PRINTF(5, 6)
+void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...);
 
 #endif

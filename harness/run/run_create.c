@@ -2,8 +2,10 @@
  * checked before any step (run.h); refused runs create nothing. */
 #define _POSIX_C_SOURCE 200809L
 
+#include "sets.h"
 #include "checks.h"
 #include "run.h"
+#include "run_create.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -206,4 +208,45 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
 fail:
     hx_run_destroy(run);
     return st;
+}
+
+void hx_run_destroy(hx_run *run)
+{
+    if (!run)
+        return;
+    for (int r = 0; run->ranks && r < run->opts.world; r++) {
+        hx_rank *rk = &run->ranks[r];
+        for (size_t i = 0; rk->pre_init && i < rk->n_params; i++)
+            free(rk->pre_init[i]);
+        for (size_t i = 0; rk->master && i < rk->n_params; i++)
+            free(rk->master[i]);
+        free(rk->pre_init);
+        free(rk->master);
+        free(rk->sets);
+        free(rk->counts);
+        free(rk->routed);
+        free(rk->tokens);
+        free(rk->targets);
+        free(rk->choices);
+        seldp_grads_destroy(rk->grads);
+        hx_opt_destroy(rk->opt);
+        hx_zero_destroy(rk->zero);
+        tm_model_destroy(rk->model);
+        free(rk->grid);
+    }
+    free(run->batch_ranks);
+    tm_model_destroy(run->global);
+    hx_ckpt_close(run->resume);
+    free(run->ranks);
+    free(run->set_errors);
+    free(run->steps);
+    free(run->expert_tokens);
+    free(run->set_weights);
+    hx_capture_destroy(run);
+    hx_sets_free(&run->sets);
+    hx_backend_close(run->backend);
+    hx_layout_destroy(run->layout);
+    pthread_mutex_destroy(&run->gate_lock);
+    pthread_cond_destroy(&run->gate_cond);
+    free(run);
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "set_rank.h"
 #include "grid.h"
 #include "inject.h"
 #include "overlap.h"

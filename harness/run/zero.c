@@ -1,6 +1,7 @@
 /* --zero 1: the distributed optimizer over the library's sharded calls (zero.h). */
 #define _POSIX_C_SOURCE 200809L
 
+#include "set_rank.h"
 #include "zero.h"
 
 #include <math.h>

@@ -17,6 +17,7 @@
 #include "lockstep.h"
 #include "grid.h"
 #include "run.h"
+#include "run_create.h"
 #include "sweep_entries.h"
 #include "sweep_report.h"
 #include "util.h"

@@ -12,6 +12,8 @@
 #include "lockstep.h"
 #include "report.h"
 #include "run.h"
+#include "execute.h"
+#include "run_create.h"
 #include "sweep.h"
 #include "sweep_report.h"
 #include "util.h"
