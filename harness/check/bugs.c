@@ -226,3 +226,12 @@ void hx_bugs_catalog(hx_buf *b)
             hx_buf_puts(b, " | planted, caught, named |\n");
     }
 }
+
+const char *hx_fault_name(hx_fault fault)
+{
+    static const char *const self_tests[] = {"none", "grad", "replica", "absent", "fail"};
+    if ((unsigned)fault < sizeof self_tests / sizeof self_tests[0])
+        return self_tests[fault];
+    const hx_bug *bug = hx_bug_of(fault);
+    return bug ? bug->name : "invalid";
+}

@@ -47,4 +47,6 @@ void hx_bug_cite(hx_fault f, char *buf, size_t size);
 void hx_bugs_markdown(hx_buf *b);
 void hx_bugs_catalog(hx_buf *b);
 
+const char *hx_fault_name(hx_fault fault);
+
 #endif

@@ -81,7 +81,7 @@ typedef struct hx_error_stat {
     double model_resolution; /* its check's largest resolution */
 } hx_error_stat;
 
-/* Helpers shared by the rank phases (run.c, reduce.c, grid_*.c) and the checks. */
+/* Helpers shared by the rank phases (execute.c, reduce.c, grid_*.c) and the checks. */
 void hx_tensor_to_f32(const seldp_tensor *t, float *out);
 void hx_tensor_from_f32(const float *in, seldp_tensor *t);
 HX_PRINTF(3, 4)

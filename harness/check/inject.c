@@ -3,9 +3,7 @@
  * weights of the reductions, the groups, a second reduction, the router losses' gradient scale.
  * The half-precision reduction, the norm and the second TP reduction are in inject_reduce.c. */
 #include "sets.h"
-#include "set_rank.h"
 #include "inject.h"
-#include "microbatch.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bugs.h"
 #include "set_rank.h"
 #include "grid.h"
 #include "inject.h"

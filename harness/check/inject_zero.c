@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sets.h"
 #include "set_rank.h"
 #include "grid.h"
 #include "inject.h"

@@ -24,25 +24,9 @@
 #include "capture.h"
 #include "grid.h"
 #include "checks.h"
-#include "diagnose.h"
 #include "rank.h"
 #include "run.h"
 #include "verdict.h"
-
-void hx_check_metric(hx_run *run, hx_check_id id, bool failed, double ratio, double bound,
-                     double resolution, const char *fmt, ...)
-{
-    hx_check_result *c = &run->checks[id];
-    bool worse = c->tested == 0 || ratio > c->worst || isnan(ratio);
-    if (isfinite(resolution) && resolution > c->resolution)
-        c->resolution = resolution;
-    va_list ap;
-    va_start(ap, fmt);
-    hx_check_vnote(c, failed, ratio, fmt, ap);
-    va_end(ap);
-    if (worse)
-        c->bound = bound;
-}
 
 /* The reference's gradient and magnitude of rank r's occurrence p: the logical tensors, or
  * the slice its shard is. false when the reference has none (an expert no token reached). */

@@ -3,7 +3,7 @@
 #define HX_VERDICT_H
 
 #include "checks.h"
-#include "diagnose.h"
+#include "diag_fit.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -15,12 +15,6 @@
 #include "util.h"
 
 typedef struct hx_run hx_run;
-
-/* Record one outcome of metric check `id`: its error-to-bound ratio (1 or less passes), the
- * relative bound and the resolution of the tensor it was measured on. */
-HX_PRINTF(7, 8)
-void hx_check_metric(hx_run *run, hx_check_id id, bool failed, double ratio, double bound,
-                     double resolution, const char *fmt, ...);
 
 /* Every member's reduced gradient of every set: the reduction given its inputs, the members'
  * FP32 gradients and the results against the FP64 reference; the absent experts. Reads the

@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "sets.h"
+#include "checkpoint.h"
 #include "checkpoint_index.h"
 #include "optimizer.h"
 

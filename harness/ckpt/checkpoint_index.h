@@ -12,7 +12,7 @@
 #include "seldp/tensor.h"
 #include "tinymoe.h"
 
-#include "checkpoint.h"
+typedef struct hx_ckpt hx_ckpt;
 
 #define CKPT_FORMAT            "seldp-checkpoint"
 #define CKPT_VERSION           1

@@ -4,12 +4,7 @@
 
 #include <stdio.h>
 
-/* Exit status of the program. */
-enum {
-    HX_EXIT_PASS = 0, /* every check passed */
-    HX_EXIT_FAIL = 1, /* a check failed, or the run stopped on an error */
-    HX_EXIT_USAGE = 2 /* a bad option or layout: nothing ran */
-};
+#include "exit.h"
 
 /* Run seldp-harness with argv. Progress, tables and --help go to `out`, errors (one line each)
  * to `err`. Returns the exit status. */

@@ -10,7 +10,6 @@
 
 #include "seldp/version.h"
 
-#include "bugs.h"
 #include "import.h"
 #include "options_impl.h"
 
@@ -37,15 +36,6 @@ const char *hx_policy_name(seldp_missing_policy policy)
 const char *hx_order_name(hx_order order)
 {
     return order == HX_ORDER_DP_EP ? "dp-ep" : "ep-dp";
-}
-
-const char *hx_fault_name(hx_fault fault)
-{
-    static const char *const self_tests[] = {"none", "grad", "replica", "absent", "fail"};
-    if ((unsigned)fault < sizeof self_tests / sizeof self_tests[0])
-        return self_tests[fault];
-    const hx_bug *bug = hx_bug_of(fault);
-    return bug ? bug->name : "invalid";
 }
 
 const char *hx_roots_name(hx_roots roots)

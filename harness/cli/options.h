@@ -174,7 +174,6 @@ const char *hx_flow_name(hx_flow flow);
 const char *hx_policy_name(seldp_missing_policy policy);
 const char *hx_order_name(hx_order order);
 const char *hx_roots_name(hx_roots roots);
-const char *hx_fault_name(hx_fault fault);
 const char *hx_optimizer_name(hx_optimizer opt);
 /* The schedule a run uses (the default resolved: 1F1B) and its option value's name. */
 hx_pipe_schedule hx_pipe_schedule_of(const hx_options *o);

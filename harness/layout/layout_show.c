@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "exit.h"
 #include "compare.h"
 #include "grid.h"
 #include "layout_impl.h"

@@ -382,3 +382,19 @@ bool hx_set_writes(const hx_run *run, int r, const tm_param_info *p)
     const hx_set *s = hx_set_of(run, r, p);
     return s && s->root == r && hx_grid_shard(run, r, p->path).index == 0;
 }
+
+const hx_rank_set *hx_rank_membership(const hx_rank *rk, const hx_set *s)
+{
+    for (int i = 0; i < rk->n_sets; i++)
+        if (rk->sets[i].set == s)
+            return &rk->sets[i];
+    return NULL;
+}
+
+hx_rank_set *hx_rank_set_of(hx_rank *rk, const tm_param_info *p)
+{
+    for (int i = 0; i < rk->n_sets; i++)
+        if (hx_set_covers(rk->run, rk->sets[i].set, rk->rank, p))
+            return &rk->sets[i];
+    return NULL;
+}

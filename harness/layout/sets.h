@@ -36,4 +36,14 @@ int hx_set_position(const hx_set *s, int r);
  * sharded tensor (the writer gathers the others); the tied embedding's set writes one copy. */
 bool hx_set_writes(const struct hx_run *run, int r, const tm_param_info *p);
 
+/* ---- a rank's memberships (the rank's list is set_rank.h's) ---- */
+
+struct hx_rank;
+
+/* rk's membership of set s, or NULL. */
+const hx_rank_set *hx_rank_membership(const struct hx_rank *rk, const hx_set *s);
+
+/* The membership of rk that reduces p, or NULL. */
+hx_rank_set *hx_rank_set_of(struct hx_rank *rk, const tm_param_info *p);
+
 #endif

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bugs.h"
+#include "set_rank.h"
 #include "sets.h"
 #include "grid.h"
 #include "inject.h"

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bugs.h"
 #include "sets.h"
 #include "grid.h"
 #include "checks.h"

@@ -6,7 +6,6 @@
 #include "clip.h"
 #include "inject.h"
 #include "loss_scale.h"
-#include "verdict.h"
 #include "util.h"
 #include "run.h"
 #include "rank.h"

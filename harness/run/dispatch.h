@@ -12,8 +12,4 @@ typedef struct hx_rank hx_rank;
  * alltoallv (dispatch.c); afterwards rk->routed holds the world's tokens per expert. */
 seldp_status hx_rank_compute(hx_rank *rk);
 
-/* Rank rk's share of its EP group's tokens in expert-data group d this step: the weight it
- * reduces with in the mean flow; 0 when it serves no row (dispatch.c). */
-uint64_t hx_data_share(const hx_rank *rk, int d);
-
 #endif

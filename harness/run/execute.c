@@ -12,6 +12,7 @@
 #include "reduce.h"
 #include "run.h"
 #include "execute.h"
+#include "step_reduce.h"
 #include "step_checks.h"
 
 #include <malloc.h>
@@ -105,7 +106,8 @@ fail:
  * that computes there. */
 static seldp_status rank_update(hx_rank *rk)
 {
-    return hx_opt_update(rk);
+    /* --zero 1: the distributed optimizer updates this rank's range (zero.h) */
+    return rk->run->opts.zero ? hx_zero_update(rk) : hx_opt_update(rk);
 }
 
 static void rank_fail(hx_rank *rk, seldp_status st)

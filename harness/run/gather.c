@@ -4,7 +4,7 @@
  * Each process packs what the checks, the reference and the reports read of its rank into
  * one blob; rank 0 unpacks every other rank's blob into a mirror of that rank: an hx_rank
  * whose tm_model has the rank's experts and ids, holding the rank's parameter bytes, its
- * tokens, its reduced gradients and its rank-local check results. checks.c, report.c and
+ * tokens, its reduced gradients and its rank-local check results. step_checks.c, report.c and
  * the dump's manifest then read every rank alike, so the reports of a multi-process run
  * equal those of the in-process run of the same layout.
  *

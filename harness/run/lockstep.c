@@ -335,7 +335,7 @@ seldp_status hx_lockstep_finish(hx_run *run)
     int last = run->opts.steps;
     if (l->mode == HX_LOCK_RECORD) {
         seldp_status st = hx_grid_assemble(run, run->global);
-        if (st == SELDP_OK) /* --zero 1: made whole after the last update (run.c) */
+        if (st == SELDP_OK) /* --zero 1: made whole after the last update (execute.c) */
             st = take_step(run, &l->record[last], true);
         l->record[last].recorded = st == SELDP_OK;
         return st;

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "checkpoint.h"
 #include "sets.h"
 #include "run.h"
 #include "rank.h"
@@ -39,14 +38,14 @@ seldp_status hx_loss_scale_check(const hx_run *run)
     return SELDP_OK;
 }
 
-void hx_loss_scale_init(hx_run *run)
+void hx_loss_scale_init(hx_run *run, const double *saved, int64_t good)
 {
     const hx_options *o = &run->opts;
     double s = !o->loss_scale_given ? 1.0 : o->loss_scale > 0 ? o->loss_scale : o->loss_scale_init;
-    int64_t good = 0;
-    double saved = 0;
-    if (o->loss_scale_given && hx_ckpt_loss_scale(run->resume, &saved, &good))
-        s = saved; /* --resume: the scale the checkpoint's next step would have used */
+    if (o->loss_scale_given && saved)
+        s = *saved; /* --resume: the scale the checkpoint's next step would have used */
+    else
+        good = 0;
     for (int r = 0; r < o->world; r++) {
         run->ranks[r].loss_scale = s;
         run->ranks[r].scale_good = good;

@@ -31,8 +31,10 @@ typedef struct hx_rank hx_rank;
  * --inject-overflow within the steps and with --loss-scale. */
 seldp_status hx_loss_scale_check(const hx_run *run);
 
-/* Every rank's initial scale (1 without --loss-scale). */
-void hx_loss_scale_init(hx_run *run);
+/* Every rank's initial scale (1 without --loss-scale): with --loss-scale and `saved` (the
+ * state a --resume checkpoint holds, NULL: none) the saved scale and its count of good
+ * steps `good`. */
+void hx_loss_scale_init(hx_run *run, const double *saved, int64_t good);
 
 /* The factor every exported gradient of rank rk carries this step: S. */
 double hx_loss_scale_factor(const hx_rank *rk);

@@ -13,11 +13,6 @@
 #include "rank.h"
 #include "dispatch.h"
 
-int hx_micro_count(const hx_run *run)
-{
-    return run->opts.micro_batches > 1 ? run->opts.micro_batches : 1;
-}
-
 size_t hx_micro_size(size_t T, int M, int m)
 {
     return T / (size_t)M + ((size_t)m < T % (size_t)M ? 1 : 0);

@@ -23,9 +23,6 @@
 typedef struct hx_run hx_run;
 typedef struct hx_rank hx_rank;
 
-/* The step's micro-batches (--micro-batches, at least 1). */
-int hx_micro_count(const hx_run *run);
-
 /* Tokens of micro-batch m of a rank with T step tokens, and where they begin. */
 size_t hx_micro_size(size_t T, int M, int m);
 size_t hx_micro_offset(size_t T, int M, int m);

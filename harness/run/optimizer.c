@@ -11,7 +11,6 @@
 #include "grid.h"
 #include "gpu.h"
 #include "loss_scale.h"
-#include "zero.h"
 #include "run.h"
 #include "rank.h"
 #include "checks.h"
@@ -288,8 +287,6 @@ seldp_status hx_opt_update(hx_rank *rk)
     seldp_status st0 = hx_opt_ensure(rk);
     if (st0 != SELDP_OK)
         return st0;
-    if (rk->run->opts.zero)
-        return hx_zero_update(rk); /* the distributed optimizer (zero.h) */
     /* --loss-scale: one found_inf over the world (loss_scale.h) */
     seldp_status st = hx_loss_scale_found_inf(rk);
     if (st != SELDP_OK)

@@ -53,18 +53,6 @@ seldp_status hx_overlap_check_devices(const hx_run *run)
     return SELDP_OK;
 }
 
-seldp_session_config hx_session_config(const hx_run *run)
-{
-    seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
-    if (run->opts.bucket_bytes > 0)
-        cfg.bucket_bytes = run->opts.bucket_bytes;
-    /* staged, not the default in place: each finish checks that the other sets' gradients
-     * came back as they were while their reductions are still in flight, which an in-place
-     * reduction (writing its results as its buckets complete) would change */
-    cfg.overlap_in_place = false;
-    return cfg;
-}
-
 /* Start set rs's reduction with the blocking step's method and weight. */
 static seldp_status start_set(hx_rank *rk, hx_rank_set *rs)
 {

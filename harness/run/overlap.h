@@ -40,9 +40,6 @@ typedef struct hx_rank hx_rank;
 seldp_status hx_overlap_check_backend(const hx_options *opts);
 seldp_status hx_overlap_check_devices(const hx_run *run);
 
-/* The sessions' settings of the run (--bucket-bytes). */
-seldp_session_config hx_session_config(const hx_run *run);
-
 /* After the forward, before the head: fresh gradient containers, and the start of every
  * session's reduction of rk->grads. Needs rk->routed (the world's tokens per expert). */
 seldp_status hx_overlap_begin(hx_rank *rk);

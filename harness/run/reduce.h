@@ -37,8 +37,6 @@ seldp_status hx_export_grad(hx_rank *rk, size_t i, seldp_grads *grads);
 /* Empty gradient containers of the step (rk->grads, and rk->device_grads on a GPU). */
 seldp_status hx_reset_grads(hx_rank *rk);
 
-/* The step's reductions of rank rk into rk->grads; --inject's defects after them. */
-seldp_status hx_rank_reduce(hx_rank *rk);
 seldp_status hx_plant_fault(hx_rank *rk);
 
 #endif

@@ -1,5 +1,6 @@
 /* The run's queries that every component may ask (run.h): whether this process is the
  * root, its failed checks, whether it passed; and the recording of a check's outcome. */
+#include <math.h>
 #include <stdarg.h>
 
 #include "run.h"
@@ -31,4 +32,24 @@ void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, con
     va_start(ap, fmt);
     hx_check_vnote(&run->checks[id], failed, value, fmt, ap);
     va_end(ap);
+}
+
+void hx_check_metric(hx_run *run, hx_check_id id, bool failed, double ratio, double bound,
+                     double resolution, const char *fmt, ...)
+{
+    hx_check_result *c = &run->checks[id];
+    bool worse = c->tested == 0 || ratio > c->worst || isnan(ratio);
+    if (isfinite(resolution) && resolution > c->resolution)
+        c->resolution = resolution;
+    va_list ap;
+    va_start(ap, fmt);
+    hx_check_vnote(c, failed, ratio, fmt, ap);
+    va_end(ap);
+    if (worse)
+        c->bound = bound;
+}
+
+int hx_micro_count(const hx_run *run)
+{
+    return run->opts.micro_batches > 1 ? run->opts.micro_batches : 1;
 }

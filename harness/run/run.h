@@ -153,4 +153,13 @@ int64_t hx_run_failures(const hx_run *run);
 HX_PRINTF(5, 6)
 void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, const char *fmt, ...);
 
+/* Record one outcome of metric check `id`: its error-to-bound ratio (1 or less passes), the
+ * relative bound and the resolution of the tensor it was measured on. */
+HX_PRINTF(7, 8)
+void hx_check_metric(hx_run *run, hx_check_id id, bool failed, double ratio, double bound,
+                     double resolution, const char *fmt, ...);
+
+/* The step's micro-batches (--micro-batches, at least 1). */
+int hx_micro_count(const hx_run *run);
+
 #endif

@@ -192,7 +192,10 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         run->ranks[r].loss_scale = 1.0;
         run->ranks[r].batch_rank = hx_grid_sharded(run) ? hx_grid_batch_rank(run, r) : r;
     }
-    hx_loss_scale_init(run);
+    double saved_scale = 0;
+    int64_t saved_good = 0;
+    bool resumed = hx_ckpt_loss_scale(run->resume, &saved_scale, &saved_good);
+    hx_loss_scale_init(run, resumed ? &saved_scale : NULL, saved_good);
     /* every output is writable before a step runs (a run is not lost to a bad path at its
      * end), checked last: a refused run creates nothing */
     if (o->out_dir && o->out_dir[0])

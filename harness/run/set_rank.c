@@ -5,15 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rank_tensors.h"
 #include "set_rank.h"
 #include "grid.h"
 #include "inject.h"
-#include "overlap.h"
 #include "checks.h"
-#include "dispatch.h"
+#include "shares.h"
 #include "gpu.h"
 #include "rank.h"
-#include "rank_setup.h"
 #include "run.h"
 #include "sets.h"
 #include "loss_scale.h"
@@ -64,22 +63,6 @@ void hx_rank_sets_cleanup(hx_rank *rk)
     free(rk->sets);
     rk->sets = NULL;
     rk->n_sets = 0;
-}
-
-const hx_rank_set *hx_rank_membership(const hx_rank *rk, const hx_set *s)
-{
-    for (int i = 0; i < rk->n_sets; i++)
-        if (rk->sets[i].set == s)
-            return &rk->sets[i];
-    return NULL;
-}
-
-hx_rank_set *hx_rank_set_of(hx_rank *rk, const tm_param_info *p)
-{
-    for (int i = 0; i < rk->n_sets; i++)
-        if (hx_set_covers(rk->run, rk->sets[i].set, rk->rank, p))
-            return &rk->sets[i];
-    return NULL;
 }
 
 /* The view a set's session initializes and reduces: the rank's model (its device mirror's on
@@ -238,4 +221,16 @@ double hx_set_export_scale(const hx_rank *rk, const hx_set *s)
     double scale = s->sums ? 1.0 / (double)rk->global_tokens : 1.0;
     /* --loss-scale: the gradients of S times the loss (loss_scale.h) */
     return scale * hx_inject_scale(rk, s) * hx_loss_scale_factor(rk);
+}
+
+seldp_session_config hx_session_config(const hx_run *run)
+{
+    seldp_session_config cfg = SELDP_SESSION_CONFIG_INIT;
+    if (run->opts.bucket_bytes > 0)
+        cfg.bucket_bytes = run->opts.bucket_bytes;
+    /* staged, not the default in place: each finish checks that the other sets' gradients
+     * came back as they were while their reductions are still in flight, which an in-place
+     * reduction (writing its results as its buckets complete) would change */
+    cfg.overlap_in_place = false;
+    return cfg;
 }

@@ -24,16 +24,14 @@ seldp_status hx_rank_sets_split(struct hx_rank *rk);
 seldp_status hx_rank_sets_init(struct hx_rank *rk);
 void hx_rank_sets_cleanup(struct hx_rank *rk);
 
-/* rk's membership of set s, or NULL. */
-const hx_rank_set *hx_rank_membership(const struct hx_rank *rk, const hx_set *s);
-
-/* The membership of rk that reduces p, or NULL. */
-hx_rank_set *hx_rank_set_of(struct hx_rank *rk, const tm_param_info *p);
-
 /* The weight rk reduces set s with this step (a planted bug's included), and the scale its
  * gradients of s are exported with: 1 / the global token count for a set that sums, else 1
  * (times a planted bug's factor). */
 uint64_t hx_set_weight_of(const struct hx_rank *rk, const hx_set *s);
 double hx_set_export_scale(const struct hx_rank *rk, const hx_set *s);
+
+struct hx_run;
+/* The sessions' settings of the run (--bucket-bytes). */
+seldp_session_config hx_session_config(const struct hx_run *run);
 
 #endif

@@ -11,7 +11,6 @@
 #include "inject.h"
 #include "loss_scale.h"
 #include "optimizer.h"
-#include "overlap.h"
 #include "run.h"
 #include "rank.h"
 #include "reduce.h"
@@ -141,16 +140,12 @@ fail:
     return st;
 }
 
-seldp_status hx_zero_reduce(hx_rank *rk)
+seldp_status hx_zero_reduce(hx_rank *rk, double t0)
 {
     seldp_status st = SELDP_OK;
-    double t0 = hx_now();
     seldp_norm_range *ranges = NULL;
     HX_CHECK(ensure(rk));
-    if (rk->run->opts.overlap) {
-        /* started by hx_zero_start, its gradients marked as the backward made them */
-        HX_CHECK(hx_overlap_finish(rk));
-    } else {
+    if (!rk->run->opts.overlap) { /* overlapped: started by hx_zero_start, finished */
         HX_CHECK(hx_reset_grads(rk));
         for (size_t i = 0; i < rk->n_params; i++)
             HX_CHECK(hx_export_grad(rk, i, rk->grads));
@@ -337,7 +332,9 @@ fail:
 
 seldp_status hx_zero_update(hx_rank *rk)
 {
-    seldp_status st = SELDP_OK;
+    seldp_status st = hx_opt_ensure(rk);
+    if (st != SELDP_OK)
+        return st;
     seldp_norm_range *ranges = NULL;
     float *g = NULL;
     bool skip = false;

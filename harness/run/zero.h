@@ -45,13 +45,15 @@ seldp_status hx_zero_check(const hx_run *run);
 
 /* --overlap: rank rk's maps and ranges, and the start of every set's overlapped reduce-scatter
  * into them (seldp_shard_reduce_scatter_start, _sum_start; the blocking step's weights); the
- * backward marks the gradients ready (overlap.c) and hx_zero_reduce finishes them. */
+ * backward marks the gradients ready (overlap.c), hx_rank_reduce finishes them
+ * (hx_overlap_finish) and hx_zero_reduce goes on from there. */
 seldp_status hx_zero_start(hx_rank *rk);
 
 /* Rank rk's reductions under --zero 1: every gradient exported as in the blocking flow (and
  * captured), every set reduce-scattered into its range; rk->grads left empty for the main
- * thread's assembly; --clip-grad's norm over the ranges. */
-seldp_status hx_zero_reduce(hx_rank *rk);
+ * thread's assembly; --clip-grad's norm over the ranges. Under --overlap the caller has
+ * finished the reduce-scatters first. t0: the phase's start (hx_now), for rk->t_reduce. */
+seldp_status hx_zero_reduce(hx_rank *rk, double t0);
 
 /* The main thread: every member's whole reduced gradient of every set from the members' ranges
  * (absent pieces absent), into a fresh rk->grads. After the update (--clip-grad scales the
@@ -62,7 +64,7 @@ seldp_status hx_zero_assemble(hx_run *run);
  * rank's range at most): the elements its update owns; the whole parameter without --zero. */
 void hx_zero_owned(const hx_rank *rk, size_t i, size_t *lo, size_t *hi);
 
-/* Rank rk's update under --zero 1 (optimizer.c calls it): --clip-grad over the ranges, the
+/* Rank rk's update under --zero 1 (in place of hx_opt_update): --clip-grad over the ranges, the
  * optimizer on every present piece of its ranges, the all-gather of every set's range. */
 seldp_status hx_zero_update(hx_rank *rk);
 

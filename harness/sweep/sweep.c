@@ -3,6 +3,7 @@
  * sweep.json and a gnuplot plot. */
 #define _POSIX_C_SOURCE 200809L
 
+#include "bugs.h"
 #include "sweep.h"
 
 #include <math.h>
@@ -11,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "exit.h"
 #include "inject.h"
 #include "json.h"
 #include "lockstep.h"

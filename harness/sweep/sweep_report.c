@@ -2,6 +2,7 @@
  * and sweep.gp (left to draw by hand when gnuplot is absent). */
 #define _POSIX_C_SOURCE 200809L
 
+#include "bugs.h"
 #include "sweep_report.h"
 
 #include <math.h>
