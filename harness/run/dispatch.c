@@ -379,11 +379,13 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
     seldp_status st = SELDP_OK;
     const tm_compute_ops *ops = rk->ops;
     size_t D = (size_t)rk->run->opts.model.d_model;
+    /* the results come back into the send buffer (free once the rows are sent): at world
+     * 2048 every rank is inside a round trip at once, so each buffer here is ~130 MB of peak */
     float *send = ops->alloc(rk->compute, slots * D);
     float *recv = ops->alloc(rk->compute, p->n_recv * D);
     float *result = ops->alloc(rk->compute, p->n_recv * D);
-    float *returned = ops->alloc(rk->compute, slots * D);
-    if (!send || !recv || !result || !returned)
+    float *returned = send;
+    if (!send || !recv || !result)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     HX_CHECK(copy_rows(rk, send, p->kept_pos, slot_rows, p->kept, p->n_kept));
     HX_CHECK(exchange(rk, send, p->send_rows, p->send_displs, recv, p->recv_rows, p->recv_displs, D,
@@ -395,6 +397,11 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
         HX_CHECK(run_experts(rk, l, p, NULL, result));
     } else {
         HX_CHECK(run_experts(rk, l, p, recv, result));
+        /* the layer's backward was the last reader of its rows and of the gradient rows */
+        ops->release(rk->compute, p->recv_x);
+        p->recv_x = NULL;
+        ops->release(rk->compute, recv);
+        recv = NULL;
     }
     HX_CHECK(exchange(rk, result, p->recv_rows, p->recv_displs, returned, p->send_rows,
                       p->send_displs, D, SELDP_F32, rk->device,
@@ -404,7 +411,6 @@ fail:
     ops->release(rk->compute, send);
     ops->release(rk->compute, recv);
     ops->release(rk->compute, result);
-    ops->release(rk->compute, returned);
     return st;
 }
 
