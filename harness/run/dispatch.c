@@ -265,17 +265,27 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
     size_t D = (size_t)rk->run->opts.model.d_model;
     int E = rk->run->layout->experts;
     int64_t *rows = hx_calloc(n, sizeof *rows);
-    float *xe = ops->alloc(rk->compute, n * D);
-    float *ge = ops->alloc(rk->compute, n * D);
-    float *oe = ops->alloc(rk->compute, n * D);
-    if (!rows || !xe || !ge || !oe)
+    size_t *per = hx_calloc((size_t)E, sizeof *per);
+    float *xe = NULL, *ge = NULL, *oe = NULL;
+    if (!rows || !per)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    for (size_t j = 0; j < n; j++)
-        if (!tm_model_owns(rk->model, ids[j]))
+    size_t most = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (ids[j] < 0 || ids[j] >= E || !tm_model_owns(rk->model, ids[j]))
             HX_FAIL(SELDP_ERR_INTERNAL,
                     "rank %d: layer %d: received a row for expert %d, "
                     "which it does not own",
                     rk->rank, l, (int)ids[j]);
+        if (++per[ids[j]] > most)
+            most = per[ids[j]];
+    }
+    /* one expert's rows at a time: sized by the busiest, not by every row received (at world
+     * 2048 every rank is here at once) */
+    xe = ops->alloc(rk->compute, most * D);
+    ge = ops->alloc(rk->compute, most * D);
+    oe = ops->alloc(rk->compute, most * D);
+    if (!xe || !ge || !oe)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (int e = 0; e < E; e++) {
         size_t m = 0;
         for (size_t j = 0; j < n; j++)
@@ -296,6 +306,7 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
     }
 fail:
     free(rows);
+    free(per);
     ops->release(rk->compute, xe);
     ops->release(rk->compute, ge);
     ops->release(rk->compute, oe);
