@@ -394,7 +394,9 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
      * 2048 every rank is inside a round trip at once, so each buffer here is ~130 MB of peak */
     float *send = ops->alloc(rk->compute, slots * D);
     float *recv = ops->alloc(rk->compute, p->n_recv * D);
-    float *result = ops->alloc(rk->compute, p->n_recv * D);
+    /* backward: the input gradients over the gradient rows (run_experts reads an expert's rows
+     * before it writes them, and no other expert's) */
+    float *result = backward ? recv : ops->alloc(rk->compute, p->n_recv * D);
     float *returned = send;
     if (!send || !recv || !result)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
@@ -408,11 +410,10 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
         HX_CHECK(run_experts(rk, l, p, NULL, result));
     } else {
         HX_CHECK(run_experts(rk, l, p, recv, result));
-        /* the layer's backward was the last reader of its rows and of the gradient rows */
+        recv = NULL; /* it is `result` now */
+        /* the layer's backward was the last reader of its rows */
         ops->release(rk->compute, p->recv_x);
         p->recv_x = NULL;
-        ops->release(rk->compute, recv);
-        recv = NULL;
     }
     HX_CHECK(exchange(rk, result, p->recv_rows, p->recv_displs, returned, p->send_rows,
                       p->send_displs, D, SELDP_F32, rk->device,
@@ -420,7 +421,8 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
     HX_CHECK(copy_rows(rk, back, p->kept, returned, p->kept_pos, p->n_kept));
 fail:
     ops->release(rk->compute, send);
-    ops->release(rk->compute, recv);
+    if (recv != result)
+        ops->release(rk->compute, recv);
     ops->release(rk->compute, result);
     return st;
 }
