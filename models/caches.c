@@ -168,6 +168,24 @@ int tm_model_cache_set(const tm_model *m)
     return m->active_set;
 }
 
+void tm_model_release_caches(tm_model *m)
+{
+    if (!m)
+        return;
+    if (m->cache)
+        free_caches(m);
+    for (int k = 0; k < m->n_sets; k++) {
+        if (k == m->active_set || !m->sets[k].cache)
+            continue;
+        tm_cache_set live;
+        store_set(m, &live);
+        load_set(m, &m->sets[k]);
+        free_caches(m);
+        store_set(m, &m->sets[k]);
+        load_set(m, &live);
+    }
+}
+
 /* Free the caches, the layer caches and the TP state of the set in the model's fields. */
 static void free_live(tm_model *m)
 {

@@ -460,6 +460,13 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
     for (size_t t = 0; t < N; t++)
         for (int i = 0; i < D; i++)
             p.emb->g[(size_t)tok[t] * D + i] += w.dH[t * D + i];
+    /* the backward's token gradients have had their last reader: the error-scale pass takes
+     * its own, and at world 2048 these are ~100 MB of its peak */
+    double **dead[] = {&w.dH, &w.dU, &w.dZ, &w.dgate};
+    for (size_t k = 0; k < sizeof dead / sizeof dead[0]; k++) {
+        tm__ref_free(ref, *dead[k]);
+        *dead[k] = NULL;
+    }
     TM_CHECK(tm__ref_magnitudes(ref, &p, &w));
 
     *out = ref;

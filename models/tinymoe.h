@@ -349,6 +349,10 @@ seldp_status tm_model_set_router_scale(tm_model *m, double scale);
 seldp_status tm_model_use_caches(tm_model *m, int set);
 /** The cache set in use. */
 int tm_model_cache_set(const tm_model *m);
+/** Frees the activation buffers of every cache set (the next forward sizes them again), once
+ * the step's backwards are done: a forward rewrites all of them, so the next step's values are
+ * the same bits. Keeps the sets themselves and the one in use. */
+void tm_model_release_caches(tm_model *m);
 
 /** Embedding lookup for this rank's T tokens. tokens (T) ids in [0, V); h (T,D) out.
  * Sizes the step's activation caches for T (T may be 0). Returns INVALID_ARGUMENT for a

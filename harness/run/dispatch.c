@@ -229,17 +229,27 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
     size_t D = (size_t)rk->run->opts.model.d_model;
     int E = rk->run->layout->experts;
     int64_t *rows = hx_calloc(n, sizeof *rows);
-    float *xe = ops->alloc(rk->compute, n * D);
-    float *ge = ops->alloc(rk->compute, n * D);
-    float *oe = ops->alloc(rk->compute, n * D);
-    if (!rows || !xe || !ge || !oe)
+    size_t *per = hx_calloc((size_t)E, sizeof *per);
+    float *xe = NULL, *ge = NULL, *oe = NULL;
+    if (!rows || !per)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
-    for (size_t j = 0; j < n; j++)
-        if (!tm_model_owns(rk->model, ids[j]))
+    size_t most = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (ids[j] < 0 || ids[j] >= E || !tm_model_owns(rk->model, ids[j]))
             HX_FAIL(SELDP_ERR_INTERNAL,
                     "rank %d: layer %d: received a row for expert %d, "
                     "which it does not own",
                     rk->rank, l, (int)ids[j]);
+        if (++per[ids[j]] > most)
+            most = per[ids[j]];
+    }
+    /* one expert's rows at a time: sized by the busiest, not by every row received (at world
+     * 2048 every rank is here at once) */
+    xe = ops->alloc(rk->compute, most * D);
+    ge = ops->alloc(rk->compute, most * D);
+    oe = ops->alloc(rk->compute, most * D);
+    if (!xe || !ge || !oe)
+        HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     for (int e = 0; e < E; e++) {
         size_t m = 0;
         for (size_t j = 0; j < n; j++)
@@ -260,6 +270,7 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
     }
 fail:
     free(rows);
+    free(per);
     ops->release(rk->compute, xe);
     ops->release(rk->compute, ge);
     ops->release(rk->compute, oe);
@@ -343,11 +354,15 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
     seldp_status st = SELDP_OK;
     const tm_compute_ops *ops = rk->ops;
     size_t D = (size_t)rk->run->opts.model.d_model;
+    /* the results come back into the send buffer (free once the rows are sent): at world
+     * 2048 every rank is inside a round trip at once, so each buffer here is ~130 MB of peak */
     float *send = ops->alloc(rk->compute, slots * D);
     float *recv = ops->alloc(rk->compute, p->n_recv * D);
-    float *result = ops->alloc(rk->compute, p->n_recv * D);
-    float *returned = ops->alloc(rk->compute, slots * D);
-    if (!send || !recv || !result || !returned)
+    /* backward: the input gradients over the gradient rows (run_experts reads an expert's rows
+     * before it writes them, and no other expert's) */
+    float *result = backward ? recv : ops->alloc(rk->compute, p->n_recv * D);
+    float *returned = send;
+    if (!send || !recv || !result)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
     HX_CHECK(copy_rows(rk, send, p->kept_pos, slot_rows, p->kept, p->n_kept));
     HX_CHECK(exchange(rk, send, p->send_rows, p->send_displs, recv, p->recv_rows, p->recv_displs, D,
@@ -359,6 +374,10 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
         HX_CHECK(run_experts(rk, l, p, NULL, result));
     } else {
         HX_CHECK(run_experts(rk, l, p, recv, result));
+        recv = NULL; /* it is `result` now */
+        /* the layer's backward was the last reader of its rows */
+        ops->release(rk->compute, p->recv_x);
+        p->recv_x = NULL;
     }
     HX_CHECK(exchange(rk, result, p->recv_rows, p->recv_displs, returned, p->send_rows,
                       p->send_displs, D, SELDP_F32, rk->device,
@@ -366,9 +385,9 @@ static seldp_status round_trip(hx_rank *rk, int l, layer_plan *p, const float *s
     HX_CHECK(copy_rows(rk, back, p->kept, returned, p->kept_pos, p->n_kept));
 fail:
     ops->release(rk->compute, send);
-    ops->release(rk->compute, recv);
+    if (recv != result)
+        ops->release(rk->compute, recv);
     ops->release(rk->compute, result);
-    ops->release(rk->compute, returned);
     return st;
 }
 
