@@ -4,6 +4,7 @@
 
 #include "options.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -70,6 +71,34 @@ static hx_parse_result parse_pass(int argc, char **argv, hx_options *o, FILE *ou
 
 /* The imports' settings into *o (the options before the command line), one at a time so that a
  * refusal names the config key it came from; then the command line on top. */
+/* The text of an imported value, kept for the life of the process. An option's string
+ * field points at its argument (argv's, which outlives the options); an import's values live
+ * in its settings, freed when the import is, so the value an option keeps is a copy. Each
+ * distinct text is kept once. NULL when out of memory. */
+static char *kept_text(const char *text)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static struct kept {
+        struct kept *next;
+        char text[];
+    } *kept = NULL;
+    pthread_mutex_lock(&lock);
+    struct kept *k = kept;
+    while (k && strcmp(k->text, text) != 0)
+        k = k->next;
+    if (!k) {
+        size_t len = strlen(text) + 1;
+        k = malloc(sizeof *k + len);
+        if (k) {
+            memcpy(k->text, text, len);
+            k->next = kept;
+            kept = k;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return k ? k->text : NULL;
+}
+
 static hx_parse_result apply_imports(int argc, char **argv, hx_options *o, const hx_options *start,
                                      const bool *given, FILE *out, FILE *err)
 {
@@ -88,7 +117,13 @@ static hx_parse_result apply_imports(int argc, char **argv, hx_options *o, const
         const hx_import_setting *s = &imp.settings[i];
         if (!hx_import_applies(&imp, s))
             continue;
-        char *words[4] = {argv[0], (char *)s->arg, (char *)s->value, NULL};
+        char *value = kept_text(s->value);
+        if (!value) {
+            fprintf(err, "seldp-harness: out of memory\n");
+            r = HX_PARSE_ERROR;
+            break;
+        }
+        char *words[4] = {argv[0], (char *)s->arg, value, NULL};
         int n = s->value[0] ? 3 : 2;
         words[n] = NULL;
         char *text = NULL;
