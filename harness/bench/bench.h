@@ -103,9 +103,6 @@ int bench_parse(int argc, char **argv, bench_opts *opts, bool mpi);
 /* The --help text of seldp-bench, or of seldp-bench-mpi (`mpi`), into f (help.c). */
 void bench_usage(FILE *f, bool mpi);
 
-/* "256M" -> 268435456; K, M, G (powers of 1024), an optional B. false when malformed. */
-bool bench_parse_size(const char *text, size_t *out);
-
 /* The next size after `bytes`: bytes * factor, at least bytes + 1. */
 size_t bench_next_size(size_t bytes, double factor);
 

@@ -21,40 +21,6 @@ const char *bench_op_name(bench_op op)
     return op_names[op];
 }
 
-bool bench_parse_size(const char *text, size_t *out)
-{
-    char *end = NULL;
-    double v = strtod(text, &end);
-    if (end == text || !(v >= 0))
-        return false;
-    double scale = 1;
-    switch (*end) {
-    case 'k':
-    case 'K':
-        scale = 1024.0;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        scale = 1024.0 * 1024.0;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        scale = 1024.0 * 1024.0 * 1024.0;
-        end++;
-        break;
-    default:
-        break;
-    }
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end != '\0' || v * scale > 1e15)
-        return false;
-    *out = (size_t)(v * scale);
-    return true;
-}
-
 size_t bench_next_size(size_t bytes, double factor)
 {
     double next = (double)bytes * factor;

@@ -55,10 +55,10 @@ static bool parse_buckets(const char *text, size_t *out, int *n)
         size_t a = 0, b = 0;
         if (dash)
             *dash = '\0';
-        if (!bench_parse_size(item, &a) || a == 0)
+        if (!hx_opt_parse_size(item, &a) || a == 0)
             return false;
         b = a;
-        if (dash && (!bench_parse_size(dash + 1, &b) || b < a))
+        if (dash && (!hx_opt_parse_size(dash + 1, &b) || b < a))
             return false;
         for (size_t v = a; v <= b; v *= 2) {
             if (*n == BENCH_MAX_LIST)

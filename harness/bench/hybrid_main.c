@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "opt_table.h"
 #include "seldp/host.h"
 #include "seldp/hybrid.h"
 #include "seldp/mpi.h"
@@ -199,7 +200,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(o, "--threads")) {
             s.threads = atoi(v);
         } else if (!strcmp(o, "-b") || !strcmp(o, "-e")) {
-            if (!bench_parse_size(v, !strcmp(o, "-b") ? &s.min_bytes : &s.max_bytes))
+            if (!hx_opt_parse_size(v, !strcmp(o, "-b") ? &s.min_bytes : &s.max_bytes))
                 return usage();
         } else if (!strcmp(o, "-f")) {
             s.factor = atof(v);

@@ -134,7 +134,7 @@ static bool parse_real(const hx_opt_row *r, const char *text, double *out)
 }
 
 /* "256M" -> 268435456: K, M, G (powers of 1024), an optional B; at most 1e15 bytes. */
-static bool parse_size(const char *text, size_t *out)
+bool hx_opt_parse_size(const char *text, size_t *out)
 {
     char *end = NULL;
     double v = strtod(text, &end);
@@ -217,7 +217,7 @@ static bool store_value(const hx_opt_row *r, const char *arg, void *base)
     }
     case HX_OPT_SIZE: {
         size_t v = 0;
-        if (!parse_size(arg, &v) ||
+        if (!hx_opt_parse_size(arg, &v) ||
             (r->max > r->min && ((long long)v < r->min || (long long)v > r->max)))
             return false;
         memcpy(field(r, base), &v, sizeof v);

@@ -140,4 +140,8 @@ void hx_opt_print_help(const hx_opt_table *t, FILE *out);
 /* One row's line(s) of --help; with `shorts` the short letter first ("  -b, --minbytes SIZE"). */
 void hx_opt_print_row(const hx_opt_row *row, FILE *out, bool shorts, bool show_default);
 
+/* "256M" -> 268435456: K, M, G (powers of 1024), an optional B; at most 1e15 bytes. false
+ * (and *out untouched) for anything else. */
+bool hx_opt_parse_size(const char *text, size_t *out);
+
 #endif
