@@ -104,3 +104,14 @@ void hx_record_local(hx_check_result *c, bool failed, const char *fmt, ...)
     hx_check_vnote(c, failed, 0, fmt, ap);
     va_end(ap);
 }
+
+void hx_check_vmetric(hx_check_result *c, bool failed, double ratio, double bound,
+                      double resolution, const char *fmt, va_list ap)
+{
+    bool worse = c->tested == 0 || ratio > c->worst || isnan(ratio);
+    if (isfinite(resolution) && resolution > c->resolution)
+        c->resolution = resolution;
+    hx_check_vnote(c, failed, ratio, fmt, ap);
+    if (worse)
+        c->bound = bound;
+}

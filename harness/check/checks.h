@@ -87,6 +87,11 @@ void hx_tensor_from_f32(const float *in, seldp_tensor *t);
 HX_PRINTF(3, 4)
 void hx_record_local(hx_check_result *c, bool failed, const char *fmt, ...);
 
+/* Record one outcome of a metric check in `c`: its error-to-bound ratio, the relative bound
+ * where the worst ratio was measured and the resolution (the body of hx_check_metric). */
+void hx_check_vmetric(hx_check_result *c, bool failed, double ratio, double bound,
+                      double resolution, const char *fmt, va_list ap);
+
 /* Record one outcome in `c` (the shared body of every recording function). */
 void hx_check_vnote(hx_check_result *c, bool failed, double value, const char *fmt, va_list ap);
 

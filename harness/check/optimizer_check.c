@@ -26,15 +26,10 @@ HX_PRINTF(6, 7)
 static void note(hx_check_result *c, bool failed, double ratio, double bound, double resolution,
                  const char *fmt, ...)
 {
-    bool worse = c->tested == 0 || ratio > c->worst || isnan(ratio);
-    if (isfinite(resolution) && resolution > c->resolution)
-        c->resolution = resolution;
     va_list ap;
     va_start(ap, fmt);
-    hx_check_vnote(c, failed, ratio, fmt, ap);
+    hx_check_vmetric(c, failed, ratio, bound, resolution, fmt, ap);
     va_end(ap);
-    if (worse)
-        c->bound = bound;
 }
 
 /* A rank's result into the run's check, ranks in order. */

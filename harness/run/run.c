@@ -1,6 +1,5 @@
 /* The run's queries that every component may ask (run.h): whether this process is the
  * root, its failed checks, whether it passed; and the recording of a check's outcome. */
-#include <math.h>
 #include <stdarg.h>
 
 #include "run.h"
@@ -37,16 +36,10 @@ void hx_check_record(hx_run *run, hx_check_id id, bool failed, double value, con
 void hx_check_metric(hx_run *run, hx_check_id id, bool failed, double ratio, double bound,
                      double resolution, const char *fmt, ...)
 {
-    hx_check_result *c = &run->checks[id];
-    bool worse = c->tested == 0 || ratio > c->worst || isnan(ratio);
-    if (isfinite(resolution) && resolution > c->resolution)
-        c->resolution = resolution;
     va_list ap;
     va_start(ap, fmt);
-    hx_check_vnote(c, failed, ratio, fmt, ap);
+    hx_check_vmetric(&run->checks[id], failed, ratio, bound, resolution, fmt, ap);
     va_end(ap);
-    if (worse)
-        c->bound = bound;
 }
 
 int hx_micro_count(const hx_run *run)
