@@ -252,6 +252,22 @@ static seldp_status save_commit(hx_run *run, int step)
 }
 
 /* Every rank a thread of this process, the main thread checking between the phases. */
+/* The run's status from ranks [first, first + n) when it has none yet: the first real error,
+ * ranks that only saw the abort of another coming last. */
+static void first_rank_error(hx_run *run, int first, int n)
+{
+    for (int pass = 0; pass < 2 && run->status == SELDP_OK; pass++) {
+        for (int r = first; r < first + n; r++) {
+            const hx_rank *rk = &run->ranks[r];
+            if (rk->status == SELDP_OK || (pass == 0 && rk->status == SELDP_ERR_ABORTED))
+                continue;
+            run->status = rk->status;
+            snprintf(run->error, sizeof run->error, "%s", rk->error);
+            return;
+        }
+    }
+}
+
 static seldp_status execute_threads(hx_run *run)
 {
     seldp_status st = SELDP_OK;
@@ -336,17 +352,7 @@ joined:
             snprintf(run->error, sizeof run->error, "%s", hx_last_error());
         }
     }
-    /* the first real error: ranks that only saw the abort of another come last */
-    for (int pass = 0; pass < 2 && run->status == SELDP_OK; pass++) {
-        for (int r = 0; r < W; r++) {
-            const hx_rank *rk = &run->ranks[r];
-            if (rk->status == SELDP_OK || (pass == 0 && rk->status == SELDP_ERR_ABORTED))
-                continue;
-            run->status = rk->status;
-            snprintf(run->error, sizeof run->error, "%s", rk->error);
-            break;
-        }
-    }
+    first_rank_error(run, 0, W);
     return run->status;
 fail:
     run->status = st;
@@ -476,16 +482,7 @@ static seldp_status execute_hybrid(hx_run *run)
     for (int r = first; r < first + n; r++)
         if (run->ranks[r].started)
             pthread_join(run->ranks[r].thread, NULL);
-    for (int pass = 0; pass < 2 && run->status == SELDP_OK; pass++) {
-        for (int r = first; r < first + n; r++) {
-            const hx_rank *rk = &run->ranks[r];
-            if (rk->status == SELDP_OK || (pass == 0 && rk->status == SELDP_ERR_ABORTED))
-                continue;
-            run->status = rk->status;
-            snprintf(run->error, sizeof run->error, "%s", rk->error);
-            break;
-        }
-    }
+    first_rank_error(run, first, n);
     return run->status;
 }
 
