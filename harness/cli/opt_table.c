@@ -282,6 +282,25 @@ void hx_opt_expect(const hx_opt_row *r, char *buf, size_t size)
     }
 }
 
+/* `text` as a message shows it: control bytes escaped (\n, \t, \xNN), so that a refusal stays
+ * one line whatever a sweep file or an import put in a value, and cut at `size`. */
+static const char *shown(const char *text, char *buf, size_t size)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)text; *p && n + 5 < size; p++) {
+        if (*p == '\n')
+            n += (size_t)snprintf(buf + n, size - n, "\\n");
+        else if (*p == '\t')
+            n += (size_t)snprintf(buf + n, size - n, "\\t");
+        else if (*p < 0x20 || *p == 0x7f)
+            n += (size_t)snprintf(buf + n, size - n, "\\x%02x", *p);
+        else
+            buf[n++] = (char)*p;
+    }
+    buf[n < size ? n : size - 1] = '\0';
+    return buf;
+}
+
 bool hx_opt_parse_value(const hx_opt_row *r, const char *arg, void *base, char *msg, size_t size)
 {
     if (store_value(r, arg, base)) {
@@ -290,7 +309,9 @@ bool hx_opt_parse_value(const hx_opt_row *r, const char *arg, void *base, char *
     }
     char expect[512];
     hx_opt_expect(r, expect, sizeof expect);
-    snprintf(msg, size, "--%s '%s': expected %s", r->opt.name, arg, expect);
+    char value[256];
+    snprintf(msg, size, "--%s '%s': expected %s", r->opt.name, shown(arg, value, sizeof value),
+             expect);
     return false;
 }
 
@@ -322,7 +343,8 @@ hx_opt_result hx_opt_parse(const hx_opt_table *t, int argc, char **argv, void *b
     }
     shorts[ns] = '\0';
     longopts[t->n < HX_OPT_ROWS_MAX ? t->n : HX_OPT_ROWS_MAX] = (struct option){0};
-    optind = 0; /* glibc: 0 re-initializes getopt, so the parser may run more than once */
+    char word[256]; /* an argument as a message shows it */
+    optind = 0;     /* glibc: 0 re-initializes getopt, so the parser may run more than once */
     opterr = 0;
     for (;;) {
         int prev = optind ? optind : 1;
@@ -330,14 +352,16 @@ hx_opt_result hx_opt_parse(const hx_opt_table *t, int argc, char **argv, void *b
         if (c == -1)
             break;
         if (c == ':') {
-            fprintf(err, "%s: option '%s' needs a value (see --help)\n", t->prog, argv[prev]);
+            fprintf(err, "%s: option '%s' needs a value (see --help)\n", t->prog,
+                    shown(argv[prev], word, sizeof word));
             return HX_OPT_BAD;
         }
         size_t i = 0;
         while (i < t->n && t->rows[i].opt.val != c)
             i++;
         if (c == '?' || i == t->n) {
-            fprintf(err, "%s: unknown option '%s' (see --help)\n", t->prog, argv[prev]);
+            fprintf(err, "%s: unknown option '%s' (see --help)\n", t->prog,
+                    shown(argv[prev], word, sizeof word));
             return HX_OPT_BAD;
         }
         const hx_opt_row *r = &t->rows[i];
@@ -354,16 +378,18 @@ hx_opt_result hx_opt_parse(const hx_opt_table *t, int argc, char **argv, void *b
             /* the option as typed: a short letter, or the long name */
             bool typed_short = argv[prev][0] == '-' && argv[prev][1] != '-';
             if (typed_short)
-                fprintf(err, "%s: -%c '%s': expected %s\n", t->prog, c, arg, expect);
+                fprintf(err, "%s: -%c '%s': expected %s\n", t->prog, c,
+                        shown(arg, word, sizeof word), expect);
             else
-                fprintf(err, "%s: --%s '%s': expected %s\n", t->prog, r->opt.name, arg, expect);
+                fprintf(err, "%s: --%s '%s': expected %s\n", t->prog, r->opt.name,
+                        shown(arg, word, sizeof word), expect);
             return HX_OPT_BAD;
         }
         mark(r, base);
     }
     if (optind < argc) {
         fprintf(err, "%s: unexpected argument '%s' (options start with --; see --help)\n", t->prog,
-                argv[optind]);
+                shown(argv[optind], word, sizeof word));
         return HX_OPT_BAD;
     }
     return HX_OPT_OK;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "checkpoint_index.h"
 #include "safetensors.h"
 #include "util.h"

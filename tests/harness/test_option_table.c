@@ -158,6 +158,31 @@ static void test_bad_values_state_the_rows_expectation(void **state)
     assert_string_equal(err, "seldp-harness: --adam-beta1 '1': expected a number in [0, 1)");
 }
 
+/* A value with control bytes (a sweep file's "me\n", a pasted tab): the refusal shows them
+ * escaped and stays one line. */
+static void test_control_bytes_in_a_value_stay_one_line(void **state)
+{
+    (void)state;
+    hx_options o;
+    char err[1024];
+    char *flow[] = {"seldp-harness", "--expert-reduce", "me\n", NULL};
+    assert_int_equal(parse(flow, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_string_equal(err, "seldp-harness: --expert-reduce 'me\\n': expected sum or mean");
+    char *steps[] = {"seldp-harness", "--steps", "4\t\x01", NULL};
+    assert_int_equal(parse(steps, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_string_equal(err,
+                        "seldp-harness: --steps '4\\t\\x01': expected an integer in 0..100000");
+    char *stray[] = {"seldp-harness", "a\nb", NULL};
+    assert_int_equal(parse(stray, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_non_null(strstr(err, "unexpected argument 'a\\nb'"));
+    const hx_opt_row *r = hx_opt_find(&hx_options_table, "roots", false);
+    assert_non_null(r);
+    char msg[640];
+    assert_false(hx_opt_parse_value(r, "x\ny", &o, msg, sizeof msg));
+    assert_null(strchr(msg, '\n'));
+    assert_non_null(strstr(msg, "'x\\ny'"));
+}
+
 /* The same value of the same option: the sweep file's error is the command line's, after the
  * file's position, and names the run. */
 static void test_sweep_key_error_is_the_command_lines(void **state)
@@ -316,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_every_row_is_complete),
         cmocka_unit_test(test_bad_values_state_the_rows_expectation),
         cmocka_unit_test(test_sweep_key_error_is_the_command_lines),
+        cmocka_unit_test(test_control_bytes_in_a_value_stay_one_line),
         cmocka_unit_test(test_help_shows_every_section_and_option),
         cmocka_unit_test(test_report_options_round_trip),
     };
