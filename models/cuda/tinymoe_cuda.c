@@ -63,8 +63,9 @@ seldp_status tmc__gemm(const tmc_model *m, bool ta, bool tb, int M, int N, int K
     seldp_status st = SELDP_OK;
     if (M == 0 || N == 0)
         return SELDP_OK;
-    BLAS_TRY(cublasSgemm(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
-                         M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
+    BLAS_TRY(m->cublas->sgemm(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ldb, A, lda,
+                              &beta, C, ldc),
              "cublasSgemm");
 fail:
     return st;
@@ -167,10 +168,14 @@ seldp_status tmc_model_create(const tm_model *host, int ordinal, tmc_model **out
     const int L = m->cfg.layers, E = m->cfg.experts;
     TM_CHECK(tmc__use_device(m));
     CUDA_TRY(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    BLAS_TRY(cublasCreate(&m->blas), "cublasCreate");
-    BLAS_TRY(cublasSetStream(m->blas, m->stream), "cublasSetStream");
+    const char *why = NULL;
+    m->cublas = tmc_cublas_api(&why);
+    if (!m->cublas)
+        TM_FAIL(SELDP_ERR_TRANSPORT, "rank %d (cuda:%d): %s", m->rank, m->ordinal, why);
+    BLAS_TRY(m->cublas->create(&m->blas), "cublasCreate");
+    BLAS_TRY(m->cublas->set_stream(m->blas, m->stream), "cublasSetStream");
     /* Plain FP32 products: TF32 would miss the 1e-5 agreement with the FP64 reference. */
-    BLAS_TRY(cublasSetMathMode(m->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    BLAS_TRY(m->cublas->set_math_mode(m->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 
     m->n = tm_param_count(host);
     m->info = calloc(m->n ? m->n : 1, sizeof *m->info);
@@ -285,7 +290,7 @@ void tmc_model_destroy(tmc_model *m)
     cudaFree(m->scratch);
     cudaFree(m->rows);
     if (m->blas)
-        cublasDestroy(m->blas);
+        m->cublas->destroy(m->blas);
     if (m->stream)
         cudaStreamDestroy(m->stream);
     free(m->info);

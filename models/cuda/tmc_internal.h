@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cuda/tinymoe_cuda.h"
+#include "cuda/tmc_cublas.h"
 #include "cuda/tmc_kernels.h"
 #include "tm_error.h"
 
@@ -39,6 +40,7 @@ struct tmc_model {
     tm_config cfg;
     int rank, ordinal;
     cudaStream_t stream;
+    const tmc_cublas *cublas; /* loaded on first use */
     cublasHandle_t blas;
 
     size_t n; /* occurrences, in the host model's order */
@@ -79,7 +81,7 @@ struct tmc_model {
         cublasStatus_t blas_st_ = (call);                                                          \
         if (blas_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
             TM_FAIL(SELDP_ERR_TRANSPORT, "rank %d (cuda:%d): %s failed: %s", m->rank, m->ordinal,  \
-                    what, cublasGetStatusString(blas_st_));                                        \
+                    what, m->cublas->status_string(blas_st_));                                     \
     } while (0)
 
 seldp_status tmc__use_device(const tmc_model *m);
