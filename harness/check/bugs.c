@@ -155,16 +155,14 @@ const char *hx_bug_expected_names(void)
     return text;
 }
 
-bool hx_bug_refuse_options(const hx_options *o, FILE *err)
+seldp_status hx_bug_refuse_options(const hx_options *o)
 {
     const hx_bug *bug = hx_bug_of(o->inject);
     if (!bug || !bug->pending)
-        return false;
-    fprintf(err,
-            "seldp-harness: --inject %s: needs %s (%s does not exist in this build of the step "
-            "yet)\n",
-            bug->name, bug->needs, bug->pending);
-    return true;
+        return SELDP_OK;
+    return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
+                   "--inject %s: needs %s (%s does not exist in this build of the step yet)",
+                   bug->name, bug->needs, bug->pending);
 }
 
 void hx_bug_cite(hx_fault f, char *buf, size_t size)

@@ -36,8 +36,8 @@ bool hx_bug_is_framework(hx_fault fault);
 const char *hx_bug_expected_names(void);
 
 /* Option-level refusal of o->inject (before any layout exists): a bug whose option does not
- * exist yet is refused naming it. Prints one line to err and returns true when refused. */
-bool hx_bug_refuse_options(const hx_options *o, FILE *err);
+ * exist yet is refused naming it (hx_fail, SELDP_ERR_INVALID_ARGUMENT). */
+seldp_status hx_bug_refuse_options(const hx_options *o);
 
 /* "known bug NAME (citation): the mistake?": how the diagnosis names bug f, into buf. */
 void hx_bug_cite(hx_fault f, char *buf, size_t size);

@@ -148,9 +148,14 @@ typedef enum hx_parse_result {
  * first, so it may be called more than once per process. */
 hx_parse_result hx_options_parse(int argc, char **argv, hx_options *opts, FILE *out, FILE *err);
 
-/* Every rule between options (docs/harness.md): one line on err and false when o breaks one.
- * given: [hx_option_docs_n] the rows the command line named (NULL: the rules on what
- * --print-layout would ignore are skipped). hx_options_parse calls it last. */
+/* Every rule between options (options_check.c, docs/harness.md): the first one o breaks as
+ * hx_fail's message (SELDP_ERR_INVALID_ARGUMENT; nothing is printed). given:
+ * [hx_option_docs_n] the rows the command line named (NULL: the rules on what --print-layout
+ * would ignore are skipped). hx_run_create calls it with NULL before anything is resolved. */
+seldp_status hx_options_rules(const hx_options *o, const bool *given);
+
+/* hx_options_rules with its message as one line on err ("seldp-harness: ..."): false when o
+ * breaks a rule. hx_options_parse calls it last. */
 bool hx_options_check(const hx_options *o, const bool *given, FILE *err);
 
 /* report.json's "options": {"world": 8, ...} from the rows with a report key, in table order
@@ -178,10 +183,6 @@ const char *hx_optimizer_name(hx_optimizer opt);
 /* The schedule a run uses (the default resolved: 1F1B) and its option value's name. */
 hx_pipe_schedule hx_pipe_schedule_of(const hx_options *o);
 const char *hx_pipe_schedule_name(hx_pipe_schedule s);
-
-/* What of the training step's options a lockstep sweep cannot run (step_options.c): a
- * one-line reason, or NULL. */
-const char *hx_step_sweep_refusal(const hx_options *o);
 
 /* The token spread actually used (resolves -1). */
 int hx_options_spread(const hx_options *opts);

@@ -1,6 +1,7 @@
-/* The training step's options (docs/harness.md, The training step): the names of their values
- * and what a lockstep sweep cannot run; their rows are in options_rows_training.inc. What they
- * require of the layout is checked where the run is created (microbatch.c). */
+/* The training step's options (docs/harness.md, The training step): the names of their values;
+ * their rows are in options_rows_training.inc, their rules between options in options_check.c.
+ * What they require of the layout and the devices is checked where the run is created
+ * (microbatch.c, pipeline.c, zero.c, loss_scale.c). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdio.h>
@@ -27,12 +28,4 @@ const char *hx_pipe_schedule_name(hx_pipe_schedule s)
     default:
         return "1f1b";
     }
-}
-
-const char *hx_step_sweep_refusal(const hx_options *o)
-{
-    /* AdamW's state, --zero 1's ranges and the loss scale go with the weights in lockstep
-     * (lockstep.h); nothing of the step is refused today */
-    (void)o;
-    return NULL;
 }

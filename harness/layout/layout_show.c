@@ -255,12 +255,8 @@ static seldp_status build(hx_options *o, hx_layout **out)
 {
     seldp_status st = SELDP_OK;
     hx_layout *l = NULL;
+    HX_CHECK(hx_options_rules(o, NULL)); /* options_check.c */
     if (o->layout_file) {
-        if (o->ep_given || o->order_given)
-            return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                           "--%s and --layout-file exclude each other: the layout file lists the "
-                           "expert-parallel groups",
-                           o->ep_given ? "ep" : "order");
         HX_CHECK(hx_layout_load(o->layout_file, o->world_given ? o->world : 0,
                                 o->experts_given ? o->model.experts : 0, o->roots, &l));
         o->world = l->world;

@@ -31,11 +31,6 @@ seldp_status hx_micro_check(const hx_run *run)
     seldp_status st = hx_pipe_check(run);
     if (st != SELDP_OK || M <= 1)
         return st;
-    if (o->global_batch > 0 && o->global_batch % M != 0)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--micro-batches %d: must divide --global-batch %d (every micro-batch "
-                       "takes N/M tokens of the step's stream)",
-                       M, o->global_batch);
     if (o->overlap && hx_pipe_stages(run) > 1)
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                        "--micro-batches %d with --overlap: needs one pipeline stage (the "

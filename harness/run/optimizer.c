@@ -18,24 +18,10 @@
 seldp_status hx_opt_check(const hx_run *run)
 {
     const hx_options *o = &run->opts;
-    if (o->optimizer != HX_OPT_ADAMW && o->adam_given)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--adam-beta1/--adam-beta2/--adam-eps/--weight-decay: need --optimizer "
-                       "adamw (the run trains with %s)",
-                       hx_optimizer_name(o->optimizer));
-    if (o->optimizer == HX_OPT_ADAMW && !(o->lr * o->weight_decay < 1.0))
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--weight-decay %g with --lr %g: lr * weight decay must be below 1 (the "
-                       "decay multiplies every weight by 1 - lr wd)",
-                       o->weight_decay, o->lr);
     if (o->optimizer == HX_OPT_ADAMW && o->save_dir && hx_backend_multiprocess(run->backend))
         return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
                        "--optimizer adamw with --save under one rank per process: the index's "
                        "step counts need every rank's optimizer state in one process");
-    if (o->optimizer == HX_OPT_ADAMW && o->sweep)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--optimizer adamw with --sweep: a lockstep sweep loads weights without "
-                       "their optimizer state");
     return SELDP_OK;
 }
 

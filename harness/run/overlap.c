@@ -31,10 +31,6 @@ seldp_status hx_overlap_check_backend(const hx_options *o)
                        "flight would hold up the backward's dispatch",
                        hx_backend_name(o->backend),
                        hx_backend_under_mpirun() ? " under mpirun" : "");
-    if (o->backend == HX_BACKEND_NCCL)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--overlap: not with --backend nccl: ranks on a GPU export their gradients "
-                       "after the whole backward");
     return SELDP_OK;
 }
 

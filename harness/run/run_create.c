@@ -45,20 +45,12 @@ static int gcd(int a, int b)
     return a;
 }
 
-/* --global-batch, --save and --resume against the other options; the checkpoint to resume
- * from is read and verified whole here, so that a bad one is refused before anything runs. */
+/* --save's generation and --resume's checkpoint, read and verified whole here, so that a bad
+ * one is refused before anything runs (a rule against the checkpoint, not between options). */
 static seldp_status checkpoint_options(hx_run *run)
 {
     seldp_status st = SELDP_OK;
     const hx_options *o = &run->opts;
-    if (o->global_batch > 0 && o->tokens_given)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT,
-                       "--global-batch %d and --tokens/--token-spread exclude each other: the "
-                       "global batch is split over the ranks",
-                       o->global_batch);
-    if (o->save_every > 0 && !o->save_dir)
-        return hx_fail(SELDP_ERR_INVALID_ARGUMENT, "--save-every %d: needs --save DIR",
-                       o->save_every);
     if (o->save_dir)
         run->ckpt_generation = hx_ckpt_next_generation(o->save_dir);
     if (!o->resume_dir)
@@ -102,20 +94,17 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     pthread_mutex_init(&run->gate_lock, NULL);
     pthread_cond_init(&run->gate_cond, NULL);
     hx_options *o = &run->opts;
+    HX_CHECK(hx_options_rules(o, NULL)); /* options_check.c: every rule between options */
     if (o->zero)
         o->fp32_master = true; /* the distributed optimizer's FP32 gradients and masters */
     HX_CHECK(hx_overlap_check_backend(o));
-    /* one rank per MPI process: the world is the number of processes unless given */
+    /* one rank per MPI process: the world is the number of processes unless given (a rule
+     * against the environment, not between options) */
     if (o->ranks_per_process && !hx_backend_under_mpirun())
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
                 "--ranks-per-process %d: only under mpirun (every process hosts that many rank "
                 "threads); without mpirun every rank is a thread of this process already",
                 o->ranks_per_process);
-    if (o->ranks_per_process && o->backend != HX_BACKEND_AUTO && o->backend != HX_BACKEND_MPI)
-        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                "--ranks-per-process %d: with --backend %s, expected auto or mpi (the hybrid "
-                "transport runs host-staged inside a process, MPI between processes)",
-                o->ranks_per_process, hx_backend_name(o->backend));
     hx_backend_request_hybrid(o->ranks_per_process);
     if (hx_backend_uses_processes(o->backend)) {
         int processes = 0, rank = 0;
@@ -129,11 +118,6 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         }
     }
     if (o->layout_file) {
-        if (o->ep_given || o->order_given)
-            HX_FAIL(SELDP_ERR_INVALID_ARGUMENT,
-                    "--%s and --layout-file exclude each other: the layout file lists the "
-                    "expert-parallel groups",
-                    o->ep_given ? "ep" : "order");
         HX_CHECK(hx_layout_load(o->layout_file, o->world_given ? o->world : 0,
                                 o->experts_given ? o->model.experts : 0, o->roots, &run->layout));
         o->world = run->layout->world;
@@ -146,12 +130,6 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
     st = tm_config_check(&o->model);
     if (st != SELDP_OK)
         HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "model options: %s", tm_last_error());
-    if (o->dump_dir && o->steps == 0)
-        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--dump %s: needs at least one step (--steps 0)",
-                o->dump_dir);
-    if (hx_options_spread(o) > o->tokens)
-        HX_FAIL(SELDP_ERR_INVALID_ARGUMENT, "--token-spread %d: must not exceed --tokens %d",
-                hx_options_spread(o), o->tokens);
     HX_CHECK(checkpoint_options(run));
     HX_CHECK(hx_backend_open(o->backend, o->world, o->timeout_s, &run->backend));
     HX_CHECK(hx_router_check(run));

@@ -15,30 +15,6 @@
 #include "rank.h"
 #include "reduce.h"
 
-/* The planted faults that act on the all-reduce path alone (why), or NULL: those planted in
- * the export's scale and weights, in the model or before the reduction act here as well. */
-static const char *zero_refuses(hx_fault f)
-{
-    switch (f) {
-    case HX_FAULT_GRAD:
-    case HX_FAULT_ABSENT:
-    case HX_FAULT_REPLICA:
-        return "--inject grad, absent and replica act on all-reduced gradients and replicas";
-    case HX_FAULT_TIED_TWICE:
-        return "--inject tied-twice: the tied embedding's second sum runs on all-reduced "
-               "gradients (under --zero 1 the embedding group's late sum is --inject tied-zero)";
-    case HX_FAULT_HALF_ACCUM:
-    case HX_FAULT_ROUTER_TP:
-        return "--inject half-accum and router-tp replace the all-reduce (the reduce-scatter "
-               "accumulates in FP32 over every member)";
-    case HX_FAULT_NORM_PER_GROUP:
-        return "--inject norm-per-group: the planted norm is the all-reduce path's (the "
-               "sharded norm sums every range once)";
-    default:
-        return NULL;
-    }
-}
-
 seldp_status hx_zero_check(const hx_run *run)
 {
     const hx_options *o = &run->opts;
@@ -48,8 +24,6 @@ seldp_status hx_zero_check(const hx_run *run)
     if (hx_backend_multiprocess(run->backend))
         why = "one rank per process: the checks assemble each set's reduced gradient from every "
               "member's range, which needs the ranks as threads of one process";
-    else if (zero_refuses(o->inject))
-        why = zero_refuses(o->inject);
     for (int r = 0; !why && r < o->world; r++)
         if (hx_backend_device(run->backend, r).kind == SELDP_DEVICE_CUDA)
             why = "a rank on a GPU: the update of the ranges runs on the host";

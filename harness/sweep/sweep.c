@@ -149,12 +149,6 @@ static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
             fprintf(err, "seldp-harness: %s: %s\n", where, hx_last_error());
             return false;
         }
-        const char *step = hx_step_sweep_refusal(&e->opts); /* step_options.c */
-        if (step) {
-            fprintf(err, "seldp-harness: %s: --sweep with %s\n", where, step);
-            hx_run_destroy(run);
-            return false;
-        }
         if (hx_inject_check(run) == SELDP_OK)
             shows++;
         else if (!why[0])
@@ -205,23 +199,7 @@ static bool entries_resolve(hx_sweep *s, int argc, char **argv, FILE *err)
 int hx_sweep_main(int argc, char **argv, const hx_options *opts, FILE *out, FILE *err)
 {
     hx_sweep s = {.name = opts->sweep, .out_dir = opts->out_dir};
-    int status = HX_EXIT_USAGE;
-    const char *excluded = opts->dump_dir     ? "--dump"
-                           : opts->save_dir   ? "--save"
-                           : opts->resume_dir ? "--resume"
-                           : opts->summary    ? "--summary"
-                                              : NULL;
-    if (excluded) {
-        fprintf(err,
-                "seldp-harness: --sweep and %s exclude each other: a sweep writes its own "
-                "reports\n",
-                excluded);
-        return HX_EXIT_USAGE;
-    }
-    if (!s.out_dir || !s.out_dir[0]) {
-        fprintf(err, "seldp-harness: --sweep needs --out DIR for sweep.md and sweep.json\n");
-        return HX_EXIT_USAGE;
-    }
+    int status = HX_EXIT_USAGE; /* --sweep's own rules: hx_options_rules (options_check.c) */
     if (!hx_sweep_entries(&s, opts, out, err))
         goto out;
     if (!entries_resolve(&s, argc, argv, err))
