@@ -36,6 +36,7 @@
 #include "bucket.h"
 #include "comm/comm_impl.h"
 #include "device.h"
+#include "env.h"
 #include "internal.h"
 #include "manifest.h"
 #include "session_impl.h"
@@ -135,7 +136,7 @@ static size_t largest_bucket(const seldp_session *s)
  * SELDP_REDUCE_PATH; AUTO when neither chooses. */
 static seldp_status requested_path(const seldp_session_config *cfg, seldp_reduce_path *path)
 {
-    const char *env = getenv("SELDP_REDUCE_PATH");
+    int env = seldp__env_choice(SELDP__ENV_REDUCE_PATH); /* fused, bucketed, auto */
     *path = cfg->reduce_path;
     if (*path != SELDP_REDUCE_PATH_AUTO && *path != SELDP_REDUCE_PATH_FUSED &&
         *path != SELDP_REDUCE_PATH_BUCKETED)
@@ -143,17 +144,17 @@ static seldp_status requested_path(const seldp_session_config *cfg, seldp_reduce
                            "cfg.reduce_path %d is invalid (expected SELDP_REDUCE_PATH_AUTO, "
                            "_FUSED or _BUCKETED)",
                            (int)*path);
-    if (*path != SELDP_REDUCE_PATH_AUTO || !env || !*env || strcmp(env, "auto") == 0)
+    if (*path != SELDP_REDUCE_PATH_AUTO || env == -1 || env == 2)
         return SELDP_OK;
-    if (strcmp(env, "fused") == 0)
+    if (env == 0)
         *path = SELDP_REDUCE_PATH_FUSED;
-    else if (strcmp(env, "bucketed") == 0)
+    else if (env == 1)
         *path = SELDP_REDUCE_PATH_BUCKETED;
     else
         return seldp__fail(SELDP_ERR_INVALID_ARGUMENT,
                            "environment SELDP_REDUCE_PATH='%.64s' is invalid (expected fused, "
                            "bucketed or auto)",
-                           env);
+                           seldp__env_text(SELDP__ENV_REDUCE_PATH));
     return SELDP_OK;
 }
 

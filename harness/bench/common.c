@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "env.h"
 
 static const char *const op_names[] = {[BENCH_ALLREDUCE] = "allreduce",
                                        [BENCH_BROADCAST] = "broadcast",
@@ -80,8 +81,7 @@ bench_row bench_row_make(const char *op, const char *impl, int ranks, size_t byt
     row.repeats = 1;
     row.time_min_us = row.time_max_us = row.bound_min = row.bound_max = row.over_max = NAN;
     /* the rows of seldp's communicators, in the debug mode of the collectives */
-    const char *debug = getenv("SELDP_DEBUG_COLLECTIVES");
-    if (strncmp(impl, "seldp", 5) == 0 && debug && *debug && strcmp(debug, "0") != 0)
+    if (strncmp(impl, "seldp", 5) == 0 && seldp__env_flag(SELDP__ENV_DEBUG_COLLECTIVES))
         snprintf(row.note, sizeof row.note, "debug");
     return row;
 }

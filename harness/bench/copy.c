@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "env.h"
 #include "simd/host_copy.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -27,14 +28,14 @@
 static bench_copy_kind detect(void)
 {
 #ifdef BENCH_X86
-    const char *ask = getenv("SELDP_BENCH_COPY");
+    int ask = seldp__env_choice(SELDP__ENV_BENCH_COPY); /* sse2, avx2 */
     seldp__simd_width have = seldp__host_simd_of_cpu();
     bench_copy_kind widest = have == SIMD_512   ? BENCH_COPY_AVX512
                              : have == SIMD_256 ? BENCH_COPY_AVX2
                                                 : BENCH_COPY_SSE2;
-    if (ask && strcmp(ask, "sse2") == 0)
+    if (ask == 0)
         return BENCH_COPY_SSE2;
-    if (ask && strcmp(ask, "avx2") == 0)
+    if (ask == 1)
         return widest >= BENCH_COPY_AVX2 ? BENCH_COPY_AVX2 : BENCH_COPY_NONE;
     return widest;
 #else

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "driver.h"
+#include "env.h"
 #include "runner.h"
 
 struct bench_team {
@@ -61,9 +62,9 @@ int bench_team_time(bench_rank *r, bench_op_fn op, void *ctx, int warmup, int it
 static void pin(int rank, int size)
 {
     cpu_set_t allowed, one;
-    const char *want = getenv("SELDP_BENCH_PIN"); /* 0: leave placement to the scheduler */
-    if ((want && strcmp(want, "0") == 0) || sched_getaffinity(0, sizeof allowed, &allowed) != 0 ||
-        size > CPU_COUNT(&allowed))
+    /* SELDP_BENCH_PIN=0: leave placement to the scheduler */
+    if (!seldp__env_flag(SELDP__ENV_BENCH_PIN) ||
+        sched_getaffinity(0, sizeof allowed, &allowed) != 0 || size > CPU_COUNT(&allowed))
         return;
     for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++) {
         if (!CPU_ISSET(cpu, &allowed))

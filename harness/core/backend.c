@@ -23,6 +23,7 @@
 #endif
 
 #include "gpu.h"
+#include "env.h" /* src/: the environment table */
 #include "util.h"
 
 typedef struct device_name {
@@ -70,13 +71,8 @@ bool hx_backend_parse(const char *name, hx_backend_kind *out)
 bool hx_backend_under_mpirun(void)
 {
     /* Open MPI 4 and 5, PMIx launchers, and MPICH's Hydra or Slurm's PMI */
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && v[0])
-            return true;
-    }
-    return false;
+    return seldp__env_present(SELDP__ENV_OMPI_COMM_WORLD_SIZE) ||
+           seldp__env_present(SELDP__ENV_PMIX_RANK) || seldp__env_present(SELDP__ENV_PMI_SIZE);
 }
 
 bool hx_backend_uses_processes(hx_backend_kind kind)

@@ -10,13 +10,13 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "env.h"
 #include "internal.h"
 
 /* SELDP_DEBUG_COLLECTIVES set to anything but "" or "0". */
 static bool debug_collectives(void)
 {
-    const char *env = getenv("SELDP_DEBUG_COLLECTIVES");
-    return env && *env && strcmp(env, "0") != 0;
+    return seldp__env_flag(SELDP__ENV_DEBUG_COLLECTIVES);
 }
 
 seldp_comm *seldp__comm_new(const seldp_comm_ops *ops, int rank, int size, int world_rank,

@@ -22,15 +22,14 @@
 #endif
 
 #include "simd/host_sum.h"
+#include "env.h"
 #include "simd/half_simd.h"
 #include "seldp_half_bits.cuh"
 
 static seldp__simd_width simd_of_cpu(void)
 {
-    const char *force = getenv("SELDP_HOST_SIMD");
-    seldp__simd_width cap = force && strcmp(force, "128") == 0   ? SIMD_128
-                            : force && strcmp(force, "256") == 0 ? SIMD_256
-                                                                 : SIMD_512;
+    int force = seldp__env_choice(SELDP__ENV_HOST_SIMD); /* 128, 256 */
+    seldp__simd_width cap = force == 0 ? SIMD_128 : force == 1 ? SIMD_256 : SIMD_512;
     seldp__simd_width have = SIMD_128;
 #if HOST_AVX2
     if (__builtin_cpu_supports("avx512f"))

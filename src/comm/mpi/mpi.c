@@ -27,6 +27,7 @@
 #include "comm/mpi/mpi_fault.h"
 #include "comm/mpi/mpi_impl.h"
 #include "device.h"
+#include "env.h"
 #include "internal.h"
 #include "seldp/mpi.h"
 #ifdef SELDP_HAVE_NCCL
@@ -271,12 +272,8 @@ seldp_status seldp__mpi_fault_stall(seldp_comm *comm, seldp__mpi_stall where, do
 /* The bound on one message: 1 GiB, lowered by SELDP_MPI_MAX_MESSAGE. */
 static size_t local_max_message(void)
 {
-    const char *env = getenv("SELDP_MPI_MAX_MESSAGE");
-    if (!env || !*env)
-        return SELDP__MPI_MAX_MESSAGE;
-    char *end = NULL;
-    unsigned long long v = strtoull(env, &end, 10);
-    if (*end || v == 0 || v > SELDP__MPI_MAX_MESSAGE)
+    unsigned long long v = 0; /* 1 to 1 GiB; another value is ignored */
+    if (!seldp__env_number(SELDP__ENV_MPI_MAX_MESSAGE, &v) || v > SELDP__MPI_MAX_MESSAGE)
         return SELDP__MPI_MAX_MESSAGE;
     return (size_t)v;
 }
