@@ -8,8 +8,10 @@
 
 #include <libgen.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "driver.h"
@@ -37,6 +39,45 @@ static double load_average(void)
         fclose(f);
     }
     return load;
+}
+
+/* The machine's CPU time so far, in clock ticks (/proc/stat's first line): all of it, and the
+ * part the hypervisor gave to other guests (steal). False where /proc/stat cannot be read. */
+typedef struct cpu_ticks {
+    long long total, steal;
+} cpu_ticks;
+
+static bool read_cpu_ticks(cpu_ticks *t)
+{
+    long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f)
+        return false;
+    int n = fscanf(f, "cpu %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3],
+                   &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    if (n < 8)
+        return false;
+    t->total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+    t->steal = v[7];
+    return true;
+}
+
+/* What else took the CPUs during a repetition: the hypervisor's steal as a share of the
+ * machine's CPU time, and how often this process's threads were preempted (involuntary
+ * context switches: another runnable thread, of this or another process, took the core). */
+static void repetition_context(const cpu_ticks *t0, long long nivcsw0, char *buf, size_t size)
+{
+    cpu_ticks t1;
+    struct rusage ru;
+    long long nivcsw = getrusage(RUSAGE_SELF, &ru) == 0 ? (long long)ru.ru_nivcsw : -1;
+    if (t0->total > 0 && read_cpu_ticks(&t1) && t1.total > t0->total)
+        snprintf(buf, size, ", steal %.1f%% of the CPUs' time, %lld preemptions",
+                 100.0 * (double)(t1.steal - t0->steal) / (double)(t1.total - t0->total),
+                 nivcsw >= 0 && nivcsw0 >= 0 ? nivcsw - nivcsw0 : -1);
+    else
+        snprintf(buf, size, ", %lld preemptions",
+                 nivcsw >= 0 && nivcsw0 >= 0 ? nivcsw - nivcsw0 : -1);
 }
 
 static int impl_order(const char *impl)
@@ -209,13 +250,21 @@ int main(int argc, char **argv)
         for (int k = 0; k < o.repeat && !failed; k++) {
             bench_rows *into = reps ? &reps[k] : &rows;
             int start = into->n;
+            cpu_ticks t0 = {0};
+            struct rusage ru0;
+            long long nivcsw0 = getrusage(RUSAGE_SELF, &ru0) == 0 ? (long long)ru0.ru_nivcsw : -1;
+            if (!read_cpu_ticks(&t0))
+                t0.total = 0;
             failed = measure(&o, dir, o.gpu ? 0 : o.ranks[p], into);
             sort_rows(into, start);
             if (o.op == BENCH_OVERLAP && !o.gpu)
                 bench_overlap_notes(into, start);
-            if (reps && !o.json)
-                printf("# %d ranks: repetition %d of %d done, load average %.2f\n",
-                       o.gpu ? 0 : o.ranks[p], k + 1, o.repeat, load_average());
+            if (reps && !o.json) {
+                char context[160];
+                repetition_context(&t0, nivcsw0, context, sizeof context);
+                printf("# %d ranks: repetition %d of %d done, load average %.2f%s\n",
+                       o.gpu ? 0 : o.ranks[p], k + 1, o.repeat, load_average(), context);
+            }
             fflush(stdout);
         }
         if (reps) {

@@ -520,6 +520,12 @@ static void repeat_mode_prints_medians_and_spread(void **state)
     }
     assert_int_equal(notes, 3);
     assert_non_null(strstr(r->text, "repetition 3 of 3"));
+    /* each repetition's line: what else took the CPUs (the hypervisor's steal where
+     * /proc/stat has it, this process's preemptions) */
+    const char *rep = strstr(r->text, "repetition 1 of 3 done, load average ");
+    assert_non_null(rep);
+    const char *eol = strchr(rep, '\n'), *pre = strstr(rep, " preemptions");
+    assert_true(eol && pre && pre < eol);
     /* the CSV: repeats and the spread columns */
     char dir[] = "/tmp/seldp-bench-repeat-XXXXXX", args[512], path[600], line[4096];
     if (!mkdtemp(dir))
