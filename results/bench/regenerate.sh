@@ -611,8 +611,15 @@ the page faults of a run do not grow with its samples (the buffers are touched b
 timing), while one busy process pinned to one of the two cores doubles the communication
 alone (12.4 ms to 23.9 ms; 19.5 ms with SELDP_BENCH_PIN=0): each rank's thread and its
 session's progress thread are pinned to the rank's core, so a process holding that core holds
-the rank's share of every bucket, and the other rank waits for it. The spread column shows how
-far the repetitions of this run moved.
+the rank's share of every bucket, and the other rank waits for it. The host takes the cores
+too: this machine is a guest on shared cores, and each repetition's line of \`seldp-bench -r\`
+gives the share of the CPUs' time the hypervisor gave to other guests (steal). On 2026-12-03,
+with nothing else running, runs whose repetitions saw 5 to 15 % steal were slow and scattered
+(the communication alone 26-31 ms, slowest repetitions 2-3x that), while eight runs minutes
+later at under 1 % steal were steady (compute 15.0-16.7 ms, communication 15.1-16.0 ms, the
+overlapped step 1.05-1.10x) with no outlier: the 45 ms outlier is most likely time the host
+took from the rank threads, which no setting of the benchmark removes. The spread column shows
+how far the repetitions of this run moved.
 
 $(overlap_table)
 
