@@ -511,7 +511,7 @@ gloo: ${gloo_note:+not measured in this run: }${gloo_note:-measured (the gloo co
 Files: \`NAME.txt\` (the table seldp-bench printed), \`NAME.jsonl\` (one JSON object per row, with
 \`bound_GBps\`, \`memcpy_GBps\` and \`stream_GBps\`), \`NAME.csv\`, and the plots
 \`allreduce_busbw.png\`, \`broadcast_busbw.png\`, \`latency.png\`, \`bucket_sweep.png\`,
-\`ranks_sweep.png\`; \`scale.*\` are results/bench/scale.sh's (the 2,048-rank layout).
+\`ranks_sweep.png\`; \`scale.*\` are results/bench/scale.sh's (the 2,048-rank layout), but for \`scale_notes.md\`, the measurements by hand between its runs.
 
 ## 1. Allreduce, F32 SUM (targets, issue 33: median bound fraction >= 0.90 at 2 ranks and >= 0.80 at 4 from 64 MiB up; seldp busbw >= 5x MPI)
 

@@ -237,6 +237,8 @@ if lock:
            f"free) took {lock['sweep_s']:.1f} s against {lock['alone_total_s']:.1f} s for the "
            f"same four runs alone: {lock['overhead']:.2f}x, "
            f"{(lock['sweep_s'] - lock['alone_total_s']) / 4:.1f} s more per run.", ""]
+md += ["Measurements by hand between regenerations (single runs, each with its date, commit and "
+       "load): [scale_notes.md](scale_notes.md).", ""]
 md += ["Step lines as printed:", ""]
 md += ["    " + r["step_line"] for r in rows]
 md.append("")
