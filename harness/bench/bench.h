@@ -95,7 +95,7 @@ typedef struct bench_row {
     double over_max;
 } bench_row;
 
-/* Parse argv into opts through the option table of help.c (harness/cli/opt_table.h's rows
+/* Parse argv into opts through the option table of help.c (harness/core/opt_table.h's rows
  * and loop). Returns 0 to run, 1 when --help was printed, 2 on an error (printed to stderr).
  * `mpi` selects the options of seldp-bench-mpi. */
 int bench_parse(int argc, char **argv, bench_opts *opts, bool mpi);

@@ -1,4 +1,4 @@
-/* seldp-bench and seldp-bench-mpi: their option tables (rows of harness/cli/opt_table.h, the
+/* seldp-bench and seldp-bench-mpi: their option tables (rows of harness/core/opt_table.h, the
  * machinery seldp-harness's options use), the parse through it, the rules between options,
  * and the --help texts (bench.h). */
 #define _POSIX_C_SOURCE 200809L /* strtok_r */

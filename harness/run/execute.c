@@ -22,7 +22,7 @@
 
 #include "clip.h"
 #include "checkpoint.h"
-#include "gpu.h"
+#include "gpu_rank.h"
 #include "grid.h"
 #include "overlap.h"
 #include "router.h"

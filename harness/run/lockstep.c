@@ -11,7 +11,7 @@
 #include "grid.h"
 #include "optimizer.h"
 #include "checks.h"
-#include "gpu.h"
+#include "gpu_rank.h"
 #include "rank.h"
 #include "run.h"
 #include "zero.h"

@@ -9,7 +9,7 @@
 
 #include "clip.h"
 #include "grid.h"
-#include "gpu.h"
+#include "gpu_rank.h"
 #include "loss_scale.h"
 #include "run.h"
 #include "rank.h"

@@ -9,7 +9,7 @@
 #include "sets.h"
 #include "set_rank.h"
 #include "checkpoint.h"
-#include "gpu.h"
+#include "gpu_rank.h"
 #include "grid.h"
 #include "inject.h"
 #include "optimizer.h"

@@ -2,7 +2,7 @@
  * mirror's on a GPU rank) and the checksum of a tensor's bytes on the host or a GPU. */
 #include "rank_tensors.h"
 
-#include "gpu.h"
+#include "gpu_rank.h"
 #include "rank.h"
 #include "util.h"
 

@@ -14,7 +14,7 @@
 #include "grid.h"
 #include "inject.h"
 #include "checks.h"
-#include "gpu.h"
+#include "gpu_rank.h"
 #include "rank.h"
 #include "reduce.h"
 #include "run.h"

@@ -11,7 +11,7 @@
 #include "inject.h"
 #include "checks.h"
 #include "shares.h"
-#include "gpu.h"
+#include "gpu_rank.h"
 #include "rank.h"
 #include "run.h"
 #include "sets.h"
