@@ -27,8 +27,8 @@
 typedef struct hx_run hx_run;
 typedef struct hx_rank hx_rank;
 
-/* The options against the run (a usage error, one line): F16 parameters, host ranks, no
- * --inject-overflow within the steps and with --loss-scale. */
+/* --loss-scale against the ranks' devices (a usage error, one line): host ranks. Against the
+ * dtype, the steps and --inject-overflow: options_check.c. */
 seldp_status hx_loss_scale_check(const hx_run *run);
 
 /* Every rank's initial scale (1 without --loss-scale): with --loss-scale and `saved` (the

@@ -27,9 +27,9 @@ typedef struct hx_rank hx_rank;
 size_t hx_micro_size(size_t T, int M, int m);
 size_t hx_micro_offset(size_t T, int M, int m);
 
-/* --micro-batches against the other options and the ranks' devices (a usage error, one
- * line): --global-batch a multiple of M; --overlap and ranks on a GPU refused;
- * --pipeline-schedule without pipeline stages refused (hx_pipe_check). */
+/* --micro-batches against the layout and the ranks' devices (a usage error, one line):
+ * --overlap with pipeline stages and ranks on a GPU refused; --pipeline-schedule without
+ * pipeline stages refused (hx_pipe_check). Against --global-batch: options_check.c. */
 seldp_status hx_micro_check(const hx_run *run);
 
 /* Rank rk's forward and backward of the step: with one micro-batch hx_rank_compute; with M,

@@ -47,8 +47,8 @@ typedef struct hx_opt {
     double loss_scale; /* the S the last step's gradients carried (1 without --loss-scale) */
 } hx_opt;
 
-/* The optimizer options against the rest (a usage error, one line): AdamW's hyperparameters
- * only with --optimizer adamw, lr * weight decay < 1. */
+/* The optimizer against the transport (a usage error, one line): AdamW's --save needs every
+ * rank in one process. AdamW's hyperparameters and lr * weight decay: options_check.c. */
 seldp_status hx_opt_check(const hx_run *run);
 
 /* Rank rk's update after the step's checks: --clip-grad's clipping, then SGD or AdamW on every

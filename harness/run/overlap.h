@@ -35,8 +35,9 @@ typedef struct hx_rank hx_rank;
 #define HX_READY_REST (-2)
 
 /* Refuse --overlap where it cannot hold (one line, a usage error; SELDP_OK without it): with
- * ranks in MPI processes or on NCCL, before any transport starts (hx_overlap_check_backend);
- * with a rank on a GPU, once the backend knows the devices (hx_overlap_check_devices). */
+ * ranks in MPI processes, before any transport starts (hx_overlap_check_backend: mpirun is the
+ * environment's to say; --backend nccl is a rule between options, options_check.c); with a
+ * rank on a GPU, once the backend knows the devices (hx_overlap_check_devices). */
 seldp_status hx_overlap_check_backend(const hx_options *opts);
 seldp_status hx_overlap_check_devices(const hx_run *run);
 

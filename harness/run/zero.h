@@ -39,8 +39,8 @@ typedef struct hx_zero {
     int n;
 } hx_zero;
 
-/* --zero against the run (a usage error, one line): ranks as threads of one process on the
- * host transport, on the host; only the planted faults that act here. */
+/* --zero against the run (a usage error, one line): ranks as threads of one process, on the
+ * host. The planted faults it refuses: options_check.c. */
 seldp_status hx_zero_check(const hx_run *run);
 
 /* --overlap: rank rk's maps and ranges, and the start of every set's overlapped reduce-scatter
