@@ -166,3 +166,20 @@ void hx_test_usage_error(const char *needle, const char *fmt, ...)
     if (!newline || newline[1] != '\0')
         fail_msg("'%s': not one line: %s", args, run.err);
 }
+
+hx_parse_result hx_test_parse(char **argv, hx_options *o, char *err, size_t size)
+{
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    hx_options_default(o);
+    hx_parse_result r = hx_options_parse(argc, argv, o, f, f);
+    fclose(f);
+    snprintf(err, size, "%.*s", (int)strcspn(text ? text : "", "\n"), text ? text : "");
+    free(text);
+    return r;
+}

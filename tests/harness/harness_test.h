@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "json.h"
+#include "options.h"
 #include "util.h"
 
 /* Output of one run. */
@@ -32,6 +33,10 @@ const char *hx_test_dir(const char *name);
 __attribute__((format(printf, 2, 3)))
 #endif
 void hx_test_usage_error(const char *needle, const char *fmt, ...);
+
+/* Parse `argv` (NULL-terminated, the program first) from the defaults with hx_options_parse,
+ * in-process: the result, and the first line it wrote (an error, without the newline) in err. */
+hx_parse_result hx_test_parse(char **argv, hx_options *o, char *err, size_t size);
 
 /* Parse dir/report.json; fails the test when it cannot. Free with hx_json_free. */
 hx_json *hx_test_report(const char *dir);

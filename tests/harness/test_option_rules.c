@@ -82,16 +82,7 @@ static hx_parse_result parse_line(const char *args, hx_options *o, char *storage
          tok = strtok_r(NULL, " ", &save))
         argv[argc++] = tok;
     argv[argc] = NULL;
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_non_null(f);
-    hx_options_default(o);
-    hx_parse_result r = hx_options_parse(argc, argv, o, f, f);
-    fclose(f);
-    snprintf(err, err_size, "%s", text ? text : "");
-    free(text);
-    return r;
+    return hx_test_parse(argv, o, err, err_size);
 }
 
 /* Every rule: the broken line exits 2 with one line naming it; the kept line parses. */
@@ -180,10 +171,9 @@ static void test_a_sweep_run_breaking_a_rule_names_its_place(void **state)
     char file[1200], out[1200];
     snprintf(file, sizeof file, "%s/sweep.json", base);
     snprintf(out, sizeof out, "%s/out", base);
-    FILE *f = fopen(file, "w");
-    assert_non_null(f);
-    fputs("[\n  {\"world\": 2, \"ep\": 2},\n  {\"world\": 2, \"ep\": 2, \"zero\": 1}\n]\n", f);
-    fclose(f);
+    const char *text =
+        "[\n  {\"world\": 2, \"ep\": 2},\n  {\"world\": 2, \"ep\": 2, \"zero\": 1}\n]\n";
+    assert_int_equal(hx_write_file(file, text, strlen(text)), SELDP_OK);
     hx_test_usage_error("sweep.json:3:3: --zero 1 cannot run here: --inject grad",
                         "--sweep %s --inject grad --steps 1 --out %s --quiet", file, out);
 }

@@ -19,25 +19,6 @@
 #include "options.h"
 #include "options_impl.h"
 
-/* Parse `argv` (NULL-terminated, the program first) from the defaults; the error line into
- * err (without the newline). */
-static hx_parse_result parse(char **argv, hx_options *o, char *err, size_t size)
-{
-    int argc = 0;
-    while (argv[argc])
-        argc++;
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_non_null(f);
-    hx_options_default(o);
-    hx_parse_result r = hx_options_parse(argc, argv, o, f, f);
-    fclose(f);
-    snprintf(err, size, "%.*s", (int)strcspn(text, "\n"), text);
-    free(text);
-    return r;
-}
-
 static void test_every_row_is_complete(void **state)
 {
     (void)state;
@@ -136,7 +117,7 @@ static void test_bad_values_state_the_rows_expectation(void **state)
         snprintf(opt, sizeof opt, "--%s", r->opt.name);
         char *argv[] = {"seldp-harness", opt, (char *)bad, NULL};
         hx_options o;
-        assert_int_equal(parse(argv, &o, err, sizeof err), HX_PARSE_ERROR);
+        assert_int_equal(hx_test_parse(argv, &o, err, sizeof err), HX_PARSE_ERROR);
         hx_opt_expect(r, expect, sizeof expect);
         snprintf(want, sizeof want, "seldp-harness: --%s '%s': expected %s", r->opt.name, bad,
                  expect);
@@ -148,13 +129,13 @@ static void test_bad_values_state_the_rows_expectation(void **state)
     hx_options o;
     char err[1024];
     char *steps[] = {"seldp-harness", "--steps", "x", NULL};
-    assert_int_equal(parse(steps, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_int_equal(hx_test_parse(steps, &o, err, sizeof err), HX_PARSE_ERROR);
     assert_string_equal(err, "seldp-harness: --steps 'x': expected an integer in 0..100000");
     char *roots[] = {"seldp-harness", "--roots", "middle", NULL};
-    assert_int_equal(parse(roots, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_int_equal(hx_test_parse(roots, &o, err, sizeof err), HX_PARSE_ERROR);
     assert_string_equal(err, "seldp-harness: --roots 'middle': expected first, last or spread");
     char *beta[] = {"seldp-harness", "--adam-beta1", "1", NULL};
-    assert_int_equal(parse(beta, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_int_equal(hx_test_parse(beta, &o, err, sizeof err), HX_PARSE_ERROR);
     assert_string_equal(err, "seldp-harness: --adam-beta1 '1': expected a number in [0, 1)");
 }
 
@@ -166,14 +147,14 @@ static void test_control_bytes_in_a_value_stay_one_line(void **state)
     hx_options o;
     char err[1024];
     char *flow[] = {"seldp-harness", "--expert-reduce", "me\n", NULL};
-    assert_int_equal(parse(flow, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_int_equal(hx_test_parse(flow, &o, err, sizeof err), HX_PARSE_ERROR);
     assert_string_equal(err, "seldp-harness: --expert-reduce 'me\\n': expected sum or mean");
     char *steps[] = {"seldp-harness", "--steps", "4\t\x01", NULL};
-    assert_int_equal(parse(steps, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_int_equal(hx_test_parse(steps, &o, err, sizeof err), HX_PARSE_ERROR);
     assert_string_equal(err,
                         "seldp-harness: --steps '4\\t\\x01': expected an integer in 0..100000");
     char *stray[] = {"seldp-harness", "a\nb", NULL};
-    assert_int_equal(parse(stray, &o, err, sizeof err), HX_PARSE_ERROR);
+    assert_int_equal(hx_test_parse(stray, &o, err, sizeof err), HX_PARSE_ERROR);
     assert_non_null(strstr(err, "unexpected argument 'a\\nb'"));
     const hx_opt_row *r = hx_opt_find(&hx_options_table, "roots", false);
     assert_non_null(r);
@@ -198,7 +179,7 @@ static void test_sweep_key_error_is_the_command_lines(void **state)
         char cli[1024];
         hx_options o;
         char *argv[] = {"seldp-harness", (char *)cases[i].option, (char *)cases[i].value, NULL};
-        assert_int_equal(parse(argv, &o, cli, sizeof cli), HX_PARSE_ERROR);
+        assert_int_equal(hx_test_parse(argv, &o, cli, sizeof cli), HX_PARSE_ERROR);
         const char *why = cli + strlen("seldp-harness: ");
         const char *dir = hx_test_dir("sweep");
         char file[1200];
@@ -283,7 +264,7 @@ static void test_report_options_round_trip(void **state)
                     "--token-spread",
                     "3",
                     NULL};
-    assert_int_equal(parse(argv, &o, err, sizeof err), HX_PARSE_RUN);
+    assert_int_equal(hx_test_parse(argv, &o, err, sizeof err), HX_PARSE_RUN);
     hx_buf a = {0}, b = {0};
     hx_options_json(&o, &a, NULL, NULL);
     assert_true(hx_buf_ok(&a));

@@ -96,10 +96,7 @@ static void test_ep_sweep_bf16(void **state)
 
 static void write_text(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    assert_int_equal(hx_write_file(path, text, strlen(text)), SELDP_OK);
 }
 
 /* A sweep file: runs across worlds with --global-batch, names from the file. */
