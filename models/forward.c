@@ -134,6 +134,36 @@ seldp_status tm_embed_backward(tm_model *m, const float *dh)
 
 /* ---- router -------------------------------------------------------------------------- */
 
+/* The K largest of p (E) into sel, largest first: the k-th is the first expert of the largest
+ * probability not yet taken (strict >: among equal probabilities the lower index wins; a NaN
+ * is taken only where it comes first). The experts taken are marked in a bitmap, one pass over
+ * E a slot, or for more than TOP_K_MARKS experts looked up among the slots before it. */
+#define TOP_K_MARKS 4096
+
+static void top_k(const float *p, int E, int K, int *sel)
+{
+    uint64_t marks[TOP_K_MARKS / 64];
+    const bool marked = E <= TOP_K_MARKS;
+    if (marked)
+        memset(marks, 0, ((size_t)E + 63) / 64 * sizeof marks[0]);
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            if (marked)
+                taken = (marks[e >> 6] >> (e & 63)) & 1u;
+            else
+                for (int j = 0; j < k; j++)
+                    taken = taken || sel[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        sel[k] = best;
+        if (marked)
+            marks[best >> 6] |= (uint64_t)1 << (best & 63);
+    }
+}
+
 seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *route)
 {
     seldp_status st = check_layer(m, l, "tm_route_forward");
@@ -165,19 +195,9 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
         int *sel = c->choice + t * (size_t)K;
         float *gate = c->gate + t * (size_t)K;
         float kept = 0.0f;
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                bool taken = false;
-                for (int j = 0; j < k; j++)
-                    taken = taken || sel[j] == e;
-                /* strict >: among equal probabilities the lower index wins */
-                if (!taken && (best < 0 || p[e] > p[best]))
-                    best = e;
-            }
-            sel[k] = best;
-            kept += p[best];
-        }
+        top_k(p, E, K, sel);
+        for (int k = 0; k < K; k++)
+            kept += p[sel[k]];
         for (int k = 0; k < K; k++)
             gate[k] = p[sel[k]] / kept;
     }

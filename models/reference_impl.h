@@ -54,12 +54,23 @@ typedef struct ref_rows {
     double big;
 } ref_rows;
 
+/* The logistic sigmoid of a, as every silu of the reference computes it. */
+static inline double tm__ref_sigmoid(double a)
+{
+    return 1.0 / (1.0 + exp(-a));
+}
+
+/* silu(a) and its slope from s = tm__ref_sigmoid(a) */
+static inline double tm__ref_silu_of(double a, double s, double *slope)
+{
+    *slope = s + a * s * (1.0 - s);
+    return a * s;
+}
+
 /* silu(a), and its derivative into *slope, from one exponential */
 static inline double tm__ref_silu_slope(double a, double *slope)
 {
-    double s = 1.0 / (1.0 + exp(-a));
-    *slope = s + a * s * (1.0 - s);
-    return a * s;
+    return tm__ref_silu_of(a, tm__ref_sigmoid(a), slope);
 }
 
 /* The rows layer l sends its busiest expert. */

@@ -230,10 +230,9 @@ static seldp_status pass_alloc(pass *s)
 
 /* ---- elementwise rules --------------------------------------------------------------------- */
 
-/* silu''(a) */
-static double silu_curve(double a)
+/* silu''(a), s = tm__ref_sigmoid(a) */
+static double silu_curve(double a, double s)
 {
-    double s = 1.0 / (1.0 + exp(-a));
     return s * (1.0 - s) * (2.0 + a * (1.0 - 2.0 * s));
 }
 
@@ -243,7 +242,9 @@ void tm__mag_silu_var(const double *a, const double *va, size_t n, double *y, do
                       double *sl, double *vsl)
 {
     for (size_t i = 0; i < n; i++) {
-        double slope, v = tm__ref_silu_slope(a[i], &slope), curve = silu_curve(a[i]);
+        double slope;
+        const double sg = tm__ref_sigmoid(a[i]), v = tm__ref_silu_of(a[i], sg, &slope);
+        const double curve = silu_curve(a[i], sg);
         y[i] = v;
         vy[i] = slope * slope * va[i] + 3.0 * v * v; /* a / (1 + exp(-a)): three roundings */
         sl[i] = slope;
