@@ -189,7 +189,7 @@ static seldp_status decode_awq(const seldp_model *weights, const char *prefix, i
 
 static uint64_t path_hash(const char *path)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
     for (; *path; path++)
         h = (h ^ (unsigned char)*path) * 1099511628211ull;
     return h;

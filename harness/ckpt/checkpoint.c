@@ -426,7 +426,7 @@ static seldp_status check_file(const hx_ckpt *c, int index_of_file)
                 f->bytes);
     HX_CHECK(hx_read_file(path, &bytes, &len));
     uint64_t header_bytes = 8 + le64((const unsigned char *)bytes);
-    if (header_bytes > len || hx_checksum(bytes, (size_t)header_bytes) != f->header_checksum)
+    if (header_bytes > len || hx_fnv1a(bytes, (size_t)header_bytes, c->basis) != f->header_checksum)
         HX_FAIL(SELDP_ERR_PARSE, "%s: corrupted: the header's checksum differs from the index's",
                 path);
     HX_CHECK(hx_st_parse(bytes, len, path, &sf));
@@ -447,7 +447,7 @@ static seldp_status check_file(const hx_ckpt *c, int index_of_file)
                     "%s: %s: not where, or not of the dtype and shape, the "
                     "index says",
                     path, t->path);
-        if (hx_checksum(bytes + t->offset, (size_t)t->nbytes) != t->checksum)
+        if (hx_fnv1a(bytes + t->offset, (size_t)t->nbytes, c->basis) != t->checksum)
             HX_FAIL(SELDP_ERR_PARSE, "%s: corrupted: %s does not match its checksum", path,
                     t->path);
     }
@@ -500,7 +500,7 @@ static seldp_status read_entry(const hx_ckpt *c, const ckpt_tensor *t, void *dst
         done += (size_t)n;
     }
     close(fd);
-    if (hx_checksum(dst, nbytes) != t->checksum)
+    if (hx_fnv1a(dst, nbytes, c->basis) != t->checksum)
         return hx_fail(SELDP_ERR_PARSE, "rank %d: %s: corrupted: %s does not match its checksum",
                        rank, path, t->path);
     return SELDP_OK;

@@ -84,8 +84,10 @@ static const char *json_str(const hx_json *v)
 }
 
 /* index.json ends with its own checksum: of every byte before the line that holds it. The
- * text need not be NUL-terminated. */
-static seldp_status check_index_checksum(const char *path, const char *text, size_t len)
+ * text need not be NUL-terminated. The checksum's basis (the format version's, hx_fnv1a) into
+ * *basis: this version's, or version 1's. */
+static seldp_status check_index_checksum(const char *path, const char *text, size_t len,
+                                         uint64_t *basis)
 {
     const char *at = NULL;
     size_t key = strlen(CKPT_INDEX_CHECKSUM);
@@ -98,7 +100,7 @@ static seldp_status check_index_checksum(const char *path, const char *text, siz
     const char *line = at;
     while (line > text && line[-1] != '\n')
         line--;
-    uint64_t want = 0, got = hx_checksum(text, (size_t)(line - text));
+    uint64_t want = 0, got = hx_fnv1a(text, (size_t)(line - text), HX_FNV1A_BASIS);
     const char *after = at + key;
     const char *hex = memchr(after, '"', (size_t)(text + len - after));
     char digits[17] = {0};
@@ -106,7 +108,10 @@ static seldp_status check_index_checksum(const char *path, const char *text, siz
         memcpy(digits, hex + 1, 16);
     if (!hx_ckpt_hex64(digits, &want))
         return hx_fail(SELDP_ERR_PARSE, "%s: index_checksum is not 16 hex digits", path);
-    if (want != got)
+    *basis = HX_FNV1A_BASIS;
+    if (want != got && hx_fnv1a(text, (size_t)(line - text), HX_FNV1A_BASIS_V1) == want)
+        *basis = HX_FNV1A_BASIS_V1;
+    else if (want != got)
         return hx_fail(SELDP_ERR_PARSE,
                        "%s: corrupted: its checksum is %016" PRIx64
                        ", index_checksum says %016" PRIx64,
@@ -309,8 +314,13 @@ static seldp_status parse_index(hx_ckpt *c, const char *path, const hx_json *roo
     const char *format = json_str(hx_json_get(root, "format"));
     if (!format || strcmp(format, CKPT_FORMAT) != 0)
         return hx_fail(SELDP_ERR_PARSE, "%s: format: expected \"%s\"", path, CKPT_FORMAT);
-    if (!json_int(hx_json_get(root, "version"), 0, INT32_MAX, &x) || x != CKPT_VERSION)
-        return hx_fail(SELDP_ERR_PARSE, "%s: version: expected %d", path, CKPT_VERSION);
+    if (!json_int(hx_json_get(root, "version"), 0, INT32_MAX, &x) || (x != 1 && x != CKPT_VERSION))
+        return hx_fail(SELDP_ERR_PARSE, "%s: version: expected 1 or %d", path, CKPT_VERSION);
+    c->version = (int)x;
+    if ((c->version == 1) != (c->basis == HX_FNV1A_BASIS_V1))
+        return hx_fail(SELDP_ERR_PARSE,
+                       "%s: version %d, but its index_checksum is the checksum of version %d", path,
+                       c->version, c->version == 1 ? CKPT_VERSION : 1);
     if (!json_int(hx_json_get(root, "step"), 1, 100000, &x))
         return hx_fail(SELDP_ERR_PARSE, "%s: step: expected an integer in 1..100000", path);
     c->step = (int)x;
@@ -377,7 +387,7 @@ seldp_status hx_ckpt_parse(const char *text, size_t len, const char *path, const
     c->dir = hx_strdup(dir);
     if (!c->dir)
         HX_FAIL(SELDP_ERR_NOMEM, "out of memory");
-    HX_CHECK(check_index_checksum(path, text, len));
+    HX_CHECK(check_index_checksum(path, text, len, &c->basis));
     HX_CHECK(hx_json_parse(text, len, path, &root));
     HX_CHECK(parse_index(c, path, root));
     *out = c;

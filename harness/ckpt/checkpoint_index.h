@@ -14,8 +14,9 @@
 
 typedef struct hx_ckpt hx_ckpt;
 
-#define CKPT_FORMAT            "seldp-checkpoint"
-#define CKPT_VERSION           1
+#define CKPT_FORMAT "seldp-checkpoint"
+/* 2: checksums FNV-1a 64 (HX_FNV1A_BASIS); 1, still read: from HX_FNV1A_BASIS_V1 */
+#define CKPT_VERSION           2
 #define CKPT_INDEX             "index.json"
 #define CKPT_INDEX_CHECKSUM    "\"index_checksum\""
 #define CKPT_MASTER_PREFIX     "master/"
@@ -68,6 +69,8 @@ struct hx_ckpt {
     size_t n_files;
     ckpt_tensor *tensors;
     size_t n_tensors;
+    int version;    /* the index's format version (1 or CKPT_VERSION) */
+    uint64_t basis; /* its checksums' FNV-1a basis, as the index checksum found it */
 };
 
 /* 16 lower-case hex digits into *out; false for anything else. */

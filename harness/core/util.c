@@ -256,15 +256,49 @@ double hx_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-uint64_t hx_checksum(const void *data, size_t n)
+uint64_t hx_fnv1a(const void *data, size_t n, uint64_t basis)
 {
     const unsigned char *p = data;
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = basis;
     for (size_t i = 0; i < n; i++) {
         h ^= p[i];
-        h *= 1099511628211ull;
+        h *= 0x100000001b3ull;
     }
     return h;
+}
+
+uint64_t hx_checksum(const void *data, size_t n)
+{
+    return hx_fnv1a(data, n, HX_FNV1A_BASIS);
+}
+
+/* xxHash64's round and its primes: the word multiplied in, rotated, multiplied again, so a
+ * changed bit reaches every higher bit and, rotated, the lower ones at the next round */
+static uint64_t hash_round(uint64_t acc, uint64_t w)
+{
+    acc += w * 0xc2b2ae3d27d4eb4full;
+    acc = (acc << 31) | (acc >> 33);
+    return acc * 0x9e3779b185ebca87ull;
+}
+
+uint64_t hx_bytes_hash(const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    uint64_t lane[4] = {0x60ea27eeadc0b5d6ull, 0xc2b2ae3d27d4eb4full, 0ull, 0x61c8864e7a143579ull};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int j = 0; j < 4; j++) {
+            uint64_t w;
+            memcpy(&w, p + i + 8 * (size_t)j, sizeof w);
+            lane[j] = hash_round(lane[j], w);
+        }
+    }
+    uint64_t h = hash_round(hx_checksum(p + i, n - i), (uint64_t)n);
+    for (int j = 0; j < 4; j++)
+        h = hash_round(h, lane[j]);
+    h ^= h >> 33;
+    h *= 0xc2b2ae3d27d4eb4full;
+    return h ^ (h >> 29);
 }
 
 seldp_status hx_check_writable(const char *path, bool dir, const char *option)

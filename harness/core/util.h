@@ -116,7 +116,22 @@ seldp_status hx_check_writable(const char *path, bool dir, const char *option);
 /* Monotonic clock in seconds. */
 double hx_now(void);
 
-/* 64-bit FNV-1a of `n` bytes, for checksums of parameter bytes. */
+/* 64-bit FNV-1a (docs/formats.md, Checkpoints): from `basis`, each byte xor-ed in, then
+ * multiplied by 0x100000001b3. HX_FNV1A_BASIS is the algorithm's offset basis; checkpoints
+ * of format version 1 were written from HX_FNV1A_BASIS_V1 (FNV's basis in decimal short of
+ * its last digit), which reading them still takes. */
+#define HX_FNV1A_BASIS    0xcbf29ce484222325ull
+#define HX_FNV1A_BASIS_V1 0x14650fb0739d0383ull
+uint64_t hx_fnv1a(const void *data, size_t n, uint64_t basis);
+
+/* hx_fnv1a from HX_FNV1A_BASIS: the checksums the checkpoint files carry. */
 uint64_t hx_checksum(const void *data, size_t n);
+
+/* A 64-bit hash of `n` bytes for telling in memory whether a tensor's bytes changed (the
+ * replica and untouched-gradient checks): xxHash64's round on 8-byte words in four interleaved
+ * lanes (each round a bijection of its lane for a given word, and of the word for a given
+ * lane, so any one changed word changes the hash), several times hx_checksum's speed. Not a
+ * file format: its values are never written. */
+uint64_t hx_bytes_hash(const void *data, size_t n);
 
 #endif

@@ -1,5 +1,5 @@
 /* A rank's tensors where it computes (rank_tensors.h): the storage of a parameter (the GPU
- * mirror's on a GPU rank) and the checksum of a tensor's bytes on the host or a GPU. */
+ * mirror's on a GPU rank) and the hash of a tensor's bytes on the host or a GPU (hx_bytes_hash). */
 #include "rank_tensors.h"
 
 #include "gpu_rank.h"
@@ -18,7 +18,7 @@ seldp_status hx_tensor_checksum(const hx_rank *rk, const seldp_tensor *t, uint64
     if (!t)
         return hx_fail(SELDP_ERR_INTERNAL, "rank %d: a parameter without device storage", rk->rank);
     if (t->device.kind == SELDP_DEVICE_HOST) {
-        *sum = hx_checksum(t->data, seldp_tensor_nbytes(t));
+        *sum = hx_bytes_hash(t->data, seldp_tensor_nbytes(t));
         return SELDP_OK;
     }
     seldp_tensor copy = *t;
@@ -28,7 +28,7 @@ seldp_status hx_tensor_checksum(const hx_rank *rk, const seldp_tensor *t, uint64
     if (st == SELDP_OK)
         st = seldp_tensor_copy(&copy, t);
     if (st == SELDP_OK)
-        *sum = hx_checksum(copy.data, seldp_tensor_nbytes(&copy));
+        *sum = hx_bytes_hash(copy.data, seldp_tensor_nbytes(&copy));
     seldp_tensor_free(&copy);
     if (st != SELDP_OK)
         return hx_fail_lib(st, "rank %d: reading a tensor on cuda:%d", rk->rank, t->device.ordinal);

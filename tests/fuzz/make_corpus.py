@@ -2,7 +2,8 @@
 """Write the synthetic seeds of the fuzz corpora (tests/fuzz/corpus/<target>/).
 
 The seeds are committed; run this again only to change them. Besides these, the corpora hold
-real files: the harness's test layouts and two seldp-harness --dump outputs (dense and nf4), and
+real files: the harness's test layouts, two seldp-harness --dump outputs (dense and nf4), a
+checkpoint's index and shard (checkpoint-index-nf4 of format version 1, -v2 of version 2), and
 inputs the fuzzers once found (newline-in-*: a message that was not one line).
 
   manifest/     schema-manifest blobs (src/manifest.c's encoding), valid and broken
