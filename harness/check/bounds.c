@@ -3,6 +3,8 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
 
 double hx_unit_roundoff(seldp_dtype dtype)
 {
@@ -56,6 +58,17 @@ double hx_round_to(seldp_dtype dtype, double v)
     }
 }
 
+/* 2^k for an integer k >= -1074 (the doubles' smallest subnormal), exactly. */
+static double power_of_two(int k)
+{
+    if (k < -1022)
+        return ldexp(1.0, k);
+    uint64_t bits = (uint64_t)(k + 1023) << 52;
+    double x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
 double hx_ulp(seldp_dtype dtype, double v)
 {
     int mant = dtype == SELDP_BF16 ? 7 : dtype == SELDP_F16 ? 10 : dtype == SELDP_F64 ? 52 : 23;
@@ -63,12 +76,21 @@ double hx_ulp(seldp_dtype dtype, double v)
     double r = fabs(hx_round_to(dtype, v));
     int e = emin;
     if (r > 0 && isfinite(r)) {
-        frexp(r, &e); /* r = f 2^e, f in [0.5, 1): its binade's exponent is e - 1 */
-        e -= 1;
+        /* the binade's exponent: a normal double's exponent field less its bias (frexp's for a
+         * subnormal one, whose binade lies below every dtype's emin anyway) */
+        uint64_t bits;
+        memcpy(&bits, &r, sizeof bits);
+        int field = (int)(bits >> 52);
+        if (field > 0) {
+            e = field - 1023;
+        } else {
+            frexp(r, &e); /* r = f 2^e, f in [0.5, 1) */
+            e -= 1;
+        }
         if (e < emin)
             e = emin;
     }
-    return ldexp(1.0, e - mant);
+    return power_of_two(e - mant);
 }
 
 void hx_fit_add(hx_fit *f, double got, double want, double mag, double abs)
