@@ -128,26 +128,42 @@ static int roots_rule(hx_roots roots, const hx_set *set, int i)
 }
 
 /* The unsharded run: hx_layout's shared group and expert-data groups, roots as it holds them
- * (it applied --roots where the layout file named none). */
+ * (it applied --roots where the layout file named none). An expert-data group is split in the
+ * round after the last one any of its ranks is in already: groups that share no rank (every
+ * generated layout's) are built by one split of the world, not one each, and every rank still
+ * meets its sets in the order of their index. */
 static seldp_status build_unsharded(hx_run *run, hx_sets *s)
 {
     const hx_layout *l = run->layout;
+    int *last = hx_calloc((size_t)run->opts.world, sizeof *last); /* each rank's last round */
+    if (!last)
+        return SELDP_ERR_NOMEM;
     hx_set *set = add_set(s, HX_SET_SHARED, 0, l->shared.ranks, l->shared.size);
     if (!set)
-        return SELDP_ERR_NOMEM;
+        goto nomem;
     set->root = l->shared.root;
     set->weight = HX_WEIGHT_TOKENS;
+    s->n_rounds = 1;
     for (int d = 0; d < l->n_data; d++) {
-        set = add_set(s, HX_SET_DATA, 1 + d, l->data[d].ranks, l->data[d].size);
+        int round = 1;
+        for (int k = 0; k < l->data[d].size; k++)
+            round = last[l->data[d].ranks[k]] + 1 > round ? last[l->data[d].ranks[k]] + 1 : round;
+        set = add_set(s, HX_SET_DATA, round, l->data[d].ranks, l->data[d].size);
         if (!set)
-            return SELDP_ERR_NOMEM;
+            goto nomem;
+        for (int k = 0; k < l->data[d].size; k++)
+            last[l->data[d].ranks[k]] = round;
+        s->n_rounds = round + 1 > s->n_rounds ? round + 1 : s->n_rounds;
         set->data = d;
         set->root = l->data[d].root;
         set->sums = run->opts.flow == HX_FLOW_SUM;
         set->weight = HX_WEIGHT_DATA_SHARE;
     }
-    s->n_rounds = 1 + l->n_data;
+    free(last);
     return SELDP_OK;
+nomem:
+    free(last);
+    return SELDP_ERR_NOMEM;
 }
 
 /* The sets of one group kind of the library's layout, one per group, roots by the framework's
