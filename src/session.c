@@ -15,7 +15,8 @@
  *     1 allgather of a fixed record (status, world rank, call, root, bucket size, finiteness
  *       check, staged commit, whether the rank can take the fused reduce path);
  *     on a local failure somewhere: 1 allgatherv of the error messages, then return;
- *     1 allgatherv of the schema manifests;
+ *     1 allgatherv of the schema manifests, unless every rank's is the root's byte for byte
+ *       (the record carries each manifest's length and two 64-bit digests);
  *     per dtype d of the selection, ceil(bytes_d / bucket) broadcasts from the root.
  *   seldp_session_reduce, _reduce_fp32, _sum, _sum_fp32 (session_reduce.c):
  *     1 allgatherv of a record (status, world rank, method, FP32 flag, policy, weight,
@@ -247,6 +248,12 @@ typedef struct init_record {
     int64_t check_finite;
     int64_t staged_commit;
     int64_t fused; /* this rank can and may take the fused reduce path */
+    /* this rank's schema manifest: its length and two independent 64-bit digests of its
+       bytes (schema_agree exchanges the manifests only when some rank's differ from the
+       root's) */
+    uint64_t schema_bytes;
+    uint64_t schema_fnv;
+    uint64_t schema_mix;
 } init_record;
 
 static const char *init_name(int64_t with_buffers)
@@ -314,15 +321,53 @@ static uint64_t digest_bytes(const unsigned char *p, size_t n)
     return h;
 }
 
+/* A second digest of n bytes, independent of FNV-1a's: 8-byte words through xxHash64's round
+ * and its final avalanche, seeded with n. */
+static uint64_t mix_digest(const unsigned char *p, size_t n)
+{
+    const uint64_t p1 = 0x9e3779b185ebca87u, p2 = 0xc2b2ae3d27d4eb4fu;
+    uint64_t h = 0x27d4eb2f165667c5u ^ (uint64_t)n, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, sizeof w);
+        h ^= w * p2;
+        h = ((h << 31) | (h >> 33)) * p1;
+    }
+    for (; i < n; i++)
+        h = ((h ^ p[i]) * p1) ^ (h >> 29);
+    h ^= h >> 33;
+    h *= p2;
+    h ^= h >> 29;
+    h *= 0x165667b19e3779f9u;
+    return h ^ (h >> 32);
+}
+
+/* Whether every rank's manifest is the root's, byte for byte, as their records tell (the
+ * same answer on every rank). */
+static bool schemas_identical(const init_record *all, int n, int root)
+{
+    for (int r = 0; r < n; r++)
+        if (all[r].schema_bytes != all[root].schema_bytes ||
+            all[r].schema_fnv != all[root].schema_fnv || all[r].schema_mix != all[root].schema_mix)
+            return false;
+    return true;
+}
+
 /* Collective: all-gather the manifests and compare every rank's with the root's. Every rank
  * decodes the same bytes, so every rank reaches the same verdict, and the same *digest of
- * the root's manifest: the session's schema fingerprint. */
+ * the root's manifest: the session's schema fingerprint. When the records show every
+ * manifest identical to the root's (the usual case), nothing is exchanged: the verdict is
+ * the same, and the digest is the root's own. */
 static seldp_status schema_agree(seldp_comm *comm, const char *call, const void *blob,
                                  size_t blob_bytes, int root, const int *world_ranks,
-                                 uint64_t *digest)
+                                 const init_record *records, uint64_t *digest)
 {
     seldp_status st = SELDP_OK;
     int n = seldp_comm_size(comm), decoded = 0;
+    if (schemas_identical(records, n, root)) {
+        *digest = records[root].schema_fnv;
+        return SELDP_OK;
+    }
     size_t *lengths = calloc((size_t)n, sizeof *lengths);
     seldp__manifest *manifests = calloc((size_t)n, sizeof *manifests);
     char *all = NULL;
@@ -442,13 +487,16 @@ static seldp_status session_initialize(seldp_comm *comm, seldp_model *model, int
                          .bucket_bytes = (int64_t)s->cfg.bucket_bytes,
                          .check_finite = s->cfg.check_finite,
                          .staged_commit = s->cfg.staged_commit,
-                         .fused = fused};
+                         .fused = fused,
+                         .schema_bytes = blob_bytes,
+                         .schema_fnv = digest_bytes(blob, blob_bytes),
+                         .schema_mix = mix_digest(blob, blob_bytes)};
     SELDP_CHECK(init_agree(comm, &mine, message, all, world_ranks));
     s->fused = true;
     for (int r = 0; r < n; r++)
         s->fused = s->fused && all[r].fused;
     SELDP_CHECK(schema_agree(comm, init_name(with_buffers), blob, blob_bytes, root, world_ranks,
-                             &s->digest));
+                             all, &s->digest));
     SELDP_CHECK(seldp__session_name_call(broadcast_selection(s, root, bucket),
                                          init_name(with_buffers),
                                          "the broadcast of the selection"));
