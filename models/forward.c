@@ -136,11 +136,12 @@ seldp_status tm_embed_backward(tm_model *m, const float *dh)
 
 /* The K largest of p (E) into sel, largest first: the k-th is the first expert of the largest
  * probability not yet taken (strict >: among equal probabilities the lower index wins; a NaN
- * is taken only where it comes first). The experts taken are marked in a bitmap, one pass over
- * E a slot, or for more than TOP_K_MARKS experts looked up among the slots before it. */
+ * is taken only where it comes first). scan_top_k says so directly, one pass over E a slot,
+ * marking the experts taken in a bitmap (or, beyond TOP_K_MARKS experts, looking them up among
+ * the slots before it). */
 #define TOP_K_MARKS 4096
 
-static void top_k(const float *p, int E, int K, int *sel)
+static void scan_top_k(const float *p, int E, int K, int *sel)
 {
     uint64_t marks[TOP_K_MARKS / 64];
     const bool marked = E <= TOP_K_MARKS;
@@ -161,6 +162,38 @@ static void top_k(const float *p, int E, int K, int *sel)
         sel[k] = best;
         if (marked)
             marks[best >> 6] |= (uint64_t)1 << (best & 63);
+    }
+}
+
+/* The same choice in one pass over E: the K best so far, kept in order (a later expert moves
+ * ahead of a kept one only when strictly larger, so equal probabilities stay in index order).
+ * Without NaN this is scan_top_k's order; a NaN, whose comparisons all fail, hands the whole
+ * choice to scan_top_k. */
+#define TOP_K_KEPT 64
+
+void tm__top_k(const float *p, int E, int K, int *sel)
+{
+    float kept[TOP_K_KEPT];
+    if (K > TOP_K_KEPT) {
+        scan_top_k(p, E, K, sel);
+        return;
+    }
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        const float x = p[e];
+        if (x != x) {
+            scan_top_k(p, E, K, sel);
+            return;
+        }
+        if (n == K && !(x > kept[K - 1]))
+            continue;
+        int j = n < K ? n++ : K - 1;
+        for (; j > 0 && x > kept[j - 1]; j--) {
+            kept[j] = kept[j - 1];
+            sel[j] = sel[j - 1];
+        }
+        kept[j] = x;
+        sel[j] = e;
     }
 }
 
@@ -195,7 +228,7 @@ seldp_status tm_route_forward(tm_model *m, int l, const float *h, tm_route *rout
         int *sel = c->choice + t * (size_t)K;
         float *gate = c->gate + t * (size_t)K;
         float kept = 0.0f;
-        top_k(p, E, K, sel);
+        tm__top_k(p, E, K, sel);
         for (int k = 0; k < K; k++)
             kept += p[sel[k]];
         for (int k = 0; k < K; k++)

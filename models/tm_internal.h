@@ -126,6 +126,11 @@ void tm__store_value(void *data, seldp_dtype dtype, size_t i, float v);
 /* Capacity dropping of one routed layer (router.c): c->expert from c->choice. */
 void tm__capacity_drop(const tm_model *m, tm_layer_cache *c);
 
+/* The router's top-K (forward.c): the K largest of p (E) into sel, largest first, among equal
+ * probabilities the lower index first; with a NaN in p, the k-th is the first expert of the
+ * largest probability not yet taken by strict > (a NaN only where it comes first). */
+void tm__top_k(const float *p, int E, int K, int *sel);
+
 /* Add the load-balancing and z-loss gradients of token t's router logits into dl (E), which
  * holds dL/dp (E) on entry and leaves as dL/dlogits (router.c). */
 void tm__router_loss_backward(const tm_model *m, const tm_layer_cache *c, size_t t, float *dl);

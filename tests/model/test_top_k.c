@@ -3,7 +3,8 @@
  * copies of row 0 by powers of two, so a token's logits are exact multiples of one logit and
  * equal rows tie exactly; the expected choice is that order computed here. Both of the model's
  * ways of marking the experts taken run: a bitmap up to 4096 experts, the slots before it
- * beyond. */
+ * beyond. tm__top_k itself (one pass keeping the K best, the scan where a NaN is present or K
+ * exceeds 64) is held to the definition on random rows full of ties, zeros and NaN. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <cmocka.h>
 
 #include "model_util.h"
+#include "tm_internal.h"
 
 enum { N_TOKENS = 24 };
 
@@ -124,12 +126,69 @@ static void every_expert_chosen(void **state)
     check_top_k(9, 9);
 }
 
+/* The definition: slot k takes the first expert not yet taken whose probability no later
+ * untaken one exceeds (strict >, scanning from the first untaken). */
+static void defined_top_k(const float *p, int E, int K, int *sel)
+{
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int j = 0; j < k; j++)
+                taken = taken || sel[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        sel[k] = best;
+    }
+}
+
+static void against_the_definition(void **state)
+{
+    (void)state;
+    static const int shapes[][2] = {{1, 1},    {4, 2},    {8, 8},     {64, 8},  {256, 8},
+                                    {256, 64}, {200, 65}, {300, 100}, {5000, 8}};
+    uint64_t seed = 99;
+    int *got = malloc(5000 * sizeof *got), *want = malloc(5000 * sizeof *want);
+    float *p = malloc(5000 * sizeof *p);
+    assert_true(got && want && p);
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        const int E = shapes[c][0], K = shapes[c][1];
+        for (int trial = 0; trial < 40; trial++) {
+            /* few distinct values (ties), zeros, and in some rows a NaN or two */
+            for (int e = 0; e < E; e++) {
+                seed = seed * 6364136223846793005u + 1442695040888963407u;
+                unsigned r = (unsigned)(seed >> 33);
+                p[e] = trial % 3 == 0 ? (float)(r % 5) * 0.125f : (float)(r % 1000) / 997.0f;
+                if (r % 7 == 0)
+                    p[e] = 0.0f;
+            }
+            if (trial % 4 == 1)
+                p[(trial * 7) % E] = NAN;
+            if (trial % 8 == 5)
+                p[E - 1] = NAN;
+            if (trial % 8 == 3)
+                p[0] = NAN;
+            tm__top_k(p, E, K, got);
+            defined_top_k(p, E, K, want);
+            for (int k = 0; k < K; k++)
+                if (got[k] != want[k])
+                    fail_msg("experts %d, top-%d, row %d: choice %d is expert %d, expected %d", E,
+                             K, trial, k, got[k], want[k]);
+        }
+    }
+    free(got);
+    free(want);
+    free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ties_with_the_bitmap),
         cmocka_unit_test(ties_beyond_the_bitmap),
         cmocka_unit_test(every_expert_chosen),
+        cmocka_unit_test(against_the_definition),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
