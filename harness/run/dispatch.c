@@ -229,7 +229,7 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
     size_t D = (size_t)rk->run->opts.model.d_model;
     int E = rk->run->layout->experts;
     int64_t *rows = hx_calloc(n, sizeof *rows);
-    size_t *per = hx_calloc((size_t)E, sizeof *per);
+    size_t *per = hx_calloc((size_t)E + 1, sizeof *per);
     float *xe = NULL, *ge = NULL, *oe = NULL;
     if (!rows || !per)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
@@ -250,23 +250,30 @@ static seldp_status compute_rows(hx_rank *rk, int l, size_t n, const int32_t *id
     oe = ops->alloc(rk->compute, most * D);
     if (!xe || !ge || !oe)
         HX_FAIL(SELDP_ERR_NOMEM, "rank %d: out of memory", rk->rank);
+    /* the rows by expert, each expert's in the order received (a counting sort): per[e]
+     * becomes where expert e's rows begin, per[e + 1] where they end */
+    for (size_t e = (size_t)E, at = n; e-- > 0;) {
+        at -= per[e];
+        per[e + 1] = at;
+    }
+    for (size_t j = 0; j < n; j++)
+        rows[per[ids[j] + 1]++] = (int64_t)j;
+    per[0] = 0;
     for (int e = 0; e < E; e++) {
-        size_t m = 0;
-        for (size_t j = 0; j < n; j++)
-            if (ids[j] == e)
-                rows[m++] = (int64_t)j;
+        const int64_t *mine = rows + per[e];
+        size_t m = per[e + 1] - per[e];
         if (m == 0)
             continue;
-        HX_CHECK(copy_rows(rk, xe, NULL, x, rows, m));
+        HX_CHECK(copy_rows(rk, xe, NULL, x, mine, m));
         if (dy) {
-            HX_CHECK(copy_rows(rk, ge, NULL, dy, rows, m));
+            HX_CHECK(copy_rows(rk, ge, NULL, dy, mine, m));
             HX_CHECK_LIB(ops->expert_backward(rk->compute, l, e, xe, ge, m, oe),
                          "rank %d: layer %d: backward of expert %d", rk->rank, l, e);
         } else {
             HX_CHECK_LIB(ops->expert_forward(rk->compute, l, e, xe, m, oe),
                          "rank %d: layer %d: forward of expert %d", rk->rank, l, e);
         }
-        HX_CHECK(copy_rows(rk, out, rows, oe, NULL, m));
+        HX_CHECK(copy_rows(rk, out, mine, oe, NULL, m));
     }
 fail:
     free(rows);
