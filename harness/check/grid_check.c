@@ -95,6 +95,8 @@ tm_part hx_grid_part(const hx_run *run, int r)
 
 int hx_grid_batch_rank(const hx_run *run, int r)
 {
+    if (!hx_grid_sharded(run))
+        return r; /* every rank draws its own tokens */
     const seldp_layout *g = run->layout->grid;
     const int *ranks = NULL;
     seldp_layout_group(g, SELDP_GROUP_PP, seldp_layout_group_of(g, SELDP_GROUP_PP, r), &ranks);

@@ -82,7 +82,8 @@ tm_config hx_grid_shard_config(const hx_run *run);
 tm_part hx_grid_part(const hx_run *run, int r);
 hx_shard hx_grid_shard(const hx_run *run, int r, const char *path);
 
-/* The stage-0 rank of rank r's pipeline group, whose tokens r shares. */
+/* The stage-0 rank of rank r's pipeline group, whose tokens r shares; r itself in an unsharded
+ * run (every rank draws its own). */
 int hx_grid_batch_rank(const hx_run *run, int r);
 
 /* The kind of set a sharded run reduces `p` in. */

@@ -79,7 +79,7 @@ static seldp_status batch_ranks(hx_run *run)
         return SELDP_ERR_NOMEM;
     run->n_batch = 0;
     for (int r = 0; r < W; r++)
-        if (!hx_grid_sharded(run) || hx_grid_batch_rank(run, r) == r)
+        if (hx_grid_batch_rank(run, r) == r)
             run->batch_ranks[run->n_batch++] = r;
     return SELDP_OK;
 }
@@ -168,7 +168,7 @@ seldp_status hx_run_create(const hx_options *opts, hx_run **out)
         run->ranks[r].rank = r;
         run->ranks[r].run = run;
         run->ranks[r].loss_scale = 1.0;
-        run->ranks[r].batch_rank = hx_grid_sharded(run) ? hx_grid_batch_rank(run, r) : r;
+        run->ranks[r].batch_rank = hx_grid_batch_rank(run, r);
     }
     double saved_scale = 0;
     int64_t saved_good = 0;
