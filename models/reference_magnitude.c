@@ -230,28 +230,6 @@ static seldp_status pass_alloc(pass *s)
 
 /* ---- elementwise rules --------------------------------------------------------------------- */
 
-/* silu''(a), s = tm__ref_sigmoid(a) */
-static double silu_curve(double a, double s)
-{
-    return s * (1.0 - s) * (2.0 + a * (1.0 - 2.0 * s));
-}
-
-/* silu of n pre-activations a (variances va): values into y, their variances into vy, silu'
- * into sl and its variance into vsl. */
-void tm__mag_silu_var(const double *a, const double *va, size_t n, double *y, double *vy,
-                      double *sl, double *vsl)
-{
-    for (size_t i = 0; i < n; i++) {
-        double slope;
-        const double sg = tm__ref_sigmoid(a[i]), v = tm__ref_silu_of(a[i], sg, &slope);
-        const double curve = silu_curve(a[i], sg);
-        y[i] = v;
-        vy[i] = slope * slope * va[i] + 3.0 * v * v; /* a / (1 + exp(-a)): three roundings */
-        sl[i] = slope;
-        vsl[i] = curve * curve * va[i] + 3.0 * slope * slope;
-    }
-}
-
 /* One row of rms_row: x (D) with variances vx, r = 1/rms(x) as the forward found it, ag the
  * norm's weights; the output's variances into vu; returns r's variance. */
 static double rms_row_var(const double *x, const double *vx, const double *g, double r, int D,

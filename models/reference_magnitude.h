@@ -1,5 +1,6 @@
 /* The error-scale pass of the FP64 reference (reference_magnitude.c: the rules and the
- * forward; reference_magnitude_back.c: the backward), for those two files only. */
+ * forward; reference_magnitude_silu.c: the SiLU rule; reference_magnitude_router.c: the
+ * router; reference_magnitude_back.c: the backward), for those files and their tests only. */
 #ifndef TM_REFERENCE_MAGNITUDE_H
 #define TM_REFERENCE_MAGNITUDE_H
 
@@ -83,9 +84,16 @@ bool tm__mag_var_gemm_of(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m
 bool tm__mag_var_gemm(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
                       const double *A, const double *VA, size_t ar, size_t ac, const double *B,
                       const double *VB, size_t br, size_t bc, double beta, double *VC);
-/* The elementwise rules: SiLU with its derivative, a softmax, the RMS norm's backward. */
+/* The elementwise rules: SiLU with its derivative (reference_magnitude_silu.c), a softmax,
+ * the RMS norm's backward. tm__mag_silu_var runs the widest build this CPU has;
+ * tm__mag_silu_var_on a given one (TM_MAG_SILU_*, for the tests: every build gives the same
+ * bits), tm__mag_silu_widest says which. */
+enum { TM_MAG_SILU_BASE, TM_MAG_SILU_AVX2, TM_MAG_SILU_AVX512 };
 void tm__mag_silu_var(const double *a, const double *va, size_t n, double *y, double *vy,
                       double *sl, double *vsl);
+void tm__mag_silu_var_on(int build, const double *a, const double *va, size_t n, double *y,
+                         double *vy, double *sl, double *vsl);
+int tm__mag_silu_widest(void);
 void tm__mag_softmax_var(const double *p, const double *vz, int n, double *vp);
 /* An RMS norm's backward over the N tokens with variances (x, vx its input, g its weight, r,
  * vr the tokens' 1/rms): s->dH, s->VdH += the input's gradient from s->dU, s->VdU; the

@@ -28,10 +28,13 @@ static bool router_var(const pass *s, mag_rows *m, int l, size_t t0, size_t n)
         double mx = z[0], se = 0.0;
         for (int e = 1; e < E; e++)
             mx = fmax(mx, z[e]);
+        double *pr = m->PR + t * E;
+        for (int e = 0; e < E; e++) {
+            pr[e] = exp(z[e] - mx);
+            se += pr[e];
+        }
         for (int e = 0; e < E; e++)
-            se += exp(z[e] - mx);
-        for (int e = 0; e < E; e++)
-            m->PR[t * E + e] = exp(z[e] - mx) / se;
+            pr[e] /= se;
         tm__mag_softmax_var(m->PR + t * E, m->VLG + t * E, E, m->VPR + t * E);
     }
     return true;
