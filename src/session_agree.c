@@ -1,10 +1,11 @@
 /* The agreement of a reduction: each rank's record (status, method, FP32 flag, policy,
  * weight, the session's fingerprint, the first non-finite gradient and a presence bit per
- * reducible parameter), gathered in one all-gatherv, and the decision every rank computes
- * from the same gathered records: another session or call, disagreement, local failures,
- * non-finite inputs, weight overflow, presence, and gradients missing under the error
- * policy. The blocking reductions agree once; an overlapped one at its start and again at
- * its finish. */
+ * reducible parameter), and the decision every rank computes from the same gathered records:
+ * another session or call, disagreement, local failures, non-finite inputs, weight overflow,
+ * presence, and gradients missing under the error policy. The ranks first all-gather a brief of
+ * their records (agree_brief, below); the records follow in a second all-gatherv only when the
+ * briefs differ or report a failure. The blocking reductions agree once; an overlapped one at its
+ * start and again at its finish. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,6 +267,107 @@ fail:
     return st;
 }
 
+/* --- the brief exchange ------------------------------------------------------------ */
+
+/* A rank's brief: what may differ between the ranks of one agreeing call (its status, world
+ * rank, weight and first non-finite slot), and two digests of the rest of its record (the
+ * call, the session's fingerprint and the presence bitmap). When every brief has the root's
+ * digests and no rank failed or saw a non-finite input, every rank's record is the root's but
+ * for those fields, and the decision needs nothing else: the records themselves are not
+ * exchanged. That is one all-gatherv of 48 bytes a rank, instead of the records (192 bytes and
+ * the bitmap), which a group of 2,048 ranks would otherwise copy 2,048 times each. */
+typedef struct agree_brief {
+    uint64_t status, world_rank, weight, nonfinite_slot;
+    uint64_t fnv, mix; /* of the record with the four fields above (and the non-finite element
+                          and count) zeroed */
+} agree_brief;
+
+/* 64-bit FNV-1a of n bytes. */
+static uint64_t fnv_bytes(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3u;
+    return h;
+}
+
+/* A second digest of n bytes (a multiple of 8), independent of FNV-1a's: 8-byte words
+ * through xxHash64's round and its final avalanche, seeded with n. */
+static uint64_t mix_words(const unsigned char *p, size_t n)
+{
+    const uint64_t p1 = 0x9e3779b185ebca87u, p2 = 0xc2b2ae3d27d4eb4fu;
+    uint64_t h = 0x27d4eb2f165667c5u ^ (uint64_t)n, w;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, sizeof w);
+        h ^= w * p2;
+        h = ((h << 31) | (h >> 33)) * p1;
+    }
+    h ^= h >> 33;
+    h *= p2;
+    h ^= h >> 29;
+    return h;
+}
+
+static seldp_status brief_of(const reduce_call *c, const void *mine, agree_brief *b)
+{
+    reduce_record *rest = malloc(c->record_bytes);
+    if (!rest)
+        return seldp__fail(SELDP_ERR_NOMEM, "%s: out of memory for the agreement",
+                           seldp__reduce_call_name(c));
+    memcpy(rest, mine, c->record_bytes);
+    b->status = rest->status;
+    b->world_rank = rest->world_rank;
+    b->weight = rest->weight;
+    b->nonfinite_slot = rest->nonfinite_slot;
+    rest->status = rest->world_rank = rest->weight = rest->nonfinite_slot = 0;
+    rest->nonfinite_elem = rest->nonfinite_count = 0;
+    b->fnv = fnv_bytes((const unsigned char *)rest, c->record_bytes);
+    b->mix = mix_words((const unsigned char *)rest, c->record_bytes);
+    free(rest);
+    return SELDP_OK;
+}
+
+/* Whether the briefs decide the call alone: every rank's digests are the root's, and no rank
+ * failed or saw a non-finite input. Every rank answers the same from the same briefs. */
+static bool briefs_agree(const agree_brief *b, int n)
+{
+    for (int r = 0; r < n; r++)
+        if (b[r].status != SELDP_OK || b[r].nonfinite_slot != NO_NONFINITE ||
+            b[r].fnv != b[0].fnv || b[r].mix != b[0].mix)
+            return false;
+    return true;
+}
+
+/* reduce_decide's outcome when the briefs agree: every record is this rank's but for the
+ * fields in the briefs, so presence is this rank's bitmap wherever some rank is active, and
+ * no rank lacks a gradient another has. */
+static seldp_status brief_decide(reduce_call *c, const agree_brief *b, int n, const void *mine)
+{
+    for (int r = 0; r < n; r++)
+        c->world_ranks[r] = (int)b[r].world_rank;
+    if (c->kind == REDUCE_KIND_GATHER)
+        return SELDP_OK;
+    c->global_weight = 0;
+    bool active = false;
+    for (int r = 0; r < n; r++) {
+        const uint64_t w = b[r].weight;
+        if (c->global_weight > UINT64_MAX - w)
+            return seldp__fail(SELDP_ERR_OVERFLOW,
+                               "the global weight overflows 64 bits: group rank %d (world rank "
+                               "%d) adds %" PRIu64 " to %" PRIu64 " from the ranks before it",
+                               r, c->world_ranks[r], w, c->global_weight);
+        c->global_weight += w;
+        active = active || w != 0;
+    }
+    const unsigned char *bits = (const unsigned char *)((const reduce_record *)mine + 1);
+    for (size_t k = 0; k < c->s->n_slots; k++)
+        c->slots[k].present = active && (bits[k / 8] >> (k % 8) & 1u);
+    return SELDP_OK;
+}
+
+/* One all-gatherv of the briefs; the records themselves only when the briefs do not decide
+ * the call (then reduce_decide, as every rank has every record). Variable-length, so that
+ * ranks in sessions of different sizes meet here and say so. */
 seldp_status seldp__reduce_agree(reduce_call *c, const void *mine, const char *message,
                                  bool *gathered)
 {
@@ -273,11 +375,35 @@ seldp_status seldp__reduce_agree(reduce_call *c, const void *mine, const char *m
         *gathered = false;
     free(c->records);
     c->records = NULL;
-    /* Variable-length, so that ranks in sessions of different sizes meet here and say so. */
-    seldp_status st =
-        seldp__session_name_call(seldp_comm_allgatherv(c->s->comm, mine, c->record_bytes,
-                                                       (void **)&c->records, c->record_lengths),
-                                 seldp__reduce_call_name(c), "the agreement");
+    const int n = seldp_comm_size(c->s->comm);
+    agree_brief brief, *briefs = NULL;
+    seldp_status st = brief_of(c, mine, &brief);
+    if (st != SELDP_OK)
+        return st;
+    st = seldp__session_name_call(seldp_comm_allgatherv(c->s->comm, &brief, sizeof brief,
+                                                        (void **)&briefs, c->record_lengths),
+                                  seldp__reduce_call_name(c), "the agreement");
+    if (st != SELDP_OK)
+        return st;
+    for (int r = 0; r < n; r++)
+        if (c->record_lengths[r] != sizeof brief) {
+            free(briefs);
+            return seldp__fail(SELDP_ERR_INTERNAL,
+                               "%s: group rank %d sent a malformed agreement brief of %zu bytes "
+                               "(expected %zu)",
+                               seldp__reduce_call_name(c), r, c->record_lengths[r], sizeof brief);
+        }
+    if (briefs_agree(briefs, n)) {
+        st = brief_decide(c, briefs, n, mine);
+        free(briefs);
+        if (gathered)
+            *gathered = true;
+        return st;
+    }
+    free(briefs);
+    st = seldp__session_name_call(seldp_comm_allgatherv(c->s->comm, mine, c->record_bytes,
+                                                        (void **)&c->records, c->record_lengths),
+                                  seldp__reduce_call_name(c), "the agreement");
     if (st != SELDP_OK)
         return st;
     if (gathered)

@@ -25,7 +25,9 @@
  * reduction fails the same way): destroy it and initialize a new one. Two sessions of one
  * communicator with the same selection share a schema digest and are told apart by their
  * call counts only. Settings that change the outcome (bucket_bytes, check_finite,
- * staged_commit) must be equal on every rank at initialize.
+ * staged_commit) must be equal on every rank at initialize. The agreement is one all-gather
+ * of a 48-byte brief per rank; the full records follow only when the briefs differ or
+ * report a failure (docs/library.md, Agreement).
  *
  * Memory and timing (the price of "nothing is lost"):
  * - A session stages its selection in FP32: the bucketed reduce path (MPI, and the
