@@ -312,8 +312,8 @@ fail:
     return st;
 }
 
-/* 64-bit FNV-1a of n bytes. */
-static uint64_t digest_bytes(const unsigned char *p, size_t n)
+/* 64-bit FNV-1a of n bytes (session_impl.h). */
+uint64_t seldp__digest_fnv(const unsigned char *p, size_t n)
 {
     uint64_t h = 0xcbf29ce484222325u;
     for (size_t i = 0; i < n; i++)
@@ -322,8 +322,8 @@ static uint64_t digest_bytes(const unsigned char *p, size_t n)
 }
 
 /* A second digest of n bytes, independent of FNV-1a's: 8-byte words through xxHash64's round
- * and its final avalanche, seeded with n. */
-static uint64_t mix_digest(const unsigned char *p, size_t n)
+ * and its final avalanche, seeded with n (session_impl.h). */
+uint64_t seldp__digest_mix(const unsigned char *p, size_t n)
 {
     const uint64_t p1 = 0x9e3779b185ebca87u, p2 = 0xc2b2ae3d27d4eb4fu;
     uint64_t h = 0x27d4eb2f165667c5u ^ (uint64_t)n, w;
@@ -387,7 +387,7 @@ static seldp_status schema_agree(seldp_comm *comm, const char *call, const void 
                        decoded, world_ranks[decoded], why);
         }
         if (decoded == root)
-            *digest = digest_bytes((const unsigned char *)all + offset, lengths[root]);
+            *digest = seldp__digest_fnv((const unsigned char *)all + offset, lengths[root]);
         offset += lengths[decoded];
     }
     SELDP_CHECK(seldp__manifest_compare(manifests, n, root, world_ranks));
@@ -489,8 +489,8 @@ static seldp_status session_initialize(seldp_comm *comm, seldp_model *model, int
                          .staged_commit = s->cfg.staged_commit,
                          .fused = fused,
                          .schema_bytes = blob_bytes,
-                         .schema_fnv = digest_bytes(blob, blob_bytes),
-                         .schema_mix = mix_digest(blob, blob_bytes)};
+                         .schema_fnv = seldp__digest_fnv(blob, blob_bytes),
+                         .schema_mix = seldp__digest_mix(blob, blob_bytes)};
     SELDP_CHECK(init_agree(comm, &mine, message, all, world_ranks));
     s->fused = true;
     for (int r = 0; r < n; r++)

@@ -282,32 +282,6 @@ typedef struct agree_brief {
                           and count) zeroed */
 } agree_brief;
 
-/* 64-bit FNV-1a of n bytes. */
-static uint64_t fnv_bytes(const unsigned char *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325u;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3u;
-    return h;
-}
-
-/* A second digest of n bytes (a multiple of 8), independent of FNV-1a's: 8-byte words
- * through xxHash64's round and its final avalanche, seeded with n. */
-static uint64_t mix_words(const unsigned char *p, size_t n)
-{
-    const uint64_t p1 = 0x9e3779b185ebca87u, p2 = 0xc2b2ae3d27d4eb4fu;
-    uint64_t h = 0x27d4eb2f165667c5u ^ (uint64_t)n, w;
-    for (size_t i = 0; i + 8 <= n; i += 8) {
-        memcpy(&w, p + i, sizeof w);
-        h ^= w * p2;
-        h = ((h << 31) | (h >> 33)) * p1;
-    }
-    h ^= h >> 33;
-    h *= p2;
-    h ^= h >> 29;
-    return h;
-}
-
 static seldp_status brief_of(const reduce_call *c, const void *mine, agree_brief *b)
 {
     reduce_record *rest = malloc(c->record_bytes);
@@ -321,8 +295,8 @@ static seldp_status brief_of(const reduce_call *c, const void *mine, agree_brief
     b->nonfinite_slot = rest->nonfinite_slot;
     rest->status = rest->world_rank = rest->weight = rest->nonfinite_slot = 0;
     rest->nonfinite_elem = rest->nonfinite_count = 0;
-    b->fnv = fnv_bytes((const unsigned char *)rest, c->record_bytes);
-    b->mix = mix_words((const unsigned char *)rest, c->record_bytes);
+    b->fnv = seldp__digest_fnv((const unsigned char *)rest, c->record_bytes);
+    b->mix = seldp__digest_mix((const unsigned char *)rest, c->record_bytes);
     free(rest);
     return SELDP_OK;
 }

@@ -66,4 +66,9 @@ seldp_status seldp__session_busy(const seldp_session *s, const char *call);
  * the transport's timeout), stop the progress thread and free the session's async state. */
 void seldp__session_async_free(seldp_session *s);
 
+/* Two independent 64-bit digests of n bytes (session.c): FNV-1a, and 8-byte words through
+ * xxHash64's round and avalanche. The schema exchange and the reductions' briefs use both. */
+uint64_t seldp__digest_fnv(const unsigned char *p, size_t n);
+uint64_t seldp__digest_mix(const unsigned char *p, size_t n);
+
 #endif
