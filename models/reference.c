@@ -12,8 +12,10 @@
  * The work is what the routing asks for: each expert's matrices multiply only the rows
  * routed to it (slots grouped by expert once per layer), and the router's gradient from the
  * gates touches only the selected logits; the dense (N,E) logit gradients exist only when
- * a router loss is on. After the backward, reference_magnitude.c computes the error scale of
- * every gradient element and of the loss from the activations kept here. */
+ * a router loss is on. After the forward, reference_magnitude.c computes the error scale of
+ * every gradient element and of the loss from the activations kept here, and drives the
+ * backward of this file's pieces beside its own: an expert's rows are gathered and multiplied
+ * once for the gradient and its error scale. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -258,7 +260,7 @@ static double forward_layer(tm_reference *ref, const ref_params *p, ref_work *w,
 /* Add the gradient dW (out,in) of an expert linear's effective weight to its trainable
  * tensors: the dense weight, or LoRA's B and A for W = base + c B A (dB = c dW A^T,
  * dA = c B^T dW). */
-static void add_linear_grad(const tm_config *c, ref_linear *li, const double *dW)
+static void add_linear_grad(const tm_config *c, const ref_linear *li, const double *dW)
 {
     if (c->quant == TM_QUANT_NONE) {
         const size_t nw = (size_t)li->out * (size_t)li->in;
@@ -274,25 +276,21 @@ static void add_linear_grad(const tm_config *c, ref_linear *li, const double *dW
               1.0, li->lora_a->g, li->in);
 }
 
-/* Expert e of layer l backward: dgate of its slots, its weights' gradients and its rows'
- * part of dU. A and S are recomputed from X; the output y = S W2^T is not: with
- * P = dH W2 (n,F), the gate's gradient dH . y is P . S and dS is gate * P. */
-static bool expert_backward(void *ctx, int lane, int e)
+/* Expert e of layer l backward up to its weights: A and S are recomputed from X; the output
+ * y = S W2^T is not: with P = dH W2 (n,F), the gate's gradient dH . y is P . S and dS is
+ * gate * P. */
+size_t tm__ref_expert_backward_rows(const tm_reference *ref, const ref_params *p,
+                                    const ref_work *wk, int l, int e, ref_rows *w)
 {
-    expert_loop *lp = ctx;
-    tm_reference *ref = lp->ref;
-    const ref_work *wk = lp->w;
-    const int l = lp->l;
     const tm_config *c = &ref->cfg;
     const int D = c->d_model, F = c->d_ff, E = c->experts, K = c->top_k;
     const double *gate = wk->GATE + (size_t)l * wk->N * (size_t)K;
-    ref_linear *w1 = &lp->p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
-    ref_rows *w = &wk->rows[lane];
+    const ref_linear *w1 = &p->lin[((size_t)l * E + e) * 2], *w2 = w1 + 1;
     const size_t n = tm__ref_gather_rows(ref, wk, l, e, w->X, &w->slots);
     const size_t *rows = w->slots;
     w->n = n;
     if (n == 0)
-        return true;
+        return 0;
     for (size_t i = 0; i < n; i++)
         memcpy(w->dHr + i * D, wk->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
     tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, w->X, D, w1->w, D, 0.0, w->A, F);
@@ -310,35 +308,45 @@ static bool expert_backward(void *ctx, int lane, int e)
         for (int j = 0; j < D; j++)
             w->dYE[i * D + j] = g * w->dHr[i * D + j];
     }
-    /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X */
-    tm__dgemm(CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, w->dYE, D, w->S, F, 0.0, w->dW, F);
-    add_linear_grad(c, w2, w->dW);
-    tm__dgemm(CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, w->dA, F, w->X, D, 0.0, w->dW, D);
-    add_linear_grad(c, w1, w->dW);
-    /* dX (n,D) = dA w1 */
-    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, w->dA, F, w1->w, D, 0.0, w->dX, D);
-    return true;
+    return n;
 }
 
-/* The expert's rows' part of dU, in expert order. */
-static void expert_backward_commit(void *ctx, int lane, int e)
+void tm__ref_expert_backward_w2(const tm_config *c, const ref_linear *w2, ref_rows *w)
 {
-    (void)e;
-    expert_loop *lp = ctx;
-    const int D = lp->ref->cfg.d_model, K = lp->ref->cfg.top_k;
-    const ref_rows *x = &lp->w->rows[lane];
-    for (size_t i = 0; i < x->n; i++)
-        for (int j = 0; j < D; j++)
-            lp->w->dU[(x->slots[i] / K) * D + j] += x->dX[i * D + j];
+    const int D = c->d_model, F = c->d_ff;
+    /* dW (D,F) = dY^T S */
+    tm__dgemm(CblasTrans, CblasNoTrans, D, F, (int)w->n, 1.0, w->dYE, D, w->S, F, 0.0, w->dW, F);
+    add_linear_grad(c, w2, w->dW);
 }
 
-/* Layer l backward: dH holds the gradient of its output on entry and of its input on exit. */
-static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, int l)
+void tm__ref_expert_backward_w1(const tm_config *c, const ref_linear *w1, ref_rows *w)
+{
+    const int D = c->d_model, F = c->d_ff;
+    /* dW (F,D) = dA^T X */
+    tm__dgemm(CblasTrans, CblasNoTrans, F, D, (int)w->n, 1.0, w->dA, F, w->X, D, 0.0, w->dW, D);
+    add_linear_grad(c, w1, w->dW);
+}
+
+void tm__ref_expert_backward_input(const tm_config *c, const ref_linear *w1, ref_rows *w)
+{
+    const int D = c->d_model, F = c->d_ff;
+    /* dX (n,D) = dA W1 */
+    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)w->n, D, F, 1.0, w->dA, F, w1->w, D, 0.0, w->dX, D);
+}
+
+void tm__ref_backward_head(tm_reference *ref, const ref_params *p, ref_work *w)
 {
     const tm_config *c = &ref->cfg;
-    const int D = c->d_model, E = c->experts, K = c->top_k, Fs = c->d_ff_shared;
+    const double *Hf = w->H + (size_t)c->layers * w->N * (size_t)c->d_model;
+    tm__ref_norm_backward(w, c->d_model, Hf, p->fnorm->w, w->RF, w->dZ, w->dH, p->fnorm->g);
+}
+
+void tm__ref_backward_layer_begin(tm_reference *ref, const ref_params *p, ref_work *w, int l)
+{
+    const tm_config *c = &ref->cfg;
+    const int D = c->d_model, K = c->top_k, Fs = c->d_ff_shared;
     const size_t N = w->N, ND = N * (size_t)D, NK = N * (size_t)K;
-    const double *Hin = w->H + (size_t)l * ND, *u = w->U + (size_t)l * ND;
+    const double *u = w->U + (size_t)l * ND;
     double *dU = w->dU, *dH = w->dH;
     /* dH is the gradient of this layer's output; the residual passes it through. */
     memset(dU, 0, ND * sizeof(double));
@@ -360,9 +368,14 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
                   dU, D);
     }
     memset(w->dgate, 0, NK * sizeof(double)); /* a dropped slot adds nothing */
-    expert_loop lp = {ref, p, w, l};
-    if (tm__ref_lanes_room(ref, w, l))
-        tm__ref_ordered_for(E, w->workers, expert_backward, expert_backward_commit, &lp);
+}
+
+void tm__ref_backward_layer_end(tm_reference *ref, const ref_params *p, ref_work *w, int l)
+{
+    const tm_config *c = &ref->cfg;
+    const int D = c->d_model, E = c->experts;
+    const size_t N = w->N, ND = N * (size_t)D;
+    const double *Hin = w->H + (size_t)l * ND, *u = w->U + (size_t)l * ND;
     /* Gates are a softmax over the selected logits: only the K selected logits of a token get
      * a gradient from them, added to the router's rows of those experts. */
     tm__ref_router_backward(ref, p, w, l);
@@ -372,9 +385,17 @@ static void backward_layer(tm_reference *ref, const ref_params *p, ref_work *w, 
     if (w->DLR) {
         const double *dlr = w->DLR + (size_t)l * N * E;
         tm__dgemm(CblasTrans, CblasNoTrans, E, D, (int)N, 1.0, dlr, E, u, D, 1.0, rg, D);
-        tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D, 1.0, dU, D);
+        tm__dgemm(CblasNoTrans, CblasNoTrans, (int)N, D, E, 1.0, dlr, E, rw, D, 1.0, w->dU, D);
     }
-    tm__ref_norm_backward(w, D, Hin, p->norm[l]->w, w->R + (size_t)l * N, dU, dH, p->norm[l]->g);
+    tm__ref_norm_backward(w, D, Hin, p->norm[l]->w, w->R + (size_t)l * N, w->dU, w->dH,
+                          p->norm[l]->g);
+}
+
+void tm__ref_backward_embed(const ref_params *p, const ref_work *w, int D)
+{
+    for (size_t t = 0; t < w->N; t++)
+        for (int i = 0; i < D; i++)
+            p->emb->g[(size_t)w->tok[t] * D + i] += w->dH[t * D + i];
 }
 
 seldp_status tm_reference_compute(const tm_config *cfg, const seldp_model *weights,
@@ -398,7 +419,7 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
         return tm__fail(SELDP_ERR_INVALID_ARGUMENT, "reference: NULL argument");
     *out = NULL;
     TM_CHECK(tm_config_check(cfg));
-    const int V = cfg->vocab, D = cfg->d_model, E = cfg->experts, L = cfg->layers;
+    const int V = cfg->vocab, E = cfg->experts, L = cfg->layers;
 
     ref = calloc(1, sizeof *ref);
     if (!ref)
@@ -450,23 +471,8 @@ seldp_status tm_reference_compute_routed(const tm_config *cfg, const seldp_model
         router_loss += forward_layer(ref, &p, &w, l, choices, counts);
     ref->loss = tm__ref_head(ref, &p, &w) + router_loss;
 
-    /* Backward: dH the gradient of the last layer's output, then of each layer's input. */
-    const double *Hf = w.H + (size_t)L * N * (size_t)D;
-    tm__ref_norm_backward(&w, D, Hf, p.fnorm->w, w.RF, w.dZ, w.dH, p.fnorm->g);
-    for (int l = L - 1; l >= 0; l--)
-        backward_layer(ref, &p, &w, l);
-    if (w.out_of_memory)
-        TM_FAIL(SELDP_ERR_NOMEM, "reference: out of memory for the rows of an expert");
-    for (size_t t = 0; t < N; t++)
-        for (int i = 0; i < D; i++)
-            p.emb->g[(size_t)tok[t] * D + i] += w.dH[t * D + i];
-    /* the backward's token gradients have had their last reader: the error-scale pass takes
-     * its own, and at world 2048 these are ~100 MB of its peak */
-    double **dead[] = {&w.dH, &w.dU, &w.dZ, &w.dgate};
-    for (size_t k = 0; k < sizeof dead / sizeof dead[0]; k++) {
-        tm__ref_free(ref, *dead[k]);
-        *dead[k] = NULL;
-    }
+    /* The backward, of the gradients and of their error scales together
+     * (reference_magnitude.c): each expert's rows are gathered and multiplied once for both. */
     TM_CHECK(tm__ref_magnitudes(ref, &p, &w));
 
     *out = ref;

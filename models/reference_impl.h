@@ -111,8 +111,28 @@ void tm__ref_group_by_expert(const int *sel, const unsigned char *kept, size_t N
 void tm__ref_selected_by_expert(const tm_config *c, ref_work *w, int l, const size_t **first,
                                 const size_t **order);
 
-/* After the backward: the magnitude of every gradient element (ref_entry.m) and of the loss
- * (ref->loss_magnitude), from the activations the forward kept in w. The magnitude of a
+/* The backward of the gradients, in the pieces the error-scale pass interleaves with its own
+ * (tm__ref_magnitudes): the final norm's (dZ into dH); per layer from the last, what comes
+ * before its experts (dU, the shared expert, dgate cleared), each expert's rows and weights,
+ * and what comes after (the router, the router losses, the norm: dH becomes the layer input's
+ * gradient); at last the embedding rows. */
+void tm__ref_backward_head(tm_reference *ref, const ref_params *p, ref_work *w);
+void tm__ref_backward_layer_begin(tm_reference *ref, const ref_params *p, ref_work *w, int l);
+/* Expert e of layer l: gathers its rows (X, and dHr from dH) into the lane's buffers, A, S and
+ * P = dH W2, the gates' gradients of its slots (w->dgate), dA = gate P silu'(A) and dYE =
+ * gate dH; returns the rows' count n. */
+size_t tm__ref_expert_backward_rows(const tm_reference *ref, const ref_params *p, const ref_work *w,
+                                    int l, int e, ref_rows *x);
+/* then its w2's gradient (x->dW, added to the trainable tensors), w1's, and dX = dA W1 */
+void tm__ref_expert_backward_w2(const tm_config *c, const ref_linear *w2, ref_rows *x);
+void tm__ref_expert_backward_w1(const tm_config *c, const ref_linear *w1, ref_rows *x);
+void tm__ref_expert_backward_input(const tm_config *c, const ref_linear *w1, ref_rows *x);
+void tm__ref_backward_layer_end(tm_reference *ref, const ref_params *p, ref_work *w, int l);
+void tm__ref_backward_embed(const ref_params *p, const ref_work *w, int D);
+
+/* After the forward: the backward (the gradients into ref_entry.g) and the magnitude of every
+ * gradient element (ref_entry.m) and of the loss (ref->loss_magnitude), from the activations
+ * the forward kept in w. The magnitude of a
  * quantity is the standard deviation of the FP32 model's rounding error of it, in units of the
  * FP32 unit roundoff, propagated through the forward and the backward (each sum's own rounding
  * and its inputs' errors in quadrature; reference_magnitude.c): where terms cancel it stays

@@ -158,7 +158,7 @@ bool tm__mag_lanes_room(pass *s, int l)
             continue;
         const size_t cap = most + most / 8 + 1; /* as the reference's lanes */
         double **nd[] = {&m->VX, &m->VY, &m->VdHr, &m->VdYE, &m->VdX};
-        double **nf[] = {&m->VA, &m->VS, &m->VSL, &m->VP, &m->VdA};
+        double **nf[] = {&m->VA, &m->VS, &m->VSL, &m->VP, &m->VdA, &m->SM, &m->SLM};
         for (size_t k = 0; k < sizeof nd / sizeof nd[0]; k++) {
             tm__ref_free(s->ref, *nd[k]);
             if (!(*nd[k] = tm__ref_calloc(s->ref, cap * D, sizeof(double))))
@@ -582,16 +582,30 @@ seldp_status tm__ref_magnitudes(tm_reference *ref, const ref_params *p, ref_work
     for (int l = 0; l < s.L; l++)
         if (!layer_forward_var(&s, l))
             return MAG_NOMEM();
-    if (!head_forward_var(&s) || !tm__mag_head_backward_var(&s))
+    if (!head_forward_var(&s))
+        return MAG_NOMEM();
+    /* the backward: the gradient's pieces (reference.c) beside the pass's */
+    tm__ref_backward_head(ref, p, w);
+    tm__ref_free(ref, w->dZ); /* its last reader */
+    w->dZ = NULL;
+    if (!tm__mag_head_backward_var(&s))
         return MAG_NOMEM();
     for (int l = s.L - 1; l >= 0; l--)
         if (!tm__mag_layer_backward_var(&s, l))
             return MAG_NOMEM();
     /* the embedding rows gather the first layer's input gradient */
     const size_t D = (size_t)s.D;
+    tm__ref_backward_embed(p, w, s.D);
     for (size_t t = 0; t < s.N; t++)
         for (size_t i = 0; i < D; i++)
             p->emb->m[(size_t)w->tok[t] * D + i] += s.VdH[t * D + i];
+    /* the backward's token gradients have had their last reader */
+    double **dead[] = {&w->dH, &w->dU, &w->dgate, &s.dH,    &s.VdH,
+                       &s.dU,  &s.VdU, &s.dgate,  &s.Vdgate};
+    for (size_t k = 0; k < sizeof dead / sizeof dead[0]; k++) {
+        tm__ref_free(ref, *dead[k]);
+        *dead[k] = NULL;
+    }
     to_magnitudes(ref);
     ref->loss_magnitude = sqrt(s.loss_var);
     return SELDP_OK;

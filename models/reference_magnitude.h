@@ -33,6 +33,7 @@ typedef struct mag_rows {
     arena ar;
     double *VX, *VA, *VS, *VY, *VSL; /* (n,D) (n,F) (n,F) (n,D) (n,F) silu' */
     double *VdHr, *VP, *VdA, *VdYE, *VdX, *VdW;
+    double *SM, *SLM; /* (n,F) the backward's silu and slope as tm__mag_silu_var finds them */
     double *LG, *VLG, *PR, *VPR; /* (block,E) logits, probabilities and their variances */
     double *TB;                  /* (block,3D) a block's terms of a norm's token sums */
     double loss_var;
@@ -109,7 +110,8 @@ bool tm__mag_token_sum_of(arena *a, int slot, size_t n, token_sum *ts);
 bool tm__mag_router_layer_var(pass *s, int l);
 bool tm__mag_router_backward_var(pass *s, int l);
 
-/* The backward (reference_magnitude_back.c): the head's, then one layer's. */
+/* The backward (reference_magnitude_back.c), the gradient's (reference.c's pieces) and the
+ * pass's together: the head's, then one layer's. */
 bool tm__mag_head_backward_var(pass *s);
 bool tm__mag_layer_backward_var(pass *s, int l);
 

@@ -71,15 +71,19 @@ typedef struct layer_loop {
     int l;
 } layer_loop;
 
-/* expert_backward with variances: the gates' values and variances (dgate, Vdgate), the
- * weights' variances, and (in the lane's buffers, until the commit) the rows' part of dU
- * and VdU. */
+/* Expert e of layer l backward, its gradients (reference.c's pieces, into the lane's ref_rows)
+ * and their variances (into its mag_rows) from the same rows and products: the gates' values
+ * and variances (dgate, Vdgate), the weights' gradients and variances, and (in the lane's
+ * buffers, until the commit) the rows' part of dU and VdU. The variances' rules take the SiLU
+ * and its slope from tm__mag_silu_var (SM, SLM) and every other value from the gradient's
+ * computation. */
 static bool expert_backward_var(void *ctx, int lane, int e)
 {
     layer_loop *lp = ctx;
     pass *s = lp->s;
     const int l = lp->l;
     const ref_work *w = s->w;
+    const tm_config *c = &s->ref->cfg;
     ref_rows *x = &w->rows[lane];
     mag_rows *m = &s->mr[lane];
     const int D = s->D, F = s->F, E = s->E, K = s->K;
@@ -87,24 +91,20 @@ static bool expert_backward_var(void *ctx, int lane, int e)
     const double *gate = w->GATE + (size_t)l * N * (size_t)K, *VG = s->VG + (size_t)l * N * K;
     const size_t i1 = ((size_t)l * E + e) * 2;
     const ref_linear *w1 = &s->p->lin[i1], *w2 = w1 + 1;
-    const size_t n = tm__ref_gather_rows(s->ref, w, l, e, x->X, &x->slots);
+    const size_t n = tm__ref_expert_backward_rows(s->ref, s->p, w, l, e, x);
     const size_t *rows = x->slots;
-    x->n = n;
     if (n == 0)
         return true;
     const double *VU = s->VU + (size_t)l * ND;
     for (size_t i = 0; i < n; i++) {
-        memcpy(x->dHr + i * D, s->dH + (rows[i] / K) * D, (size_t)D * sizeof(double));
         memcpy(m->VdHr + i * D, s->VdH + (rows[i] / K) * D, (size_t)D * sizeof(double));
         memcpy(m->VX + i * D, VU + (rows[i] / K) * D, (size_t)D * sizeof(double));
     }
-    tm__dgemm(CblasNoTrans, CblasTrans, (int)n, F, D, 1.0, x->X, D, w1->w, D, 0.0, x->A, F);
     if (!tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasTrans, (int)n, F, D, x->X, m->VX, n,
                              (size_t)D, w1->w, s->VW[i1], (size_t)F, (size_t)D, x->A, 0.0, m->VA))
         return false;
-    tm__mag_silu_var(x->A, m->VA, n * (size_t)F, x->S, m->VS, x->dA, m->VSL); /* dA: silu'(A) */
+    tm__mag_silu_var(x->A, m->VA, n * (size_t)F, m->SM, m->VS, m->SLM, m->VSL);
     /* P = dH W2 (n,F) */
-    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, F, D, 1.0, x->dHr, D, w2->w, F, 0.0, x->P, F);
     if (!tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasNoTrans, (int)n, F, D, x->dHr, m->VdHr, n,
                              (size_t)D, w2->w, s->VW[i1 + 1], (size_t)D, (size_t)F, x->P, 0.0,
                              m->VP))
@@ -112,44 +112,41 @@ static bool expert_backward_var(void *ctx, int lane, int e)
     for (size_t i = 0; i < n; i++) {
         const size_t slot = rows[i];
         const double g = gate[slot], vg = VG[slot];
-        double d = 0.0, vd = 0.0, ad = 0.0;
+        double vd = 0.0, ad = 0.0;
         for (int f = 0; f < F; f++) {
             const size_t k = i * F + f;
-            const double P = x->P[k], S = x->S[k], sl = x->dA[k];
-            d += P * S;
+            const double P = x->P[k], S = m->SM[k], sl = m->SLM[k];
             ad += fabs(P * S);
             vd += S * S * m->VP[k] + P * P * m->VS[k];
             const double da = g * P * sl;
             m->VdA[k] = P * P * sl * sl * vg + g * g * sl * sl * m->VP[k] +
                         g * g * P * P * m->VSL[k] + 2.0 * da * da;
-            x->dA[k] = da;
         }
-        s->dgate[slot] = d;
+        s->dgate[slot] = w->dgate[slot];
         s->Vdgate[slot] = vd + ad * ad;
         for (int j = 0; j < D; j++) {
-            const double dh = x->dHr[i * D + j], dy = g * dh;
-            x->dYE[i * D + j] = dy;
+            const double dh = x->dHr[i * D + j], dy = x->dYE[i * D + j];
             m->VdYE[i * D + j] = dh * dh * vg + g * g * m->VdHr[i * D + j] + dy * dy;
         }
     }
     /* w2: dW (D,F) = dY^T S; w1: dW (F,D) = dA^T X; dX = dA W1 */
-    tm__dgemm(CblasTrans, CblasNoTrans, D, F, (int)n, 1.0, x->dYE, D, x->S, F, 0.0, x->dW, F);
+    tm__ref_expert_backward_w2(c, w2, x);
     if (!tm__mag_var_gemm_of(&m->ar, CblasTrans, CblasNoTrans, D, F, (int)n, x->dYE, m->VdYE, n,
                              (size_t)D, x->S, m->VS, n, (size_t)F, x->dW, 0.0, m->VdW) ||
         !add_linear_var(s, x, m, w2))
         return false;
-    tm__dgemm(CblasTrans, CblasNoTrans, F, D, (int)n, 1.0, x->dA, F, x->X, D, 0.0, x->dW, D);
+    tm__ref_expert_backward_w1(c, w1, x);
     if (!tm__mag_var_gemm_of(&m->ar, CblasTrans, CblasNoTrans, F, D, (int)n, x->dA, m->VdA, n,
                              (size_t)F, x->X, m->VX, n, (size_t)D, x->dW, 0.0, m->VdW) ||
         !add_linear_var(s, x, m, w1))
         return false;
-    tm__dgemm(CblasNoTrans, CblasNoTrans, (int)n, D, F, 1.0, x->dA, F, w1->w, D, 0.0, x->dX, D);
+    tm__ref_expert_backward_input(c, w1, x);
     return tm__mag_var_gemm_of(&m->ar, CblasNoTrans, CblasNoTrans, (int)n, D, F, x->dA, m->VdA, n,
                                (size_t)F, w1->w, s->VW[i1], (size_t)F, (size_t)D, x->dX, 0.0,
                                m->VdX);
 }
 
-/* The expert's rows' part of dU and VdU, in expert order. */
+/* The expert's rows' part of dU (the gradient's and the pass's) and VdU, in expert order. */
 static void expert_backward_var_commit(void *ctx, int lane, int e)
 {
     (void)e;
@@ -158,18 +155,22 @@ static void expert_backward_var_commit(void *ctx, int lane, int e)
     const int D = s->D, K = s->K;
     const ref_rows *x = &s->w->rows[lane];
     const mag_rows *m = &s->mr[lane];
-    for (size_t i = 0; i < x->n; i++)
+    for (size_t i = 0; i < x->n; i++) {
+        const size_t t = x->slots[i] / K;
         for (int j = 0; j < D; j++) {
-            s->dU[(x->slots[i] / K) * D + j] += x->dX[i * D + j];
-            s->VdU[(x->slots[i] / K) * D + j] += m->VdX[i * D + j];
+            s->w->dU[t * D + j] += x->dX[i * D + j];
+            s->dU[t * D + j] += x->dX[i * D + j];
+            s->VdU[t * D + j] += m->VdX[i * D + j];
         }
+    }
 }
 
-/* backward_layer with variances: s->dH, s->VdH hold the layer output's gradient on entry and
- * its input's on exit. */
+/* Layer l's backward, the gradient's (w->dH, reference.c's pieces) and the pass's (s->dH,
+ * s->VdH): they hold the layer output's gradient on entry and its input's on exit. */
 bool tm__mag_layer_backward_var(pass *s, int l)
 {
     ref_work *w = s->w;
+    tm__ref_backward_layer_begin(s->ref, s->p, w, l);
     const int D = s->D, E = s->E, K = s->K, Fs = s->Fs;
     const size_t N = s->N, ND = N * (size_t)D, NK = N * (size_t)K;
     const double *Hin = w->H + (size_t)l * ND, *VHin = s->VH + (size_t)l * ND;
@@ -210,6 +211,8 @@ bool tm__mag_layer_backward_var(pass *s, int l)
     if (!tm__mag_lanes_room(s, l) ||
         !tm__ref_ordered_for(E, w->workers, expert_backward_var, expert_backward_var_commit, &lp))
         return false;
+    /* the gradient's router, router losses and norm; then the pass's (they reuse w->DZ) */
+    tm__ref_backward_layer_end(s->ref, s->p, w, l);
     /* the gates' softmax into the router's rows and dU (reference_magnitude_router.c) */
     if (!tm__mag_router_backward_var(s, l))
         return false;
