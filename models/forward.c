@@ -17,6 +17,11 @@ void tm_blas_single_thread(void)
     openblas_set_num_threads(1);
 }
 
+const char *tm_blas_core(void)
+{
+    return openblas_get_corename();
+}
+
 static seldp_status check_layer(const tm_model *m, int l, const char *fn)
 {
     if (l < m->part.first_layer || l >= m->part.end_layer)

@@ -319,6 +319,10 @@ seldp_status tm_model_copy_params(tm_model *dst, const tm_model *src, unsigned r
  * threads compute, so that each rank's GEMMs stay on its own thread. */
 void tm_blas_single_thread(void);
 
+/** The kernels OpenBLAS runs ("SkylakeX", "Haswell", ...): a program on the fallback of a CPU
+ * model OpenBLAS does not know starts again on the CPU's (models/startup/blas_core.c). */
+const char *tm_blas_core(void);
+
 /** Start a step: upcast the stored weights to FP32 working copies (quantized bases are
  * dequantized and W + (alpha/r) B A formed), zero every gradient accumulator and forget
  * which experts saw tokens. Call after any change to the stored parameters (initialize's

@@ -17,6 +17,9 @@ typedef enum seldp__env_id {
     /* the programs */
     SELDP__ENV_BENCH_COPY, /* harness/bench/copy.c: the streaming copy of the bound */
     SELDP__ENV_BENCH_PIN,  /* harness/bench/team.c: rank threads pinned to cores */
+    /* OpenBLAS's and valgrind's (models/startup/blas_core.c: OpenBLAS's kernels) */
+    SELDP__ENV_OPENBLAS_CORETYPE,
+    SELDP__ENV_LD_PRELOAD,
     /* the launchers (harness/core/backend.c: one rank per process under mpirun) */
     SELDP__ENV_OMPI_COMM_WORLD_SIZE,
     SELDP__ENV_PMIX_RANK,

@@ -286,7 +286,8 @@ static void report_json(const hx_run *run, hx_buf *b)
             hx_buf_printf(b, "%s%lld", e ? ", " : "", (long long)run->expert_tokens[l * E + e]);
         hx_buf_puts(b, "]");
     }
-    hx_buf_puts(b, "],\n  \"time_s\": {\"setup\": ");
+    hx_buf_printf(b, "],\n  \"blas_core\": \"%s\"", tm_blas_core());
+    hx_buf_puts(b, ",\n  \"time_s\": {\"setup\": ");
     hx_buf_json_number(b, run->t_setup);
     hx_buf_puts(b, ", \"initialize_check\": ");
     hx_buf_json_number(b, run->t_init);
@@ -497,8 +498,8 @@ static void report_md(const hx_run *run, hx_buf *b)
             hx_buf_printf(b, " %lld |", (long long)run->expert_tokens[li * E + e]);
         hx_buf_puts(b, "\n");
     }
-    hx_buf_printf(b, "\nTotal time %.2f s (setup and initialize %.2f s).\n", run->t_total,
-                  run->t_setup);
+    hx_buf_printf(b, "\nTotal time %.2f s (setup and initialize %.2f s; OpenBLAS kernels %s).\n",
+                  run->t_total, run->t_setup, tm_blas_core());
 }
 
 seldp_status hx_report_write(const hx_run *run, const char *dir)
