@@ -126,8 +126,16 @@ bool tm__mag_var_gemm_of(arena *a, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m
         tm__dgemm(ta, tb, m, n, k, 1.0, A, (int)ac, B, (int)bc, 0.0, tC, n);
         C = tC;
     }
-    for (size_t i = 0; i < nc; i++)
-        VC[i] = beta * VC[i] + drift * C[i] * C[i];
+    /* beta 0 does not read VC: a fresh buffer's first touch is then a write (a read first
+     * maps the zero page, and the write after it copies it and flushes the other cores'
+     * TLBs, an interrupt to each at every page) */
+    if (beta == 0.0) {
+        for (size_t i = 0; i < nc; i++)
+            VC[i] = drift * C[i] * C[i];
+    } else {
+        for (size_t i = 0; i < nc; i++)
+            VC[i] = beta * VC[i] + drift * C[i] * C[i];
+    }
     fill(a, tA, A, na, false);
     fill(a, tB, B, nb, false);
     tm__dgemm(ta, tb, m, n, k, 1.0, tA, (int)ac, tB, (int)bc, 0.0, tC, n);
