@@ -15,6 +15,8 @@
 #                                                    runs.tsv keeps each file's date and load
 #   results/bench/regenerate.sh readme               no run: README.md and the plots rebuilt
 #   SELDP_BENCH_REPEAT=5 ...                         repetitions per run (default 3)
+#   SELDP_BENCH_SETTLE=0 ...                         no wait for the load to settle before a
+#                                                    run (default: up to 300 s)
 #
 # Every run is seldp-bench -r 3 (docs/benchmarks.md, Repeat mode): each committed figure is the
 # median of three repetitions of the whole measurement, with their spread beside it.
@@ -23,7 +25,9 @@
 # apt-get install python3-torch (seldp-bench finds it through /usr/bin/python3).
 # The machine should be otherwise idle: the load average before and after is recorded, and
 # when it is above the core count at the start README.md says in its first lines that the
-# figures were taken under load and are not the official ones.
+# figures were taken under load and are not the official ones. Before each run the script waits
+# (up to SELDP_BENCH_SETTLE seconds) for the 1-minute load to fall to the core count: the rank
+# threads of the run before (16 of them in the ranks sweep) hold it up for a minute or two.
 set -eu
 
 # the sections to run (none: all); the files of the others are kept, and README.md is rebuilt
@@ -90,10 +94,26 @@ repeat="-r ${SELDP_BENCH_REPEAT:-3}"
 [ -n "$quick" ] && repeat="-r ${SELDP_BENCH_REPEAT:-2}"
 touch runs.tsv
 
+settle_s=${SELDP_BENCH_SETTLE:-300}
+[ -n "$quick" ] && settle_s=${SELDP_BENCH_SETTLE:-0}
+
+# settle: wait up to $settle_s seconds for the 1-minute load to fall to the core count
+settle() {
+    waited=0
+    while [ "$waited" -lt "$settle_s" ] &&
+        awk -v l="$(cut -d' ' -f1 /proc/loadavg)" -v c="$cores" 'BEGIN { exit !(l > c) }'; do
+        sleep 5
+        waited=$((waited + 5))
+    done
+    [ "$waited" -gt 0 ] && echo "   (waited ${waited} s for the load to settle: $(cut -d' ' -f1-3 /proc/loadavg))"
+    return 0
+}
+
 # run NAME ARGS...: one seldp-bench run into NAME.txt, NAME.jsonl and NAME.csv
 run() {
     name=$1
     shift
+    settle
     echo "== $name: seldp-bench $* $repeat"
     r_before=$(cut -d' ' -f1-3 /proc/loadavg)
     r_started=$(date -u '+%Y-%m-%d %H:%M UTC')
